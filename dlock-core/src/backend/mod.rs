@@ -1,0 +1,286 @@
+//! The seam between dlock-core and a lock server: the [`Backend`] trait.
+//!
+//! A backend speaks its server's protocol and nothing else: it acquires with
+//! a token (waiting for a notification from the server, not polling),
+//! releases and renews by comparing that token on the server, and reports
+//! loss its server tells it about. Guards, drop release, reentrancy,
+//! options, wait limits, the watchdog, the lost signal and tracing live in
+//! [`Locker`](crate::Locker), once for every backend.
+
+use std::{fmt, future::Future, pin::Pin, sync::Arc, time::Duration};
+
+use tokio::time::Instant;
+
+use crate::{error::Result, key::LockKey, token::Token};
+
+pub use crate::lease::LossReporter;
+
+pub mod memory;
+
+/// A boxed, `Send` future, so that [`Backend`] can be used as `dyn Backend`.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A lock server, as dlock-core sees it.
+///
+/// Implementations must be usable as `Arc<dyn Backend>`, and their futures
+/// must be cancel safe: dropping an [`acquire`](Backend::acquire) future at
+/// any `.await` must leave nothing on the server that blocks other owners
+/// (no orphan key, node or queue entry).
+///
+/// # Examples
+///
+/// A backend is used through a [`Locker`](crate::Locker):
+///
+/// ```
+/// use dlock_core::{backend::Backend, Locker, MemoryBackend};
+/// use std::sync::Arc;
+///
+/// let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+/// assert_eq!(backend.name(), "memory");
+/// let locker = Locker::from_arc(backend);
+/// # drop(locker);
+/// ```
+pub trait Backend: Send + Sync + fmt::Debug + 'static {
+    /// A short name for errors and traces, such as `"redis"`.
+    fn name(&self) -> &'static str;
+
+    /// What this backend guarantees beyond the required properties.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Acquires `req.key` for `req.token`.
+    ///
+    /// With [`Wait::No`], makes one attempt. Otherwise waits, woken by the
+    /// server, until the lock is granted or `req.wait`'s deadline passes.
+    /// Returns `Ok(None)` if the lock was not acquired.
+    ///
+    /// The returned [`Acquired::sent_at`] must be taken just before the
+    /// request that won the lock was sent: the holder's lease clock starts
+    /// there.
+    fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>>;
+
+    /// Releases `key` if, and only if, `token` holds it, in one atomic step on
+    /// the server. Releasing twice is not an error: the second time says
+    /// [`ReleaseOutcome::NotHeld`].
+    fn release<'a>(
+        &'a self,
+        key: &'a LockKey,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<ReleaseOutcome>>;
+
+    /// Renews every lock in `locks` whose token still holds it, for its
+    /// lease, in as few round trips as the server allows. The result has one
+    /// outcome per request, in order. An `Err` means nothing is known about
+    /// any of them.
+    fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>>;
+}
+
+impl<B: Backend + ?Sized> Backend for Arc<B> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
+    }
+    fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>> {
+        (**self).acquire(req)
+    }
+    fn release<'a>(
+        &'a self,
+        key: &'a LockKey,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
+        (**self).release(key, token)
+    }
+    fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>> {
+        (**self).renew(locks)
+    }
+}
+
+/// What a backend guarantees beyond the properties every backend has.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::backend::Capabilities;
+///
+/// let caps = Capabilities::new().fencing(true).fifo(true);
+/// assert!(caps.has_fencing() && caps.is_fifo());
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    fencing: bool,
+    fifo: bool,
+}
+
+impl Capabilities {
+    /// No capabilities.
+    pub const fn new() -> Self {
+        Capabilities {
+            fencing: false,
+            fifo: false,
+        }
+    }
+
+    /// Every acquisition gets a fencing token greater than those of all
+    /// earlier acquisitions of the same key.
+    pub const fn fencing(mut self, yes: bool) -> Self {
+        self.fencing = yes;
+        self
+    }
+
+    /// Waiters are granted the lock in the order they asked for it.
+    pub const fn fifo(mut self, yes: bool) -> Self {
+        self.fifo = yes;
+        self
+    }
+
+    /// Whether fencing tokens are given.
+    pub const fn has_fencing(&self) -> bool {
+        self.fencing
+    }
+
+    /// Whether waiters are served first come, first served.
+    pub const fn is_fifo(&self) -> bool {
+        self.fifo
+    }
+}
+
+/// How long an acquire may wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// One attempt only.
+    No,
+    /// Until this instant.
+    Until(Instant),
+    /// As long as it takes.
+    Forever,
+}
+
+impl Wait {
+    /// The deadline, if there is one. `Wait::No` has a deadline of now.
+    pub fn deadline(&self) -> Option<Instant> {
+        match self {
+            Wait::No => Some(Instant::now()),
+            Wait::Until(d) => Some(*d),
+            Wait::Forever => None,
+        }
+    }
+}
+
+/// Who keeps a lease alive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseKind {
+    /// The lock lives while its guard does: core's watchdog renews it, or the
+    /// backend's session keeps it (see [`Acquired::kept_alive_by_backend`]).
+    Watchdog,
+    /// The lock expires after the lease and is never renewed.
+    Fixed,
+}
+
+/// One acquire request.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct AcquireRequest<'a> {
+    /// The key to lock.
+    pub key: &'a LockKey,
+    /// The token to store with it.
+    pub token: &'a Token,
+    /// How long the server keeps the lock without a renewal.
+    pub lease: Duration,
+    /// Whether the lease will be renewed or is fixed.
+    pub lease_kind: LeaseKind,
+    /// How long to wait.
+    pub wait: Wait,
+    /// Where to report a loss the server tells the backend about.
+    pub loss: LossReporter,
+}
+
+/// A granted lock, as the backend reports it.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::backend::Acquired;
+/// use tokio::time::Instant;
+///
+/// let sent = Instant::now();
+/// // ... send the request that wins the lock ...
+/// let acquired = Acquired::new(sent).with_fence(42);
+/// assert_eq!(acquired.fence(), Some(42));
+/// ```
+#[derive(Debug, Clone)]
+pub struct Acquired {
+    sent_at: Instant,
+    fence: Option<u64>,
+    kept_alive_by_backend: bool,
+}
+
+impl Acquired {
+    /// A lock won by a request sent at `sent_at`.
+    pub fn new(sent_at: Instant) -> Self {
+        Acquired {
+            sent_at,
+            fence: None,
+            kept_alive_by_backend: false,
+        }
+    }
+
+    /// Sets the fencing token.
+    pub fn with_fence(mut self, fence: u64) -> Self {
+        self.fence = Some(fence);
+        self
+    }
+
+    /// Says that the backend keeps this lock alive itself (a session lease
+    /// with its own keepalive) and reports its loss through
+    /// [`LossReporter`]; core's watchdog then leaves it alone.
+    pub fn kept_alive_by_backend(mut self) -> Self {
+        self.kept_alive_by_backend = true;
+        self
+    }
+
+    /// When the winning request was sent.
+    pub fn sent_at(&self) -> Instant {
+        self.sent_at
+    }
+
+    /// The fencing token, if the backend gives one.
+    pub fn fence(&self) -> Option<u64> {
+        self.fence
+    }
+
+    /// Whether the backend keeps the lease alive itself.
+    pub fn is_kept_alive_by_backend(&self) -> bool {
+        self.kept_alive_by_backend
+    }
+}
+
+/// The result of a release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// The token held the lock, and now nobody does.
+    Released,
+    /// The token did not hold the lock (expired, or another owner's now);
+    /// nothing was changed.
+    NotHeld,
+}
+
+/// One lock to renew.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenewRequest {
+    /// The key.
+    pub key: LockKey,
+    /// The token that must hold it.
+    pub token: Token,
+    /// The new lease, counted from when the server sees the request.
+    pub lease: Duration,
+}
+
+/// The result of renewing one lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenewOutcome {
+    /// The token still held the lock, and its lease was extended.
+    Renewed,
+    /// The token no longer holds the lock; nothing was changed.
+    NotHeld,
+}

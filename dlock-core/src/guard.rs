@@ -1,0 +1,284 @@
+//! `LockGuard` and the hold it shares with its re-entered siblings: the hold
+//! releases the lock, through its own token, when the last guard goes.
+
+use std::{fmt, sync::Arc};
+
+use tokio::{runtime::Handle, task::JoinHandle, time::Instant};
+use tracing::Instrument;
+
+use crate::{
+    backend::ReleaseOutcome,
+    error::{LockError, LostReason, Result},
+    key::LockKey,
+    lease::LeaseState,
+    locker::Shared,
+    owner::Owner,
+    token::Token,
+};
+
+/// One acquisition: shared by the guard that took it and every guard that
+/// re-entered it.
+pub(crate) struct Hold {
+    shared: Arc<Shared>,
+    owner: Owner,
+    key: LockKey,
+    token: Token,
+    fence: Option<u64>,
+    lease: Arc<LeaseState>,
+    watchdog_id: Option<u64>,
+    runtime: Handle,
+    span: tracing::Span,
+    /// Whether dropping the hold releases the lock on the server.
+    armed: bool,
+}
+
+impl Hold {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        shared: &Arc<Shared>,
+        owner: Owner,
+        key: LockKey,
+        token: Token,
+        fence: Option<u64>,
+        lease: Arc<LeaseState>,
+        renewed_by_watchdog: bool,
+        runtime: Handle,
+    ) -> Arc<Hold> {
+        let watchdog_id = renewed_by_watchdog.then(|| {
+            shared
+                .watchdog()
+                .register(shared, key.clone(), token, lease.clone(), &runtime)
+        });
+        let span = tracing::debug_span!(
+            parent: None,
+            "dlock.hold",
+            key = %key,
+            backend = shared.backend().name(),
+            fence = fence,
+        );
+        span.follows_from(tracing::Span::current());
+        let hold = Arc::new(Hold {
+            shared: shared.clone(),
+            owner,
+            key: key.clone(),
+            token,
+            fence,
+            lease,
+            watchdog_id,
+            runtime,
+            span,
+            armed: true,
+        });
+        shared.remember(owner, key, &hold);
+        hold
+    }
+
+    /// Releases on the server, on the runtime the lock was acquired on, so
+    /// the release completes even if the caller stops waiting for it. If
+    /// that runtime is gone, the lease expires on the server instead.
+    fn spawn_release(&mut self) -> JoinHandle<Result<ReleaseOutcome>> {
+        self.armed = false;
+        let backend = self.shared.backend().clone();
+        let key = self.key.clone();
+        let token = self.token;
+        let release = async move {
+            let outcome = backend.release(&key, &token).await;
+            match &outcome {
+                Ok(ReleaseOutcome::Released) => tracing::debug!("dlock lock released"),
+                Ok(ReleaseOutcome::NotHeld) => {
+                    tracing::debug!("dlock release found the lock no longer held")
+                }
+                Err(error) => tracing::warn!(%error, "dlock release failed; the lease will expire"),
+            }
+            outcome
+        };
+        self.runtime.spawn(release.instrument(self.span.clone()))
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if let Some(id) = self.watchdog_id {
+            self.shared.watchdog().unregister(id);
+        }
+        self.shared
+            .forget(self.owner, &self.key, self as *const Hold);
+        if self.armed {
+            drop(self.spawn_release());
+        }
+    }
+}
+
+/// Proof that this task holds a distributed lock.
+///
+/// Returned by [`Locker::lock`](crate::Locker::lock) and friends. The lock is
+/// held until the guard (and every guard that re-entered it) is dropped or
+/// [released](LockGuard::release).
+///
+/// # Release on drop is not immediate
+///
+/// Dropping a guard cannot wait for the server, so it schedules the release,
+/// through this guard's own token, on the Tokio runtime the lock was acquired
+/// on; it reaches the server a moment later. If that runtime has shut down,
+/// the lock stays until its lease expires on the server. Call
+/// [`release`](LockGuard::release) to release now and see the result.
+///
+/// # Losing the lock
+///
+/// A distributed lock can be lost while its guard lives: the watchdog could
+/// not renew the lease in time, a fixed lease ran out, or the server ended
+/// the session. Check [`is_lost`](LockGuard::is_lost) before a write that
+/// must not happen without the lock, race [`lost`](LockGuard::lost) against
+/// the work, and pass [`fencing_token`](LockGuard::fencing_token) to stores
+/// that can reject stale writers.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::{Locker, MemoryBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock_core::LockError> {
+/// let locker = Locker::new(MemoryBackend::new());
+/// let guard = locker.lock("stock:42").await?;
+/// let fence = guard.fencing_token().expect("the memory backend gives fencing tokens");
+/// tokio::select! {
+///     _ = guard.lost() => { /* stop: someone else may hold the lock now */ }
+///     _ = async { /* write, passing `fence` to the store */ } => {}
+/// }
+/// guard.release().await?;
+/// # let _ = fence;
+/// # Ok(())
+/// # }
+/// ```
+#[must_use = "if unused the lock will immediately unlock"]
+pub struct LockGuard {
+    hold: Arc<Hold>,
+}
+
+impl LockGuard {
+    pub(crate) fn fresh(hold: Arc<Hold>) -> Result<LockGuard> {
+        // A lease that ran out before the answer arrived is lost already:
+        // never hand out a guard that could let two owners work at once.
+        if let Some(reason) = hold.lease.check(Instant::now()) {
+            return Err(LockError::Lost {
+                key: hold.key.to_string(),
+                reason,
+            });
+        }
+        Ok(LockGuard { hold })
+    }
+
+    pub(crate) fn reentered(hold: Arc<Hold>) -> Result<LockGuard> {
+        tracing::trace!(key = %hold.key, "dlock lock re-entered");
+        Self::fresh(hold)
+    }
+
+    /// The key this guard holds.
+    pub fn key(&self) -> &str {
+        self.hold.key.as_str()
+    }
+
+    /// The fencing token of this acquisition: greater than that of every
+    /// earlier acquisition of the same key. `None` when the backend, in its
+    /// mode, cannot guarantee that (see its docs), rather than a number that
+    /// could go backwards.
+    ///
+    /// Guards that re-entered a hold share its token.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.hold.fence
+    }
+
+    /// The owner token the server stores with the lock.
+    pub fn token(&self) -> &Token {
+        &self.hold.token
+    }
+
+    /// Whether the lock has been lost (see [Losing the lock](LockGuard#losing-the-lock)).
+    /// Once `true`, always `true`.
+    pub fn is_lost(&self) -> bool {
+        self.hold.lease.is_lost()
+    }
+
+    /// Completes when the lock is lost, with the reason: no later than the
+    /// moment another owner could acquire it, by this process's clock.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: use it in `select!`.
+    pub async fn lost(&self) -> LostReason {
+        self.hold.lease.lost().await
+    }
+
+    /// Releases the lock now and reports the result.
+    ///
+    /// If other guards re-entered the same hold, this one is dropped and the
+    /// lock stays held until the last of them goes.
+    ///
+    /// # Errors
+    ///
+    /// - [`LockError::Lost`] if the lock had been lost (the work done under
+    ///   it may have overlapped with another owner's);
+    /// - [`LockError::Backend`] if the server could not be told; the lock then
+    ///   expires after its lease.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the release runs to completion on the runtime even if
+    /// this future is dropped.
+    pub async fn release(self) -> Result<()> {
+        let key = self.hold.key.to_string();
+        let lost = |reason| LockError::Lost {
+            key: key.clone(),
+            reason,
+        };
+        let Some(mut hold) = Arc::into_inner(self.hold) else {
+            return Ok(());
+        };
+        let earlier_loss = hold.lease.check(Instant::now());
+        let backend = hold.shared.backend().name();
+        let release = hold.spawn_release();
+        drop(hold);
+        let outcome = release
+            .await
+            .map_err(|join| LockError::backend(backend, join))??;
+        match (earlier_loss, outcome) {
+            (Some(reason), _) => Err(lost(reason)),
+            (None, ReleaseOutcome::NotHeld) => Err(lost(LostReason::NotHeld)),
+            (None, ReleaseOutcome::Released) => Ok(()),
+        }
+    }
+
+    /// Forgets the guard without releasing the lock: the watchdog stops, and
+    /// the lock stays held on the server until its lease runs out.
+    ///
+    /// If other guards re-entered the same hold, the lock is released when
+    /// the last of them goes, as usual.
+    pub fn leak(self) {
+        if let Some(mut hold) = Arc::into_inner(self.hold) {
+            hold.armed = false;
+        }
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("key", &self.hold.key)
+            .field("fence", &self.hold.fence)
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn guard_is_send_and_sync() {
+        assert_send_sync::<LockGuard>();
+    }
+}

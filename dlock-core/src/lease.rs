@@ -1,0 +1,219 @@
+//! The lost signal: one per acquisition, shared by its guards, the watchdog and
+//! the backend, which each may find that the lock is gone.
+
+use std::{
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use tokio::{sync::Notify, time::Instant};
+
+use crate::{error::LostReason, key::LockKey, options::clock_drift};
+
+/// Loss state of one acquisition.
+///
+/// Once lost, always lost: `is_lost` never goes back to `false`, even when a
+/// renewal that was sent in time is answered late.
+#[derive(Debug)]
+pub(crate) struct LeaseState {
+    key: LockKey,
+    backend: &'static str,
+    inner: Mutex<Inner>,
+    notify: Notify,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// When the lease runs out by the holder's clock; `None` when a backend
+    /// session keeps it and reports the loss itself.
+    deadline: Option<Instant>,
+    lost: Option<LostReason>,
+}
+
+impl LeaseState {
+    pub(crate) fn new(key: LockKey, backend: &'static str) -> Self {
+        LeaseState {
+            key,
+            backend,
+            inner: Mutex::new(Inner {
+                deadline: None,
+                lost: None,
+            }),
+            notify: Notify::new(),
+        }
+    }
+
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        // The critical sections below cannot panic, so poisoning cannot leave
+        // the state half-written; recover instead of propagating a panic.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts the holder's clock: the lease was asked for at `sent`.
+    pub(crate) fn start(&self, sent: Instant, lease: Duration) {
+        self.inner().deadline = Some(lease_end(sent, lease));
+    }
+
+    /// The reason the lock was lost, if it was, checking the deadline against
+    /// `now`.
+    pub(crate) fn check(&self, now: Instant) -> Option<LostReason> {
+        let mut inner = self.inner();
+        if inner.lost.is_none() && inner.deadline.is_some_and(|d| now >= d) {
+            self.set_lost(&mut inner, LostReason::LeaseExpired);
+        }
+        inner.lost.clone()
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.check(Instant::now()).is_some()
+    }
+
+    /// Marks the lock lost. Returns `false` if it already was.
+    pub(crate) fn mark_lost(&self, reason: LostReason) -> bool {
+        let mut inner = self.inner();
+        if inner.lost.is_some() {
+            return false;
+        }
+        self.set_lost(&mut inner, reason);
+        true
+    }
+
+    fn set_lost(&self, inner: &mut Inner, reason: LostReason) {
+        tracing::warn!(key = %self.key, backend = self.backend, %reason, "dlock lock lost");
+        inner.lost = Some(reason);
+        self.notify.notify_waiters();
+    }
+
+    /// A renewal sent at `sent` succeeded: move the deadline, unless the old
+    /// one has already passed (then the lock may have changed hands, and the
+    /// guard stays lost).
+    pub(crate) fn extend(&self, sent: Instant, lease: Duration) {
+        let now = Instant::now();
+        let mut inner = self.inner();
+        if inner.lost.is_some() {
+            return;
+        }
+        match inner.deadline {
+            Some(d) if now >= d => self.set_lost(&mut inner, LostReason::LeaseExpired),
+            Some(d) => inner.deadline = Some(d.max(lease_end(sent, lease))),
+            None => {}
+        }
+    }
+
+    /// Completes when the lock is lost.
+    pub(crate) async fn lost(&self) -> LostReason {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(reason) = self.check(Instant::now()) {
+                return reason;
+            }
+            let deadline = self.inner().deadline;
+            match deadline {
+                Some(d) => {
+                    tokio::select! {
+                        _ = &mut notified => {}
+                        _ = tokio::time::sleep_until(d) => {}
+                    }
+                }
+                None => notified.await,
+            }
+        }
+    }
+}
+
+/// The instant a lease asked for at `sent` ends by the holder's clock, less
+/// the drift margin. Saturates instead of overflowing.
+fn lease_end(sent: Instant, lease: Duration) -> Instant {
+    let usable = lease.saturating_sub(clock_drift(lease));
+    sent.checked_add(usable).unwrap_or(sent)
+}
+
+/// The handle a backend keeps to report that a lock it granted is gone.
+///
+/// A backend whose server ends the lock on its own (an expired etcd lease or
+/// ZooKeeper session) calls [`report`](LossReporter::report); the guard's
+/// [`is_lost`](crate::LockGuard::is_lost) and
+/// [`lost`](crate::LockGuard::lost) see it at once. Reporting more than once
+/// is harmless.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::backend::LossReporter;
+/// use dlock_core::LostReason;
+///
+/// fn on_session_expired(holders: &[LossReporter]) {
+///     for h in holders {
+///         h.report(LostReason::SessionExpired);
+///     }
+/// }
+/// # on_session_expired(&[]);
+/// ```
+#[derive(Clone, Debug)]
+pub struct LossReporter(pub(crate) Arc<LeaseState>);
+
+impl LossReporter {
+    /// Marks the lock lost for `reason`. Returns `false` if it already was.
+    pub fn report(&self, reason: LostReason) -> bool {
+        self.0.mark_lost(reason)
+    }
+
+    /// Whether the lock has been lost, by report or by its deadline.
+    pub fn is_lost(&self) -> bool {
+        self.0.is_lost()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> LeaseState {
+        LeaseState::new(LockKey::new("k").unwrap(), "test")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fixed_lease_is_lost_at_its_deadline_and_stays_lost() {
+        let s = state();
+        let sent = Instant::now();
+        s.start(sent, Duration::from_secs(1));
+        assert!(!s.is_lost());
+        let reason = s.lost().await;
+        assert_eq!(reason, LostReason::LeaseExpired);
+        let elapsed = sent.elapsed();
+        assert!(elapsed <= Duration::from_secs(1), "lost after {elapsed:?}");
+        assert!(
+            elapsed >= Duration::from_millis(980),
+            "lost after {elapsed:?}"
+        );
+        s.extend(Instant::now(), Duration::from_secs(10));
+        assert!(s.is_lost(), "a renewal must not revive a lost lease");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewal_moves_the_deadline() {
+        let s = state();
+        s.start(Instant::now(), Duration::from_secs(1));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        s.extend(Instant::now(), Duration::from_secs(1));
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        assert!(!s.is_lost());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(s.is_lost());
+    }
+
+    #[tokio::test]
+    async fn report_wakes_lost_future() {
+        let s = Arc::new(state());
+        let waiter = tokio::spawn({
+            let s = s.clone();
+            async move { s.lost().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(LossReporter(s.clone()).report(LostReason::SessionExpired));
+        assert!(!LossReporter(s).report(LostReason::NotHeld));
+        assert_eq!(waiter.await.unwrap(), LostReason::SessionExpired);
+    }
+}

@@ -1,0 +1,73 @@
+//! Distributed locks for Tokio services.
+//!
+//! dlock gives a Tokio program mutual exclusion across processes and
+//! machines, through a lock server of your choice: Redis (single node or
+//! Redlock), etcd or ZooKeeper, each in its own crate, or the in-process
+//! [`MemoryBackend`] here. This crate holds everything the backends share:
+//!
+//! - [`Locker`]: takes locks by key (`lock`, `try_lock`, `lock_with`), with
+//!   reentrancy per Tokio task;
+//! - [`LockGuard`]: releases on drop through its own owner token, carries a
+//!   [fencing token](LockGuard::fencing_token), and
+//!   [says when the lock was lost](LockGuard::lost);
+//! - [`DistMutex<T>`]: a value behind a distributed lock, used like
+//!   `tokio::sync::Mutex<T>`;
+//! - the [`backend::Backend`] trait every backend implements;
+//! - [`set_default_locker`] / [`default_locker`], which the
+//!   `#[distributed_lock]` attribute uses.
+//!
+//! # Safety properties
+//!
+//! Every backend provides: at most one live guard per key at a time; a
+//! crashed holder's lock ends after its lease; release and renewal compare
+//! the owner token on the server; a guard reports its loss no later than
+//! another owner could take the lock; fencing tokens that only grow (where a
+//! backend cannot promise that, [`LockGuard::fencing_token`] is `None`);
+//! cancel-safe acquisition; waiters woken by the server, not by polling; and
+//! typed errors for bad input and failing servers.
+//!
+//! # Examples
+//!
+//! ```
+//! use dlock_core::{DistMutex, Locker, MemoryBackend};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), dlock_core::LockError> {
+//! let locker = Locker::new(MemoryBackend::new());
+//!
+//! // A data-less lock, reentrant within this task:
+//! let guard = locker.lock("report:daily").await?;
+//! assert!(!guard.is_lost());
+//! guard.release().await?;
+//!
+//! // A value behind a distributed lock:
+//! let stock = DistMutex::new(&locker, "stock:42", 300_u32);
+//! let mut left = stock.lock().await?;
+//! *left -= 1;
+//! # Ok(())
+//! # }
+//! ```
+#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+
+pub mod backend;
+mod error;
+mod guard;
+mod key;
+mod lease;
+mod locker;
+mod mutex;
+mod options;
+mod owner;
+mod token;
+mod watchdog;
+
+pub use backend::memory::MemoryBackend;
+pub use error::{LockError, LostReason, Result};
+pub use guard::LockGuard;
+pub use key::LockKey;
+pub use locker::{
+    default_locker, set_default_locker, BackendExt, Locker, LockerBuilder, DEFAULT_WATCHDOG_LEASE,
+};
+pub use mutex::{DistMutex, DistMutexGuard, OwnedDistMutexGuard};
+pub use options::{Lease, LockOptions, MAX_LEASE, MIN_LEASE, MIN_WATCHDOG_LEASE};
+pub use token::Token;

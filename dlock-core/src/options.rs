@@ -1,0 +1,178 @@
+//! Per-call options (`LockOptions`) and how they combine with a `Locker`'s defaults.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::error::{LockError, Result};
+
+/// The shortest lease accepted: servers count leases in milliseconds.
+pub const MIN_LEASE: Duration = Duration::from_millis(1);
+/// The longest lease accepted (30 days). A longer lease keeps a crashed
+/// holder's lock longer than any operator would wait.
+pub const MAX_LEASE: Duration = Duration::from_secs(30 * 24 * 3600);
+/// The shortest watchdog lease accepted: the watchdog renews at a third of
+/// it, and a shorter period would renew faster than a round trip.
+pub const MIN_WATCHDOG_LEASE: Duration = Duration::from_millis(30);
+
+/// How long a lease lasts.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::{Lease, LockOptions};
+/// use std::time::Duration;
+///
+/// let fixed = LockOptions::new().lease(Duration::from_secs(10));
+/// assert_eq!(fixed.get_lease(), Some(Lease::Fixed(Duration::from_secs(10))));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lease {
+    /// The lease is renewed by a watchdog for as long as the guard lives; a
+    /// crashed holder keeps the lock for at most the locker's watchdog lease.
+    Watchdog,
+    /// The lease is never renewed: the lock expires after this long, and the
+    /// guard reports itself lost at that moment.
+    Fixed(Duration),
+}
+
+/// Options for one call of [`Locker::lock_with`](crate::Locker::lock_with).
+///
+/// Options left unset take the [`Locker`](crate::Locker)'s defaults.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::{Locker, LockOptions, MemoryBackend};
+/// use std::time::Duration;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock_core::LockError> {
+/// let locker = Locker::new(MemoryBackend::new());
+/// let opts = LockOptions::new()
+///     .wait(Duration::from_secs(5))
+///     .lease(Duration::from_secs(30));
+/// let guard = locker.lock_with("invoice:7", opts).await?;
+/// assert!(!guard.is_lost());
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LockOptions {
+    wait: Option<Option<Duration>>,
+    lease: Option<Lease>,
+}
+
+impl LockOptions {
+    /// Options that take every default from the locker.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Waits at most `limit` for the lock, then fails with
+    /// [`LockError::Timeout`]. A zero limit makes one attempt.
+    pub fn wait(mut self, limit: Duration) -> Self {
+        self.wait = Some(Some(limit));
+        self
+    }
+
+    /// Waits as long as it takes.
+    pub fn wait_forever(mut self) -> Self {
+        self.wait = Some(None);
+        self
+    }
+
+    /// A fixed lease: the lock expires `lease` after the acquire request was
+    /// sent, and is never renewed.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(Lease::Fixed(lease));
+        self
+    }
+
+    /// A lease renewed by the watchdog while the guard lives.
+    pub fn watchdog(mut self) -> Self {
+        self.lease = Some(Lease::Watchdog);
+        self
+    }
+
+    /// The wait limit set here: `None` if unset, `Some(None)` for no limit.
+    pub fn get_wait(&self) -> Option<Option<Duration>> {
+        self.wait
+    }
+
+    /// The lease set here, if any.
+    pub fn get_lease(&self) -> Option<Lease> {
+        self.lease
+    }
+
+    /// Fills unset options from `defaults`.
+    pub(crate) fn or(self, defaults: LockOptions) -> LockOptions {
+        LockOptions {
+            wait: self.wait.or(defaults.wait),
+            lease: self.lease.or(defaults.lease),
+        }
+    }
+}
+
+/// Checks a fixed or watchdog lease duration.
+pub(crate) fn validate_lease(lease: Duration, min: Duration) -> Result<()> {
+    if lease < min {
+        return Err(LockError::invalid_options(format!(
+            "a lease of {lease:?} is shorter than the minimum of {min:?}"
+        )));
+    }
+    if lease > MAX_LEASE {
+        return Err(LockError::invalid_options(format!(
+            "a lease of {lease:?} is longer than the maximum of {MAX_LEASE:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// The instant a wait of `limit` started at `start` ends; `None` when it
+/// never ends, including when it is too far away to represent.
+pub(crate) fn wait_deadline(start: Instant, limit: Option<Duration>) -> Option<Instant> {
+    limit.and_then(|limit| start.checked_add(limit))
+}
+
+/// How much earlier than the server the holder considers its lease over, to
+/// absorb clock rate differences: 1% of the lease plus 2 ms, as in Redlock.
+pub(crate) fn clock_drift(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unset_options_take_defaults() {
+        let defaults = LockOptions::new()
+            .wait(Duration::from_secs(1))
+            .lease(Duration::from_secs(9));
+        let merged = LockOptions::new().wait_forever().or(defaults);
+        assert_eq!(merged.get_wait(), Some(None));
+        assert_eq!(
+            merged.get_lease(),
+            Some(Lease::Fixed(Duration::from_secs(9)))
+        );
+    }
+
+    #[test]
+    fn lease_bounds_are_enforced() {
+        assert!(validate_lease(Duration::ZERO, MIN_LEASE).is_err());
+        assert!(validate_lease(Duration::from_micros(999), MIN_LEASE).is_err());
+        assert!(validate_lease(MIN_LEASE, MIN_LEASE).is_ok());
+        assert!(validate_lease(MAX_LEASE, MIN_LEASE).is_ok());
+        assert!(validate_lease(MAX_LEASE + Duration::from_nanos(1), MIN_LEASE).is_err());
+        assert!(validate_lease(Duration::MAX, MIN_LEASE).is_err());
+    }
+
+    #[test]
+    fn huge_wait_limits_mean_forever_instead_of_overflowing() {
+        let now = Instant::now();
+        assert_eq!(wait_deadline(now, Some(Duration::MAX)), None);
+        assert_eq!(wait_deadline(now, None), None);
+        assert!(wait_deadline(now, Some(Duration::from_secs(1))).is_some());
+    }
+}

@@ -1,0 +1,166 @@
+//! The watchdog: one timer per locker renews every lease it keeps alive, in one
+//! batched `Backend::renew` call per tick.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, MutexGuard, Weak},
+    time::Duration,
+};
+
+use tokio::{runtime::Handle, time::Instant};
+
+use crate::{
+    backend::{RenewOutcome, RenewRequest},
+    error::LostReason,
+    key::LockKey,
+    lease::LeaseState,
+    locker::Shared,
+    token::Token,
+};
+
+/// Renews at this fraction of the lease, so two renewals can fail before the
+/// lease runs out.
+const RENEWALS_PER_LEASE: u32 = 3;
+
+#[derive(Debug)]
+pub(crate) struct Watchdog {
+    lease: Duration,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    entries: HashMap<u64, Entry>,
+    next_id: u64,
+    running: bool,
+}
+
+#[derive(Debug)]
+struct Entry {
+    request: RenewRequest,
+    lease: Arc<LeaseState>,
+}
+
+impl Watchdog {
+    pub(crate) fn new(lease: Duration) -> Self {
+        Watchdog {
+            lease,
+            state: Mutex::default(),
+        }
+    }
+
+    /// The lease the watchdog keeps renewing.
+    pub(crate) fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts renewing `key` for `token`; returns the id to unregister with.
+    /// Starts the timer task on `runtime` if it is not running.
+    pub(crate) fn register(
+        &self,
+        shared: &Arc<Shared>,
+        key: LockKey,
+        token: Token,
+        lease: Arc<LeaseState>,
+        runtime: &Handle,
+    ) -> u64 {
+        let mut state = self.state();
+        state.next_id += 1;
+        let id = state.next_id;
+        let request = RenewRequest {
+            key,
+            token,
+            lease: self.lease,
+        };
+        state.entries.insert(id, Entry { request, lease });
+        if !state.running {
+            state.running = true;
+            runtime.spawn(run(Arc::downgrade(shared), self.lease / RENEWALS_PER_LEASE));
+        }
+        id
+    }
+
+    pub(crate) fn unregister(&self, id: u64) {
+        self.state().entries.remove(&id);
+    }
+
+    /// The locks to renew now; `None` (and the timer stops) when there are none.
+    fn due(&self) -> Option<Vec<(RenewRequest, Arc<LeaseState>)>> {
+        let mut state = self.state();
+        if state.entries.is_empty() {
+            state.running = false;
+            return None;
+        }
+        Some(
+            state
+                .entries
+                .values()
+                .filter(|e| !e.lease.is_lost())
+                .map(|e| (e.request.clone(), e.lease.clone()))
+                .collect(),
+        )
+    }
+}
+
+async fn run(shared: Weak<Shared>, period: Duration) {
+    let mut ticker = tokio::time::interval_at(Instant::now() + period, period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let watchdog = shared.watchdog();
+        let Some(batch) = watchdog.due() else {
+            return;
+        };
+        if batch.is_empty() {
+            continue;
+        }
+        let requests: Vec<RenewRequest> = batch.iter().map(|(r, _)| r.clone()).collect();
+        let backend = shared.backend();
+        let sent = Instant::now();
+        // A renewal slower than a period is as good as failed: the next tick
+        // tries again, and the holders' clocks decide when the lease is over.
+        match tokio::time::timeout(period, backend.renew(&requests)).await {
+            Ok(Ok(outcomes)) if outcomes.len() == batch.len() => {
+                for ((request, lease), outcome) in batch.iter().zip(outcomes) {
+                    match outcome {
+                        RenewOutcome::Renewed => lease.extend(sent, request.lease),
+                        RenewOutcome::NotHeld => {
+                            lease.mark_lost(LostReason::NotHeld);
+                        }
+                    }
+                }
+            }
+            Ok(Ok(outcomes)) => {
+                tracing::error!(
+                    backend = backend.name(),
+                    asked = batch.len(),
+                    answered = outcomes.len(),
+                    "dlock renewal answered for the wrong number of locks"
+                );
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(backend = backend.name(), locks = batch.len(), %error, "dlock renewal failed");
+            }
+            Err(_) => {
+                tracing::warn!(
+                    backend = backend.name(),
+                    locks = batch.len(),
+                    ?period,
+                    "dlock renewal timed out"
+                );
+            }
+        }
+        // Fire the loss of every lease that ran out without a renewal.
+        let now = Instant::now();
+        for (_, lease) in &batch {
+            lease.check(now);
+        }
+    }
+}
