@@ -1,1 +1,29 @@
-pub fn x() {}
+//! The conformance suite every dlock backend passes, and fixtures that start
+//! real lock servers for it.
+//!
+//! - [`conformance`]: plain `pub async fn check_*` functions, one per safety
+//!   property, each taking a [`Harness`] that makes independent clients, as
+//!   separate processes would have. [`conformance_tests!`] turns the whole
+//!   list into one `#[tokio::test]` per check.
+//! - [`fixture`]: starts a server binary on a free loopback port in a temp
+//!   dir, waits until it accepts connections, and stops it by its own PID.
+//! - [`OverlapDetector`] and [`CountingBackend`]: the instruments the checks
+//!   measure with.
+//!
+//! A backend's test file is one line plus its harness:
+//!
+//! ```text
+//! fn harness() -> dlock_testkit::Harness { /* start a server, return a client factory */ }
+//! dlock_testkit::conformance_tests!(harness());
+//! ```
+
+pub mod conformance;
+mod counting;
+mod detector;
+pub mod fixture;
+mod rng;
+
+pub use conformance::Harness;
+pub use counting::CountingBackend;
+pub use detector::{OverlapDetector, Section};
+pub use rng::Rng;

@@ -1,0 +1,17 @@
+//! The whole conformance suite against `MemoryBackend`: every client is a
+//! clone of one in-process server, as processes share one Redis.
+
+use std::sync::Arc;
+
+use dlock_core::{backend::Backend, MemoryBackend};
+use dlock_testkit::Harness;
+
+fn harness() -> Harness {
+    let server = MemoryBackend::new();
+    Harness::new("memory", move || {
+        let client: Arc<dyn Backend> = Arc::new(server.clone());
+        async move { Ok(client) }
+    })
+}
+
+dlock_testkit::conformance_tests!(harness());

@@ -1,0 +1,1021 @@
+//! The conformance suite: one `pub async fn` per property of the design, run
+//! against every backend. Each takes a [`Harness`] (a factory of independent
+//! clients) and panics with a message when the backend misbehaves.
+//!
+//! Every wait in here is bounded: checks use wait limits, and
+//! [`conformance_tests!`](crate::conformance_tests) bounds each check as a
+//! whole by [`CHECK_LIMIT`].
+
+use std::{
+    any::Any,
+    fmt,
+    future::Future,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use dlock_core::{
+    backend::{Backend, BoxFuture, Capabilities, ReleaseOutcome, RenewOutcome, RenewRequest},
+    DistMutex, LockError, LockKey, LockOptions, Locker, LockerBuilder, LostReason, Token,
+};
+use tokio::time::Instant;
+
+use crate::{CountingBackend, OverlapDetector, Rng};
+
+/// The longest any one check may take.
+pub const CHECK_LIMIT: Duration = Duration::from_secs(120);
+
+/// A wait limit long enough for any healthy backend on a loaded machine,
+/// and far shorter than the default watchdog lease (30 s): a lock acquired
+/// within it was released, not expired.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Makes a new, independent client of the backend under test.
+pub type ClientFactory =
+    Arc<dyn Fn() -> BoxFuture<'static, dlock_core::Result<Arc<dyn Backend>>> + Send + Sync>;
+
+/// What the suite runs against: a factory of independent clients (each as a
+/// separate process would have: its own connections), and whatever must
+/// live as long as the checks (a server fixture).
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::{backend::Backend, MemoryBackend};
+/// use dlock_testkit::Harness;
+/// use std::sync::Arc;
+///
+/// let server = MemoryBackend::new();
+/// let harness = Harness::new("memory", move || {
+///     let client: Arc<dyn Backend> = Arc::new(server.clone());
+///     async move { Ok(client) }
+/// });
+/// # drop(harness);
+/// ```
+pub struct Harness {
+    name: String,
+    factory: ClientFactory,
+    prefix: String,
+    keep: Vec<Box<dyn Any + Send + Sync>>,
+}
+
+impl fmt::Debug for Harness {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Harness")
+            .field("name", &self.name)
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Harness {
+    /// A harness whose clients come from `factory`.
+    pub fn new<F, Fut>(name: impl Into<String>, factory: F) -> Harness
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = dlock_core::Result<Arc<dyn Backend>>> + Send + 'static,
+    {
+        Harness {
+            name: name.into(),
+            factory: Arc::new(move || Box::pin(factory())),
+            prefix: format!("dlock-test/{}", Token::generate()),
+            keep: Vec::new(),
+        }
+    }
+
+    /// Keeps `value` (a server fixture) alive as long as the harness.
+    pub fn keep_alive(mut self, value: impl Any + Send + Sync) -> Harness {
+        self.keep.push(Box::new(value));
+        self
+    }
+
+    /// The backend's name, for messages.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// A new independent client.
+    ///
+    /// # Panics
+    ///
+    /// If the factory fails: the check cannot run, and must not pass.
+    pub async fn client(&self) -> Arc<dyn Backend> {
+        match (self.factory)().await {
+            Ok(client) => client,
+            Err(e) => panic!("[{}] could not make a client: {e}", self.name),
+        }
+    }
+
+    /// A locker over a new client, with default options.
+    pub async fn locker(&self) -> Locker {
+        Locker::from_arc(self.client().await)
+    }
+
+    /// A locker over a new client, with options set by `build`.
+    pub async fn locker_with(&self, build: impl FnOnce(LockerBuilder) -> LockerBuilder) -> Locker {
+        match build(LockerBuilder::from_arc(self.client().await)).build() {
+            Ok(locker) => locker,
+            Err(e) => panic!("[{}] invalid locker options in a check: {e}", self.name),
+        }
+    }
+
+    /// A key no other check (nor another run against the same server) uses.
+    pub fn key(&self, name: &str) -> String {
+        format!("{}/{name}", self.prefix)
+    }
+
+    async fn capabilities(&self) -> Capabilities {
+        self.client().await.capabilities()
+    }
+}
+
+/// Generates one `#[tokio::test]` per conformance check, each running
+/// against a harness made by `$harness` (an expression, evaluated per test).
+///
+/// # Examples
+///
+/// ```text
+/// dlock_testkit::conformance_tests!(my_backend_harness().await);
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    ($harness:expr) => {
+        $crate::conformance_tests!(@each $harness;
+            mutual_exclusion,
+            try_lock_on_held_key_returns_none_at_once,
+            wait_limit_gives_timeout,
+            stale_guard_cannot_release_or_renew,
+            fencing_tokens_strictly_increase,
+            reentrancy_within_a_task,
+            spawned_task_is_another_owner,
+            drop_releases,
+            cancel_safety,
+            crashed_holder_with_fixed_lease,
+            crashed_holder_with_watchdog,
+            watchdog_keeps_lock_past_its_lease,
+            fixed_lease_reports_lost_before_others_acquire,
+            renewal_that_finds_another_owner_reports_lost,
+            dist_mutex_excludes_across_clients,
+            invalid_input_gives_typed_errors,
+            awkward_keys_are_distinct_locks,
+        );
+    };
+    (@each $harness:expr; $($check:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                let harness = $harness;
+                let check = $crate::conformance::$check(&harness);
+                if ::tokio::time::timeout($crate::conformance::CHECK_LIMIT, check).await.is_err() {
+                    panic!("[{}] check {} did not finish within {:?}",
+                        harness.name(), stringify!($check), $crate::conformance::CHECK_LIMIT);
+                }
+            }
+        )*
+    };
+}
+
+fn must<T>(h: &Harness, what: &str, result: dlock_core::Result<T>) -> T {
+    match result {
+        Ok(v) => v,
+        Err(e) => panic!("[{}] {what}: unexpected error: {e}", h.name),
+    }
+}
+
+fn patient() -> LockOptions {
+    LockOptions::new().wait(PATIENCE)
+}
+
+/// At most one holder at a time among 32 contenders: 8 clients with 4 tasks
+/// each, 8 rounds apiece, half released explicitly and half by drop.
+pub async fn mutual_exclusion(h: &Harness) {
+    const CLIENTS: usize = 8;
+    const TASKS: usize = 4;
+    const ROUNDS: usize = 8;
+    let key = h.key("exclusion");
+    let detector = Arc::new(OverlapDetector::default());
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let locker = h.locker().await;
+        for t in 0..TASKS {
+            let (locker, key, detector) = (locker.clone(), key.clone(), detector.clone());
+            let name = h.name.clone();
+            tasks.push(tokio::spawn(async move {
+                for round in 0..ROUNDS {
+                    let guard = match locker
+                        .lock_with(&key, LockOptions::new().wait(4 * PATIENCE))
+                        .await
+                    {
+                        Ok(g) => g,
+                        Err(e) => panic!("[{name}] contender could not lock: {e}"),
+                    };
+                    {
+                        let _section = detector.enter();
+                        tokio::time::sleep(Duration::from_micros(200)).await;
+                        assert!(
+                            !guard.is_lost(),
+                            "[{name}] guard lost during a short section"
+                        );
+                    }
+                    if (t + round) % 2 == 0 {
+                        if let Err(e) = guard.release().await {
+                            panic!("[{name}] release failed: {e}");
+                        }
+                    } else {
+                        drop(guard);
+                    }
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.expect("contender task panicked");
+    }
+    assert_eq!(
+        detector.entries(),
+        CLIENTS * TASKS * ROUNDS,
+        "[{}] every round ran",
+        h.name
+    );
+    assert_eq!(
+        detector.overlaps(),
+        0,
+        "[{}] two holders overlapped",
+        h.name
+    );
+}
+
+/// `try_lock` on a key another client holds answers `None` without waiting.
+pub async fn try_lock_on_held_key_returns_none_at_once(h: &Harness) {
+    let key = h.key("try");
+    let (a, b) = (h.locker().await, h.locker().await);
+    let held = must(h, "lock a free key", a.lock_with(&key, patient()).await);
+    let start = Instant::now();
+    let other = must(h, "try_lock a held key", b.try_lock(&key).await);
+    assert!(other.is_none(), "[{}] try_lock got a held key", h.name);
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "[{}] try_lock waited {:?} instead of answering at once",
+        h.name,
+        start.elapsed()
+    );
+    must(h, "release", held.release().await);
+    let after = must(h, "try_lock after release", b.try_lock(&key).await);
+    assert!(
+        after.is_some(),
+        "[{}] try_lock failed on a released key",
+        h.name
+    );
+}
+
+/// A wait limit ends in `Timeout`, neither early nor much late, and the
+/// timed-out waiter leaves nothing behind.
+pub async fn wait_limit_gives_timeout(h: &Harness) {
+    let key = h.key("timeout");
+    let (a, b, c) = (h.locker().await, h.locker().await, h.locker().await);
+    let held = must(h, "lock a free key", a.lock_with(&key, patient()).await);
+    let limit = Duration::from_millis(300);
+    let start = Instant::now();
+    let result = b.lock_with(&key, LockOptions::new().wait(limit)).await;
+    let elapsed = start.elapsed();
+    match result {
+        Err(LockError::Timeout { waited, .. }) => {
+            assert!(
+                waited >= limit,
+                "[{}] reported waiting {waited:?} < {limit:?}",
+                h.name
+            )
+        }
+        other => panic!("[{}] expected Timeout, got {other:?}", h.name),
+    }
+    assert!(
+        elapsed >= limit,
+        "[{}] gave up after {elapsed:?}, before {limit:?}",
+        h.name
+    );
+    assert!(
+        elapsed < limit + Duration::from_secs(2),
+        "[{}] gave up only after {elapsed:?}",
+        h.name
+    );
+    must(h, "release", held.release().await);
+    let next = must(h, "try_lock after the timeout", c.try_lock(&key).await);
+    assert!(
+        next.is_some(),
+        "[{}] a timed-out waiter blocked the next owner",
+        h.name
+    );
+}
+
+/// A guard whose lease ran out, with another owner holding the key now, can
+/// neither release nor renew the new owner's lock.
+pub async fn stale_guard_cannot_release_or_renew(h: &Harness) {
+    let key = h.key("stale");
+    let (a, b, c) = (h.locker().await, h.locker().await, h.locker().await);
+    let lease = Duration::from_millis(300);
+    let stale = must(
+        h,
+        "lock with a fixed lease",
+        a.lock_with(&key, patient().lease(lease)).await,
+    );
+    let reason = tokio::time::timeout(PATIENCE, stale.lost()).await;
+    assert_eq!(
+        reason,
+        Ok(LostReason::LeaseExpired),
+        "[{}] fixed lease not reported lost",
+        h.name
+    );
+    let fresh = must(
+        h,
+        "lock after the lease ran out",
+        b.lock_with(&key, patient()).await,
+    );
+
+    let lock_key = LockKey::new(&key).expect("valid key");
+    let renew = RenewRequest {
+        key: lock_key.clone(),
+        token: *stale.token(),
+        lease: Duration::from_secs(60),
+    };
+    let renewed = must(
+        h,
+        "renew with a stale token",
+        a.backend().renew(std::slice::from_ref(&renew)).await,
+    );
+    assert_eq!(
+        renewed,
+        vec![RenewOutcome::NotHeld],
+        "[{}] a stale token renewed",
+        h.name
+    );
+    let released = must(
+        h,
+        "release with a stale token",
+        a.backend().release(&lock_key, stale.token()).await,
+    );
+    assert_eq!(
+        released,
+        ReleaseOutcome::NotHeld,
+        "[{}] a stale token released",
+        h.name
+    );
+    match stale.release().await {
+        Err(LockError::Lost { .. }) => {}
+        other => panic!(
+            "[{}] releasing a stale guard must say Lost, got {other:?}",
+            h.name
+        ),
+    }
+
+    assert!(
+        !fresh.is_lost(),
+        "[{}] the new holder was told it lost the lock",
+        h.name
+    );
+    let third = must(h, "try_lock the new holder's key", c.try_lock(&key).await);
+    assert!(
+        third.is_none(),
+        "[{}] the stale guard released the new holder's lock",
+        h.name
+    );
+    must(h, "release the new holder", fresh.release().await);
+}
+
+/// Fencing tokens grow strictly from holder to holder, across clients; or,
+/// for a backend without them, are never given.
+pub async fn fencing_tokens_strictly_increase(h: &Harness) {
+    let key = h.key("fencing");
+    let has_fencing = h.capabilities().await.has_fencing();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let locker = h.locker().await;
+        for _ in 0..3 {
+            let (locker, key, seen) = (locker.clone(), key.clone(), seen.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..5 {
+                    let guard = locker
+                        .lock_with(&key, LockOptions::new().wait(4 * PATIENCE))
+                        .await
+                        .expect("lock");
+                    // Recorded while held: the order of the list is the order of the holds.
+                    seen.lock().unwrap().push(guard.fencing_token());
+                    let inner = locker.lock(&key).await.expect("re-enter");
+                    assert_eq!(
+                        inner.fencing_token(),
+                        guard.fencing_token(),
+                        "a re-entered guard has its own fence"
+                    );
+                    drop(inner);
+                    guard.release().await.expect("release");
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.expect("fencing task panicked");
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 60);
+    if has_fencing {
+        let fences: Vec<u64> = seen
+            .iter()
+            .map(|f| f.unwrap_or_else(|| panic!("[{}] claims fencing but gave none", h.name)))
+            .collect();
+        for pair in fences.windows(2) {
+            assert!(
+                pair[0] < pair[1],
+                "[{}] fence went from {} to {}",
+                h.name,
+                pair[0],
+                pair[1]
+            );
+        }
+    } else {
+        assert!(
+            seen.iter().all(Option::is_none),
+            "[{}] gives fencing tokens it does not claim to guarantee",
+            h.name
+        );
+    }
+}
+
+/// Re-locking a held key in the same task succeeds at once without asking
+/// the server; the lock is released when the last guard goes, whichever
+/// order the guards are dropped in.
+pub async fn reentrancy_within_a_task(h: &Harness) {
+    let key = h.key("reentrant");
+    let counting = Arc::new(CountingBackend::new(h.client().await));
+    let locker = Locker::from_arc(counting.clone());
+    let other = h.locker().await;
+
+    let outer = must(h, "lock", locker.lock_with(&key, patient()).await);
+    let acquires = counting.acquires();
+    let start = Instant::now();
+    let inner = must(h, "re-enter", locker.lock(&key).await);
+    let again = must(h, "re-enter with try_lock", locker.try_lock(&key).await);
+    assert!(again.is_some(), "[{}] try_lock did not re-enter", h.name);
+    assert_eq!(
+        counting.acquires(),
+        acquires,
+        "[{}] re-entering called the backend",
+        h.name
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "[{}] re-entering waited",
+        h.name
+    );
+    assert_eq!(inner.token(), outer.token());
+
+    // The outer guard goes first: the inner ones still hold the lock.
+    drop(outer);
+    drop(again);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let probe = must(h, "probe while re-entered", other.try_lock(&key).await);
+    assert!(
+        probe.is_none(),
+        "[{}] lock released while a re-entered guard lived",
+        h.name
+    );
+    assert_eq!(
+        counting.releases(),
+        0,
+        "[{}] released before the last guard went",
+        h.name
+    );
+
+    must(h, "release the last guard", inner.release().await);
+    assert_eq!(
+        counting.releases(),
+        1,
+        "[{}] the last guard did not release",
+        h.name
+    );
+    let next = must(
+        h,
+        "lock after the last guard",
+        other.lock_with(&key, patient()).await,
+    );
+    drop(next);
+}
+
+/// A task spawned by the holder is another owner: it waits like anyone else.
+pub async fn spawned_task_is_another_owner(h: &Harness) {
+    let key = h.key("spawned");
+    let locker = h.locker().await;
+    let held = must(h, "lock", locker.lock_with(&key, patient()).await);
+    let child = tokio::spawn({
+        let (locker, key) = (locker.clone(), key.clone());
+        async move {
+            let tried = locker.try_lock(&key).await.map(|g| g.is_some());
+            let waited = locker
+                .lock_with(&key, LockOptions::new().wait(Duration::from_millis(200)))
+                .await;
+            (tried, waited.map(|_| ()))
+        }
+    });
+    let (tried, waited) = child.await.expect("child task panicked");
+    assert!(
+        matches!(tried, Ok(false)),
+        "[{}] a spawned task re-entered its parent's lock: {tried:?}",
+        h.name
+    );
+    assert!(
+        matches!(waited, Err(LockError::Timeout { .. })),
+        "[{}] a spawned task got its parent's lock: {waited:?}",
+        h.name
+    );
+    assert!(!locker.is_held_by_current_task("never-locked"));
+    assert!(locker.is_held_by_current_task(&key));
+    drop(held);
+}
+
+/// Dropping a guard releases the lock: another client gets it long before
+/// the lease (30 s) could have expired.
+pub async fn drop_releases(h: &Harness) {
+    let key = h.key("drop");
+    let (a, b) = (h.locker().await, h.locker().await);
+    for _ in 0..3 {
+        let guard = must(h, "lock", a.lock_with(&key, patient()).await);
+        drop(guard);
+        let start = Instant::now();
+        let next = must(h, "lock after drop", b.lock_with(&key, patient()).await);
+        assert!(
+            start.elapsed() < PATIENCE,
+            "[{}] drop did not release",
+            h.name
+        );
+        drop(next);
+        let start = Instant::now();
+        let back = must(
+            h,
+            "lock back after drop",
+            a.lock_with(&key, patient()).await,
+        );
+        assert!(start.elapsed() < PATIENCE);
+        drop(back);
+    }
+}
+
+/// 240 `lock()` futures dropped at random points (timeouts of 0–25 ms) while
+/// the key is contended leave no orphan: the key is free again at once.
+pub async fn cancel_safety(h: &Harness) {
+    let key = h.key("cancel");
+    let mut rng = Rng::from_env();
+    let seed = rng.seed();
+    let holder = h.locker().await;
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let cycling = tokio::spawn({
+        let (holder, key, stop) = (holder.clone(), key.clone(), stop.clone());
+        async move {
+            let mut cycles = 0u32;
+            loop {
+                let guard = tokio::select! {
+                    g = holder.lock_with(&key, LockOptions::new().wait(Duration::from_secs(5))) => g,
+                    _ = stop.notified() => return cycles,
+                };
+                if let Ok(g) = guard {
+                    cycles += 1;
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                    drop(g);
+                }
+                if cycles > 10_000 {
+                    return cycles;
+                }
+            }
+        }
+    });
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(h.locker().await);
+    }
+    let mut attempts = Vec::new();
+    for i in 0..240 {
+        let locker = clients[i % clients.len()].clone();
+        let key = key.clone();
+        let after = Duration::from_millis(rng.below(26));
+        let hold = Duration::from_millis(rng.below(3));
+        attempts.push(tokio::spawn(async move {
+            match tokio::time::timeout(after, locker.lock(&key)).await {
+                Ok(Ok(guard)) => {
+                    tokio::time::sleep(hold).await;
+                    drop(guard);
+                    true
+                }
+                Ok(Err(e)) => panic!("lock failed instead of being cancelled: {e}"),
+                Err(_) => false,
+            }
+        }));
+        if i % 8 == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    let mut acquired = 0;
+    for a in attempts {
+        acquired += usize::from(a.await.expect("attempt task panicked"));
+    }
+    stop.notify_one();
+    let cycles = cycling.await.expect("holder task panicked");
+    assert!(
+        cycles > 0,
+        "[{}] the holder never got the lock (seed {seed})",
+        h.name
+    );
+
+    // Drop-releases are scheduled, so allow them a moment; an orphan would
+    // hold the key for the whole lease (30 s) or forever.
+    let probe = h.locker().await;
+    let start = Instant::now();
+    let free = probe.lock_with(&key, patient()).await;
+    assert!(
+        free.is_ok(),
+        "[{}] key still blocked after the cancel storm ({acquired} acquired, seed {seed}): {free:?}",
+        h.name
+    );
+    assert!(start.elapsed() < PATIENCE);
+    drop(free);
+    let start = Instant::now();
+    let mut again = None;
+    while again.is_none() && start.elapsed() < PATIENCE {
+        again = must(
+            h,
+            "try_lock after the storm",
+            h.locker().await.try_lock(&key).await,
+        );
+        if again.is_none() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    assert!(
+        again.is_some(),
+        "[{}] an orphan queue entry blocks try_lock (seed {seed})",
+        h.name
+    );
+}
+
+/// A holder that vanishes with a fixed lease blocks others for the lease,
+/// not less, and not much more.
+pub async fn crashed_holder_with_fixed_lease(h: &Harness) {
+    let key = h.key("crash-fixed");
+    let (a, b) = (h.locker().await, h.locker().await);
+    let lease = Duration::from_millis(500);
+    let sent = Instant::now();
+    let guard = must(
+        h,
+        "lock with a fixed lease",
+        a.lock_with(&key, patient().lease(lease)).await,
+    );
+    guard.leak();
+    let early = must(
+        h,
+        "try_lock the crashed holder's key",
+        b.try_lock(&key).await,
+    );
+    assert!(
+        early.is_none(),
+        "[{}] a leaked lock was free at once",
+        h.name
+    );
+    let next = must(
+        h,
+        "lock after the lease",
+        b.lock_with(&key, patient()).await,
+    );
+    let after = sent.elapsed();
+    assert!(
+        after >= lease,
+        "[{}] acquired {after:?} after the crash, within the {lease:?} lease",
+        h.name
+    );
+    assert!(
+        after < lease + PATIENCE / 2,
+        "[{}] the lease ran out but the lock took {after:?}",
+        h.name
+    );
+    drop(next);
+}
+
+/// A holder that vanishes under the watchdog blocks others until its last
+/// renewal's lease has run out, then lets them in.
+pub async fn crashed_holder_with_watchdog(h: &Harness) {
+    let key = h.key("crash-watchdog");
+    let lease = Duration::from_millis(600);
+    let a = h.locker_with(|b| b.watchdog_lease(lease)).await;
+    let b = h.locker().await;
+    let guard = must(h, "lock", a.lock_with(&key, patient()).await);
+    tokio::time::sleep(lease).await;
+    let left = Instant::now();
+    guard.leak();
+    let early = must(
+        h,
+        "try_lock the crashed holder's key",
+        b.try_lock(&key).await,
+    );
+    assert!(
+        early.is_none(),
+        "[{}] a leaked lock was free at once",
+        h.name
+    );
+    let next = must(
+        h,
+        "lock after the lease",
+        b.lock_with(&key, patient()).await,
+    );
+    let after = left.elapsed();
+    // The last renewal was sent at most a third of the lease before the crash.
+    assert!(
+        after >= lease / 3,
+        "[{}] acquired only {after:?} after the crash",
+        h.name
+    );
+    assert!(
+        after < lease + PATIENCE / 2,
+        "[{}] the lease ran out but the lock took {after:?}",
+        h.name
+    );
+    drop(next);
+}
+
+/// The watchdog keeps a lock well past its lease while the guard lives.
+pub async fn watchdog_keeps_lock_past_its_lease(h: &Harness) {
+    let key = h.key("watchdog");
+    let lease = Duration::from_millis(300);
+    let a = h.locker_with(|b| b.watchdog_lease(lease)).await;
+    let b = h.locker().await;
+    let guard = must(h, "lock", a.lock_with(&key, patient()).await);
+    let start = Instant::now();
+    let mut probes = 0;
+    while start.elapsed() < lease * 4 {
+        let probe = must(h, "probe", b.try_lock(&key).await);
+        assert!(
+            probe.is_none(),
+            "[{}] lock expired after {:?} despite the watchdog",
+            h.name,
+            start.elapsed()
+        );
+        assert!(
+            !guard.is_lost(),
+            "[{}] guard lost despite the watchdog",
+            h.name
+        );
+        probes += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(probes >= 5);
+    must(h, "release", guard.release().await);
+    let next = must(h, "lock after release", b.try_lock(&key).await);
+    assert!(next.is_some(), "[{}] lock still held after release", h.name);
+}
+
+/// A fixed lease's guard reports lost no later than another client acquires.
+pub async fn fixed_lease_reports_lost_before_others_acquire(h: &Harness) {
+    let key = h.key("lost-first");
+    let (a, b) = (h.locker().await, h.locker().await);
+    let lease = Duration::from_millis(400);
+    let guard = must(
+        h,
+        "lock with a fixed lease",
+        a.lock_with(&key, patient().lease(lease)).await,
+    );
+    assert!(!guard.is_lost());
+    let guard = Arc::new(guard);
+    let watcher = tokio::spawn({
+        let guard = guard.clone();
+        async move {
+            let reason = guard.lost().await;
+            (Instant::now(), reason)
+        }
+    });
+    let next = must(
+        h,
+        "lock after the lease",
+        b.lock_with(&key, patient()).await,
+    );
+    let acquired_at = Instant::now();
+    let (lost_at, reason) = tokio::time::timeout(PATIENCE, watcher)
+        .await
+        .expect("lost() did not complete")
+        .expect("watcher panicked");
+    assert_eq!(reason, LostReason::LeaseExpired);
+    assert!(
+        lost_at <= acquired_at,
+        "[{}] reported lost {:?} after another client acquired",
+        h.name,
+        lost_at - acquired_at
+    );
+    assert!(guard.is_lost());
+    drop(next);
+}
+
+/// When the server no longer holds a watchdog guard's token, the next
+/// renewal reports the guard lost.
+pub async fn renewal_that_finds_another_owner_reports_lost(h: &Harness) {
+    let key = h.key("renew-lost");
+    let lease = Duration::from_millis(300);
+    let a = h.locker_with(|b| b.watchdog_lease(lease)).await;
+    let guard = must(h, "lock", a.lock_with(&key, patient()).await);
+    // Someone with the token (a confused operator, a stale script) deletes it.
+    let lock_key = LockKey::new(&key).expect("valid key");
+    let released = must(
+        h,
+        "release behind the guard's back",
+        a.backend().release(&lock_key, guard.token()).await,
+    );
+    assert_eq!(released, ReleaseOutcome::Released);
+    let reason = tokio::time::timeout(PATIENCE, guard.lost()).await;
+    assert!(
+        matches!(reason, Ok(LostReason::NotHeld | LostReason::SessionExpired)),
+        "[{}] the guard was not told: {reason:?}",
+        h.name
+    );
+    assert!(guard.is_lost());
+}
+
+/// `DistMutex` excludes across clients, and refuses a re-lock in the same
+/// task instead of deadlocking.
+pub async fn dist_mutex_excludes_across_clients(h: &Harness) {
+    let key = h.key("mutex");
+    let counter = Arc::new(Mutex::new(0_u64));
+    let detector = Arc::new(OverlapDetector::default());
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let locker = h.locker().await;
+        let m = Arc::new(DistMutex::with_options(
+            &locker,
+            key.clone(),
+            0_u64,
+            LockOptions::new().wait(4 * PATIENCE),
+        ));
+        for _ in 0..4 {
+            let (m, counter, detector) = (m.clone(), counter.clone(), detector.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..5 {
+                    let mut g = m.lock().await.expect("DistMutex::lock");
+                    let _section = detector.enter();
+                    *g += 1;
+                    let seen = *counter.lock().unwrap();
+                    tokio::task::yield_now().await;
+                    *counter.lock().unwrap() = seen + 1;
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.expect("mutex task panicked");
+    }
+    assert_eq!(
+        detector.overlaps(),
+        0,
+        "[{}] DistMutex guards overlapped",
+        h.name
+    );
+    assert_eq!(
+        *counter.lock().unwrap(),
+        80,
+        "[{}] lost updates under DistMutex",
+        h.name
+    );
+
+    let locker = h.locker().await;
+    let m = DistMutex::with_options(&locker, key.clone(), 0, patient());
+    let g = must(h, "DistMutex::lock", m.lock().await);
+    let start = Instant::now();
+    assert!(
+        matches!(m.lock().await, Err(LockError::WouldDeadlock { .. })),
+        "[{}] re-lock not refused",
+        h.name
+    );
+    assert!(matches!(
+        m.try_lock().await,
+        Err(LockError::WouldDeadlock { .. })
+    ));
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "[{}] re-lock waited",
+        h.name
+    );
+    drop(g);
+    let again = must(h, "DistMutex::lock after drop", m.lock().await);
+    drop(again);
+}
+
+/// Bad keys and options give typed errors, never a panic; extreme but valid
+/// options work.
+pub async fn invalid_input_gives_typed_errors(h: &Harness) {
+    let locker = h.locker().await;
+    for key in [String::new(), "k".repeat(1 << 20)] {
+        let result = locker.lock(&key).await;
+        assert!(
+            matches!(result, Err(LockError::InvalidKey { .. })),
+            "[{}] key of {} bytes: {result:?}",
+            h.name,
+            key.len()
+        );
+        let result = locker.try_lock(&key).await;
+        assert!(matches!(result, Err(LockError::InvalidKey { .. })));
+    }
+    let key = h.key("options");
+    for lease in [
+        Duration::ZERO,
+        Duration::from_nanos(1),
+        Duration::from_micros(999),
+        Duration::MAX,
+    ] {
+        let result = locker
+            .lock_with(&key, LockOptions::new().lease(lease))
+            .await;
+        assert!(
+            matches!(result, Err(LockError::InvalidOptions { .. })),
+            "[{}] lease {lease:?}: {result:?}",
+            h.name
+        );
+    }
+    for lease in [Duration::ZERO, Duration::from_millis(1), Duration::MAX] {
+        let built = LockerBuilder::from_arc(h.client().await)
+            .watchdog_lease(lease)
+            .build();
+        assert!(
+            matches!(built, Err(LockError::InvalidOptions { .. })),
+            "[{}] watchdog lease {lease:?}",
+            h.name
+        );
+    }
+    // Extremes that are valid must simply work.
+    let forever = must(
+        h,
+        "lock with a huge wait limit",
+        locker
+            .lock_with(&key, LockOptions::new().wait(Duration::MAX))
+            .await,
+    );
+    drop(forever);
+    let other = h.locker().await;
+    let held = must(h, "lock", other.lock_with(&key, patient()).await);
+    let zero = locker
+        .lock_with(&key, LockOptions::new().wait(Duration::ZERO))
+        .await;
+    assert!(
+        matches!(zero, Err(LockError::Timeout { .. })),
+        "[{}] zero wait on a held key: {zero:?}",
+        h.name
+    );
+    drop(held);
+}
+
+/// Keys that need escaping on some servers are accepted and stay distinct:
+/// holding all of them at once works, and each excludes another client.
+pub async fn awkward_keys_are_distinct_locks(h: &Harness) {
+    let base = h.key("awkward");
+    let suffixes = [
+        "a/b",
+        "a%2Fb",
+        "a_b",
+        "..",
+        ".",
+        "/",
+        "//",
+        "a/../b",
+        "nul\0byte",
+        "new\nline",
+        "space key",
+        "ключ",
+        "🔒",
+        "*",
+        "{tag}",
+    ];
+    let mut keys: Vec<String> = suffixes.iter().map(|s| format!("{base}/{s}")).collect();
+    keys.push(format!("{base}/{}", "x".repeat(900)));
+    // Whole keys that are path components of their own on hierarchical servers.
+    keys.extend([".".to_owned(), "..".to_owned()]);
+    let (a, b) = (h.locker().await, h.locker().await);
+    let mut guards = Vec::new();
+    for key in &keys {
+        let g = must(h, "try_lock an awkward key", a.try_lock(key).await);
+        assert!(
+            g.is_some(),
+            "[{}] key {key:?} collided with another key",
+            h.name
+        );
+        guards.push(g);
+    }
+    for key in &keys {
+        let other = must(
+            h,
+            "try_lock an awkward key held elsewhere",
+            b.try_lock(key).await,
+        );
+        assert!(
+            other.is_none(),
+            "[{}] key {key:?} was not exclusive",
+            h.name
+        );
+    }
+    for g in guards.into_iter().flatten() {
+        must(h, "release an awkward key", g.release().await);
+    }
+    for key in &keys {
+        let again = must(h, "try_lock after release", b.try_lock(key).await);
+        assert!(again.is_some(), "[{}] key {key:?} not released", h.name);
+    }
+}

@@ -1,0 +1,97 @@
+//! `CountingBackend`: a pass-through backend that counts the calls core makes.
+
+use std::sync::{
+    atomic::{AtomicUsize, Ordering},
+    Arc,
+};
+
+use dlock_core::{
+    backend::{
+        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, ReleaseOutcome, RenewOutcome,
+        RenewRequest,
+    },
+    LockKey, Result, Token,
+};
+
+/// Wraps a real backend and counts the calls made to it, to check that
+/// something (a re-entered lock) made no server round trip.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::{Locker, MemoryBackend};
+/// use dlock_testkit::CountingBackend;
+/// use std::sync::Arc;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock_core::LockError> {
+/// let counting = Arc::new(CountingBackend::new(Arc::new(MemoryBackend::new())));
+/// let locker = Locker::from_arc(counting.clone());
+/// let _g = locker.lock("k").await?;
+/// assert_eq!(counting.acquires(), 1);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct CountingBackend {
+    inner: Arc<dyn Backend>,
+    acquires: AtomicUsize,
+    releases: AtomicUsize,
+    renewals: AtomicUsize,
+}
+
+impl CountingBackend {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn Backend>) -> Self {
+        CountingBackend {
+            inner,
+            acquires: AtomicUsize::new(0),
+            releases: AtomicUsize::new(0),
+            renewals: AtomicUsize::new(0),
+        }
+    }
+
+    /// Calls of `acquire` so far.
+    pub fn acquires(&self) -> usize {
+        self.acquires.load(Ordering::SeqCst)
+    }
+
+    /// Calls of `release` so far.
+    pub fn releases(&self) -> usize {
+        self.releases.load(Ordering::SeqCst)
+    }
+
+    /// Calls of `renew` so far (one per watchdog tick with locks to renew).
+    pub fn renewals(&self) -> usize {
+        self.renewals.load(Ordering::SeqCst)
+    }
+}
+
+impl Backend for CountingBackend {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>> {
+        self.acquires.fetch_add(1, Ordering::SeqCst);
+        self.inner.acquire(req)
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a LockKey,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        self.inner.release(key, token)
+    }
+
+    fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>> {
+        self.renewals.fetch_add(1, Ordering::SeqCst);
+        self.inner.renew(locks)
+    }
+}
