@@ -71,3 +71,8 @@ pub use locker::{
 pub use mutex::{DistMutex, DistMutexGuard, OwnedDistMutexGuard};
 pub use options::{Lease, LockOptions, MAX_LEASE, MIN_LEASE, MIN_WATCHDOG_LEASE};
 pub use token::Token;
+
+/// The workspace README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
