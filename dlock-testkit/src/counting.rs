@@ -38,6 +38,8 @@ pub struct CountingBackend {
     acquires: AtomicUsize,
     releases: AtomicUsize,
     renewals: AtomicUsize,
+    in_flight: Arc<AtomicUsize>,
+    max_in_flight: Arc<AtomicUsize>,
 }
 
 impl CountingBackend {
@@ -48,6 +50,8 @@ impl CountingBackend {
             acquires: AtomicUsize::new(0),
             releases: AtomicUsize::new(0),
             renewals: AtomicUsize::new(0),
+            in_flight: Arc::default(),
+            max_in_flight: Arc::default(),
         }
     }
 
@@ -65,6 +69,20 @@ impl CountingBackend {
     pub fn renewals(&self) -> usize {
         self.renewals.load(Ordering::SeqCst)
     }
+
+    /// The most `acquire` calls that were in progress at the same time.
+    pub fn max_concurrent_acquires(&self) -> usize {
+        self.max_in_flight.load(Ordering::SeqCst)
+    }
+}
+
+/// Counts one `acquire` in progress until dropped (completed or cancelled).
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Backend for CountingBackend {
@@ -78,7 +96,14 @@ impl Backend for CountingBackend {
 
     fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>> {
         self.acquires.fetch_add(1, Ordering::SeqCst);
-        self.inner.acquire(req)
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        let in_flight = InFlight(self.in_flight.clone());
+        let acquire = self.inner.acquire(req);
+        Box::pin(async move {
+            let _in_flight = in_flight;
+            acquire.await
+        })
     }
 
     fn release<'a>(

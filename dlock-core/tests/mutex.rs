@@ -1,0 +1,131 @@
+//! `DistMutex<T>` behaviour beyond the conformance suite: local queueing,
+//! wait limits that include the local queue, cancellation.
+
+use std::{sync::Arc, time::Duration};
+
+use dlock_core::{DistMutex, LockError, LockOptions, Locker, MemoryBackend, OwnedDistMutexGuard};
+use dlock_testkit::CountingBackend;
+use tokio::time::Instant;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_contenders_queue_before_the_backend() {
+    let counting = Arc::new(CountingBackend::new(Arc::new(MemoryBackend::new())));
+    let locker = Locker::from_arc(counting.clone());
+    let m = Arc::new(DistMutex::new(&locker, "stock", 0_u32));
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let m = m.clone();
+            tokio::spawn(async move {
+                for _ in 0..10 {
+                    let mut g = m.lock().await.unwrap();
+                    *g += 1;
+                    tokio::task::yield_now().await;
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*m.lock().await.unwrap(), 160);
+    assert_eq!(
+        counting.max_concurrent_acquires(),
+        1,
+        "more than one local task talked to the backend at once"
+    );
+}
+
+#[tokio::test]
+async fn the_wait_limit_covers_the_local_queue() {
+    let locker = Locker::new(MemoryBackend::new());
+    let m = Arc::new(DistMutex::with_options(
+        &locker,
+        "k",
+        (),
+        LockOptions::new().wait(Duration::from_millis(150)),
+    ));
+    let held = m.clone().lock_owned().await.unwrap();
+    let other = tokio::spawn({
+        let m = m.clone();
+        async move {
+            let start = Instant::now();
+            let r = m.lock().await.map(drop);
+            (start.elapsed(), r)
+        }
+    });
+    let (elapsed, result) = other.await.unwrap();
+    assert!(
+        matches!(result, Err(LockError::Timeout { .. })),
+        "{result:?}"
+    );
+    assert!(
+        elapsed >= Duration::from_millis(150) && elapsed < Duration::from_secs(2),
+        "{elapsed:?}"
+    );
+    // This task holds it: a second guard here is refused, not awaited.
+    assert!(matches!(
+        m.clone().try_lock_owned().await,
+        Err(LockError::WouldDeadlock { .. })
+    ));
+    OwnedDistMutexGuard::release(held).await.unwrap();
+    assert!(m.try_lock().await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn a_cancelled_local_waiter_gives_its_turn_back() {
+    let locker = Locker::new(MemoryBackend::new());
+    let m = Arc::new(DistMutex::new(&locker, "k", 0));
+    let held = m.clone().lock_owned().await.unwrap();
+    for _ in 0..20 {
+        let m = m.clone();
+        let attempt = tokio::spawn(async move {
+            tokio::time::timeout(Duration::from_millis(5), m.lock())
+                .await
+                .map(|r| r.map(drop))
+        });
+        let _ = attempt.await;
+    }
+    OwnedDistMutexGuard::release(held).await.unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(2), m.lock()).await;
+    assert!(
+        matches!(g, Ok(Ok(_))),
+        "a cancelled waiter kept the local turn"
+    );
+}
+
+#[tokio::test]
+async fn a_key_held_through_the_locker_refuses_a_dist_mutex_in_the_same_task() {
+    let locker = Locker::new(MemoryBackend::new());
+    let m = DistMutex::new(&locker, "shared-key", 1);
+    let plain = locker.lock("shared-key").await.unwrap();
+    assert!(matches!(
+        m.lock().await,
+        Err(LockError::WouldDeadlock { .. })
+    ));
+    drop(plain);
+    let mut g = m.lock().await.unwrap();
+    *g += 1;
+    assert_eq!(*g, 2);
+}
+
+#[tokio::test]
+async fn an_invalid_key_is_reported_at_lock_time() {
+    let locker = Locker::new(MemoryBackend::new());
+    let m = DistMutex::new(&locker, "", 0);
+    assert!(matches!(m.lock().await, Err(LockError::InvalidKey { .. })));
+    // The failed attempt gave the local turn back.
+    assert!(matches!(
+        m.try_lock().await,
+        Err(LockError::InvalidKey { .. })
+    ));
+}
+
+#[tokio::test]
+async fn debug_never_blocks_and_hides_a_locked_value() {
+    let locker = Locker::new(MemoryBackend::new());
+    let m = DistMutex::new(&locker, "k", 41);
+    assert!(format!("{m:?}").contains("41"));
+    let g = m.lock().await.unwrap();
+    assert!(format!("{m:?}").contains("<locked>"));
+    drop(g);
+}

@@ -1,0 +1,69 @@
+//! What dlock traces. Alone in its test binary: tracing caches which
+//! callsites are enabled process-wide, so tests running beside it without a
+//! subscriber would make it flaky.
+
+use std::{
+    io,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use dlock_core::{BackendExt, LockOptions, MemoryBackend};
+
+/// A writer that keeps what tracing prints.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn acquire_release_and_loss_are_traced() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let locker = MemoryBackend::new().into_locker();
+            let g = locker.lock("traced:key").await.unwrap();
+            g.release().await.unwrap();
+            let g = locker
+                .lock_with(
+                    "traced:lost",
+                    LockOptions::new().lease(Duration::from_millis(20)),
+                )
+                .await
+                .unwrap();
+            g.lost().await;
+        });
+    });
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    for needle in [
+        "dlock.acquire",
+        "key=traced:key",
+        "backend=\"memory\"",
+        "waited_us=",
+        "fence=",
+        "dlock.hold",
+        "dlock lock released",
+        "dlock lock lost",
+    ] {
+        assert!(text.contains(needle), "`{needle}` not traced in:\n{text}");
+    }
+}
