@@ -7,7 +7,7 @@ use tokio::{runtime::Handle, task::JoinHandle, time::Instant};
 use tracing::Instrument;
 
 use crate::{
-    backend::ReleaseOutcome,
+    backend::{Backend, ReleaseOutcome},
     error::{LockError, LostReason, Result},
     key::LockKey,
     lease::LeaseState,
@@ -73,27 +73,42 @@ impl Hold {
         hold
     }
 
-    /// Releases on the server, on the runtime the lock was acquired on, so
-    /// the release completes even if the caller stops waiting for it. If
-    /// that runtime is gone, the lease expires on the server instead.
+    /// Releases on the server, on the runtime the lock was acquired on (see
+    /// [`spawn_release`]).
     fn spawn_release(&mut self) -> JoinHandle<Result<ReleaseOutcome>> {
         self.armed = false;
-        let backend = self.shared.backend().clone();
-        let key = self.key.clone();
-        let token = self.token;
-        let release = async move {
-            let outcome = backend.release(&key, &token).await;
-            match &outcome {
-                Ok(ReleaseOutcome::Released) => tracing::debug!("dlock lock released"),
-                Ok(ReleaseOutcome::NotHeld) => {
-                    tracing::debug!("dlock release found the lock no longer held")
-                }
-                Err(error) => tracing::warn!(%error, "dlock release failed; the lease will expire"),
-            }
-            outcome
-        };
-        self.runtime.spawn(release.instrument(self.span.clone()))
+        spawn_release(
+            &self.runtime,
+            self.shared.backend().clone(),
+            self.key.clone(),
+            self.token,
+            self.span.clone(),
+        )
     }
+}
+
+/// Releases `key` for `token` in a task of its own on `runtime`, so the
+/// release completes even if nobody waits for it. If that runtime is gone,
+/// the lease expires on the server instead.
+pub(crate) fn spawn_release(
+    runtime: &Handle,
+    backend: Arc<dyn Backend>,
+    key: LockKey,
+    token: Token,
+    span: tracing::Span,
+) -> JoinHandle<Result<ReleaseOutcome>> {
+    let release = async move {
+        let outcome = backend.release(&key, &token).await;
+        match &outcome {
+            Ok(ReleaseOutcome::Released) => tracing::debug!("dlock lock released"),
+            Ok(ReleaseOutcome::NotHeld) => {
+                tracing::debug!("dlock release found the lock no longer held")
+            }
+            Err(error) => tracing::warn!(%error, "dlock release failed; the lease will expire"),
+        }
+        outcome
+    };
+    runtime.spawn(release.instrument(span))
 }
 
 impl Drop for Hold {
@@ -232,10 +247,13 @@ impl LockGuard {
             key: key.clone(),
             reason,
         };
-        let Some(mut hold) = Arc::into_inner(self.hold) else {
-            return Ok(());
+        let hold = self.hold;
+        let lost_already = hold.lease.check(Instant::now());
+        let Some(mut hold) = Arc::into_inner(hold) else {
+            // Re-entered guards still hold the lock; report a loss all the same.
+            return lost_already.map_or(Ok(()), |reason| Err(lost(reason)));
         };
-        let earlier_loss = hold.lease.check(Instant::now());
+        let earlier_loss = lost_already;
         let backend = hold.shared.backend().name();
         let release = hold.spawn_release();
         drop(hold);

@@ -14,7 +14,7 @@ use tracing::Instrument;
 use crate::{
     backend::{AcquireRequest, Backend, LeaseKind, LossReporter, Wait},
     error::{LockError, Result},
-    guard::{Hold, LockGuard},
+    guard::{spawn_release, Hold, LockGuard},
     key::LockKey,
     lease::LeaseState,
     options::{validate_lease, wait_deadline, Lease, LockOptions, MIN_LEASE, MIN_WATCHDOG_LEASE},
@@ -48,9 +48,26 @@ pub const DEFAULT_WATCHDOG_LEASE: Duration = Duration::from_secs(30);
 /// else. Outside a spawned task (the body of `#[tokio::main]`), the owner is
 /// the thread that runs `block_on`.
 ///
-/// Futures joined within one task (`join!`, `select!`) are one owner: if one
-/// of them holds a key, the others re-enter it. Use separate tasks for
-/// contenders that must exclude each other.
+/// Ownership is decided by who *acquired* and is tracked per `Locker`
+/// (clones included), so know its edges:
+///
+/// - Futures joined within one task (`join!`, `select!`) are one owner: if
+///   one of them holds a key, the others re-enter it. Use separate tasks for
+///   contenders that must exclude each other.
+/// - A guard moved into another task still belongs to the task that
+///   acquired it: that task re-enters the key at once, even while the moved
+///   guard's new task works under it. Take the lock inside the task that
+///   does the work rather than handing it a guard.
+/// - Two lockers built separately over one backend are two owners, like two
+///   processes: a task holding a key through one waits for itself through
+///   the other. Build one `Locker` and clone it (or use the default locker).
+///
+/// # Runtime
+///
+/// Locks are taken within a Tokio runtime with its timer enabled
+/// (`#[tokio::main]` and `enable_all` do so). Outside a runtime, locking
+/// returns [`LockError::NoRuntime`]; on a runtime without a timer, waiting
+/// with a limit and the watchdog panic, as `tokio::time` does.
 ///
 /// # Examples
 ///
@@ -381,15 +398,28 @@ impl Locker {
                 wait,
                 loss: LossReporter(lease_state.clone()),
             };
+            // Until the backend has answered for itself, the attempt may have
+            // won on the server: if it is cut short (by the wait limit, by
+            // the caller dropping this future, or by an error mid-flight),
+            // release the token so no orphan holds the key for a lease.
+            let mut abandoned = Abandoned {
+                runtime: &runtime,
+                backend: &self.shared.backend,
+                key: &key,
+                token,
+                settled: false,
+            };
             let attempt = self.shared.backend.acquire(request);
             // The backend bounds its own wait; this bound makes the limit
             // exact whatever the backend does.
-            let outcome = match wait {
-                Wait::Until(deadline) => tokio::time::timeout_at(deadline, attempt)
-                    .await
-                    .unwrap_or(Ok(None)),
-                Wait::No | Wait::Forever => attempt.await,
+            let (outcome, cut_short) = match wait {
+                Wait::Until(deadline) => match tokio::time::timeout_at(deadline, attempt).await {
+                    Ok(outcome) => (outcome, false),
+                    Err(_) => (Ok(None), true),
+                },
+                Wait::No | Wait::Forever => (attempt.await, false),
             };
+            abandoned.settled = !cut_short && outcome.is_ok();
             let waited = start.elapsed();
             let span = tracing::Span::current();
             span.record("waited_us", waited.as_micros() as u64);
@@ -416,11 +446,36 @@ impl Locker {
                 acquired.fence(),
                 lease_state,
                 renewed,
-                runtime,
+                runtime.clone(),
             );
             LockGuard::fresh(hold).map(Some)
         };
         acquire.instrument(span).await
+    }
+}
+
+/// An acquire attempt that has not been answered yet; releases its token on
+/// drop unless settled.
+struct Abandoned<'a> {
+    runtime: &'a Handle,
+    backend: &'a Arc<dyn Backend>,
+    key: &'a LockKey,
+    token: Token,
+    settled: bool,
+}
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            tracing::debug!("dlock acquire abandoned; releasing its token");
+            drop(spawn_release(
+                self.runtime,
+                self.backend.clone(),
+                self.key.clone(),
+                self.token,
+                tracing::Span::current(),
+            ));
+        }
     }
 }
 

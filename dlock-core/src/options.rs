@@ -6,8 +6,10 @@ use tokio::time::Instant;
 
 use crate::error::{LockError, Result};
 
-/// The shortest lease accepted: servers count leases in milliseconds.
-pub const MIN_LEASE: Duration = Duration::from_millis(1);
+/// The shortest fixed lease accepted. The holder counts its lease 1 % + 2 ms
+/// short, to absorb clock drift, so a shorter lease would be over almost
+/// before the answer arrived.
+pub const MIN_LEASE: Duration = Duration::from_millis(10);
 /// The longest lease accepted (30 days). A longer lease keeps a crashed
 /// holder's lock longer than any operator would wait.
 pub const MAX_LEASE: Duration = Duration::from_secs(30 * 24 * 3600);
@@ -161,7 +163,7 @@ mod tests {
     #[test]
     fn lease_bounds_are_enforced() {
         assert!(validate_lease(Duration::ZERO, MIN_LEASE).is_err());
-        assert!(validate_lease(Duration::from_micros(999), MIN_LEASE).is_err());
+        assert!(validate_lease(Duration::from_millis(9), MIN_LEASE).is_err());
         assert!(validate_lease(MIN_LEASE, MIN_LEASE).is_ok());
         assert!(validate_lease(MAX_LEASE, MIN_LEASE).is_ok());
         assert!(validate_lease(MAX_LEASE + Duration::from_nanos(1), MIN_LEASE).is_err());

@@ -32,7 +32,10 @@ pub(crate) struct Watchdog {
 struct State {
     entries: HashMap<u64, Entry>,
     next_id: u64,
-    running: bool,
+    /// The id of the timer task that is running, if one is. A task that
+    /// ends for any reason (no locks left, its runtime shut down, a panic)
+    /// clears it, so the next registration starts a new one.
+    timer: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -77,9 +80,13 @@ impl Watchdog {
             lease: self.lease,
         };
         state.entries.insert(id, Entry { request, lease });
-        if !state.running {
-            state.running = true;
-            runtime.spawn(run(Arc::downgrade(shared), self.lease / RENEWALS_PER_LEASE));
+        if state.timer.is_none() {
+            state.timer = Some(id);
+            let timer = Timer {
+                shared: Arc::downgrade(shared),
+                id,
+            };
+            runtime.spawn(run(timer, self.lease / RENEWALS_PER_LEASE));
         }
         id
     }
@@ -88,11 +95,14 @@ impl Watchdog {
         self.state().entries.remove(&id);
     }
 
-    /// The locks to renew now; `None` (and the timer stops) when there are none.
-    fn due(&self) -> Option<Vec<(RenewRequest, Arc<LeaseState>)>> {
+    /// The locks to renew now; `None` when there are none, and the timer
+    /// task `timer` should stop.
+    fn due(&self, timer: u64) -> Option<Vec<(RenewRequest, Arc<LeaseState>)>> {
         let mut state = self.state();
         if state.entries.is_empty() {
-            state.running = false;
+            if state.timer == Some(timer) {
+                state.timer = None;
+            }
             return None;
         }
         Some(
@@ -106,16 +116,34 @@ impl Watchdog {
     }
 }
 
-async fn run(shared: Weak<Shared>, period: Duration) {
+/// The running timer task's identity; clears it from the watchdog when the
+/// task ends, however it ends.
+struct Timer {
+    shared: Weak<Shared>,
+    id: u64,
+}
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.upgrade() {
+            let mut state = shared.watchdog().state();
+            if state.timer == Some(self.id) {
+                state.timer = None;
+            }
+        }
+    }
+}
+
+async fn run(timer: Timer, period: Duration) {
     let mut ticker = tokio::time::interval_at(Instant::now() + period, period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        let Some(shared) = shared.upgrade() else {
+        let Some(shared) = timer.shared.upgrade() else {
             return;
         };
         let watchdog = shared.watchdog();
-        let Some(batch) = watchdog.due() else {
+        let Some(batch) = watchdog.due(timer.id) else {
             return;
         };
         if batch.is_empty() {

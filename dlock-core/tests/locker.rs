@@ -11,8 +11,12 @@ use std::{
 };
 
 use dlock_core::{
-    default_locker, set_default_locker, BackendExt, LockError, LockOptions, Locker, LostReason,
-    MemoryBackend,
+    backend::{
+        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, ReleaseOutcome, RenewOutcome,
+        RenewRequest,
+    },
+    default_locker, set_default_locker, BackendExt, LockError, LockKey, LockOptions, Locker,
+    LostReason, MemoryBackend, Token,
 };
 use tokio::time::Instant;
 
@@ -122,13 +126,75 @@ async fn waiters_are_served_in_arrival_order() {
     assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3, 4]);
 }
 
+/// A backend in front of `MemoryBackend` that changes how grants are
+/// answered, to reach core's handling of slow networks.
+#[derive(Debug)]
+struct Answer {
+    inner: MemoryBackend,
+    /// Pretend the winning request was sent this much earlier.
+    sent_earlier: Duration,
+    /// Hold the reply back this long after the server granted.
+    reply_delay: Duration,
+}
+
+impl Backend for Answer {
+    fn name(&self) -> &'static str {
+        "answer"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn acquire<'a>(
+        &'a self,
+        req: AcquireRequest<'a>,
+    ) -> BoxFuture<'a, dlock_core::Result<Option<Acquired>>> {
+        Box::pin(async move {
+            let granted = self.inner.acquire(req).await?;
+            tokio::time::sleep(self.reply_delay).await;
+            Ok(granted.map(|a| {
+                let late = Acquired::new(a.sent_at() - self.sent_earlier);
+                match a.fence() {
+                    Some(f) => late.with_fence(f),
+                    None => late,
+                }
+            }))
+        })
+    }
+    fn release<'a>(
+        &'a self,
+        key: &'a LockKey,
+        token: &'a Token,
+    ) -> BoxFuture<'a, dlock_core::Result<ReleaseOutcome>> {
+        self.inner.release(key, token)
+    }
+    fn renew<'a>(
+        &'a self,
+        locks: &'a [RenewRequest],
+    ) -> BoxFuture<'a, dlock_core::Result<Vec<RenewOutcome>>> {
+        self.inner.renew(locks)
+    }
+}
+
+async fn eventually_idle(server: &MemoryBackend) -> bool {
+    for _ in 0..100 {
+        if server.is_idle() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
 #[tokio::test]
-async fn a_lease_shorter_than_the_grant_is_never_handed_out() {
-    // 1 ms less the drift margin is already over when the answer arrives.
-    let locker = MemoryBackend::new().into_locker();
-    let server_is_free_after = locker.backend().clone();
+async fn a_grant_that_arrives_after_its_lease_is_refused_and_released() {
+    let server = MemoryBackend::new();
+    let locker = Locker::new(Answer {
+        inner: server.clone(),
+        sent_earlier: Duration::from_secs(1),
+        reply_delay: Duration::ZERO,
+    });
     match locker
-        .lock_with("k", LockOptions::new().lease(Duration::from_millis(1)))
+        .lock_with("k", LockOptions::new().lease(Duration::from_millis(500)))
         .await
     {
         Err(LockError::Lost {
@@ -137,7 +203,64 @@ async fn a_lease_shorter_than_the_grant_is_never_handed_out() {
         }) => {}
         other => panic!("a guard with an expired lease was handed out: {other:?}"),
     }
-    drop(server_is_free_after);
+    assert!(
+        eventually_idle(&server).await,
+        "the refused grant was not released"
+    );
+}
+
+#[tokio::test]
+async fn a_grant_whose_reply_misses_the_wait_limit_is_released() {
+    let server = MemoryBackend::new();
+    let locker = Locker::new(Answer {
+        inner: server.clone(),
+        sent_earlier: Duration::ZERO,
+        reply_delay: Duration::from_secs(3600),
+    });
+    let result = locker
+        .lock_with("k", LockOptions::new().wait(Duration::from_millis(100)))
+        .await;
+    assert!(
+        matches!(result, Err(LockError::Timeout { .. })),
+        "{result:?}"
+    );
+    assert!(
+        eventually_idle(&server).await,
+        "a grant in flight was left holding the key"
+    );
+
+    // The same when the caller drops the future instead.
+    let attempt = tokio::time::timeout(Duration::from_millis(50), locker.lock("k2")).await;
+    assert!(attempt.is_err());
+    assert!(
+        eventually_idle(&server).await,
+        "a cancelled grant was left holding the key"
+    );
+}
+
+#[test]
+fn the_watchdog_outlives_a_runtime_that_shut_down_under_it() {
+    let locker = Locker::builder(MemoryBackend::new())
+        .watchdog_lease(Duration::from_millis(90))
+        .build()
+        .unwrap();
+    for round in 0..2 {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let guard = locker.lock("k").await.unwrap();
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            assert!(
+                !guard.is_lost(),
+                "round {round}: the watchdog did not renew"
+            );
+            // Leave the watchdog task mid-period when the runtime goes.
+            guard.release().await.unwrap();
+        });
+        drop(runtime);
+    }
 }
 
 #[tokio::test]

@@ -103,11 +103,11 @@ impl Entry {
         }
     }
 
+    /// Wakes the first waiter, to take a free lock or, if the lock is held,
+    /// to watch its holder's expiry: only the head watches it.
     fn wake_head(&self) {
-        if self.holder.is_none() {
-            if let Some(w) = self.queue.front() {
-                w.wake.notify_one();
-            }
+        if let Some(w) = self.queue.front() {
+            w.wake.notify_one();
         }
     }
 
@@ -211,7 +211,12 @@ impl MemoryBackend {
                 if head && entry.holder.is_none() {
                     entry.queue.pop_front();
                     place.queued = false;
-                    return Ok(Some(state.grant(key, &req, now)));
+                    let granted = state.grant(key, &req, now);
+                    // The next waiter is head now, and must watch our expiry.
+                    if let Some(entry) = state.keys.get(key) {
+                        entry.wake_head();
+                    }
+                    return Ok(Some(granted));
                 }
                 if deadline.is_some_and(|d| now >= d) {
                     return Ok(None);
@@ -341,6 +346,9 @@ impl Backend for MemoryBackend {
                     None => RenewOutcome::NotHeld,
                 })
                 .collect();
+            for r in locks {
+                state.forget_if_idle(&r.key);
+            }
             Ok(outcomes)
         })
     }

@@ -27,6 +27,12 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// any `.await` must leave nothing on the server that blocks other owners
 /// (no orphan key, node or queue entry).
 ///
+/// As a second line of defence, core calls [`release`](Backend::release)
+/// with the token of every acquire that did not answer for itself (it was
+/// dropped, cut short by the wait limit, or failed), so a grant whose reply
+/// was still in flight does not hold the key until its lease runs out.
+/// Release must therefore accept tokens that never held the lock.
+///
 /// # Examples
 ///
 /// A backend is used through a [`Locker`](crate::Locker):
