@@ -154,6 +154,7 @@ macro_rules! conformance_tests {
             cancel_safety,
             crashed_holder_with_fixed_lease,
             crashed_holder_with_watchdog,
+            crashed_client_lets_others_in_after_its_lease,
             watchdog_keeps_lock_past_its_lease,
             fixed_lease_reports_lost_before_others_acquire,
             renewal_that_finds_another_owner_reports_lost,
@@ -721,33 +722,31 @@ pub async fn cancel_safety(h: &Harness) {
     );
 }
 
-/// Leaks `guard` as a crashed holder would, then checks that `other` cannot
-/// take its key at once, and gets it no sooner than `at_least` after `since`
-/// and not much later than the lease.
-async fn crash_and_take_over(
+/// Checks that after a holder of `key` crashed, `other` cannot take the key
+/// at once, and gets it no sooner than `at_least` after `since` and not
+/// much later than the lease.
+async fn take_over_from_crashed(
     h: &Harness,
-    guard: LockGuard,
+    key: &str,
     other: &Locker,
     since: Instant,
     at_least: Duration,
     lease: Duration,
 ) {
-    let key = guard.key().to_owned();
-    guard.leak();
     let early = must(
         h,
         "try_lock the crashed holder's key",
-        other.try_lock(&key).await,
+        other.try_lock(key).await,
     );
     assert!(
         early.is_none(),
-        "[{}] a leaked lock was free at once",
+        "[{}] a crashed holder's lock was free at once",
         h.name
     );
     let next = must(
         h,
         "lock after the lease",
-        other.lock_with(&key, patient()).await,
+        other.lock_with(key, patient()).await,
     );
     let after = since.elapsed();
     assert!(
@@ -775,8 +774,9 @@ pub async fn crashed_holder_with_fixed_lease(h: &Harness) {
         "lock with a fixed lease",
         a.lock_with(&key, patient().lease(lease)).await,
     );
+    guard.leak();
     // The server's lease started no earlier than the request was sent.
-    crash_and_take_over(h, guard, &b, sent, lease, lease).await;
+    take_over_from_crashed(h, &key, &b, sent, lease, lease).await;
 }
 
 /// A holder that vanishes under the watchdog blocks others until its last
@@ -791,7 +791,42 @@ pub async fn crashed_holder_with_watchdog(h: &Harness) {
     // The last renewal was sent at most a third of the lease before the
     // crash, so at least two thirds of it remain; ask for one third, leaving
     // slack for a late tick on a loaded machine.
-    crash_and_take_over(h, guard, &b, Instant::now(), lease / 3, lease).await;
+    let crashed = Instant::now();
+    guard.leak();
+    take_over_from_crashed(h, &key, &b, crashed, lease / 3, lease).await;
+}
+
+/// A holder whose whole client dies (its runtime shuts down, taking its
+/// connections, its watchdog and its pending release along) lets others in
+/// after its lease, not before. Needs the multi-thread runtime.
+pub async fn crashed_client_lets_others_in_after_its_lease(h: &Harness) {
+    let key = h.key("crash-client");
+    let lease = Duration::from_millis(900);
+    let b = h.locker().await;
+    let crashed = tokio::task::block_in_place(|| {
+        std::thread::scope(|scope| {
+            let holder = scope.spawn(|| {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime for the holder");
+                let guard = runtime.block_on(async {
+                    let a = h.locker_with(|b| b.watchdog_lease(lease)).await;
+                    let guard = must(h, "lock", a.lock_with(&key, patient()).await);
+                    // Let the watchdog renew once.
+                    tokio::time::sleep(lease / 2).await;
+                    guard
+                });
+                drop(runtime);
+                let crashed = Instant::now();
+                // Its release has no runtime left to run on.
+                drop(guard);
+                crashed
+            });
+            holder.join().expect("the holder thread panicked")
+        })
+    });
+    take_over_from_crashed(h, &key, &b, crashed, lease / 3, lease).await;
 }
 
 /// The watchdog keeps a lock well past its lease while the guard lives.
