@@ -3,7 +3,7 @@
 
 use std::{fmt, sync::Arc};
 
-use tokio::{runtime::Handle, task::JoinHandle, time::Instant};
+use tokio::{runtime::Handle, time::Instant};
 use tracing::Instrument;
 
 use crate::{
@@ -72,43 +72,63 @@ impl Hold {
         shared.remember(owner, key, &hold);
         hold
     }
+}
 
-    /// Releases on the server, on the runtime the lock was acquired on (see
-    /// [`spawn_release`]).
-    fn spawn_release(&mut self) -> JoinHandle<Result<ReleaseOutcome>> {
-        self.armed = false;
-        spawn_release(
-            &self.runtime,
-            self.shared.backend().clone(),
-            self.key.clone(),
-            self.token,
-            self.span.clone(),
-        )
+/// Releases `key` for `token`, tracing the outcome.
+async fn release_traced(
+    backend: &dyn Backend,
+    key: &LockKey,
+    token: &Token,
+) -> Result<ReleaseOutcome> {
+    let outcome = backend.release(key, token).await;
+    match &outcome {
+        Ok(ReleaseOutcome::Released) => tracing::debug!("dlock lock released"),
+        Ok(ReleaseOutcome::NotHeld) => {
+            tracing::debug!("dlock release found the lock no longer held")
+        }
+        Err(error) => tracing::warn!(%error, "dlock release failed; the lease will expire"),
     }
+    outcome
 }
 
 /// Releases `key` for `token` in a task of its own on `runtime`, so the
-/// release completes even if nobody waits for it. If that runtime is gone,
+/// release completes though nobody waits for it. If that runtime is gone,
 /// the lease expires on the server instead.
-pub(crate) fn spawn_release(
+fn spawn_release(
     runtime: &Handle,
     backend: Arc<dyn Backend>,
     key: LockKey,
     token: Token,
     span: tracing::Span,
-) -> JoinHandle<Result<ReleaseOutcome>> {
-    let release = async move {
-        let outcome = backend.release(&key, &token).await;
-        match &outcome {
-            Ok(ReleaseOutcome::Released) => tracing::debug!("dlock lock released"),
-            Ok(ReleaseOutcome::NotHeld) => {
-                tracing::debug!("dlock release found the lock no longer held")
-            }
-            Err(error) => tracing::warn!(%error, "dlock release failed; the lease will expire"),
+) {
+    let release = async move { release_traced(&*backend, &key, &token).await };
+    drop(runtime.spawn(release.instrument(span)));
+}
+
+/// Releases a token when dropped while armed: for a step whose outcome on
+/// the server is uncertain until it answers (an acquire that may have won
+/// with its reply in flight, a release that may not have been sent).
+pub(crate) struct ReleaseOnDrop<'a> {
+    pub(crate) runtime: &'a Handle,
+    pub(crate) backend: &'a Arc<dyn Backend>,
+    pub(crate) key: &'a LockKey,
+    pub(crate) token: Token,
+    pub(crate) armed: bool,
+}
+
+impl Drop for ReleaseOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            tracing::debug!("dlock step abandoned; releasing its token");
+            spawn_release(
+                self.runtime,
+                self.backend.clone(),
+                self.key.clone(),
+                self.token,
+                tracing::Span::current(),
+            );
         }
-        outcome
-    };
-    runtime.spawn(release.instrument(span))
+    }
 }
 
 impl Drop for Hold {
@@ -119,7 +139,13 @@ impl Drop for Hold {
         self.shared
             .forget(self.owner, &self.key, self as *const Hold);
         if self.armed {
-            drop(self.spawn_release());
+            spawn_release(
+                &self.runtime,
+                self.shared.backend().clone(),
+                self.key.clone(),
+                self.token,
+                self.span.clone(),
+            );
         }
     }
 }
@@ -242,25 +268,38 @@ impl LockGuard {
     /// Cancel safe: the release runs to completion on the runtime even if
     /// this future is dropped.
     pub async fn release(self) -> Result<()> {
-        let key = self.hold.key.to_string();
+        let key = self.hold.key.clone();
         let lost = |reason| LockError::Lost {
-            key: key.clone(),
+            key: key.to_string(),
             reason,
         };
-        let hold = self.hold;
-        let lost_already = hold.lease.check(Instant::now());
-        let Some(mut hold) = Arc::into_inner(hold) else {
+        let lost_already = self.hold.lease.check(Instant::now());
+        let Some(mut hold) = Arc::into_inner(self.hold) else {
             // Re-entered guards still hold the lock; report a loss all the same.
             return lost_already.map_or(Ok(()), |reason| Err(lost(reason)));
         };
-        let earlier_loss = lost_already;
-        let backend = hold.shared.backend().name();
-        let release = hold.spawn_release();
+        hold.armed = false;
+        let (runtime, backend, token) = (
+            hold.runtime.clone(),
+            hold.shared.backend().clone(),
+            hold.token,
+        );
+        let span = hold.span.clone();
         drop(hold);
-        let outcome = release
-            .await
-            .map_err(|join| LockError::backend(backend, join))??;
-        match (earlier_loss, outcome) {
+        // Release inline; if this future is dropped before the server
+        // answers, the release is sent again from a task of its own.
+        let mut pending = ReleaseOnDrop {
+            runtime: &runtime,
+            backend: &backend,
+            key: &key,
+            token,
+            armed: true,
+        };
+        let outcome = release_traced(&*backend, &key, &token)
+            .instrument(span)
+            .await;
+        pending.armed = false;
+        match (lost_already, outcome?) {
             (Some(reason), _) => Err(lost(reason)),
             (None, ReleaseOutcome::NotHeld) => Err(lost(LostReason::NotHeld)),
             (None, ReleaseOutcome::Released) => Ok(()),

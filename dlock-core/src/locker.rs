@@ -14,7 +14,7 @@ use tracing::Instrument;
 use crate::{
     backend::{AcquireRequest, Backend, LeaseKind, LossReporter, Wait},
     error::{LockError, Result},
-    guard::{spawn_release, Hold, LockGuard},
+    guard::{Hold, LockGuard, ReleaseOnDrop},
     key::LockKey,
     lease::LeaseState,
     options::{validate_lease, wait_deadline, Lease, LockOptions, MIN_LEASE, MIN_WATCHDOG_LEASE},
@@ -402,12 +402,12 @@ impl Locker {
             // won on the server: if it is cut short (by the wait limit, by
             // the caller dropping this future, or by an error mid-flight),
             // release the token so no orphan holds the key for a lease.
-            let mut abandoned = Abandoned {
+            let mut unanswered = ReleaseOnDrop {
                 runtime: &runtime,
                 backend: &self.shared.backend,
                 key: &key,
                 token,
-                settled: false,
+                armed: true,
             };
             let attempt = self.shared.backend.acquire(request);
             // The backend bounds its own wait; this bound makes the limit
@@ -419,7 +419,7 @@ impl Locker {
                 },
                 Wait::No | Wait::Forever => (attempt.await, false),
             };
-            abandoned.settled = !cut_short && outcome.is_ok();
+            unanswered.armed = cut_short || outcome.is_err();
             let waited = start.elapsed();
             let span = tracing::Span::current();
             span.record("waited_us", waited.as_micros() as u64);
@@ -451,31 +451,6 @@ impl Locker {
             LockGuard::fresh(hold).map(Some)
         };
         acquire.instrument(span).await
-    }
-}
-
-/// An acquire attempt that has not been answered yet; releases its token on
-/// drop unless settled.
-struct Abandoned<'a> {
-    runtime: &'a Handle,
-    backend: &'a Arc<dyn Backend>,
-    key: &'a LockKey,
-    token: Token,
-    settled: bool,
-}
-
-impl Drop for Abandoned<'_> {
-    fn drop(&mut self) {
-        if !self.settled {
-            tracing::debug!("dlock acquire abandoned; releasing its token");
-            drop(spawn_release(
-                self.runtime,
-                self.backend.clone(),
-                self.key.clone(),
-                self.token,
-                tracing::Span::current(),
-            ));
-        }
     }
 }
 
