@@ -16,8 +16,7 @@ use std::{
 
 use dlock_core::{
     backend::{Backend, BoxFuture, Capabilities, ReleaseOutcome, RenewOutcome, RenewRequest},
-    DistMutex, LockError, LockGuard, LockKey, LockOptions, Locker, LockerBuilder, LostReason,
-    Token,
+    DistMutex, LockError, LockKey, LockOptions, Locker, LockerBuilder, LostReason, Token,
 };
 use tokio::time::Instant;
 
