@@ -241,7 +241,7 @@ async fn a_grant_whose_reply_misses_the_wait_limit_is_released() {
 #[test]
 fn the_watchdog_outlives_a_runtime_that_shut_down_under_it() {
     let locker = Locker::builder(MemoryBackend::new())
-        .watchdog_lease(Duration::from_millis(90))
+        .watchdog_lease(Duration::from_millis(600))
         .build()
         .unwrap();
     for round in 0..2 {
@@ -251,7 +251,7 @@ fn the_watchdog_outlives_a_runtime_that_shut_down_under_it() {
             .unwrap();
         runtime.block_on(async {
             let guard = locker.lock("k").await.unwrap();
-            tokio::time::sleep(Duration::from_millis(400)).await;
+            tokio::time::sleep(Duration::from_millis(900)).await;
             assert!(
                 !guard.is_lost(),
                 "round {round}: the watchdog did not renew"
