@@ -72,6 +72,14 @@ pub use mutex::{DistMutex, DistMutexGuard, OwnedDistMutexGuard};
 pub use options::{Lease, LockOptions, MAX_LEASE, MIN_LEASE, MIN_WATCHDOG_LEASE};
 pub use token::Token;
 
+#[cfg(feature = "macros")]
+#[doc(inline)]
+pub use dlock_macros::distributed_lock;
+
+#[doc(hidden)]
+#[path = "private.rs"]
+pub mod __private;
+
 /// The workspace README's examples, compiled and run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]

@@ -1,0 +1,298 @@
+//! `#[distributed_lock]` at run time, on `MemoryBackend`.
+
+use std::{
+    sync::{
+        atomic::{AtomicU32, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use dlock_core::{distributed_lock, BackendExt, LockError, Locker, LostReason, MemoryBackend};
+use dlock_testkit::{CountingBackend, OverlapDetector};
+use tokio::time::Instant;
+
+#[derive(Debug)]
+enum AppError {
+    Lock(LockError),
+    Failed,
+}
+
+impl From<LockError> for AppError {
+    fn from(e: LockError) -> Self {
+        AppError::Lock(e)
+    }
+}
+
+/// How long another client may take to get a key its holder released (far
+/// below the 30 s lease, so only a release explains it).
+const SOON: Duration = Duration::from_secs(5);
+
+async fn acquired_soon(other: &Locker, key: &str) -> bool {
+    let start = Instant::now();
+    let got = other
+        .lock_with(key, dlock_core::LockOptions::new().wait(SOON))
+        .await
+        .is_ok();
+    got && start.elapsed() < SOON
+}
+
+#[distributed_lock(key = "stock:{item}", locker = locker)]
+async fn buy(locker: &Locker, item: u32, detector: &OverlapDetector) -> Result<(), LockError> {
+    let _section = detector.enter();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_concurrent_calls_never_overlap() {
+    let server = MemoryBackend::new();
+    let detector = Arc::new(OverlapDetector::default());
+    let lockers: Vec<Locker> = (0..5).map(|_| server.clone().into_locker()).collect();
+    let calls: Vec<_> = (0..50)
+        .map(|i| {
+            let (locker, detector) = (lockers[i % 5].clone(), detector.clone());
+            tokio::spawn(async move { buy(&locker, 42, &detector).await })
+        })
+        .collect();
+    for call in calls {
+        call.await.unwrap().unwrap();
+    }
+    assert_eq!(detector.entries(), 50);
+    assert_eq!(detector.overlaps(), 0);
+}
+
+#[distributed_lock(key = "acct:{id}", locker = locker)]
+async fn transfer(locker: &Locker, id: u32) -> Result<u32, LockError> {
+    audit(locker, id).await
+}
+
+#[distributed_lock(key = "acct:{id}", locker = locker)]
+async fn audit(locker: &Locker, id: u32) -> Result<u32, LockError> {
+    Ok(id * 2)
+}
+
+#[distributed_lock(key = "tree:{id}", locker = locker)]
+async fn walk(locker: &Locker, id: u32, depth: u32) -> Result<u32, LockError> {
+    if depth == 0 {
+        return Ok(0);
+    }
+    Ok(1 + Box::pin(walk(locker, id, depth - 1)).await?)
+}
+
+#[tokio::test]
+async fn nested_and_recursive_calls_re_enter_without_backend_calls() {
+    let counting = Arc::new(CountingBackend::new(Arc::new(MemoryBackend::new())));
+    let locker = Locker::from_arc(counting.clone());
+    assert_eq!(transfer(&locker, 7).await.unwrap(), 14);
+    assert_eq!(counting.acquires(), 1, "the nested call asked the backend");
+    assert_eq!(walk(&locker, 1, 10).await.unwrap(), 10);
+    assert_eq!(counting.acquires(), 2, "the recursion asked the backend");
+}
+
+#[distributed_lock(key = "job:{name}", locker = locker)]
+async fn failing(locker: &Locker, name: &str) -> Result<(), AppError> {
+    Err(AppError::Failed)
+}
+
+#[distributed_lock(key = "job:{name}", locker = locker)]
+async fn panicking(locker: &Locker, name: &str) -> Result<(), AppError> {
+    panic!("the body panicked")
+}
+
+#[distributed_lock(key = "job:{name}", locker = locker)]
+async fn slow(locker: &Locker, name: &str) -> Result<(), AppError> {
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_lock_is_released_on_err_panic_and_cancellation() {
+    let server = MemoryBackend::new();
+    let (locker, other) = (server.clone().into_locker(), server.into_locker());
+
+    assert!(matches!(
+        failing(&locker, "err").await,
+        Err(AppError::Failed)
+    ));
+    assert!(
+        acquired_soon(&other, "job:err").await,
+        "not released after Err"
+    );
+
+    let panicked = tokio::spawn({
+        let locker = locker.clone();
+        async move { panicking(&locker, "panic").await }
+    })
+    .await;
+    assert!(panicked.unwrap_err().is_panic());
+    assert!(
+        acquired_soon(&other, "job:panic").await,
+        "not released after a panic"
+    );
+
+    let cancelled = tokio::time::timeout(Duration::from_millis(50), slow(&locker, "cancel")).await;
+    assert!(cancelled.is_err());
+    assert!(
+        acquired_soon(&other, "job:cancel").await,
+        "not released after cancellation"
+    );
+}
+
+#[distributed_lock(key = "report", locker = locker, lease = "200ms", abort_on_lost)]
+async fn long_report(locker: &Locker, progress: &AtomicU32) -> Result<(), AppError> {
+    loop {
+        progress.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn abort_on_lost_drops_the_body_when_the_lease_runs_out() {
+    let locker = MemoryBackend::new().into_locker();
+    let progress = AtomicU32::new(0);
+    let start = Instant::now();
+    let result = tokio::time::timeout(Duration::from_secs(10), long_report(&locker, &progress))
+        .await
+        .expect("the body was not aborted");
+    let elapsed = start.elapsed();
+    match result {
+        Err(AppError::Lock(LockError::Lost { key, reason })) => {
+            assert_eq!(key, "report");
+            assert_eq!(reason, LostReason::LeaseExpired);
+        }
+        other => panic!("expected the lost error, got {other:?}"),
+    }
+    assert!(
+        elapsed < Duration::from_millis(200),
+        "aborted only after {elapsed:?}"
+    );
+    assert!(
+        elapsed > Duration::from_millis(150),
+        "aborted early, after {elapsed:?}"
+    );
+    let at_abort = progress.load(Ordering::SeqCst);
+    assert!(at_abort > 0);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        progress.load(Ordering::SeqCst),
+        at_abort,
+        "the body kept running"
+    );
+}
+
+#[distributed_lock(key = "nightly", locker = locker, wait = "none")]
+async fn nightly(locker: &Locker) -> Result<(), LockError> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn wait_none_fails_at_once_when_held() {
+    let server = MemoryBackend::new();
+    let (locker, other) = (server.clone().into_locker(), server.into_locker());
+    nightly(&locker).await.unwrap();
+    let held = other.lock("nightly").await.unwrap();
+    let start = Instant::now();
+    match nightly(&locker).await {
+        Err(LockError::WouldBlock { key }) => assert_eq!(key, "nightly"),
+        other => panic!("expected WouldBlock, got {other:?}"),
+    }
+    assert!(start.elapsed() < Duration::from_secs(1));
+    drop(held);
+}
+
+#[distributed_lock(key = "nightly", locker = locker, wait = "100ms")]
+async fn nightly_patient(locker: &Locker) -> Result<(), LockError> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_wait_limit_ends_in_timeout() {
+    let server = MemoryBackend::new();
+    let (locker, other) = (server.clone().into_locker(), server.into_locker());
+    let held = other.lock("nightly").await.unwrap();
+    let start = Instant::now();
+    assert!(matches!(
+        nightly_patient(&locker).await,
+        Err(LockError::Timeout { .. })
+    ));
+    assert!(start.elapsed() >= Duration::from_millis(100));
+    drop(held);
+}
+
+struct Orders {
+    locker: Locker,
+    shard: u32,
+    observer: Locker,
+}
+
+struct User {
+    id: u64,
+}
+
+struct Request {
+    user: User,
+    order: (u32, &'static str),
+}
+
+impl Orders {
+    #[distributed_lock(key = "shard:{self.shard}:user:{req.user.id}:{req.order.1}", locker = self.locker)]
+    async fn place(&self, req: &Request) -> Result<bool, LockError> {
+        // While the body runs, the key built from the fields is held.
+        let probe = self.observer.try_lock("shard:3:user:77:book").await?;
+        Ok(probe.is_none())
+    }
+
+    #[distributed_lock(key = "shard:{self.shard}", locker = self.locker)]
+    async fn bump(&mut self) -> Result<u32, LockError> {
+        self.shard += 1;
+        Ok(self.shard)
+    }
+
+    #[distributed_lock(key = "owned:{self.shard}", locker = self.locker.clone())]
+    async fn consume(self: Arc<Self>) -> Result<u32, LockError> {
+        Ok(self.shard)
+    }
+}
+
+#[tokio::test]
+async fn methods_and_keys_from_fields() {
+    let server = MemoryBackend::new();
+    let mut orders = Orders {
+        locker: server.clone().into_locker(),
+        shard: 3,
+        observer: server.clone().into_locker(),
+    };
+    let req = Request {
+        user: User { id: 77 },
+        order: (1, "book"),
+    };
+    assert!(
+        orders.place(&req).await.unwrap(),
+        "the key from the fields was not held"
+    );
+    assert_eq!(orders.bump().await.unwrap(), 4);
+    assert_eq!(Arc::new(orders).consume().await.unwrap(), 4);
+}
+
+#[distributed_lock(key = "generic:{id}", locker = locker)]
+async fn generic<T: std::fmt::Display + Send + Sync>(
+    locker: &Locker,
+    id: T,
+) -> Result<String, LockError> {
+    Ok(id.to_string())
+}
+
+#[distributed_lock(key = "{{literal}}:{id}", locker = locker)]
+async fn braces(locker: &Locker, id: u32, observer: &Locker) -> Result<bool, LockError> {
+    Ok(observer.try_lock("{literal}:5").await?.is_none())
+}
+
+#[tokio::test]
+async fn generic_fns_and_literal_braces() {
+    let server = MemoryBackend::new();
+    let locker = server.clone().into_locker();
+    assert_eq!(generic(&locker, "x").await.unwrap(), "x");
+    assert_eq!(generic(&locker, 5_u8).await.unwrap(), "5");
+    assert!(braces(&locker, 5, &server.into_locker()).await.unwrap());
+}
