@@ -64,11 +64,14 @@ fn expand(args: &Args, func: ItemFn) -> syn::Result<TokenStream> {
     }
     let key = key.unwrap_or_default();
 
-    let krate = match &args.krate {
+    let krate = |span: Span| match &args.krate {
         Some(path) => path.to_token_stream(),
-        None => quote!(::dlock_core),
+        None => quote_spanned!(span=> ::dlock_core),
     };
-    let private = quote!(#krate::__private);
+    let private = {
+        let krate = krate(Span::call_site());
+        quote!(#krate::__private)
+    };
     let locker = match &args.locker {
         Some(expr) => quote! { ::core::result::Result::Ok(#private::as_locker(&(#expr))) },
         None => quote! { #private::default_locker() },
@@ -95,7 +98,10 @@ fn expand(args: &Args, func: ItemFn) -> syn::Result<TokenStream> {
         ReturnType::Default => func.sig.span(),
     };
     // Spanned at the return type, so a missing `From<LockError>` points there.
-    let convert = quote_spanned! {output_span=> #private::lock_error(#error) };
+    let convert = {
+        let krate = krate(output_span);
+        quote_spanned! {output_span=> #krate::__private::lock_error(#error) }
+    };
     let acquire = quote! {
         let #guard = match #private::acquire(#locker, #key, #options, #once).await {
             ::core::result::Result::Ok(guard) => guard,
@@ -174,6 +180,10 @@ fn key_expr(lit: &LitStr, func: &ItemFn) -> syn::Result<TokenStream> {
             Part::Text(text) => format.push_str(&text.replace('{', "{{").replace('}', "}}")),
             Part::Field { root, fields } => {
                 if !params.contains(&root) {
+                    let written = std::iter::once(root.as_str())
+                        .chain(fields.iter().map(String::as_str))
+                        .collect::<Vec<_>>()
+                        .join(".");
                     let known = if params.is_empty() {
                         "it has no named parameters".to_owned()
                     } else {
@@ -189,7 +199,7 @@ fn key_expr(lit: &LitStr, func: &ItemFn) -> syn::Result<TokenStream> {
                     return Err(syn::Error::new(
                         lit.span(),
                         format!(
-                            "`{{{root}}}` in the key names no parameter of `{}`; {known}",
+                            "`{{{written}}}` in the key names no parameter of `{}`; {known}",
                             func.sig.ident
                         ),
                     ));

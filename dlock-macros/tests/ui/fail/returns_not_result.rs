@@ -1,0 +1,10 @@
+use dlock_core::distributed_lock;
+
+#[distributed_lock(key = "order:{id}")]
+async fn pay(id: u64) -> u32 {
+    7
+}
+
+fn main() {
+    let _ = pay(1);
+}

@@ -1,0 +1,8 @@
+use dlock_core::distributed_lock;
+
+#[distributed_lock(key = "order:{id}")]
+async fn pay(id: u64) {}
+
+fn main() {
+    let _ = pay(1);
+}
