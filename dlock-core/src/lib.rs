@@ -13,8 +13,10 @@
 //! - [`DistMutex<T>`]: a value behind a distributed lock, used like
 //!   `tokio::sync::Mutex<T>`;
 //! - the [`backend::Backend`] trait every backend implements;
-//! - [`set_default_locker`] / [`default_locker`], which the
-//!   `#[distributed_lock]` attribute uses.
+//! - [`distributed_lock`] (feature `macros`, on by default): an attribute
+//!   that runs an async fn's body under the lock, and
+//!   [`set_default_locker`] / [`default_locker`], the locker it uses unless
+//!   told otherwise.
 //!
 //! # Safety properties
 //!

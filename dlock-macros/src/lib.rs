@@ -14,8 +14,142 @@ use proc_macro::TokenStream;
 
 /// Runs the body of an async fn while holding a distributed lock.
 ///
-/// See `dlock_core::distributed_lock` for the arguments, examples and the
-/// equivalent code without the macro.
+/// Put it on a web handler, a job or a method whose body must not run in
+/// two places at once. The lock is taken when the fn is called, before the
+/// body starts, and released when the body ends: by returning, by `?`, by a
+/// panic, or because the caller dropped the future.
+///
+/// ```
+/// use dlock_core::{distributed_lock, set_default_locker, BackendExt, LockError, MemoryBackend};
+///
+/// #[derive(Debug)]
+/// enum AppError {
+///     Lock(LockError),
+///     OutOfStock,
+/// }
+///
+/// impl From<LockError> for AppError {
+///     fn from(e: LockError) -> Self {
+///         AppError::Lock(e)
+///     }
+/// }
+///
+/// #[distributed_lock(key = "order:{order_id}", wait = "5s")]
+/// async fn pay(order_id: u64, amount: u32) -> Result<u32, AppError> {
+///     // Only one caller per order id runs this, across every process.
+///     if amount == 0 {
+///         return Err(AppError::OutOfStock);
+///     }
+///     Ok(amount)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// set_default_locker(MemoryBackend::new().into_locker());
+/// assert_eq!(pay(42, 3).await.unwrap(), 3);
+/// # }
+/// ```
+///
+/// # Arguments
+///
+/// | argument | meaning |
+/// |---|---|
+/// | `key = "order:{order_id}"` | **Required.** The lock key. `{param}` and `{param.field.field}` (also `{self.field}`, `{pair.0}`) are formatted with `Display`; `{{` and `}}` are literal braces. A placeholder that names no parameter is a compile error. |
+/// | `locker = <expr>` | The [`Locker`] to lock through: any expression giving a `Locker`, a `&Locker` or an `Arc<Locker>`, such as `self.locker`. Default: `dlock_core::default_locker()`; if none was set, the fn returns `LockError::NoDefaultLocker`. |
+/// | `wait = "5s"` | Wait at most this long (`ms`, `s`, `m`, `h`), then return `LockError::Timeout`. `wait = "none"` makes one attempt and returns `LockError::WouldBlock` at once if the lock is held; `wait = "forever"` never gives up. Default: the locker's default. |
+/// | `lease = "30s"` | A fixed lease (at least `10ms`): the lock expires after it, and is never renewed. Default: the watchdog keeps the lock alive while the body runs. |
+/// | `abort_on_lost` | If the lock is lost while the body runs (a fixed lease ran out, the server could not be reached), drop the body at once and return `LockError::Lost`. Without it, the body runs to its end. |
+/// | `crate = "path"` | Where `dlock_core` is, when it is re-exported under another path. |
+///
+/// Unknown, duplicated or malformed arguments are compile errors that say
+/// what to write instead.
+///
+/// # Requirements
+///
+/// - The fn is an `async fn` (free, a method on `&self`, `&mut self` or
+///   `self: Arc<Self>`, generic, or in a trait impl).
+/// - It returns `Result<T, E>` (or an alias named `…Result`) where
+///   `E: From<dlock_core::LockError>`: taking the lock can fail, and the
+///   error goes there. Anything else is a compile error pointing at the
+///   return type.
+///
+/// # Reentrancy
+///
+/// Reentrancy is per Tokio task, through the locker: an annotated fn that
+/// calls another with the same key, or itself (with `Box::pin`), re-enters
+/// the held lock at once, without asking the server. See [`Locker`]'s
+/// notes on what counts as one owner.
+///
+/// # Equivalent code without the macro
+///
+/// ```
+/// # use dlock_core::{default_locker, set_default_locker, BackendExt, LockError, LockOptions, MemoryBackend};
+/// # use std::time::Duration;
+/// # type AppError = LockError;
+/// // #[distributed_lock(key = "order:{order_id}", wait = "5s")]
+/// async fn pay(order_id: u64, amount: u32) -> Result<u32, AppError> {
+///     let key = format!("order:{}", &order_id);
+///     let options = LockOptions::new().wait(Duration::from_millis(5000));
+///     let _guard = default_locker()?.lock_with(&key, options).await?;
+///     // ... the original body, unchanged ...
+///     Ok(amount)
+///     // `_guard` drops here, after the body: the release is scheduled.
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # set_default_locker(MemoryBackend::new().into_locker());
+/// # assert_eq!(pay(1, 2).await.unwrap(), 2);
+/// # }
+/// ```
+///
+/// With `abort_on_lost`, the body becomes an `async move` block raced
+/// against [`LockGuard::lost`]:
+///
+/// ```
+/// # use dlock_core::{BackendExt, LockError, Locker, MemoryBackend};
+/// # async fn expensive_report() -> Result<(), LockError> { Ok(()) }
+/// // #[distributed_lock(key = "report", locker = locker, abort_on_lost)]
+/// async fn report(locker: &Locker) -> Result<(), LockError> {
+///     let guard = locker.lock("report").await?;
+///     let body = async move { expensive_report().await };
+///     tokio::select! {
+///         biased;
+///         reason = guard.lost() => Err(LockError::Lost { key: guard.key().to_owned(), reason }),
+///         output = body => output,
+///     }
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # report(&MemoryBackend::new().into_locker()).await.unwrap();
+/// # }
+/// ```
+///
+/// # Methods and lockers held by the value
+///
+/// ```
+/// use dlock_core::{distributed_lock, BackendExt, LockError, Locker, MemoryBackend};
+///
+/// struct Accounts {
+///     locker: Locker,
+///     region: String,
+/// }
+///
+/// impl Accounts {
+///     #[distributed_lock(key = "{self.region}:account:{id}", locker = self.locker, wait = "none")]
+///     async fn close(&self, id: u64) -> Result<(), LockError> {
+///         Ok(())
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let accounts = Accounts { locker: MemoryBackend::new().into_locker(), region: "eu".into() };
+/// accounts.close(7).await.unwrap();
+/// # }
+/// ```
+///
+/// [`Locker`]: https://docs.rs/dlock-core/latest/dlock_core/struct.Locker.html
+/// [`LockGuard::lost`]: https://docs.rs/dlock-core/latest/dlock_core/struct.LockGuard.html#method.lost
 #[proc_macro_attribute]
 pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::distributed_lock(args.into(), item.into()).into()
