@@ -7,10 +7,17 @@ pub use std::time::Duration;
 
 pub use crate::{LockError, LockGuard, LockOptions, Locker};
 
-/// The locker a `locker = <expr>` argument names: a `Locker`, a reference to
-/// one, or anything that borrows as one (`Arc<Locker>`).
-pub fn as_locker<L: Borrow<Locker> + ?Sized>(locker: &L) -> &Locker {
-    locker.borrow()
+/// The locker a `locker = <expr>` argument names. Called as a method, so
+/// that auto-deref reaches a `Locker` through `&`, `Arc` and friends.
+pub trait AsLocker {
+    /// The locker.
+    fn __dlock_as_locker(&self) -> &Locker;
+}
+
+impl AsLocker for Locker {
+    fn __dlock_as_locker(&self) -> &Locker {
+        self
+    }
 }
 
 /// The default locker, for an attribute without `locker = ...`.
@@ -60,7 +67,7 @@ where
 #[diagnostic::on_unimplemented(
     message = "#[distributed_lock] cannot return a lock error as `{Self}`",
     label = "the fn must return `Result<T, E>` with `E: From<dlock_core::LockError>`",
-    note = "implement `From<dlock_core::LockError>` for the error type (with thiserror: a `#[from] LockError` variant)"
+    note = "write `-> Result<T, E>` with an `E` that implements `From<dlock_core::LockError>` (with thiserror: a `#[from] LockError` variant)"
 )]
 pub trait FromLockError {
     /// The error, as this return type.

@@ -11,6 +11,12 @@ use crate::duration::parse_millis;
 
 const EXPECTED: &str = "`key`, `locker`, `wait`, `lease`, `abort_on_lost`, `crate`";
 
+/// The shortest and longest fixed lease dlock-core accepts
+/// (`dlock_core::MIN_LEASE`, `MAX_LEASE`; a test keeps them equal), checked
+/// here so that the mistake is a compile error.
+pub(crate) const MIN_LEASE_MILLIS: u64 = 10;
+pub(crate) const MAX_LEASE_MILLIS: u64 = 30 * 24 * 3_600_000;
+
 /// How long to wait for the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Wait {
@@ -22,7 +28,8 @@ pub(crate) enum Wait {
     Millis(u64),
 }
 
-/// The parsed arguments.
+/// The parsed arguments, and the mistakes found in them: parsing goes on
+/// past a bad argument, so that every mistake is reported at once.
 #[derive(Default)]
 pub(crate) struct Args {
     pub(crate) key: Option<LitStr>,
@@ -31,11 +38,8 @@ pub(crate) struct Args {
     pub(crate) lease: Option<u64>,
     pub(crate) abort_on_lost: bool,
     pub(crate) krate: Option<Path>,
+    pub(crate) errors: Option<syn::Error>,
 }
-
-/// The shortest fixed lease dlock-core accepts, checked here so that the
-/// mistake is a compile error.
-const MIN_LEASE_MILLIS: u64 = 10;
 
 impl Parse for Args {
     fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
@@ -45,73 +49,112 @@ impl Parse for Args {
             // `crate` is a keyword; accept it as a name like the others.
             let name = input.call(Ident::parse_any)?;
             let text = name.to_string();
-            if seen.contains(&text) {
-                return Err(syn::Error::new(
+            let set = if seen.contains(&text) {
+                skip_value(input).and(Err(syn::Error::new(
                     name.span(),
-                    format!("duplicate argument `{text}`: give each argument once"),
-                ));
-            }
-            match text.as_str() {
-                "key" => args.key = Some(string_value(input, &name, "key = \"order:{order_id}\"")?),
-                "locker" => {
-                    equals(input, &name, "locker = self.locker")?;
-                    args.locker = Some(input.parse()?);
-                }
-                "wait" => {
-                    let lit = string_value(input, &name, "wait = \"5s\"")?;
-                    args.wait = Some(match lit.value().as_str() {
-                        "none" => Wait::None,
-                        "forever" => Wait::Forever,
-                        text => Wait::Millis(parse_millis(text).map_err(|e| {
-                            syn::Error::new(lit.span(), format!("{e}, or \"none\" or \"forever\""))
-                        })?),
-                    });
-                }
-                "lease" => {
-                    let lit = string_value(input, &name, "lease = \"30s\"")?;
-                    let millis =
-                        parse_millis(&lit.value()).map_err(|e| syn::Error::new(lit.span(), e))?;
-                    if millis < MIN_LEASE_MILLIS {
-                        return Err(syn::Error::new(
-                            lit.span(),
-                            format!("a lease must be at least {MIN_LEASE_MILLIS}ms; leave `lease` out to keep the lock alive with the watchdog"),
-                        ));
-                    }
-                    args.lease = Some(millis);
-                }
-                "abort_on_lost" => {
-                    if input.peek(Token![=]) {
-                        return Err(syn::Error::new(
-                            name.span(),
-                            "`abort_on_lost` is a flag and takes no value: write `abort_on_lost`",
-                        ));
-                    }
-                    args.abort_on_lost = true;
-                }
-                "crate" => {
-                    let lit = string_value(input, &name, "crate = \"my_reexport::dlock_core\"")?;
-                    args.krate = Some(lit.parse().map_err(|_| {
-                        syn::Error::new(lit.span(), "`crate` takes the path dlock_core is reachable at, such as \"my_reexport::dlock_core\"")
-                    })?);
-                }
-                _ => {
-                    return Err(syn::Error::new(
-                        name.span(),
-                        format!("unknown argument `{text}`; expected one of {EXPECTED}"),
-                    ))
-                }
+                    format!("duplicate argument `{text}`: give each argument once (the arguments are {EXPECTED})"),
+                )))
+            } else {
+                args.set(&name, input)
+            };
+            if let Err(e) = set {
+                args.report(e);
             }
             seen.push(text);
             if input.is_empty() {
                 break;
             }
-            input.parse::<Token![,]>()?;
+            if let Err(e) = input.parse::<Token![,]>() {
+                // Past a malformed argument nothing more can be read safely.
+                args.report(e);
+                break;
+            }
         }
         Ok(args)
     }
 }
 
 impl Args {
+    fn report(&mut self, e: syn::Error) {
+        match &mut self.errors {
+            Some(all) => all.combine(e),
+            None => self.errors = Some(e),
+        }
+    }
+
+    /// Reads the value of argument `name`.
+    fn set(&mut self, name: &Ident, input: ParseStream<'_>) -> syn::Result<()> {
+        match name.to_string().as_str() {
+            "key" => {
+                let lit = string_value(input, name, "key = \"order:{order_id}\"")?;
+                let empty = lit.value().is_empty().then(|| lit.span());
+                self.key = Some(lit);
+                if let Some(span) = empty {
+                    return Err(syn::Error::new(span, "the key must not be empty"));
+                }
+            }
+            "locker" => {
+                equals(input, name, "locker = self.locker")?;
+                self.locker = Some(input.parse()?);
+            }
+            "wait" => {
+                let lit = string_value(input, name, "wait = \"5s\"")?;
+                self.wait = Some(match lit.value().as_str() {
+                    "none" => Wait::None,
+                    "forever" => Wait::Forever,
+                    text => Wait::Millis(parse_millis(text).map_err(|e| {
+                        syn::Error::new(lit.span(), format!("{e}, or \"none\" or \"forever\""))
+                    })?),
+                });
+            }
+            "lease" => {
+                let lit = string_value(input, name, "lease = \"30s\"")?;
+                let millis =
+                    parse_millis(&lit.value()).map_err(|e| syn::Error::new(lit.span(), e))?;
+                if millis < MIN_LEASE_MILLIS {
+                    return Err(syn::Error::new(
+                        lit.span(),
+                        format!("a lease must be at least {MIN_LEASE_MILLIS}ms; leave `lease` out to keep the lock alive with the watchdog"),
+                    ));
+                }
+                if millis > MAX_LEASE_MILLIS {
+                    return Err(syn::Error::new(
+                        lit.span(),
+                        "a lease must be at most 30 days (\"720h\"); leave `lease` out to keep the lock alive with the watchdog",
+                    ));
+                }
+                self.lease = Some(millis);
+            }
+            "abort_on_lost" => {
+                if input.peek(Token![=]) {
+                    skip_value(input)?;
+                    return Err(syn::Error::new(
+                        name.span(),
+                        "`abort_on_lost` is a flag and takes no value: write `abort_on_lost`",
+                    ));
+                }
+                self.abort_on_lost = true;
+            }
+            "crate" => {
+                let lit = string_value(input, name, "crate = \"my_reexport::dlock_core\"")?;
+                self.krate = Some(lit.parse().map_err(|_| {
+                    syn::Error::new(
+                        lit.span(),
+                        "`crate` takes the path dlock_core is reachable at, such as \"my_reexport::dlock_core\"",
+                    )
+                })?);
+            }
+            other => {
+                skip_value(input)?;
+                return Err(syn::Error::new(
+                    name.span(),
+                    format!("unknown argument `{other}`; expected one of {EXPECTED}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The key, or an error that says how to give one.
     pub(crate) fn key(&self) -> syn::Result<&LitStr> {
         self.key.as_ref().ok_or_else(|| {
@@ -121,6 +164,15 @@ impl Args {
             )
         })
     }
+}
+
+/// Skips `= <expr>` after a name that is in error, to go on parsing.
+fn skip_value(input: ParseStream<'_>) -> syn::Result<()> {
+    if input.peek(Token![=]) {
+        input.parse::<Token![=]>()?;
+        input.parse::<Expr>()?;
+    }
+    Ok(())
 }
 
 fn equals(input: ParseStream<'_>, name: &Ident, example: &str) -> syn::Result<()> {

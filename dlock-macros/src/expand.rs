@@ -1,8 +1,12 @@
 //! Code generation: wraps the fn body so it runs under the lock.
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::{quote, quote_spanned, ToTokens};
-use syn::{spanned::Spanned, FnArg, Ident, ItemFn, LitStr, Pat, ReturnType, Type};
+use syn::{
+    parse::{Parse, ParseStream, Parser},
+    spanned::Spanned,
+    AttrStyle, FnArg, Ident, ItemFn, LitStr, Member, Pat, ReturnType,
+};
 
 use crate::{
     args::{Args, Wait},
@@ -22,13 +26,19 @@ pub(crate) fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStr
             return with_item(e, item);
         }
     };
-    let args = match syn::parse2::<Args>(args) {
-        Ok(args) => args,
-        Err(e) => return with_item(e, item),
+    let parse_args = |input: ParseStream<'_>| {
+        let args = Args::parse(input)?;
+        // Whatever follows a malformed argument was reported with it.
+        input.parse::<TokenStream>()?;
+        Ok(args)
     };
-    match expand(&args, func) {
+    let args = match parse_args.parse2(args) {
+        Ok(args) => args,
+        Err(e) => return with_func(e, func),
+    };
+    match expand(args, func.clone()) {
         Ok(tokens) => tokens,
-        Err(e) => with_item(e, item),
+        Err(e) => with_func(e, func),
     }
 }
 
@@ -37,8 +47,19 @@ fn with_item(error: syn::Error, item: TokenStream) -> TokenStream {
     quote! { #error #item }
 }
 
-fn expand(args: &Args, func: ItemFn) -> syn::Result<TokenStream> {
-    let mut errors: Option<syn::Error> = None;
+/// The errors, and the fn as written. Parameters used only in the key look
+/// unused in it, which would add a warning to every error; allow that.
+fn with_func(error: syn::Error, func: ItemFn) -> TokenStream {
+    let error = error.to_compile_error();
+    quote! {
+        #error
+        #[allow(unused_variables)]
+        #func
+    }
+}
+
+fn expand(mut args: Args, func: ItemFn) -> syn::Result<TokenStream> {
+    let mut errors = args.errors.take();
     let mut report = |e: syn::Error| match &mut errors {
         Some(all) => all.combine(e),
         None => errors = Some(e),
@@ -49,8 +70,14 @@ fn expand(args: &Args, func: ItemFn) -> syn::Result<TokenStream> {
             "#[distributed_lock] goes on `async fn`s: the lock is taken with `.await`; write `async fn`",
         ));
     }
-    if let Err(e) = check_returns_result(&func) {
-        report(e);
+    if let ReturnType::Default = func.sig.output {
+        // Other return types are checked by the compiler, through the
+        // `FromLockError` bound, whose message says the same.
+        report(syn::Error::new(
+            func.sig.paren_token.span.close(),
+            "#[distributed_lock] needs the fn to return `Result<T, E>` with `E: From<dlock_core::LockError>`, \
+             because taking the lock can fail; write `-> Result<(), E>`",
+        ));
     }
     let key = match args.key().and_then(|lit| key_expr(lit, &func)) {
         Ok(key) => Some(key),
@@ -73,7 +100,14 @@ fn expand(args: &Args, func: ItemFn) -> syn::Result<TokenStream> {
         quote!(#krate::__private)
     };
     let locker = match &args.locker {
-        Some(expr) => quote! { ::core::result::Result::Ok(#private::as_locker(&(#expr))) },
+        // A method call, so that auto-deref accepts `Locker`, `&Locker`,
+        // `Arc<Locker>`, `&Arc<Locker>`, ...
+        Some(expr) => quote! {
+            ::core::result::Result::Ok({
+                use #private::AsLocker as _;
+                (#expr).__dlock_as_locker()
+            })
+        },
         None => quote! { #private::default_locker() },
     };
     let mut options = quote!(#private::LockOptions::new());
@@ -97,7 +131,8 @@ fn expand(args: &Args, func: ItemFn) -> syn::Result<TokenStream> {
         ReturnType::Type(_, ty) => ty.span(),
         ReturnType::Default => func.sig.span(),
     };
-    // Spanned at the return type, so a missing `From<LockError>` points there.
+    // Spanned at the return type, so that a return type that cannot carry
+    // a `LockError` is reported there.
     let convert = {
         let krate = krate(output_span);
         quote_spanned! {output_span=> #krate::__private::lock_error(#error) }
@@ -115,63 +150,76 @@ fn expand(args: &Args, func: ItemFn) -> syn::Result<TokenStream> {
         sig,
         block,
     } = func;
+    // Inner attributes (`#![allow(..)]` at the top of the body) stay at the
+    // top of the body.
+    let (inner, outer): (Vec<_>, Vec<_>) = attrs
+        .into_iter()
+        .partition(|a| matches!(a.style, AttrStyle::Inner(_)));
+    let stmts = &block.stmts;
     let body = if args.abort_on_lost {
         let body = Ident::new("__dlock_body", Span::mixed_site());
+        // A `return` of the declared type first fixes the async block's
+        // output type, so the body's values coerce as they would in the fn.
+        // `impl Trait` cannot be written there; inference does without.
+        let typed = match &sig.output {
+            ReturnType::Type(_, ty) if !mentions_impl(ty) => {
+                let fake = Ident::new("__dlock_fake_return", Span::mixed_site());
+                quote! {
+                    #[allow(
+                        unreachable_code,
+                        clippy::diverging_sub_expression,
+                        clippy::empty_loop,
+                        clippy::let_unit_value,
+                        clippy::needless_return
+                    )]
+                    if false {
+                        let #fake: #ty = loop {};
+                        return #fake;
+                    }
+                }
+            }
+            _ => quote!(),
+        };
         quote! {
             #acquire
-            let #body = async move #block;
+            let #body = async move {
+                #typed
+                #(#stmts)*
+            };
             #private::run_until_lost(&#guard, #body).await
         }
     } else {
-        let stmts = &block.stmts;
         quote! {
             #acquire
             #(#stmts)*
         }
     };
     Ok(quote! {
-        #(#attrs)*
+        #(#outer)*
         #vis #sig {
+            #(#inner)*
             #body
         }
     })
 }
 
-/// Checks, by its spelling, that the fn returns a `Result` (or an alias
-/// named `...Result`, such as `io::Result<T>`): the lock error has to go
-/// somewhere.
-fn check_returns_result(func: &ItemFn) -> syn::Result<()> {
-    const WHAT: &str = "#[distributed_lock] needs the fn to return `Result<T, E>` with `E: From<dlock_core::LockError>`, because taking the lock can fail";
-    match &func.sig.output {
-        ReturnType::Default => Err(syn::Error::new(
-            func.sig.paren_token.span.close(),
-            format!("{WHAT}; write `-> Result<(), E>`"),
-        )),
-        ReturnType::Type(_, ty) => {
-            let is_result = match &**ty {
-                Type::Path(path) => path
-                    .path
-                    .segments
-                    .last()
-                    .is_some_and(|s| s.ident.to_string().ends_with("Result")),
-                _ => false,
-            };
-            if is_result {
-                Ok(())
-            } else {
-                Err(syn::Error::new_spanned(
-                    ty,
-                    format!("{WHAT}; write `-> Result<{}, E>`", ty.to_token_stream()),
-                ))
-            }
-        }
+/// Whether `ty` contains `impl Trait`, which a `let` cannot name.
+fn mentions_impl(ty: &syn::Type) -> bool {
+    fn walk(tokens: TokenStream) -> bool {
+        tokens.into_iter().any(|t| match t {
+            TokenTree::Ident(i) => i == "impl",
+            TokenTree::Group(g) => walk(g.stream()),
+            _ => false,
+        })
     }
+    walk(ty.to_token_stream())
 }
 
 /// The expression that builds the key: a `String` from the template, with
 /// each placeholder checked against the fn's parameters.
 fn key_expr(lit: &LitStr, func: &ItemFn) -> syn::Result<TokenStream> {
-    let parts = template::parse(&lit.value()).map_err(|e| syn::Error::new(lit.span(), e))?;
+    let span = lit.span();
+    let parts = template::parse(&lit.value()).map_err(|e| syn::Error::new(span, e))?;
     let params = param_names(func);
     let mut format = String::new();
     let mut values = Vec::new();
@@ -179,64 +227,124 @@ fn key_expr(lit: &LitStr, func: &ItemFn) -> syn::Result<TokenStream> {
         match part {
             Part::Text(text) => format.push_str(&text.replace('{', "{{").replace('}', "}}")),
             Part::Field { root, fields } => {
+                let written = std::iter::once(root.as_str())
+                    .chain(fields.iter().map(String::as_str))
+                    .collect::<Vec<_>>()
+                    .join(".");
                 if !params.contains(&root) {
-                    let written = std::iter::once(root.as_str())
-                        .chain(fields.iter().map(String::as_str))
-                        .collect::<Vec<_>>()
-                        .join(".");
                     let known = if params.is_empty() {
                         "it has no named parameters".to_owned()
                     } else {
-                        format!(
-                            "its parameters are {}",
-                            params
-                                .iter()
-                                .map(|p| format!("`{p}`"))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        )
+                        let names: Vec<String> = params.iter().map(|p| format!("`{p}`")).collect();
+                        format!("its parameters are {}", names.join(", "))
                     };
                     return Err(syn::Error::new(
-                        lit.span(),
+                        span,
                         format!(
                             "`{{{written}}}` in the key names no parameter of `{}`; {known}",
                             func.sig.ident
                         ),
                     ));
                 }
+                let root = if root == "self" {
+                    quote_spanned!(span=> self)
+                } else {
+                    Ident::new(&root, span).to_token_stream()
+                };
+                let fields = fields
+                    .iter()
+                    .map(|field| field_tokens(field, span, &written))
+                    .collect::<syn::Result<Vec<_>>>()?;
                 format.push_str("{}");
-                let root = Ident::new(&root, lit.span());
-                let fields = fields.iter().map(|f| match f.parse::<u32>() {
-                    Ok(index) => syn::Index {
-                        index,
-                        span: lit.span(),
-                    }
-                    .to_token_stream(),
-                    Err(_) => Ident::new(f, lit.span()).to_token_stream(),
-                });
-                values.push(quote_spanned! {lit.span()=> &(#root #(.#fields)*) });
+                values.push(quote_spanned! {span=> &(#root #(.#fields)*) });
             }
         }
     }
-    let format = LitStr::new(&format, lit.span());
     Ok(if values.is_empty() {
-        quote! { ::std::string::String::from(#format) }
+        // No placeholders: the text, with `{{` and `}}` already undone.
+        let text = LitStr::new(&format.replace("{{", "{").replace("}}", "}"), span);
+        quote! { ::std::string::String::from(#text) }
     } else {
+        let format = LitStr::new(&format, span);
         quote! { ::std::format!(#format, #(#values),*) }
     })
 }
 
-/// The names a key placeholder can refer to: `self` and plain parameters.
+/// One `.field` or `.0` of a placeholder, spanned at the key.
+fn field_tokens(field: &str, span: Span, written: &str) -> syn::Result<TokenStream> {
+    let member = syn::parse_str::<Member>(field).map_err(|_| {
+        syn::Error::new(
+            span,
+            format!("`{field}` in `{{{written}}}` is not a field name or tuple index"),
+        )
+    })?;
+    Ok(match member {
+        Member::Named(mut ident) => {
+            ident.set_span(span);
+            ident.to_token_stream()
+        }
+        Member::Unnamed(mut index) => {
+            index.span = span;
+            index.to_token_stream()
+        }
+    })
+}
+
+/// The names a key placeholder can refer to: `self`, and every name a
+/// parameter's pattern binds (`id`, `mut id`, `(a, b)`, `Point { x, y }`).
 fn param_names(func: &ItemFn) -> Vec<String> {
-    func.sig
-        .inputs
-        .iter()
-        .filter_map(|input| match input {
-            FnArg::Receiver(_) => Some("self".to_owned()),
-            FnArg::Typed(typed) => match &*typed.pat {
-                Pat::Ident(ident) => Some(ident.ident.to_string()),
-                _ => None,
-            },
-        })
-        .collect()
+    let mut names = Vec::new();
+    for input in &func.sig.inputs {
+        match input {
+            FnArg::Receiver(_) => names.push("self".to_owned()),
+            FnArg::Typed(typed) => bound_names(&typed.pat, &mut names),
+        }
+    }
+    names
+}
+
+fn bound_names(pat: &Pat, names: &mut Vec<String>) {
+    match pat {
+        Pat::Ident(p) => {
+            names.push(p.ident.to_string());
+            if let Some((_, sub)) = &p.subpat {
+                bound_names(sub, names);
+            }
+        }
+        Pat::Tuple(p) => p.elems.iter().for_each(|p| bound_names(p, names)),
+        Pat::TupleStruct(p) => p.elems.iter().for_each(|p| bound_names(p, names)),
+        Pat::Struct(p) => p.fields.iter().for_each(|f| bound_names(&f.pat, names)),
+        Pat::Slice(p) => p.elems.iter().for_each(|p| bound_names(p, names)),
+        Pat::Reference(p) => bound_names(&p.pat, names),
+        Pat::Type(p) => bound_names(&p.pat, names),
+        Pat::Paren(p) => bound_names(&p.pat, names),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_impl_trait_anywhere_in_a_type() {
+        let ty = |s: &str| syn::parse_str::<syn::Type>(s).unwrap();
+        assert!(mentions_impl(&ty("Result<impl Display, E>")));
+        assert!(mentions_impl(&ty("Result<(u8, impl Display), E>")));
+        assert!(!mentions_impl(&ty("Result<Box<dyn Display>, E>")));
+        assert!(!mentions_impl(&ty("Result<Implementation, E>")));
+    }
+
+    #[test]
+    fn lease_bounds_match_dlock_core() {
+        use crate::args::{MAX_LEASE_MILLIS, MIN_LEASE_MILLIS};
+        assert_eq!(
+            u128::from(MIN_LEASE_MILLIS),
+            dlock_core::MIN_LEASE.as_millis()
+        );
+        assert_eq!(
+            u128::from(MAX_LEASE_MILLIS),
+            dlock_core::MAX_LEASE.as_millis()
+        );
+    }
 }

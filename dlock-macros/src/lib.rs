@@ -66,12 +66,17 @@ use proc_macro::TokenStream;
 ///
 /// # Requirements
 ///
-/// - The fn is an `async fn` (free, a method on `&self`, `&mut self` or
-///   `self: Arc<Self>`, generic, or in a trait impl).
-/// - It returns `Result<T, E>` (or an alias named `…Result`) where
+/// - The fn is an `async fn`: free, a method on `&self`, `&mut self`,
+///   `self` or `self: Arc<Self>`, generic, `unsafe`, or in a trait impl
+///   (native `async fn` in traits; `#[async_trait]` rewrites the method
+///   into a plain fn before this attribute sees it, so it cannot be used
+///   there).
+/// - It returns `Result<T, E>` (or an alias of one) where
 ///   `E: From<dlock_core::LockError>`: taking the lock can fail, and the
 ///   error goes there. Anything else is a compile error pointing at the
 ///   return type.
+/// - Placeholders name parameters, including names bound by patterns
+///   (`(x, y): (i32, i32)`), and `self`.
 ///
 /// # Reentrancy
 ///

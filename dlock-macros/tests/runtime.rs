@@ -147,7 +147,7 @@ async fn long_report(locker: &Locker, progress: &AtomicU32) -> Result<(), AppErr
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn abort_on_lost_drops_the_body_when_the_lease_runs_out() {
     let locker = MemoryBackend::new().into_locker();
     let progress = AtomicU32::new(0);
@@ -295,4 +295,112 @@ async fn generic_fns_and_literal_braces() {
     assert_eq!(generic(&locker, "x").await.unwrap(), "x");
     assert_eq!(generic(&locker, 5_u8).await.unwrap(), "5");
     assert!(braces(&locker, 5, &server.into_locker()).await.unwrap());
+}
+
+#[distributed_lock(key = "{{literal}}", locker = locker)]
+async fn literal_only(locker: &Locker, observer: &Locker) -> Result<bool, LockError> {
+    Ok(observer.try_lock("{literal}").await?.is_none())
+}
+
+#[tokio::test]
+async fn doubled_braces_without_placeholders_are_single_braces() {
+    let server = MemoryBackend::new();
+    let locker = server.clone().into_locker();
+    assert!(literal_only(&locker, &server.into_locker()).await.unwrap());
+}
+
+#[distributed_lock(key = "point:{x}:{y}:{first}", locker = locker)]
+async fn patterns(
+    locker: Arc<Locker>,
+    (x, y): (i32, i32),
+    [first, ..]: [u8; 3],
+    observer: &Locker,
+) -> Result<bool, LockError> {
+    #![allow(clippy::needless_return)]
+    //! Inner attributes and docs stay at the top of the body.
+    return Ok(observer.try_lock("point:1:2:9").await?.is_none());
+}
+
+#[tokio::test]
+async fn pattern_parameters_and_inner_attributes() {
+    let server = MemoryBackend::new();
+    let locker = Arc::new(server.clone().into_locker());
+    assert!(patterns(locker, (1, 2), [9, 0, 0], &server.into_locker())
+        .await
+        .unwrap());
+}
+
+#[distributed_lock(key = "dyn", locker = locker, abort_on_lost)]
+async fn boxed(
+    locker: &Arc<Locker>,
+    n: &str,
+) -> Result<Box<dyn std::fmt::Display + Send>, AppError> {
+    let parsed: u32 = n.parse().map_err(|_| AppError::Failed)?;
+    // Coerces to the declared return type, as it would without the macro.
+    Ok(Box::new(parsed))
+}
+
+#[distributed_lock(key = "bytes", locker = locker, abort_on_lost)]
+async fn bytes(locker: &Locker) -> Result<&'static [u8], LockError> {
+    Ok(b"abc")
+}
+
+#[distributed_lock(key = "opaque", locker = locker, abort_on_lost)]
+async fn opaque(locker: &Locker) -> Result<impl std::fmt::Display, LockError> {
+    Ok(5)
+}
+
+#[tokio::test]
+async fn abort_on_lost_keeps_the_return_type_coercions_and_question_marks() {
+    let locker = Arc::new(MemoryBackend::new().into_locker());
+    assert_eq!(boxed(&locker, "12").await.unwrap().to_string(), "12");
+    assert!(matches!(boxed(&locker, "x").await, Err(AppError::Failed)));
+    assert_eq!(bytes(&locker).await.unwrap(), b"abc");
+    assert_eq!(opaque(&locker).await.unwrap().to_string(), "5");
+}
+
+struct Owned {
+    locker: Locker,
+    name: String,
+}
+
+impl Owned {
+    #[distributed_lock(key = "owned:{self.name}", locker = self.locker)]
+    async fn finish(self) -> Result<String, LockError> {
+        // `self` is moved by the body; the key and locker were used before.
+        let Owned { name, .. } = self;
+        Ok(name)
+    }
+
+    /// # Safety
+    ///
+    /// None needed; `unsafe` is kept on the signature.
+    #[distributed_lock(key = "unsafe", locker = self.locker)]
+    async unsafe fn marked(&self) -> Result<(), LockError> {
+        Ok(())
+    }
+}
+
+macro_rules! locked_getter {
+    ($name:ident -> $ret:ty) => {
+        #[distributed_lock(key = "macro", locker = locker)]
+        async fn $name(locker: &Locker) -> $ret {
+            Ok(1)
+        }
+    };
+}
+
+locked_getter!(from_macro -> Result<u32, LockError>);
+
+#[tokio::test]
+async fn self_by_value_unsafe_fns_and_macro_generated_fns() {
+    let locker = MemoryBackend::new().into_locker();
+    let owned = Owned {
+        locker: locker.clone(),
+        name: "n".into(),
+    };
+    // SAFETY: `marked` has no safety requirement.
+    unsafe { owned.marked() }.await.unwrap();
+    assert_eq!(owned.finish().await.unwrap(), "n");
+    assert_eq!(from_macro(&locker).await.unwrap(), 1);
 }

@@ -1,5 +1,8 @@
 //! Free functions: default locker, every argument, literal braces, recursion.
 
+// The expansion must not add warnings to the user's code.
+#![deny(warnings)]
+
 use std::time::Duration;
 
 use dlock_core::{distributed_lock, set_default_locker, BackendExt, LockError, Locker, MemoryBackend};

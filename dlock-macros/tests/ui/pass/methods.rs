@@ -1,6 +1,9 @@
 //! Methods: `&self`, `&mut self`, `self: Arc<Self>`, trait impls, a locker
 //! behind an `Arc`, and a `crate = "..."` path through a re-export.
 
+// The expansion must not add warnings to the user's code.
+#![deny(warnings)]
+
 use std::sync::Arc;
 
 use dlock_core::{distributed_lock, BackendExt, LockError, Locker, MemoryBackend};
