@@ -162,6 +162,7 @@ async fn run(timer: Timer, period: Duration) {
                         RenewOutcome::NotHeld => {
                             lease.mark_lost(LostReason::NotHeld);
                         }
+                        RenewOutcome::Unknown => {}
                     }
                 }
             }

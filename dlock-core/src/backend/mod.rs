@@ -289,4 +289,7 @@ pub enum RenewOutcome {
     Renewed,
     /// The token no longer holds the lock; nothing was changed.
     NotHeld,
+    /// No answer for this lock (some servers did not reply): the lease is
+    /// not extended, and the holder's clock decides when it is over.
+    Unknown,
 }

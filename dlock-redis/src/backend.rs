@@ -1,0 +1,464 @@
+//! `RedisBackend`: the `Backend` trait over one node or a Redlock quorum.
+//!
+//! A single node is the one-node case of the same code: quorum 1, one
+//! round trip per acquire, and fencing tokens from the node's counter.
+
+use std::{fmt, sync::Arc, time::Duration};
+
+use dlock_core::{
+    backend::{
+        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, ReleaseOutcome, RenewOutcome,
+        RenewRequest, Wait,
+    },
+    BackendExt, LockError, LockKey, Locker, Result, Token,
+};
+use futures_util::future::{join_all, select_all};
+use redis::RedisError;
+use tokio::time::Instant;
+
+use crate::{
+    config::RedisConfig,
+    keys::{names, Names},
+    node::{Attempt, Node},
+};
+
+const NAME: &str = "redis";
+
+/// How long to wait for a release when the holder's TTL is unknown.
+const UNKNOWN_TTL_RECHECK: Duration = Duration::from_millis(500);
+
+/// A Redis lock server: one node, or Redlock over several.
+///
+/// Build it with [`RedisBackend::connect`] and turn it into a
+/// [`Locker`] with [`into_locker`](BackendExt::into_locker). All lockers
+/// and guards of one backend share its connections: one multiplexed
+/// connection and one pub/sub connection per node.
+///
+/// # How it locks
+///
+/// - **Acquire** is one round trip per node: a Lua script sets the owner
+///   token with the lease as TTL if the key is free and counts a fencing
+///   token, or answers the holder's remaining TTL.
+/// - **Waiting** subscribes to the key's release channel (once per process,
+///   shared by all waiters), checks again, then sleeps until a release is
+///   published or the holder's TTL runs out, whichever comes first. No
+///   fixed-interval polling.
+/// - **Release and renewal** compare the token in a Lua script; the release
+///   publishes on the channel. The watchdog renews every held lock of a
+///   locker in one pipelined round trip per node and tick.
+/// - **Redlock** (`redis+redlock://`) sends each step to every node at once,
+///   with a per-node timeout much shorter than the lease, and holds the
+///   lock only with a majority and time left on the lease; otherwise it
+///   releases on every node. Fencing tokens are not given in this mode
+///   ([`LockGuard::fencing_token`](dlock_core::LockGuard::fencing_token) is
+///   `None`): per-node counters taken by different majorities can go
+///   backwards.
+///
+/// # Examples
+///
+/// ```no_run
+/// use dlock_core::BackendExt;
+/// use dlock_redis::RedisBackend;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock_core::LockError> {
+/// let locker = RedisBackend::connect("redis://127.0.0.1:6379/").await?.into_locker();
+/// let guard = locker.lock("report:daily").await?;
+/// println!("fence {:?}", guard.fencing_token());
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    nodes: Vec<Node>,
+    quorum: usize,
+    prefix: String,
+    redlock: bool,
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field(
+                "nodes",
+                &self
+                    .inner
+                    .nodes
+                    .iter()
+                    .map(|n| n.addr.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .field("redlock", &self.inner.redlock)
+            .field("prefix", &self.inner.prefix)
+            .finish()
+    }
+}
+
+fn backend_error(e: RedisError) -> LockError {
+    LockError::backend(NAME, e)
+}
+
+impl RedisBackend {
+    /// Connects to the node(s) a `redis://` or `redis+redlock://` URL names
+    /// (see [`RedisConfig`]).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`] for a malformed URL;
+    /// [`LockError::Backend`] if the node (for Redlock: a majority of the
+    /// nodes) cannot be reached within the connect timeout.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), dlock_core::LockError> {
+    /// let single = dlock_redis::RedisBackend::connect("redis://127.0.0.1/").await?;
+    /// let redlock = dlock_redis::RedisBackend::connect("redis+redlock://h1:6379,h2:6379,h3:6379").await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn connect(url: &str) -> Result<RedisBackend> {
+        Self::connect_with(RedisConfig::from_url(url)?).await
+    }
+
+    /// Connects with a prepared [`RedisConfig`].
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](RedisBackend::connect).
+    pub async fn connect_with(config: RedisConfig) -> Result<RedisBackend> {
+        let eager = !config.is_redlock();
+        let connecting = config.nodes().iter().map(|url| {
+            Node::connect(
+                url,
+                config.connect_timeout(),
+                config.response_timeout(),
+                eager,
+            )
+        });
+        let nodes = join_all(connecting)
+            .await
+            .into_iter()
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(backend_error)?;
+        let backend = RedisBackend {
+            inner: Arc::new(Inner {
+                quorum: nodes.len() / 2 + 1,
+                nodes,
+                prefix: config.prefix().to_owned(),
+                redlock: config.is_redlock(),
+            }),
+        };
+        if config.is_redlock() {
+            backend
+                .require_quorum_reachable(config.connect_timeout())
+                .await?;
+        }
+        Ok(backend)
+    }
+
+    /// A locker over this backend with the default options.
+    pub fn locker(&self) -> Locker {
+        self.clone().into_locker()
+    }
+
+    async fn require_quorum_reachable(&self, within: Duration) -> Result<()> {
+        let pings = self.inner.nodes.iter().map(|node| async move {
+            let mut conn = node.connection();
+            tokio::time::timeout(within, redis::cmd("PING").query_async::<String>(&mut conn)).await
+        });
+        let answers = join_all(pings).await;
+        let up = answers.iter().filter(|a| matches!(a, Ok(Ok(_)))).count();
+        if up >= self.inner.quorum {
+            return Ok(());
+        }
+        let first_error = answers.into_iter().find_map(|a| match a {
+            Ok(Err(e)) => Some(backend_error(e)),
+            Err(_) => None,
+            Ok(Ok(_)) => None,
+        });
+        Err(first_error.unwrap_or_else(|| {
+            LockError::backend(
+                NAME,
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "too few Redlock nodes answered within the connect timeout",
+                ),
+            )
+        }))
+    }
+
+    /// How long one node may take to answer one step: for Redlock much
+    /// shorter than the lease, so a slow node cannot eat the validity.
+    fn node_timeout(&self, lease: Duration) -> Option<Duration> {
+        self.inner
+            .redlock
+            .then(|| (lease / 10).clamp(Duration::from_millis(50), Duration::from_secs(1)))
+    }
+
+    /// One acquire attempt on every node at once.
+    async fn attempt(&self, names: &Names, token: &str, lease: Duration) -> Result<Round> {
+        let lease_ms = lease.as_millis().max(1) as u64;
+        let fence = !self.inner.redlock;
+        let timeout = self.node_timeout(lease);
+        let sent = Instant::now();
+        let answers = join_all(self.inner.nodes.iter().map(|node| async move {
+            let step = node.acquire(names, token, lease_ms, fence);
+            match timeout {
+                Some(t) => tokio::time::timeout(t, step)
+                    .await
+                    .unwrap_or_else(|_| Err(timed_out())),
+                None => step.await,
+            }
+        }))
+        .await;
+        let mut won = 0;
+        let mut fence_value = 0;
+        let mut held = Vec::new();
+        let mut first_error = None;
+        for answer in answers {
+            match answer {
+                Ok(Attempt::Acquired(f)) => {
+                    won += 1;
+                    fence_value = f;
+                }
+                Ok(Attempt::Held(ttl)) => held.push(ttl),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if won >= self.inner.quorum {
+            // Redlock's validity: time left after the round and the drift.
+            let drift = lease / 100 + Duration::from_millis(2);
+            if sent.elapsed() + drift < lease {
+                let acquired = Acquired::new(sent);
+                return Ok(Round::Won(if fence {
+                    acquired.with_fence(fence_value)
+                } else {
+                    acquired
+                }));
+            }
+        }
+        if won > 0 || first_error.is_some() {
+            // A partial grant, or replies that never came: give back what we
+            // may hold on every node (release is owner-only, so this is safe
+            // where we hold nothing). Awaited, not spawned: the next attempt
+            // uses the same token, and a late release would delete it.
+            // Each node's connection runs the release after the acquire it
+            // may still be working on.
+            let _ = self.release_names(names, token).await;
+        }
+        if held.is_empty() && won == 0 {
+            return Err(backend_error(first_error.unwrap_or_else(timed_out)));
+        }
+        // The lock frees up when enough holders' TTLs run out for a majority.
+        held.sort_by_key(|ttl| ttl.unwrap_or(u64::MAX));
+        let needed = self.inner.quorum.saturating_sub(won).max(1);
+        let retry_in = held
+            .get(needed - 1)
+            .or(held.last())
+            .copied()
+            .flatten()
+            .map(Duration::from_millis)
+            .unwrap_or(UNKNOWN_TTL_RECHECK);
+        Ok(Round::Held { retry_in })
+    }
+
+    async fn release_names(&self, names: &Names, token: &str) -> Result<ReleaseOutcome> {
+        let answers = join_all(
+            self.inner
+                .nodes
+                .iter()
+                .map(|node| node.release(names, token)),
+        )
+        .await;
+        let released = answers.iter().any(|a| matches!(a, Ok(true)));
+        if released {
+            return Ok(ReleaseOutcome::Released);
+        }
+        match answers.into_iter().find_map(|a| a.err()) {
+            // Nobody answered yes and someone did not answer: report it,
+            // the lease will expire there.
+            Some(e) if !self.inner.redlock => Err(backend_error(e)),
+            _ => Ok(ReleaseOutcome::NotHeld),
+        }
+    }
+
+    async fn acquire_waiting(&self, req: &AcquireRequest<'_>) -> Result<Option<Acquired>> {
+        let names = names(&self.inner.prefix, req.key);
+        let token = req.token.to_string();
+        let deadline = req.wait.deadline();
+        let mut watches = Vec::new();
+        let mut subscribed = false;
+        let mut backoff = Duration::from_millis(10);
+        loop {
+            let round = self.attempt(&names, &token, req.lease).await;
+            let now = Instant::now();
+            let sleep = match round {
+                Ok(Round::Won(acquired)) => return Ok(Some(acquired)),
+                Ok(Round::Held { .. }) | Err(_) if req.wait == Wait::No => {
+                    return round.map(|_| None);
+                }
+                Ok(Round::Held { retry_in }) => {
+                    backoff = Duration::from_millis(10);
+                    if !subscribed {
+                        // Subscribe, then check again at once: a release
+                        // between the attempt and the subscription would
+                        // otherwise be missed.
+                        subscribed = true;
+                        watches = self.watch_all(&names.channel).await;
+                        continue;
+                    }
+                    retry_in
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "dlock redis acquire failed; retrying");
+                    if deadline.is_some_and(|d| now + backoff >= d) {
+                        return Err(error);
+                    }
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                    backoff
+                }
+            };
+            let until = match deadline {
+                Some(d) if d <= now => return Ok(None),
+                Some(d) => d.min(now + sleep),
+                None => now + sleep,
+            };
+            if watches.is_empty() {
+                tokio::time::sleep_until(until).await;
+            } else {
+                let woken = select_all(watches.iter().map(|w| Box::pin(w.notified())));
+                tokio::select! {
+                    _ = woken => {}
+                    _ = tokio::time::sleep_until(until) => {}
+                }
+            }
+        }
+    }
+
+    /// Watches `channel` on every node that can be reached; a node whose
+    /// subscription fails is covered by the TTL bound.
+    async fn watch_all(&self, channel: &str) -> Vec<crate::subscriber::Watch> {
+        join_all(self.inner.nodes.iter().map(|node| node.watch(channel)))
+            .await
+            .into_iter()
+            .filter_map(|w| {
+                w.inspect_err(|error| tracing::debug!(%error, "dlock redis subscribe failed"))
+                    .ok()
+            })
+            .collect()
+    }
+}
+
+fn timed_out() -> RedisError {
+    RedisError::from((redis::ErrorKind::Io, "the node did not answer in time"))
+}
+
+enum Round {
+    Won(Acquired),
+    Held { retry_in: Duration },
+}
+
+impl Backend for RedisBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new().fencing(!self.inner.redlock)
+    }
+
+    fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>> {
+        Box::pin(async move { self.acquire_waiting(&req).await })
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a LockKey,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
+        Box::pin(async move {
+            let names = names(&self.inner.prefix, key);
+            self.release_names(&names, &token.to_string()).await
+        })
+    }
+
+    fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>> {
+        Box::pin(async move {
+            let names: Vec<Names> = locks
+                .iter()
+                .map(|r| names(&self.inner.prefix, &r.key))
+                .collect();
+            let tokens: Vec<String> = locks.iter().map(|r| r.token.to_string()).collect();
+            let pairs: Vec<(&str, &str)> = names
+                .iter()
+                .zip(&tokens)
+                .map(|(n, t)| (n.lock.as_str(), t.as_str()))
+                .collect();
+            let leases: Vec<u64> = locks
+                .iter()
+                .map(|r| r.lease.as_millis().max(1) as u64)
+                .collect();
+            let timeout = locks
+                .iter()
+                .map(|r| r.lease)
+                .min()
+                .and_then(|lease| self.node_timeout(lease));
+            let answers = join_all(self.inner.nodes.iter().map(|node| {
+                let (pairs, leases) = (&pairs, &leases);
+                async move {
+                    let step = node.renew(pairs, leases);
+                    match timeout {
+                        Some(t) => tokio::time::timeout(t, step)
+                            .await
+                            .unwrap_or_else(|_| Err(timed_out())),
+                        None => step.await,
+                    }
+                }
+            }))
+            .await;
+            if !self.inner.redlock {
+                // One node: its error is the batch's.
+                let answers = answers
+                    .into_iter()
+                    .next()
+                    .unwrap_or_else(|| Err(timed_out()))
+                    .map_err(backend_error)?;
+                return Ok(answers
+                    .into_iter()
+                    .map(|renewed| {
+                        if renewed {
+                            RenewOutcome::Renewed
+                        } else {
+                            RenewOutcome::NotHeld
+                        }
+                    })
+                    .collect());
+            }
+            let quorum = self.inner.quorum;
+            Ok((0..locks.len())
+                .map(|i| {
+                    let renewed = answers
+                        .iter()
+                        .filter(|a| matches!(a, Ok(v) if v[i]))
+                        .count();
+                    let unanswered = answers.iter().filter(|a| a.is_err()).count();
+                    if renewed >= quorum {
+                        RenewOutcome::Renewed
+                    } else if renewed + unanswered >= quorum {
+                        RenewOutcome::Unknown
+                    } else {
+                        RenewOutcome::NotHeld
+                    }
+                })
+                .collect())
+        })
+    }
+}

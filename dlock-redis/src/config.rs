@@ -1,0 +1,231 @@
+//! `RedisConfig`: which nodes, under which key prefix, with which timeouts;
+//! parsed from one URL.
+
+use std::time::Duration;
+
+use dlock_core::LockError;
+
+/// Where and how to connect.
+///
+/// Usually made from a URL by [`RedisConfig::from_url`]:
+///
+/// - `redis://[user:password@]host[:port][/db][?prefix=name]`: one node;
+/// - `redis+redlock://[user:password@]h1:p1,h2:p2,h3:p3[/db][?prefix=name]`:
+///   Redlock over three or more independent nodes.
+///
+/// `prefix` (default `dlock`) starts every key dlock writes.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_redis::RedisConfig;
+///
+/// let single = RedisConfig::from_url("redis://127.0.0.1:6379/2")?;
+/// assert_eq!(single.nodes(), ["redis://127.0.0.1:6379/2"]);
+///
+/// let redlock = RedisConfig::from_url("redis+redlock://a:7000,b:7001,c:7002?prefix=app")?;
+/// assert_eq!(redlock.nodes().len(), 3);
+/// assert_eq!(redlock.prefix(), "app");
+/// # Ok::<(), dlock_core::LockError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    nodes: Vec<String>,
+    redlock: bool,
+    prefix: String,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+}
+
+fn invalid(url: &str, why: &str) -> LockError {
+    LockError::InvalidOptions {
+        reason: format!("bad Redis URL `{url}`: {why}"),
+    }
+}
+
+impl RedisConfig {
+    /// Parses a `redis://` or `redis+redlock://` URL.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`] naming what is wrong: another scheme
+    /// (`rediss://` TLS is not built in), no host, a bad port, an unknown
+    /// query parameter, or fewer than three Redlock nodes.
+    pub fn from_url(url: &str) -> Result<RedisConfig, LockError> {
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| invalid(url, "expected `redis://` or `redis+redlock://`"))?;
+        let redlock = match scheme {
+            "redis" => false,
+            "redis+redlock" => true,
+            "rediss" | "rediss+redlock" => {
+                return Err(invalid(
+                    url,
+                    "TLS (`rediss://`) is not supported by this build",
+                ))
+            }
+            other => {
+                return Err(invalid(
+                    url,
+                    &format!("unknown scheme `{other}`; expected `redis` or `redis+redlock`"),
+                ))
+            }
+        };
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) = match rest.find('/') {
+            Some(i) => rest.split_at(i),
+            None => (rest, ""),
+        };
+        let (auth, hosts) = match authority.rfind('@') {
+            Some(i) => (&authority[..=i], &authority[i + 1..]),
+            None => ("", authority),
+        };
+        let db = path.trim_start_matches('/');
+        if !db.is_empty() && db.parse::<u16>().is_err() {
+            return Err(invalid(
+                url,
+                &format!("the database `{db}` is not a number"),
+            ));
+        }
+        let mut prefix = "dlock".to_owned();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("prefix", value)) if !value.is_empty() => prefix = value.to_owned(),
+                _ => {
+                    return Err(invalid(
+                        url,
+                        &format!("unknown or empty parameter `{pair}`; expected `prefix=name`"),
+                    ))
+                }
+            }
+        }
+        let mut nodes = Vec::new();
+        for host in hosts.split(',') {
+            if host.is_empty() {
+                return Err(invalid(url, "a host is missing"));
+            }
+            let port = match host.rsplit_once(':') {
+                Some((_, port)) if !host.ends_with(']') => Some(port),
+                _ => None,
+            };
+            if let Some(port) = port {
+                if port.parse::<u16>().is_err() {
+                    return Err(invalid(url, &format!("`{port}` is not a port")));
+                }
+            }
+            let db = if db.is_empty() {
+                String::new()
+            } else {
+                format!("/{db}")
+            };
+            nodes.push(format!("redis://{auth}{host}{db}"));
+        }
+        if redlock && nodes.len() < 3 {
+            return Err(invalid(
+                url,
+                "Redlock needs at least three independent nodes",
+            ));
+        }
+        if !redlock && nodes.len() != 1 {
+            return Err(invalid(url, "several hosts need `redis+redlock://`"));
+        }
+        Ok(RedisConfig {
+            nodes,
+            redlock,
+            prefix,
+            connect_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_secs(5),
+        })
+    }
+
+    /// The node URLs, one per node.
+    pub fn nodes(&self) -> &[String] {
+        &self.nodes
+    }
+
+    /// Whether this is Redlock over several nodes.
+    pub fn is_redlock(&self) -> bool {
+        self.redlock
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// How long one connection attempt may take (default 2 s).
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// How long a command may wait for its reply (default 5 s).
+    pub fn response_timeout(&self) -> Duration {
+        self.response_timeout
+    }
+
+    /// Sets how long one connection attempt may take.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets how long a command may wait for its reply.
+    pub fn with_response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_single_nodes_with_auth_and_db() {
+        let c = RedisConfig::from_url("redis://user:pw@host:6380/3").unwrap();
+        assert_eq!(c.nodes(), ["redis://user:pw@host:6380/3"]);
+        assert!(!c.is_redlock());
+        assert_eq!(c.prefix(), "dlock");
+        let c = RedisConfig::from_url("redis://[::1]:6379").unwrap();
+        assert_eq!(c.nodes(), ["redis://[::1]:6379"]);
+    }
+
+    #[test]
+    fn parses_redlock_node_lists() {
+        let c = RedisConfig::from_url("redis+redlock://:pw@a:1,b:2,c:3/1?prefix=x").unwrap();
+        assert_eq!(
+            c.nodes(),
+            [
+                "redis://:pw@a:1/1",
+                "redis://:pw@b:2/1",
+                "redis://:pw@c:3/1"
+            ]
+        );
+        assert!(c.is_redlock());
+        assert_eq!(c.prefix(), "x");
+    }
+
+    #[test]
+    fn rejects_malformed_urls_with_a_reason() {
+        for (url, says) in [
+            ("localhost:6379", "expected `redis://`"),
+            ("http://h", "unknown scheme"),
+            ("rediss://h", "TLS"),
+            ("redis://", "host is missing"),
+            ("redis://h:port", "not a port"),
+            ("redis://h:99999", "not a port"),
+            ("redis://h/db", "not a number"),
+            ("redis://h?timeout=1", "unknown or empty parameter"),
+            ("redis://a,b", "redis+redlock"),
+            ("redis+redlock://a,b", "three"),
+            ("redis+redlock://a,,b,c", "host is missing"),
+        ] {
+            match RedisConfig::from_url(url) {
+                Err(LockError::InvalidOptions { reason }) => {
+                    assert!(reason.contains(says), "{url}: {reason}")
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+    }
+}

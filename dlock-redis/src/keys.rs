@@ -1,0 +1,76 @@
+//! The Redis names of one lock: its key, its fencing counter and its release
+//! channel, all in one hash slot.
+
+use dlock_core::LockKey;
+
+/// The names one lock uses on the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Names {
+    /// Holds the owner token, with the lease as its TTL.
+    pub(crate) lock: String,
+    /// Counts acquisitions: the fencing token. Never expires, so that
+    /// tokens keep growing across idle periods.
+    pub(crate) fence: String,
+    /// Where a release is published.
+    pub(crate) channel: String,
+}
+
+/// The names of `key` under `prefix`.
+///
+/// The escaped key is the hash tag (`{...}`), so the three names share a
+/// slot on Redis Cluster. Escaping `%`, `{` and `}` keeps the tag intact
+/// whatever the key contains, and is one-to-one, so two keys never share a
+/// lock. Everything else (spaces, unicode, NUL) is stored as it is: Redis
+/// keys are binary-safe.
+pub(crate) fn names(prefix: &str, key: &LockKey) -> Names {
+    let mut escaped = String::with_capacity(key.as_str().len());
+    for c in key.as_str().chars() {
+        match c {
+            '%' => escaped.push_str("%25"),
+            '{' => escaped.push_str("%7B"),
+            '}' => escaped.push_str("%7D"),
+            c => escaped.push(c),
+        }
+    }
+    let lock = format!("{prefix}:{{{escaped}}}");
+    Names {
+        fence: format!("{lock}:fence"),
+        channel: format!("{lock}:released"),
+        lock,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lock(key: &str) -> String {
+        names("dlock", &LockKey::new(key).unwrap()).lock
+    }
+
+    /// The part Redis Cluster hashes: between the first `{` and the next `}`.
+    fn hash_tag(name: &str) -> &str {
+        let open = name.find('{').unwrap();
+        let close = open + name[open..].find('}').unwrap();
+        &name[open + 1..close]
+    }
+
+    #[test]
+    fn all_names_share_the_hash_tag() {
+        let n = names("dlock", &LockKey::new("order:{42}").unwrap());
+        assert_eq!(hash_tag(&n.lock), "order:%7B42%7D");
+        assert_eq!(hash_tag(&n.fence), hash_tag(&n.lock));
+        assert_eq!(hash_tag(&n.channel), hash_tag(&n.lock));
+    }
+
+    #[test]
+    fn escaping_is_one_to_one() {
+        let keys = [
+            "a{b}", "a%7Bb%7D", "a%b", "a%25b", "{", "}", "%", "a b", "ключ",
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for k in keys {
+            assert!(seen.insert(lock(k)), "{k} collides");
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! One Redis node: a reconnecting multiplexed connection, the scripts run
+//! on it, and its shared pub/sub subscriber.
+
+use std::time::Duration;
+
+use redis::{
+    aio::{ConnectionManager, ConnectionManagerConfig},
+    Client, ErrorKind, RedisError, RedisResult,
+};
+
+use crate::{
+    keys::Names,
+    scripts::scripts,
+    subscriber::{Subscriber, Watch},
+};
+
+/// What one acquire attempt found on one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Attempt {
+    /// Our token holds the lock; the fencing counter's value.
+    Acquired(u64),
+    /// Another token holds it, for this many more milliseconds (`None` when
+    /// the key has no TTL: someone wrote it without dlock).
+    Held(Option<u64>),
+}
+
+pub(crate) struct Node {
+    pub(crate) addr: String,
+    conn: ConnectionManager,
+    subscriber: Subscriber,
+}
+
+impl Node {
+    /// A node at `url`. With `eager`, connects now and fails if the node is
+    /// unreachable; otherwise connects on first use.
+    pub(crate) async fn connect(
+        url: &str,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+        eager: bool,
+    ) -> RedisResult<Node> {
+        let client = Client::open(url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(Some(response_timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = if eager {
+            ConnectionManager::new_with_config(client.clone(), config).await?
+        } else {
+            ConnectionManager::new_lazy_with_config(client.clone(), config)?
+        };
+        let addr = client.get_connection_info().addr().to_string();
+        Ok(Node {
+            addr,
+            subscriber: Subscriber::new(client, connect_timeout),
+            conn,
+        })
+    }
+
+    pub(crate) async fn acquire(
+        &self,
+        names: &Names,
+        token: &str,
+        lease_ms: u64,
+        fence: bool,
+    ) -> RedisResult<Attempt> {
+        let (won, value): (i64, i64) = scripts()
+            .acquire
+            .key(&names.lock)
+            .key(&names.fence)
+            .arg(token)
+            .arg(lease_ms)
+            .arg(if fence { "1" } else { "0" })
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(if won == 1 {
+            Attempt::Acquired(u64::try_from(value).unwrap_or(0))
+        } else {
+            Attempt::Held(u64::try_from(value).ok())
+        })
+    }
+
+    pub(crate) async fn release(&self, names: &Names, token: &str) -> RedisResult<bool> {
+        let released: i64 = scripts()
+            .release
+            .key(&names.lock)
+            .arg(token)
+            .arg(&names.channel)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(released == 1)
+    }
+
+    /// Renews every `(lock name, token)` for `lease_ms`, in one pipelined
+    /// round trip; `true` where the token still held the lock.
+    pub(crate) async fn renew(
+        &self,
+        locks: &[(&str, &str)],
+        lease_ms: &[u64],
+    ) -> RedisResult<Vec<bool>> {
+        let script = &scripts().renew;
+        let pipeline = || {
+            let mut pipe = redis::pipe();
+            for ((lock, token), lease) in locks.iter().zip(lease_ms) {
+                pipe.cmd("EVALSHA")
+                    .arg(script.get_hash())
+                    .arg(1)
+                    .arg(*lock)
+                    .arg(*token)
+                    .arg(*lease);
+            }
+            pipe
+        };
+        let mut conn = self.conn.clone();
+        let answers: RedisResult<Vec<i64>> = pipeline().query_async(&mut conn).await;
+        let answers = match answers {
+            // The script cache is empty after a restart or SCRIPT FLUSH:
+            // load it, then send the batch again.
+            Err(e) if e.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                script.load_async(&mut conn).await?;
+                pipeline().query_async(&mut conn).await?
+            }
+            other => other?,
+        };
+        Ok(answers.into_iter().map(|a| a == 1).collect())
+    }
+
+    /// A handle on the node's multiplexed connection.
+    pub(crate) fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    pub(crate) async fn watch(&self, channel: &str) -> Result<Watch, RedisError> {
+        self.subscriber.watch(channel).await
+    }
+}

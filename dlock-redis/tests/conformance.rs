@@ -1,0 +1,43 @@
+//! The whole conformance suite against real `redis-server` processes: one
+//! node, and Redlock over five. Every client is a new `RedisBackend` with
+//! connections of its own, as another process would have.
+
+use std::sync::Arc;
+
+use dlock_core::backend::Backend;
+use dlock_redis::RedisBackend;
+use dlock_testkit::{fixture::RedisServer, Harness};
+
+fn harness(name: &str, servers: Vec<RedisServer>, url: String) -> Harness {
+    Harness::new(name, move || {
+        let url = url.clone();
+        async move {
+            let client: Arc<dyn Backend> = Arc::new(RedisBackend::connect(&url).await?);
+            Ok(client)
+        }
+    })
+    .keep_alive(servers)
+}
+
+fn single_node() -> Harness {
+    let server = RedisServer::start().expect("start redis-server");
+    let url = server.url();
+    harness("redis", vec![server], url)
+}
+
+fn redlock_of_five() -> Harness {
+    let servers: Vec<RedisServer> = (0..5)
+        .map(|_| RedisServer::start().expect("start redis-server"))
+        .collect();
+    let hosts: Vec<String> = servers.iter().map(RedisServer::host_port).collect();
+    let url = format!("redis+redlock://{}", hosts.join(","));
+    harness("redlock", servers, url)
+}
+
+mod single {
+    dlock_testkit::conformance_tests!(super::single_node());
+}
+
+mod redlock {
+    dlock_testkit::conformance_tests!(super::redlock_of_five());
+}
