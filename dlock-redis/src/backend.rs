@@ -254,8 +254,20 @@ impl RedisBackend {
             // may still be working on.
             let _ = self.release_names(names, token).await;
         }
-        if held.is_empty() && won == 0 {
-            return Err(backend_error(first_error.unwrap_or_else(timed_out)));
+        let answered = won + held.len();
+        if answered < self.inner.quorum {
+            // Without a majority answering, nobody can be granted the lock:
+            // say so, instead of waiting as if someone held it.
+            let detail = first_error.map_or_else(String::new, |e| e.to_string());
+            return Err(backend_error(RedisError::from((
+                redis::ErrorKind::Io,
+                "too few nodes answered for a majority",
+                format!(
+                    "{answered} of {} answered, {} needed; {detail}",
+                    self.inner.nodes.len(),
+                    self.inner.quorum
+                ),
+            ))));
         }
         // The lock frees up when enough holders' TTLs run out for a majority.
         held.sort_by_key(|ttl| ttl.unwrap_or(u64::MAX));

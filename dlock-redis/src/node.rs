@@ -113,7 +113,13 @@ impl Node {
             pipe
         };
         let mut conn = self.conn.clone();
-        let answers: RedisResult<Vec<i64>> = pipeline().query_async(&mut conn).await;
+        let mut answers: RedisResult<Vec<i64>> = pipeline().query_async(&mut conn).await;
+        if answers.as_ref().is_err_and(RedisError::is_io_error) {
+            // The connection dropped (a restart, a network blip) and is
+            // being re-established: renewing is idempotent, so try once more
+            // rather than lose a tick.
+            answers = pipeline().query_async(&mut conn).await;
+        }
         let answers = match answers {
             // The script cache is empty after a restart or SCRIPT FLUSH:
             // load it, then send the batch again.

@@ -1,0 +1,211 @@
+//! Redis-specific behaviour, against real `redis-server` processes: Redlock
+//! with nodes down, a restart mid-hold, wake-ups by notification, key
+//! naming, unreachable servers.
+
+use std::time::Duration;
+
+use dlock_core::{BackendExt, LockError, LockOptions, Locker, LostReason};
+use dlock_redis::{redis, RedisBackend};
+use dlock_testkit::fixture::{free_port, RedisServer};
+use tokio::time::Instant;
+
+fn redlock_url(servers: &[RedisServer]) -> String {
+    let hosts: Vec<String> = servers.iter().map(RedisServer::host_port).collect();
+    format!("redis+redlock://{}", hosts.join(","))
+}
+
+async fn locker(url: &str) -> Locker {
+    RedisBackend::connect(url)
+        .await
+        .expect("connect")
+        .into_locker()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_grants_with_two_of_five_down_and_refuses_with_three() {
+    let mut servers: Vec<RedisServer> = (0..5)
+        .map(|_| RedisServer::start().expect("redis-server"))
+        .collect();
+    let url = redlock_url(&servers);
+    let (a, b) = (locker(&url).await, locker(&url).await);
+
+    servers[0].process().kill();
+    servers[3].process().kill();
+    for round in 0..5 {
+        let guard = a
+            .lock_with(
+                "minority-down",
+                LockOptions::new().wait(Duration::from_secs(5)),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: no lock with 3 of 5 nodes up: {e}"));
+        assert!(
+            guard.fencing_token().is_none(),
+            "Redlock must not claim fencing tokens"
+        );
+        assert!(
+            b.try_lock("minority-down").await.unwrap().is_none(),
+            "granted twice with 3 of 5 up"
+        );
+        guard.release().await.unwrap();
+    }
+
+    servers[1].process().kill();
+    let start = Instant::now();
+    match a.try_lock("minority-down").await {
+        Err(LockError::Backend {
+            backend: "redis", ..
+        }) => {}
+        other => panic!("with 2 of 5 nodes up, expected a backend error, got {other:?}"),
+    }
+    match a
+        .lock_with(
+            "minority-down",
+            LockOptions::new().wait(Duration::from_secs(1)),
+        )
+        .await
+    {
+        Err(LockError::Backend { .. }) | Err(LockError::Timeout { .. }) => {}
+        other => panic!("with 2 of 5 nodes up, a lock was granted: {other:?}"),
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "refusing took {:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_loses_the_lock_and_the_guard_says_so() {
+    let mut server = RedisServer::start().expect("redis-server");
+    let lease = Duration::from_millis(900);
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let a = Locker::builder(backend)
+        .watchdog_lease(lease)
+        .build()
+        .unwrap();
+    let guard = a.lock("restart").await.unwrap();
+    tokio::time::sleep(lease).await;
+    assert!(!guard.is_lost());
+
+    server.restart().expect("restart redis-server");
+    let restarted = Instant::now();
+    let reason = tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("the guard was not told the server lost its lock");
+    let noticed = restarted.elapsed();
+    println!(
+        "restart noticed after {noticed:?} (renewal tick {:?})",
+        lease / 3
+    );
+    assert_eq!(reason, LostReason::NotHeld, "after {noticed:?}");
+    // One tick, plus the reconnect: well before the lease could explain it.
+    assert!(
+        noticed < lease / 3 + Duration::from_millis(500),
+        "noticed only after {noticed:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_by_the_release_not_by_the_ttl() {
+    let server = RedisServer::start().expect("redis-server");
+    let (holder, waiter) = (locker(&server.url()).await, locker(&server.url()).await);
+    let mut handoffs = Vec::new();
+    for _ in 0..10 {
+        // The watchdog lease is 30 s: a TTL-bound wake-up would take that long.
+        let guard = holder.lock("handoff").await.unwrap();
+        let waiting = tokio::spawn({
+            let waiter = waiter.clone();
+            async move {
+                let got = waiter
+                    .lock_with("handoff", LockOptions::new().wait(Duration::from_secs(20)))
+                    .await;
+                (Instant::now(), got)
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let released = Instant::now();
+        guard.release().await.unwrap();
+        let (acquired, got) = waiting.await.unwrap();
+        got.expect("the waiter got the lock")
+            .release()
+            .await
+            .unwrap();
+        handoffs.push(acquired - released);
+    }
+    handoffs.sort();
+    println!(
+        "handoff after release: median {:?}, max {:?}",
+        handoffs[5], handoffs[9]
+    );
+    assert!(
+        handoffs[9] < Duration::from_secs(2),
+        "a waiter slept through a release: {handoffs:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_keys_with_braces_spaces_and_unicode_are_stored_escaped() {
+    let server = RedisServer::start().expect("redis-server");
+    let (a, b) = (locker(&server.url()).await, locker(&server.url()).await);
+    let mut key = String::from("{tag} with spaces, ключ 🔒 %7B");
+    while key.len() < 1024 {
+        key.push('x');
+    }
+    assert_eq!(key.len(), 1024);
+    let guard = a.lock(&key).await.unwrap();
+    assert!(b.try_lock(&key).await.unwrap().is_none());
+
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let escaped = key
+        .replace('%', "%25")
+        .replace('{', "%7B")
+        .replace('}', "%7D");
+    let name = format!("dlock:{{{escaped}}}");
+    let stored: Option<String> = redis::cmd("GET")
+        .arg(&name)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(stored.as_deref(), Some(guard.token().to_string().as_str()));
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&name)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(
+        ttl > 0 && ttl <= 30_000,
+        "the lease is the key's TTL: {ttl}"
+    );
+
+    guard.release().await.unwrap();
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(&name)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(exists, 0, "release left the key");
+    assert!(b.try_lock(&key).await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_typed_error_within_the_connect_timeout() {
+    let port = free_port().unwrap();
+    let start = Instant::now();
+    match RedisBackend::connect(&format!("redis://127.0.0.1:{port}/")).await {
+        Err(LockError::Backend {
+            backend: "redis", ..
+        }) => {}
+        other => panic!("expected a backend error, got {other:?}"),
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        start.elapsed()
+    );
+    match RedisBackend::connect("redis://127.0.0.1:notaport/").await {
+        Err(LockError::InvalidOptions { .. }) => {}
+        other => panic!("expected InvalidOptions, got {other:?}"),
+    }
+}
