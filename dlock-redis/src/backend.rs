@@ -10,7 +10,7 @@ use dlock_core::{
         AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, ReleaseOutcome, RenewOutcome,
         RenewRequest, Wait,
     },
-    BackendExt, LockError, LockKey, Locker, Result, Token,
+    LockError, LockKey, Result, Token,
 };
 use futures_util::future::{join_all, select_all};
 use redis::RedisError;
@@ -24,13 +24,17 @@ use crate::{
 
 const NAME: &str = "redis";
 
+/// The longest a Redlock node may take for one step.
+const REDLOCK_NODE_TIMEOUT_MAX: Duration = Duration::from_secs(1);
+
 /// How long to wait for a release when the holder's TTL is unknown.
 const UNKNOWN_TTL_RECHECK: Duration = Duration::from_millis(500);
 
 /// A Redis lock server: one node, or Redlock over several.
 ///
 /// Build it with [`RedisBackend::connect`] and turn it into a
-/// [`Locker`] with [`into_locker`](BackendExt::into_locker). All lockers
+/// [`Locker`](dlock_core::Locker) with
+/// [`into_locker`](dlock_core::BackendExt::into_locker). All lockers
 /// and guards of one backend share its connections: one multiplexed
 /// connection and one pub/sub connection per node.
 ///
@@ -79,6 +83,11 @@ struct Inner {
     quorum: usize,
     prefix: String,
     redlock: bool,
+    /// How long a subscription may take before the waiter does without it.
+    subscribe_timeout: Duration,
+    /// Without a wait limit, how long the server may stay unreachable before
+    /// an acquire fails with the error instead of retrying.
+    unreachable_after: Duration,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -152,6 +161,8 @@ impl RedisBackend {
                 nodes,
                 prefix: config.prefix().to_owned(),
                 redlock: config.is_redlock(),
+                subscribe_timeout: config.response_timeout(),
+                unreachable_after: config.connect_timeout() + config.response_timeout(),
             }),
         };
         if config.is_redlock() {
@@ -160,11 +171,6 @@ impl RedisBackend {
                 .await?;
         }
         Ok(backend)
-    }
-
-    /// A locker over this backend with the default options.
-    pub fn locker(&self) -> Locker {
-        self.clone().into_locker()
     }
 
     async fn require_quorum_reachable(&self, within: Duration) -> Result<()> {
@@ -196,9 +202,10 @@ impl RedisBackend {
     /// How long one node may take to answer one step: for Redlock much
     /// shorter than the lease, so a slow node cannot eat the validity.
     fn node_timeout(&self, lease: Duration) -> Option<Duration> {
+        let floor = Duration::from_millis(50).min(lease / 3);
         self.inner
             .redlock
-            .then(|| (lease / 10).clamp(Duration::from_millis(50), Duration::from_secs(1)))
+            .then(|| (lease / 10).max(floor).min(REDLOCK_NODE_TIMEOUT_MAX))
     }
 
     /// One acquire attempt on every node at once.
@@ -251,8 +258,10 @@ impl RedisBackend {
             // where we hold nothing). Awaited, not spawned: the next attempt
             // uses the same token, and a late release would delete it.
             // Each node's connection runs the release after the acquire it
-            // may still be working on.
-            let _ = self.release_names(names, token).await;
+            // may still be working on. Only a majority we held is announced.
+            let _ = self
+                .release_names(names, token, won >= self.inner.quorum, timeout)
+                .await;
         }
         let answered = won + held.len();
         if answered < self.inner.quorum {
@@ -269,6 +278,12 @@ impl RedisBackend {
                 ),
             ))));
         }
+        if won > 0 && held.len() < self.inner.quorum {
+            // A split vote: other contenders hold the rest just as briefly.
+            // Try again after a short random delay, as Redlock prescribes,
+            // rather than after their TTL.
+            return Ok(Round::Held { retry_in: jitter() });
+        }
         // The lock frees up when enough holders' TTLs run out for a majority.
         held.sort_by_key(|ttl| ttl.unwrap_or(u64::MAX));
         let needed = self.inner.quorum.saturating_sub(won).max(1);
@@ -282,24 +297,36 @@ impl RedisBackend {
         Ok(Round::Held { retry_in })
     }
 
-    async fn release_names(&self, names: &Names, token: &str) -> Result<ReleaseOutcome> {
-        let answers = join_all(
-            self.inner
-                .nodes
-                .iter()
-                .map(|node| node.release(names, token)),
-        )
+    async fn release_names(
+        &self,
+        names: &Names,
+        token: &str,
+        publish: bool,
+        timeout: Option<Duration>,
+    ) -> Result<ReleaseOutcome> {
+        let answers = join_all(self.inner.nodes.iter().map(|node| async move {
+            let step = node.release(names, token, publish);
+            match timeout {
+                Some(t) => tokio::time::timeout(t, step)
+                    .await
+                    .unwrap_or_else(|_| Err(timed_out())),
+                None => step.await,
+            }
+        }))
         .await;
-        let released = answers.iter().any(|a| matches!(a, Ok(true)));
-        if released {
+        if answers.iter().any(|a| matches!(a, Ok(true))) {
             return Ok(ReleaseOutcome::Released);
         }
-        match answers.into_iter().find_map(|a| a.err()) {
-            // Nobody answered yes and someone did not answer: report it,
-            // the lease will expire there.
-            Some(e) if !self.inner.redlock => Err(backend_error(e)),
-            _ => Ok(ReleaseOutcome::NotHeld),
+        if answers.iter().any(|a| a.is_ok()) {
+            return Ok(ReleaseOutcome::NotHeld);
         }
+        // No node answered: the lock, if held, expires with its lease.
+        Err(backend_error(
+            answers
+                .into_iter()
+                .find_map(|a| a.err())
+                .unwrap_or_else(timed_out),
+        ))
     }
 
     async fn acquire_waiting(&self, req: &AcquireRequest<'_>) -> Result<Option<Acquired>> {
@@ -308,7 +335,9 @@ impl RedisBackend {
         let deadline = req.wait.deadline();
         let mut watches = Vec::new();
         let mut subscribed = false;
-        let mut backoff = Duration::from_millis(10);
+        // Fallback polling, only while no release channel can be watched.
+        let mut poll = Duration::from_millis(20);
+        let mut failing_since: Option<Instant> = None;
         loop {
             let round = self.attempt(&names, &token, req.lease).await;
             let now = Instant::now();
@@ -318,7 +347,7 @@ impl RedisBackend {
                     return round.map(|_| None);
                 }
                 Ok(Round::Held { retry_in }) => {
-                    backoff = Duration::from_millis(10);
+                    failing_since = None;
                     if !subscribed {
                         // Subscribe, then check again at once: a release
                         // between the attempt and the subscription would
@@ -327,15 +356,27 @@ impl RedisBackend {
                         watches = self.watch_all(&names.channel).await;
                         continue;
                     }
-                    retry_in
+                    if watches.is_empty() {
+                        // Nothing to be woken by: poll with backoff, and try
+                        // to subscribe again next time.
+                        subscribed = false;
+                        poll = (poll * 2).min(Duration::from_secs(1));
+                        retry_in.min(poll)
+                    } else {
+                        retry_in
+                    }
                 }
                 Err(error) => {
                     tracing::debug!(%error, "dlock redis acquire failed; retrying");
-                    if deadline.is_some_and(|d| now + backoff >= d) {
+                    let since = *failing_since.get_or_insert(now);
+                    // Past the wait limit, or (without one) after the server
+                    // stayed unreachable this long, the error is the answer.
+                    let give_up = deadline.unwrap_or(since + self.inner.unreachable_after);
+                    if now + poll >= give_up {
                         return Err(error);
                     }
-                    backoff = (backoff * 2).min(Duration::from_millis(500));
-                    backoff
+                    poll = (poll * 2).min(Duration::from_millis(500));
+                    poll
                 }
             };
             let until = match deadline {
@@ -358,15 +399,28 @@ impl RedisBackend {
     /// Watches `channel` on every node that can be reached; a node whose
     /// subscription fails is covered by the TTL bound.
     async fn watch_all(&self, channel: &str) -> Vec<crate::subscriber::Watch> {
-        join_all(self.inner.nodes.iter().map(|node| node.watch(channel)))
-            .await
-            .into_iter()
-            .filter_map(|w| {
-                w.inspect_err(|error| tracing::debug!(%error, "dlock redis subscribe failed"))
-                    .ok()
-            })
-            .collect()
+        let within = self.inner.subscribe_timeout;
+        join_all(self.inner.nodes.iter().map(|node| async move {
+            tokio::time::timeout(within, node.watch(channel))
+                .await
+                .unwrap_or_else(|_| Err(timed_out()))
+        }))
+        .await
+        .into_iter()
+        .filter_map(|w| {
+            w.inspect_err(|error| tracing::debug!(%error, "dlock redis subscribe failed"))
+                .ok()
+        })
+        .collect()
     }
+}
+
+/// A random delay of 10 to 60 ms.
+fn jitter() -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0);
+    Duration::from_millis(10 + h.finish() % 50)
 }
 
 fn timed_out() -> RedisError {
@@ -398,7 +452,9 @@ impl Backend for RedisBackend {
     ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
         Box::pin(async move {
             let names = names(&self.inner.prefix, key);
-            self.release_names(&names, &token.to_string()).await
+            let timeout = self.inner.redlock.then_some(REDLOCK_NODE_TIMEOUT_MAX);
+            self.release_names(&names, &token.to_string(), true, timeout)
+                .await
         })
     }
 

@@ -120,6 +120,15 @@ impl RedisConfig {
             };
             nodes.push(format!("redis://{auth}{host}{db}"));
         }
+        let mut distinct = nodes.clone();
+        distinct.sort();
+        distinct.dedup();
+        if distinct.len() != nodes.len() {
+            return Err(invalid(
+                url,
+                "a Redlock node is listed twice; the nodes must be independent",
+            ));
+        }
         if redlock && nodes.len() < 3 {
             return Err(invalid(
                 url,
@@ -219,6 +228,7 @@ mod tests {
             ("redis://a,b", "redis+redlock"),
             ("redis+redlock://a,b", "three"),
             ("redis+redlock://a,,b,c", "host is missing"),
+            ("redis+redlock://a:1,b:1,a:1", "listed twice"),
         ] {
             match RedisConfig::from_url(url) {
                 Err(LockError::InvalidOptions { reason }) => {

@@ -53,7 +53,7 @@ impl Node {
         let addr = client.get_connection_info().addr().to_string();
         Ok(Node {
             addr,
-            subscriber: Subscriber::new(client, connect_timeout),
+            subscriber: Subscriber::new(client, connect_timeout, response_timeout),
             conn,
         })
     }
@@ -81,12 +81,18 @@ impl Node {
         })
     }
 
-    pub(crate) async fn release(&self, names: &Names, token: &str) -> RedisResult<bool> {
+    pub(crate) async fn release(
+        &self,
+        names: &Names,
+        token: &str,
+        publish: bool,
+    ) -> RedisResult<bool> {
         let released: i64 = scripts()
             .release
             .key(&names.lock)
             .arg(token)
             .arg(&names.channel)
+            .arg(if publish { "1" } else { "0" })
             .invoke_async(&mut self.conn.clone())
             .await?;
         Ok(released == 1)

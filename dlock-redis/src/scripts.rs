@@ -15,11 +15,20 @@ use redis::Script;
 /// KEYS: lock, fence counter. ARGV: token, lease in ms, "1" to count a
 /// fencing token. Returns `{1, fence}` when the token holds the lock (newly,
 /// or again after a reply was lost), else `{0, pttl}`.
+///
+/// A missing counter starts at the server's time in microseconds, not at 1:
+/// a server restarted without persistence (or a failover to a replica that
+/// lagged) then keeps handing out larger tokens than before, as long as the
+/// server's own clock does not go backwards.
 const ACQUIRE: &str = r"
 local owner = redis.call('GET', KEYS[1])
 if owner == false then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   if ARGV[3] == '1' then
+    if redis.call('EXISTS', KEYS[2]) == 0 then
+      local now = redis.call('TIME')
+      redis.call('SET', KEYS[2], now[1] * 1000000 + now[2])
+    end
     return {1, redis.call('INCR', KEYS[2])}
   end
   return {1, 0}
@@ -33,11 +42,17 @@ return {0, redis.call('PTTL', KEYS[1])}
 
 /// Release if the token holds the lock, and publish it on the channel.
 ///
-/// KEYS: lock. ARGV: token, channel. Returns 1 if released, else 0.
+/// KEYS: lock. ARGV: token, channel, "1" to publish. A Redlock round that
+/// won too few nodes gives them back without publishing: nobody was
+/// waiting for a lock that was never held, and waking the waiters (itself
+/// included) would make them spin.
+/// Returns 1 if released, else 0.
 const RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], '')
+  if ARGV[3] == '1' then
+    redis.call('PUBLISH', ARGV[2], '')
+  end
   return 1
 end
 return 0

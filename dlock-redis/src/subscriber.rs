@@ -47,10 +47,18 @@ impl Subscriber {
     /// A subscriber for `client`'s node; connects on first use. Must be
     /// called within a Tokio runtime: it spawns the manager task, which
     /// ends when the subscriber is dropped.
-    pub(crate) fn new(client: Client, connect_timeout: Duration) -> Subscriber {
+    pub(crate) fn new(
+        client: Client,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Subscriber {
         let channels = Arc::new(Mutex::new(Channels::default()));
         let (commands, queue) = mpsc::unbounded_channel();
-        tokio::spawn(manage(client, connect_timeout, channels.clone(), queue));
+        let timeouts = Timeouts {
+            connect: connect_timeout,
+            response: response_timeout,
+        };
+        tokio::spawn(manage(client, timeouts, channels.clone(), queue));
         Subscriber { channels, commands }
     }
 
@@ -128,85 +136,123 @@ impl Drop for Watch {
     }
 }
 
+#[derive(Clone, Copy)]
+struct Timeouts {
+    connect: Duration,
+    response: Duration,
+}
+
+/// How often an idle pub/sub connection is pinged, so that a half-open
+/// connection (a peer gone without a reset) is noticed and replaced.
+const PING_EVERY: Duration = Duration::from_secs(5);
+
 /// The manager task: owns the connection, serves commands in order, and
 /// routes messages to waiters.
 async fn manage(
     client: Client,
-    connect_timeout: Duration,
+    timeouts: Timeouts,
     channels: Arc<Mutex<Channels>>,
     mut queue: mpsc::UnboundedReceiver<Command>,
 ) {
     let mut backoff = Duration::from_millis(50);
     loop {
-        let connected = tokio::time::timeout(connect_timeout, client.get_async_pubsub()).await;
-        let (mut sink, mut stream) = match connected {
-            Ok(Ok(pubsub)) => pubsub.split(),
-            _ => {
-                // Serve commands with errors while the node is unreachable,
-                // so waiters fall back to their bounded retries.
-                let retry = tokio::time::sleep(backoff);
-                tokio::pin!(retry);
-                loop {
-                    tokio::select! {
-                        _ = &mut retry => break,
-                        command = queue.recv() => match command {
-                            Some(Command::Subscribe(_, reply)) => {
-                                let _ = reply.send(Err(closed()));
+        if let Some((mut sink, mut stream)) = connect(&client, timeouts, &channels).await {
+            backoff = Duration::from_millis(50);
+            // Releases may have been missed while disconnected.
+            wake_all(&channels);
+            let within = timeouts.response;
+            let mut ping = tokio::time::interval(PING_EVERY);
+            ping.tick().await;
+            loop {
+                tokio::select! {
+                    command = queue.recv() => match command {
+                        Some(Command::Subscribe(channel, reply)) => {
+                            match tokio::time::timeout(within, sink.subscribe(&channel)).await {
+                                Ok(answer) => {
+                                    let _ = reply.send(answer);
+                                }
+                                Err(_) => {
+                                    let _ = reply.send(Err(closed()));
+                                    break;
+                                }
                             }
-                            Some(Command::Unsubscribe(_)) => {}
-                            None => return,
-                        },
+                        }
+                        Some(Command::Unsubscribe(channel)) => {
+                            // Unless someone started watching it again meanwhile.
+                            let unwatched = !lock(&channels).watched.contains_key(&channel);
+                            if unwatched && tokio::time::timeout(within, sink.unsubscribe(&channel)).await.is_err() {
+                                break;
+                            }
+                        }
+                        None => return,
+                    },
+                    message = stream.next() => match message {
+                        Some(message) => {
+                            let channel = message.get_channel_name();
+                            if let Some(watched) = lock(&channels).watched.get(channel) {
+                                watched.wake.notify_one();
+                            }
+                        }
+                        None => break,
+                    },
+                    _ = ping.tick() => {
+                        let pong = tokio::time::timeout(within, sink.ping::<String>()).await;
+                        if !matches!(pong, Ok(Ok(_))) {
+                            break;
+                        }
                     }
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-                continue;
             }
-        };
-        backoff = Duration::from_millis(50);
-        if resubscribe(&mut sink, &channels).await.is_err() {
-            continue;
+            tracing::warn!("dlock redis pub/sub connection lost; reconnecting");
         }
-        // Releases may have been missed while disconnected.
-        wake_all(&channels);
+        // Serve commands with errors until the next try, so that waiters
+        // fall back to their bounded retries instead of hanging.
+        let retry = tokio::time::sleep(backoff);
+        tokio::pin!(retry);
         loop {
             tokio::select! {
+                _ = &mut retry => break,
                 command = queue.recv() => match command {
-                    Some(Command::Subscribe(channel, reply)) => {
-                        let _ = reply.send(sink.subscribe(&channel).await);
+                    Some(Command::Subscribe(_, reply)) => {
+                        let _ = reply.send(Err(closed()));
                     }
-                    Some(Command::Unsubscribe(channel)) => {
-                        // Unless someone started watching it again meanwhile.
-                        if !lock(&channels).watched.contains_key(&channel) {
-                            let _ = sink.unsubscribe(&channel).await;
-                        }
-                    }
+                    Some(Command::Unsubscribe(_)) => {}
                     None => return,
-                },
-                message = stream.next() => match message {
-                    Some(message) => {
-                        let channel = message.get_channel_name();
-                        if let Some(watched) = lock(&channels).watched.get(channel) {
-                            watched.wake.notify_one();
-                        }
-                    }
-                    None => break,
                 },
             }
         }
-        tracing::warn!("dlock redis pub/sub connection lost; reconnecting");
+        backoff = (backoff * 2).min(Duration::from_secs(2));
     }
 }
 
-async fn resubscribe(sink: &mut PubSubSink, channels: &Mutex<Channels>) -> Result<(), RedisError> {
+/// A new pub/sub connection, subscribed again to every watched channel;
+/// `None` if that failed.
+async fn connect(
+    client: &Client,
+    timeouts: Timeouts,
+    channels: &Mutex<Channels>,
+) -> Option<(PubSubSink, redis::aio::PubSubStream)> {
+    let pubsub = tokio::time::timeout(timeouts.connect, client.get_async_pubsub()).await;
+    let (mut sink, stream) = match pubsub {
+        Ok(Ok(pubsub)) => pubsub.split(),
+        _ => return None,
+    };
     let names: Vec<String> = lock(channels).watched.keys().cloned().collect();
-    if !names.is_empty() {
-        sink.subscribe(&names).await?;
+    // One channel per command: the server answers each channel separately,
+    // and one answer must confirm exactly one request.
+    for name in names {
+        let answer = tokio::time::timeout(timeouts.response, sink.subscribe(&name)).await;
+        if !matches!(answer, Ok(Ok(()))) {
+            return None;
+        }
     }
-    Ok(())
+    Some((sink, stream))
 }
 
 fn wake_all(channels: &Mutex<Channels>) {
     for watched in lock(channels).watched.values() {
+        // Waiters asleep now, and one that is mid-attempt and sleeps next.
         watched.wake.notify_waiters();
+        watched.wake.notify_one();
     }
 }

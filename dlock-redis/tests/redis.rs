@@ -88,6 +88,9 @@ async fn a_restarted_server_loses_the_lock_and_the_guard_says_so() {
     tokio::time::sleep(lease).await;
     assert!(!guard.is_lost());
 
+    let fence_before = guard
+        .fencing_token()
+        .expect("single node gives fencing tokens");
     server.restart().expect("restart redis-server");
     let restarted = Instant::now();
     let reason = tokio::time::timeout(Duration::from_secs(10), guard.lost())
@@ -104,6 +107,57 @@ async fn a_restarted_server_loses_the_lock_and_the_guard_says_so() {
         noticed < lease / 3 + Duration::from_millis(500),
         "noticed only after {noticed:?}"
     );
+
+    // The restarted server lost its counter, yet fencing tokens keep growing.
+    drop(guard);
+    let after = a.lock("restart").await.unwrap();
+    let fence_after = after.fencing_token().unwrap();
+    assert!(
+        fence_after > fence_before,
+        "fence went from {fence_before} to {fence_after}"
+    );
+}
+
+async fn evalsha_calls(server: &RedisServer) -> u64 {
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_behind_a_bare_majority_does_not_spin() {
+    let mut servers: Vec<RedisServer> = (0..5)
+        .map(|_| RedisServer::start().expect("redis-server"))
+        .collect();
+    let url = redlock_url(&servers);
+    let (holder, waiter) = (locker(&url).await, locker(&url).await);
+    servers[3].process().kill();
+    servers[4].process().kill();
+    let guard = holder.lock("bare").await.unwrap();
+    servers[3].restart().unwrap();
+    servers[4].restart().unwrap();
+    // The waiter wins the two fresh nodes each round, never a majority.
+    let before = evalsha_calls(&servers[3]).await;
+    let result = waiter
+        .lock_with("bare", LockOptions::new().wait(Duration::from_secs(2)))
+        .await;
+    assert!(
+        matches!(result, Err(LockError::Timeout { .. })),
+        "{result:?}"
+    );
+    let rounds = evalsha_calls(&servers[3]).await - before;
+    println!("acquire rounds on a fresh node in 2 s: {rounds}");
+    assert!(rounds <= 10, "the waiter spun: {rounds} rounds in 2 s");
+    drop(guard);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
