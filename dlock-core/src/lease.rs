@@ -164,6 +164,13 @@ impl LossReporter {
     pub fn is_lost(&self) -> bool {
         self.0.is_lost()
     }
+
+    /// The lease was renewed by a request sent at `sent`, for `lease`: the
+    /// guard holds until then (less the drift margin), unless its old
+    /// deadline has already passed.
+    pub fn extend(&self, sent: Instant, lease: Duration) {
+        self.0.extend(sent, lease);
+    }
 }
 
 #[cfg(test)]

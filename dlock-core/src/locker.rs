@@ -432,9 +432,8 @@ impl Locker {
             if let Some(fence) = acquired.fence() {
                 span.record("fence", fence);
             }
-            if lease_kind == LeaseKind::Fixed || !acquired.is_kept_alive_by_backend() {
-                lease_state.start(acquired.sent_at(), lease);
-            }
+            let (from, length) = acquired.lease_from().unwrap_or((acquired.sent_at(), lease));
+            lease_state.start(from, length);
             // No `.await` from the backend's answer to the hold that releases
             // on drop: a cancellation cannot strand the lock in between.
             let renewed = lease_kind == LeaseKind::Watchdog && !acquired.is_kept_alive_by_backend();

@@ -787,6 +787,15 @@ pub async fn crashed_holder_with_watchdog(h: &Harness) {
     let b = h.locker().await;
     let guard = must(h, "lock", a.lock_with(&key, patient()).await);
     tokio::time::sleep(lease).await;
+    if h.capabilities().await.has_session_leases() {
+        // The lock lives on the client's session, which lives on: a leaked
+        // guard keeps it (the client dying is `crashed_client_...`).
+        guard.leak();
+        tokio::time::sleep(lease * 2).await;
+        let probe = must(h, "try_lock a leaked session lock", b.try_lock(&key).await);
+        assert!(probe.is_none(), "[{}] a leaked lock ended while its session lived", h.name);
+        return;
+    }
     // The last renewal was sent at most a third of the lease before the
     // crash, so at least two thirds of it remain; ask for one third, leaving
     // slack for a late tick on a loaded machine.

@@ -116,6 +116,7 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
 pub struct Capabilities {
     fencing: bool,
     fifo: bool,
+    session_leases: bool,
 }
 
 impl Capabilities {
@@ -124,6 +125,7 @@ impl Capabilities {
         Capabilities {
             fencing: false,
             fifo: false,
+            session_leases: false,
         }
     }
 
@@ -138,6 +140,20 @@ impl Capabilities {
     pub const fn fifo(mut self, yes: bool) -> Self {
         self.fifo = yes;
         self
+    }
+
+    /// Locks live on a session of the client (etcd lease, ZooKeeper
+    /// session): a guard that is leaked keeps its lock for as long as its
+    /// client lives, and the lock ends only when the client dies and its
+    /// session expires.
+    pub const fn session_leases(mut self, yes: bool) -> Self {
+        self.session_leases = yes;
+        self
+    }
+
+    /// Whether locks live on a client session.
+    pub const fn has_session_leases(&self) -> bool {
+        self.session_leases
     }
 
     /// Whether fencing tokens are given.
@@ -219,6 +235,7 @@ pub struct Acquired {
     sent_at: Instant,
     fence: Option<u64>,
     kept_alive_by_backend: bool,
+    lease_from: Option<(Instant, Duration)>,
 }
 
 impl Acquired {
@@ -228,7 +245,23 @@ impl Acquired {
             sent_at,
             fence: None,
             kept_alive_by_backend: false,
+            lease_from: None,
         }
+    }
+
+    /// Says the server counts this lock's lease from `at` (no earlier than
+    /// this instant, by the holder's clock) for `lease`, rather than from
+    /// [`sent_at`](Acquired::sent_at) for the requested lease: for a lock
+    /// bound to a session lease that was last renewed before this acquire.
+    pub fn with_lease_from(mut self, at: Instant, lease: Duration) -> Self {
+        self.lease_from = Some((at, lease));
+        self
+    }
+
+    /// Where the lease is counted from, and how long it is, if not from
+    /// `sent_at` for the requested lease.
+    pub fn lease_from(&self) -> Option<(Instant, Duration)> {
+        self.lease_from
     }
 
     /// Sets the fencing token.
@@ -238,8 +271,11 @@ impl Acquired {
     }
 
     /// Says that the backend keeps this lock alive itself (a session lease
-    /// with its own keepalive) and reports its loss through
-    /// [`LossReporter`]; core's watchdog then leaves it alone.
+    /// with its own keepalive): core's watchdog leaves it alone, and the
+    /// backend moves the lease's end with [`LossReporter::extend`] after
+    /// each keepalive and reports a loss with [`LossReporter::report`].
+    /// Without an `extend`, the guard is lost when the lease counted at
+    /// acquisition runs out.
     pub fn kept_alive_by_backend(mut self) -> Self {
         self.kept_alive_by_backend = true;
         self
