@@ -133,6 +133,7 @@ impl Drop for ReleaseOnDrop<'_> {
 
 impl Drop for Hold {
     fn drop(&mut self) {
+        self.lease.mark_released();
         if let Some(id) = self.watchdog_id {
             self.shared.watchdog().unregister(id);
         }

@@ -28,6 +28,9 @@ struct Inner {
     /// session keeps it and reports the loss itself.
     deadline: Option<Instant>,
     lost: Option<LostReason>,
+    /// The guards are gone and the lock is being released: later reports
+    /// are about a lock nobody holds, and are not news.
+    released: bool,
 }
 
 impl LeaseState {
@@ -38,6 +41,7 @@ impl LeaseState {
             inner: Mutex::new(Inner {
                 deadline: None,
                 lost: None,
+                released: false,
             }),
             notify: Notify::new(),
         }
@@ -78,7 +82,15 @@ impl LeaseState {
         true
     }
 
+    /// The last guard went: the lock is being released on purpose.
+    pub(crate) fn mark_released(&self) {
+        self.inner().released = true;
+    }
+
     fn set_lost(&self, inner: &mut Inner, reason: LostReason) {
+        if inner.released {
+            return;
+        }
         tracing::warn!(key = %self.key, backend = self.backend, %reason, "dlock lock lost");
         inner.lost = Some(reason);
         self.notify.notify_waiters();

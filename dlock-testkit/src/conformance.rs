@@ -793,7 +793,11 @@ pub async fn crashed_holder_with_watchdog(h: &Harness) {
         guard.leak();
         tokio::time::sleep(lease * 2).await;
         let probe = must(h, "try_lock a leaked session lock", b.try_lock(&key).await);
-        assert!(probe.is_none(), "[{}] a leaked lock ended while its session lived", h.name);
+        assert!(
+            probe.is_none(),
+            "[{}] a leaked lock ended while its session lived",
+            h.name
+        );
         return;
     }
     // The last renewal was sent at most a third of the lease before the

@@ -1,0 +1,171 @@
+//! `EtcdConfig`: endpoints, key prefix and credentials, from one URL.
+
+use std::time::Duration;
+
+use dlock_core::LockError;
+
+/// Where and how to connect.
+///
+/// Usually made by [`EtcdConfig::from_url`] from
+/// `etcd://[user:password@]host:port[,host:port...][/prefix]`. The prefix
+/// (default `dlock`) starts every key dlock writes.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_etcd::EtcdConfig;
+///
+/// let config = EtcdConfig::from_url("etcd://10.0.0.1:2379,10.0.0.2:2379/app/locks")?;
+/// assert_eq!(config.endpoints(), ["10.0.0.1:2379", "10.0.0.2:2379"]);
+/// assert_eq!(config.prefix(), "app/locks");
+/// # Ok::<(), dlock_core::LockError>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdConfig {
+    endpoints: Vec<String>,
+    prefix: String,
+    user: Option<(String, String)>,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+}
+
+impl std::fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .field("user", &self.user.as_ref().map(|(name, _)| name))
+            .finish_non_exhaustive()
+    }
+}
+
+fn invalid(url: &str, why: &str) -> LockError {
+    LockError::InvalidOptions {
+        reason: format!("bad etcd URL `{url}`: {why}"),
+    }
+}
+
+impl EtcdConfig {
+    /// Parses an `etcd://` URL.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`] naming what is wrong: another scheme, no
+    /// endpoint, an endpoint without a valid port, an empty user name.
+    pub fn from_url(url: &str) -> Result<EtcdConfig, LockError> {
+        let rest = url
+            .strip_prefix("etcd://")
+            .ok_or_else(|| invalid(url, "expected `etcd://host:port[,host:port]/prefix`"))?;
+        let (authority, prefix) = match rest.find('/') {
+            Some(i) => (&rest[..i], rest[i + 1..].trim_end_matches('/')),
+            None => (rest, ""),
+        };
+        let (user, hosts) = match authority.rfind('@') {
+            Some(i) => {
+                let (name, password) = authority[..i]
+                    .split_once(':')
+                    .unwrap_or((&authority[..i], ""));
+                if name.is_empty() {
+                    return Err(invalid(url, "the user name is empty"));
+                }
+                (
+                    Some((name.to_owned(), password.to_owned())),
+                    &authority[i + 1..],
+                )
+            }
+            None => (None, authority),
+        };
+        let mut endpoints = Vec::new();
+        for host in hosts.split(',') {
+            let port = host.rsplit_once(':').map(|(_, p)| p);
+            if host.is_empty() || port.is_none_or(|p| p.parse::<u16>().is_err()) {
+                return Err(invalid(url, &format!("`{host}` is not host:port")));
+            }
+            endpoints.push(host.to_owned());
+        }
+        Ok(EtcdConfig {
+            endpoints,
+            prefix: if prefix.is_empty() {
+                "dlock".to_owned()
+            } else {
+                prefix.to_owned()
+            },
+            user,
+            connect_timeout: Duration::from_secs(3),
+            request_timeout: Duration::from_secs(5),
+        })
+    }
+
+    /// The client endpoints, `host:port` each.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub(crate) fn user(&self) -> Option<&(String, String)> {
+        self.user.as_ref()
+    }
+
+    /// How long connecting may take (default 3 s).
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// How long one request may take (default 5 s).
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    /// Sets how long connecting may take.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets how long one request may take.
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_endpoints_prefix_and_user() {
+        let c = EtcdConfig::from_url("etcd://u:p@a:1,b:2/x/y/").unwrap();
+        assert_eq!(c.endpoints(), ["a:1", "b:2"]);
+        assert_eq!(c.prefix(), "x/y");
+        assert_eq!(c.user(), Some(&("u".to_owned(), "p".to_owned())));
+        assert!(!format!("{c:?}").contains("\"p\""), "the password is not printed");
+        assert_eq!(
+            EtcdConfig::from_url("etcd://a:1").unwrap().prefix(),
+            "dlock"
+        );
+    }
+
+    #[test]
+    fn rejects_malformed_urls() {
+        for (url, says) in [
+            ("http://a:1", "expected `etcd://"),
+            ("etcd://", "is not host:port"),
+            ("etcd://a", "is not host:port"),
+            ("etcd://a:x", "is not host:port"),
+            ("etcd://a:1,,b:2", "is not host:port"),
+            ("etcd://:pw@a:1", "user name is empty"),
+        ] {
+            match EtcdConfig::from_url(url) {
+                Err(LockError::InvalidOptions { reason }) => {
+                    assert!(reason.contains(says), "{url}: {reason}")
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! The session: one lease per backend (per TTL), kept alive by one task,
+//! shared by every lock taken under the watchdog. Its keepalives move the
+//! lease end of every guard on it; its expiry loses them all.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, MutexGuard, Weak},
+    time::Duration,
+};
+
+use dlock_core::{backend::LossReporter, LostReason, Token};
+use etcd_client::{Client, TxnOp};
+use tokio::time::Instant;
+
+/// Keep-alive this many times per TTL, so two can fail before it runs out.
+const KEEPALIVES_PER_TTL: u32 = 3;
+/// Existence checks per transaction (etcd allows 128 operations).
+const CHECKS_PER_TXN: usize = 64;
+
+pub(crate) struct Session {
+    pub(crate) lease: i64,
+    pub(crate) ttl: Duration,
+    state: Mutex<State>,
+}
+
+struct State {
+    /// When the last successful grant or keepalive was sent.
+    renewed_at: Instant,
+    expired: bool,
+    holders: HashMap<Token, Holder>,
+}
+
+struct Holder {
+    name: String,
+    loss: LossReporter,
+}
+
+impl Session {
+    /// Grants a lease of `ttl` and starts keeping it alive.
+    pub(crate) async fn start(
+        client: &Client,
+        ttl: Duration,
+    ) -> Result<Arc<Session>, etcd_client::Error> {
+        let sent = Instant::now();
+        let ttl_secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+        let grant = client.clone().lease_grant(ttl_secs, None).await?;
+        let granted = Duration::from_secs(u64::try_from(grant.ttl()).unwrap_or(1));
+        let session = Arc::new(Session {
+            lease: grant.id(),
+            ttl: granted,
+            state: Mutex::new(State {
+                renewed_at: sent,
+                expired: false,
+                holders: HashMap::new(),
+            }),
+        });
+        tokio::spawn(keep_alive(client.clone(), Arc::downgrade(&session)));
+        Ok(session)
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the lease can still be used for new keys: not expired, and
+    /// renewed recently enough that it has most of its TTL left.
+    pub(crate) fn is_usable(&self) -> bool {
+        let state = self.state();
+        !state.expired && state.renewed_at.elapsed() < self.ttl / 2
+    }
+
+    /// When the lease was last renewed (it lasts `ttl` from then).
+    pub(crate) fn renewed_at(&self) -> Instant {
+        self.state().renewed_at
+    }
+
+    /// Tracks a lock held on this session. Returns `false` (and tracks
+    /// nothing) if the session has already expired.
+    pub(crate) fn hold(&self, token: Token, name: String, loss: LossReporter) -> bool {
+        let mut state = self.state();
+        if state.expired {
+            return false;
+        }
+        state.holders.insert(token, Holder { name, loss });
+        true
+    }
+
+    /// Stops tracking a lock that is being released, and tells its guard if
+    /// one still listens: a release from elsewhere with its token (core
+    /// releases only once the guard is gone).
+    pub(crate) fn forget(&self, token: &Token) {
+        if let Some(holder) = self.state().holders.remove(token) {
+            holder.loss.report(LostReason::NotHeld);
+        }
+    }
+
+    fn renewed(&self, sent: Instant, ttl: Duration) {
+        let mut state = self.state();
+        state.renewed_at = sent;
+        for holder in state.holders.values() {
+            holder.loss.extend(sent, ttl);
+        }
+    }
+
+    fn expire(&self) {
+        let mut state = self.state();
+        state.expired = true;
+        for (_, holder) in state.holders.drain() {
+            holder.loss.report(LostReason::SessionExpired);
+        }
+    }
+
+    /// Reports holders whose key was deleted behind their back.
+    async fn check_holders(&self, client: &Client) -> Result<(), etcd_client::Error> {
+        let held: Vec<(Token, String)> = self
+            .state()
+            .holders
+            .iter()
+            .map(|(token, h)| (*token, h.name.clone()))
+            .collect();
+        for chunk in held.chunks(CHECKS_PER_TXN) {
+            let gets: Vec<TxnOp> = chunk
+                .iter()
+                .map(|(_, name)| {
+                    TxnOp::get(
+                        name.as_str(),
+                        Some(etcd_client::GetOptions::new().with_count_only()),
+                    )
+                })
+                .collect();
+            let answer = client
+                .clone()
+                .txn(etcd_client::Txn::new().and_then(gets))
+                .await?;
+            for ((token, _), op) in chunk.iter().zip(answer.op_responses()) {
+                if let etcd_client::TxnOpResponse::Get(get) = op {
+                    if get.count() == 0 {
+                        if let Some(holder) = self.state().holders.remove(token) {
+                            holder.loss.report(LostReason::NotHeld);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn keep_alive(client: Client, session: Weak<Session>) {
+    let Some((lease, ttl)) = session.upgrade().map(|s| (s.lease, s.ttl)) else {
+        return;
+    };
+    let period = ttl / KEEPALIVES_PER_TTL;
+    let mut stream = None;
+    loop {
+        tokio::time::sleep(period).await;
+        let Some(session) = session.upgrade() else {
+            return;
+        };
+        let sent = Instant::now();
+        if stream.is_none() {
+            stream = tokio::time::timeout(period, client.clone().lease_keep_alive(lease))
+                .await
+                .ok()
+                .and_then(Result::ok);
+        }
+        let answer = match &mut stream {
+            Some((keeper, responses)) => {
+                let round = async {
+                    keeper.keep_alive().await?;
+                    responses.message().await
+                };
+                tokio::time::timeout(period, round).await.ok()
+            }
+            None => None,
+        };
+        match answer {
+            Some(Ok(Some(response))) if response.ttl() > 0 => {
+                let granted = Duration::from_secs(u64::try_from(response.ttl()).unwrap_or(1));
+                session.renewed(sent, granted);
+            }
+            Some(Ok(Some(_))) => {
+                tracing::warn!(lease, "dlock etcd session lease expired");
+                session.expire();
+                return;
+            }
+            _ => {
+                stream = None;
+                if session.renewed_at().elapsed() >= session.ttl {
+                    tracing::warn!(lease, "dlock etcd session could not be kept alive");
+                    session.expire();
+                    return;
+                }
+                continue;
+            }
+        }
+        if let Err(error) = session.check_holders(&client).await {
+            tracing::debug!(%error, "dlock etcd holder check failed");
+        }
+    }
+}
