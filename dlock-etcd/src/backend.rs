@@ -39,6 +39,22 @@ fn vanished() -> LockError {
     )
 }
 
+/// Why a wait step ended without a verdict.
+enum StepError {
+    /// Our queue key is gone: the session expired while we waited.
+    Vanished,
+    /// A request failed; worth retrying.
+    Failed(LockError),
+}
+
+use StepError::{Failed, Vanished};
+
+impl From<LockError> for StepError {
+    fn from(e: LockError) -> Self {
+        Failed(e)
+    }
+}
+
 /// An etcd v3 lock server.
 ///
 /// # How it locks
@@ -97,6 +113,9 @@ struct Inner {
     sessions: tokio::sync::Mutex<HashMap<u64, Arc<Session>>>,
     /// The etcd key of every acquisition in flight or held, by token.
     owned: Mutex<HashMap<Token, Owned>>,
+    /// Without a wait limit, how long the cluster may stay unreachable
+    /// before a waiting acquire fails with the error.
+    unreachable_after: Duration,
 }
 
 struct Owned {
@@ -131,6 +150,39 @@ fn escape(key: &LockKey) -> String {
         }
     }
     out
+}
+
+/// gRPC's `UNAVAILABLE`: the request reached no live member.
+const GRPC_UNAVAILABLE: i32 = 14;
+
+/// Whether `e` says the request reached no live member (a member just died
+/// or is being balanced away from): worth sending again, to another one.
+fn is_unavailable(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(status) => i32::from(status.code()) == GRPC_UNAVAILABLE,
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        _ => false,
+    }
+}
+
+/// Runs an idempotent request, sending it again a few times while no live
+/// member was reached.
+async fn retried<T, F, Fut>(mut request: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let mut delay = Duration::from_millis(10);
+    for _ in 0..4 {
+        match request().await {
+            Err(e) if is_unavailable(&e) => {
+                tokio::time::sleep(delay).await;
+                delay *= 3;
+            }
+            other => return other.map_err(backend_error),
+        }
+    }
+    request().await.map_err(backend_error)
 }
 
 fn first_created() -> GetOptions {
@@ -202,6 +254,7 @@ impl EtcdBackend {
                 prefix: config.prefix().to_owned(),
                 sessions: tokio::sync::Mutex::default(),
                 owned: Mutex::default(),
+                unreachable_after: config.connect_timeout() + config.request_timeout(),
             }),
         })
     }
@@ -308,30 +361,52 @@ impl EtcdBackend {
             return Ok(None);
         }
         let deadline = req.wait.deadline();
+        // A member lost mid-wait (a leader change, a dead endpoint) is
+        // retried with backoff until the wait limit, or without one, until
+        // the cluster stayed unreachable for `unreachable_after`.
+        let mut failing_since: Option<Instant> = None;
+        let mut backoff = Duration::from_millis(20);
         loop {
-            if let Some(d) = deadline {
-                if Instant::now() >= d {
-                    return Ok(None);
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(None);
+            }
+            let step = async {
+                self.wait_for_predecessor(&queue, mine, deadline).await?;
+                let checked = Instant::now();
+                let check = Txn::new().and_then([
+                    TxnOp::get(name.as_str(), Some(GetOptions::new().with_count_only())),
+                    TxnOp::get(queue.as_str(), Some(first_created())),
+                ]);
+                let answer = retried(|| {
+                    let (mut client, check) = (self.client(), check.clone());
+                    async move { client.txn(check).await }
+                })
+                .await?;
+                let gets = get_responses(&answer);
+                if gets.first().is_none_or(|g| g.count() == 0) {
+                    return Err(Vanished);
                 }
-            }
-            self.wait_for_predecessor(&queue, mine, deadline).await?;
-            let checked = Instant::now();
-            let check = Txn::new().and_then([
-                TxnOp::get(name.as_str(), Some(GetOptions::new().with_count_only())),
-                TxnOp::get(queue.as_str(), Some(first_created())),
-            ]);
-            let answer = self.client().txn(check).await.map_err(backend_error)?;
-            let gets = get_responses(&answer);
-            if gets.first().is_none_or(|g| g.count() == 0) {
-                return Err(vanished());
-            }
-            if gets
-                .last()
-                .and_then(|g| g.kvs().first())
-                .map(|kv| kv.create_revision())
-                == Some(mine)
-            {
-                return granted(checked);
+                let first = gets
+                    .last()
+                    .and_then(|g| g.kvs().first())
+                    .map(|kv| kv.create_revision());
+                Ok((first == Some(mine)).then_some(checked))
+            };
+            match step.await {
+                Ok(Some(checked)) => return granted(checked),
+                Ok(None) => failing_since = None,
+                Err(Vanished) => return Err(vanished()),
+                Err(Failed(error)) => {
+                    tracing::debug!(%error, "dlock etcd wait step failed; retrying");
+                    let since = *failing_since.get_or_insert(now);
+                    let give_up = deadline.unwrap_or(since + self.inner.unreachable_after);
+                    if now + backoff >= give_up {
+                        return Err(error);
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
             }
         }
     }
@@ -344,7 +419,13 @@ impl EtcdBackend {
         let done = abandoned.clone();
         let (client, name) = (self.client(), name.to_owned());
         let task = tokio::spawn(async move {
-            let answer = client.clone().txn(txn).await;
+            // Idempotent: a retry after a lost reply finds our key, and the
+            // else-branch reads its create revision.
+            let answer = retried(|| {
+                let (mut client, txn) = (client.clone(), txn.clone());
+                async move { client.txn(txn).await }
+            })
+            .await;
             if done.load(Ordering::SeqCst) {
                 let _ = client.clone().delete(name, None).await;
             }
@@ -358,9 +439,7 @@ impl EtcdBackend {
         }
         // Dropped with this future: from then on, nobody will use the key.
         let _watching = Watching(abandoned);
-        task.await
-            .map_err(|e| LockError::backend(NAME, e))?
-            .map_err(backend_error)
+        task.await.map_err(|e| LockError::backend(NAME, e))?
     }
 
     /// Waits until the key just ahead of `mine` in the queue is deleted (or
@@ -378,10 +457,11 @@ impl EtcdBackend {
             .with_max_create_revision(mine - 1)
             .with_limit(1)
             .with_keys_only();
-        let predecessor = client
-            .get(queue, Some(ahead))
-            .await
-            .map_err(backend_error)?;
+        let predecessor = retried(|| {
+            let (mut client, ahead) = (self.client(), ahead.clone());
+            async move { client.get(queue, Some(ahead)).await }
+        })
+        .await?;
         let Some(key) = predecessor.kvs().first().map(|kv| kv.key().to_vec()) else {
             return Ok(());
         };
@@ -398,10 +478,15 @@ impl EtcdBackend {
                 None => return Ok(()),
             }
         }
-        let still = client
-            .get(key, Some(GetOptions::new().with_count_only()))
-            .await
-            .map_err(backend_error)?;
+        let still = retried(|| {
+            let (mut client, key) = (self.client(), key.clone());
+            async move {
+                client
+                    .get(key, Some(GetOptions::new().with_count_only()))
+                    .await
+            }
+        })
+        .await?;
         if still.count() == 0 {
             return Ok(());
         }
@@ -438,11 +523,11 @@ impl EtcdBackend {
         if let Some(session) = &owned.session {
             session.forget(token);
         }
-        let deleted = self
-            .client()
-            .delete(owned.name, None)
-            .await
-            .map_err(backend_error)?;
+        let deleted = retried(|| {
+            let (mut client, name) = (self.client(), owned.name.clone());
+            async move { client.delete(name, None).await }
+        })
+        .await?;
         if let Some(lease) = owned.own_lease {
             let mut client = self.client();
             tokio::spawn(async move {

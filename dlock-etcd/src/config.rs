@@ -143,7 +143,10 @@ mod tests {
         assert_eq!(c.endpoints(), ["a:1", "b:2"]);
         assert_eq!(c.prefix(), "x/y");
         assert_eq!(c.user(), Some(&("u".to_owned(), "p".to_owned())));
-        assert!(!format!("{c:?}").contains("\"p\""), "the password is not printed");
+        assert!(
+            !format!("{c:?}").contains("\"p\""),
+            "the password is not printed"
+        );
         assert_eq!(
             EtcdConfig::from_url("etcd://a:1").unwrap().prefix(),
             "dlock"
