@@ -1,0 +1,162 @@
+//! `ZkConfig`: servers, lock path and session timeout, from one URL.
+
+use std::time::Duration;
+
+use dlock_core::LockError;
+
+/// Where and how to connect.
+///
+/// Usually made by [`ZkConfig::from_url`] from
+/// `zk://host:port[,host:port...][/path][?session_timeout=10s]`. The path
+/// (default `/dlock`) is where lock nodes live; the session timeout
+/// (default 10 s; `ms` or `s`) is how long a crashed holder keeps its locks.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_zk::ZkConfig;
+/// use std::time::Duration;
+///
+/// let config = ZkConfig::from_url("zk://a:2181,b:2181/app/locks?session_timeout=4s")?;
+/// assert_eq!(config.servers(), "a:2181,b:2181");
+/// assert_eq!(config.path(), "/app/locks");
+/// assert_eq!(config.session_timeout(), Duration::from_secs(4));
+/// # Ok::<(), dlock_core::LockError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZkConfig {
+    servers: String,
+    path: String,
+    session_timeout: Duration,
+}
+
+fn invalid(url: &str, why: &str) -> LockError {
+    LockError::InvalidOptions {
+        reason: format!("bad ZooKeeper URL `{url}`: {why}"),
+    }
+}
+
+impl ZkConfig {
+    /// Parses a `zk://` URL.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`] naming what is wrong.
+    pub fn from_url(url: &str) -> Result<ZkConfig, LockError> {
+        let rest = url
+            .strip_prefix("zk://")
+            .ok_or_else(|| invalid(url, "expected `zk://host:port[,host:port]/path`"))?;
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (servers, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
+            None => (rest, ""),
+        };
+        for host in servers.split(',') {
+            let port = host.rsplit_once(':').map(|(_, p)| p);
+            if host.is_empty() || port.is_none_or(|p| p.parse::<u16>().is_err()) {
+                return Err(invalid(url, &format!("`{host}` is not host:port")));
+            }
+        }
+        if path
+            .split('/')
+            .skip(1)
+            .any(|c| c.is_empty() || c == "." || c == "..")
+        {
+            return Err(invalid(url, "the path has an empty, `.` or `..` component"));
+        }
+        let mut session_timeout = Duration::from_secs(10);
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("session_timeout", value)) => {
+                    session_timeout = parse_duration(value).ok_or_else(|| {
+                        invalid(
+                            url,
+                            &format!("`{value}` is not a duration like 500ms or 10s"),
+                        )
+                    })?;
+                }
+                _ => {
+                    return Err(invalid(
+                        url,
+                        &format!("unknown parameter `{pair}`; expected `session_timeout=10s`"),
+                    ))
+                }
+            }
+        }
+        Ok(ZkConfig {
+            servers: servers.to_owned(),
+            path: if path.is_empty() {
+                "/dlock".to_owned()
+            } else {
+                path.to_owned()
+            },
+            session_timeout,
+        })
+    }
+
+    /// The servers, as a ZooKeeper connect string.
+    pub fn servers(&self) -> &str {
+        &self.servers
+    }
+
+    /// The path lock nodes live under.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The session timeout asked of the servers.
+    pub fn session_timeout(&self) -> Duration {
+        self.session_timeout
+    }
+}
+
+fn parse_duration(text: &str) -> Option<Duration> {
+    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit())?);
+    let number: u64 = number.parse().ok()?;
+    match unit {
+        "ms" => Some(Duration::from_millis(number)),
+        "s" => Some(Duration::from_secs(number)),
+        _ => None,
+    }
+    .filter(|d| !d.is_zero())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_parameters() {
+        let c = ZkConfig::from_url("zk://a:1").unwrap();
+        assert_eq!(
+            (c.servers(), c.path(), c.session_timeout()),
+            ("a:1", "/dlock", Duration::from_secs(10))
+        );
+        let c = ZkConfig::from_url("zk://a:1,b:2/x?session_timeout=750ms").unwrap();
+        assert_eq!(
+            (c.path(), c.session_timeout()),
+            ("/x", Duration::from_millis(750))
+        );
+    }
+
+    #[test]
+    fn rejects_malformed_urls() {
+        for (url, says) in [
+            ("redis://a:1", "expected `zk://"),
+            ("zk://a", "not host:port"),
+            ("zk://a:1,", "not host:port"),
+            ("zk://a:1/x//y", "empty"),
+            ("zk://a:1/x/..", "`..`"),
+            ("zk://a:1?session_timeout=soon", "not a duration"),
+            ("zk://a:1?session_timeout=0s", "not a duration"),
+            ("zk://a:1?chroot=x", "unknown parameter"),
+        ] {
+            match ZkConfig::from_url(url) {
+                Err(LockError::InvalidOptions { reason }) => {
+                    assert!(reason.contains(says), "{url}: {reason}")
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+    }
+}
