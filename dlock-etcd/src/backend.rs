@@ -39,6 +39,15 @@ fn vanished() -> LockError {
     )
 }
 
+/// How waiting for the predecessor ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waited {
+    /// It was deleted, there was none, or the deadline came: check again.
+    Changed,
+    /// The watch ended without an answer.
+    Interrupted,
+}
+
 /// Why a wait step ended without a verdict.
 enum StepError {
     /// Our queue key is gone: the session expired while we waited.
@@ -120,10 +129,15 @@ struct Inner {
 
 struct Owned {
     name: String,
-    session: Option<Arc<Session>>,
+    /// The session the key waited on (and, under the watchdog, lives on).
+    session: Arc<Session>,
     /// A fixed lease of this acquisition's own, revoked on release.
     own_lease: Option<i64>,
 }
+
+/// The session TTL for queue keys of fixed-lease acquisitions while they
+/// wait.
+const WAITING_SESSION_TTL: Duration = Duration::from_secs(10);
 
 impl fmt::Debug for EtcdBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -224,7 +238,10 @@ impl EtcdBackend {
         let mut options = ConnectOptions::new()
             .with_connect_timeout(config.connect_timeout())
             .with_timeout(config.request_timeout())
-            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
+            // A member cut off from the leader refuses requests and ends
+            // watches, instead of serving a stale view.
+            .with_require_leader(true);
         if let Some((user, password)) = config.user() {
             options = options.with_user(user.clone(), password.clone());
         }
@@ -284,35 +301,22 @@ impl EtcdBackend {
     async fn acquire_inner(&self, req: &AcquireRequest<'_>) -> Result<Option<Acquired>> {
         let token = *req.token;
         let queue = format!("{}/{}/", self.inner.prefix, escape(req.key));
-        let (lease, from, length, session, own_lease) = match req.lease_kind {
-            LeaseKind::Watchdog => {
-                let session = self.session(req.lease).await?;
-                (
-                    session.lease,
-                    session.renewed_at(),
-                    session.ttl,
-                    Some(session),
-                    None,
-                )
-            }
-            LeaseKind::Fixed => {
-                let at = Instant::now();
-                let secs = req.lease.as_secs_f64().ceil().max(1.0) as i64;
-                let grant = self
-                    .client()
-                    .lease_grant(secs, None)
-                    .await
-                    .map_err(backend_error)?;
-                (grant.id(), at, req.lease, None, Some(grant.id()))
-            }
+        // Every queue key lives on the session while it waits; a fixed
+        // lease is attached when the lock is granted, so that waiting does
+        // not use it up.
+        let session_ttl = match req.lease_kind {
+            LeaseKind::Watchdog => req.lease,
+            LeaseKind::Fixed => WAITING_SESSION_TTL,
         };
+        let session = self.session(session_ttl).await?;
+        let lease = session.lease;
         let name = format!("{queue}{lease:016x}-{token}");
         self.owned().insert(
             token,
             Owned {
                 name: name.clone(),
                 session: session.clone(),
-                own_lease,
+                own_lease: None,
             },
         );
         let sent = Instant::now();
@@ -340,20 +344,8 @@ impl EtcdBackend {
             .last()
             .and_then(|g| g.kvs().first())
             .map(|kv| kv.create_revision());
-        let granted = |at: Instant| {
-            let acquired = Acquired::new(at)
-                .with_fence(u64::try_from(mine).unwrap_or(0))
-                .with_lease_from(from, length);
-            if let Some(session) = &session {
-                if !session.hold(token, name.clone(), req.loss.clone()) {
-                    return Err(vanished());
-                }
-                return Ok(Some(acquired.kept_alive_by_backend()));
-            }
-            Ok(Some(acquired))
-        };
         if first == Some(mine) {
-            return granted(sent);
+            return self.granted(req, &session, &name, mine, sent).await;
         }
         if req.wait == Wait::No {
             // Leave no queue entry behind a failed try.
@@ -369,10 +361,17 @@ impl EtcdBackend {
         loop {
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
+                // We answer for ourselves here, so core will not release:
+                // take our queue key away (an error lets core try again).
+                self.delete_owned(&token).await?;
                 return Ok(None);
             }
             let step = async {
-                self.wait_for_predecessor(&queue, mine, deadline).await?;
+                if self.wait_for_predecessor(&queue, mine, deadline).await? == Waited::Interrupted {
+                    // The watch ended without news (a member went away):
+                    // check again after a pause, not in a tight loop.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
                 let checked = Instant::now();
                 let check = Txn::new().and_then([
                     TxnOp::get(name.as_str(), Some(GetOptions::new().with_count_only())),
@@ -394,7 +393,9 @@ impl EtcdBackend {
                 Ok((first == Some(mine)).then_some(checked))
             };
             match step.await {
-                Ok(Some(checked)) => return granted(checked),
+                Ok(Some(checked)) => {
+                    return self.granted(req, &session, &name, mine, checked).await
+                }
                 Ok(None) => failing_since = None,
                 Err(Vanished) => return Err(vanished()),
                 Err(Failed(error)) => {
@@ -427,7 +428,11 @@ impl EtcdBackend {
             })
             .await;
             if done.load(Ordering::SeqCst) {
-                let _ = client.clone().delete(name, None).await;
+                let _ = retried(|| {
+                    let (mut client, name) = (client.clone(), name.clone());
+                    async move { client.delete(name, None).await }
+                })
+                .await;
             }
             answer
         });
@@ -449,7 +454,7 @@ impl EtcdBackend {
         queue: &str,
         mine: i64,
         deadline: Option<Instant>,
-    ) -> Result<()> {
+    ) -> Result<Waited> {
         let mut client = self.client();
         let ahead = GetOptions::new()
             .with_prefix()
@@ -463,7 +468,7 @@ impl EtcdBackend {
         })
         .await?;
         let Some(key) = predecessor.kvs().first().map(|kv| kv.key().to_vec()) else {
-            return Ok(());
+            return Ok(Waited::Changed);
         };
         // Watch from now, then check the predecessor still exists: a watch
         // from an older revision would be served by etcd's slow catch-up.
@@ -473,9 +478,10 @@ impl EtcdBackend {
             .map_err(backend_error)?;
         loop {
             match watch.message().await.map_err(backend_error)? {
-                Some(response) if response.created() => break,
+                Some(response) if response.created() && !response.canceled() => break,
+                Some(response) if response.created() => return Ok(Waited::Interrupted),
                 Some(_) => continue,
-                None => return Ok(()),
+                None => return Ok(Waited::Interrupted),
             }
         }
         let still = retried(|| {
@@ -488,47 +494,108 @@ impl EtcdBackend {
         })
         .await?;
         if still.count() == 0 {
-            return Ok(());
+            return Ok(Waited::Changed);
         }
         let deleted = async {
             loop {
                 match watch.message().await {
+                    Ok(Some(response)) if response.canceled() => return Waited::Interrupted,
                     Ok(Some(response)) => {
-                        if response.canceled()
-                            || response
-                                .events()
-                                .iter()
-                                .any(|e| e.event_type() == EventType::Delete)
+                        if response
+                            .events()
+                            .iter()
+                            .any(|e| e.event_type() == EventType::Delete)
                         {
-                            return;
+                            return Waited::Changed;
                         }
                     }
-                    _ => return,
+                    _ => return Waited::Interrupted,
                 }
             }
         };
-        match deadline {
-            Some(d) => {
-                let _ = tokio::time::timeout_at(d, deleted).await;
-            }
+        Ok(match deadline {
+            Some(d) => tokio::time::timeout_at(d, deleted)
+                .await
+                .unwrap_or(Waited::Changed),
             None => deleted.await,
+        })
+    }
+
+    /// Our key is first in the queue: the lock is ours.
+    async fn granted(
+        &self,
+        req: &AcquireRequest<'_>,
+        session: &Arc<Session>,
+        name: &str,
+        revision: i64,
+        at: Instant,
+    ) -> Result<Option<Acquired>> {
+        let acquired = Acquired::new(at).with_fence(u64::try_from(revision).unwrap_or(0));
+        match req.lease_kind {
+            LeaseKind::Watchdog => {
+                // The lease end is read with the guard's registration, so
+                // that no keepalive can fall between the two.
+                let renewed_at = session
+                    .hold(*req.token, name.to_owned(), req.loss.clone())
+                    .ok_or_else(vanished)?;
+                Ok(Some(
+                    acquired
+                        .with_lease_from(renewed_at, session.ttl)
+                        .kept_alive_by_backend(),
+                ))
+            }
+            LeaseKind::Fixed => {
+                // A lease of the lock's own, from now; re-putting the key
+                // keeps its create revision (our place and fencing token).
+                let from = Instant::now();
+                let secs = req.lease.as_secs_f64().ceil().max(1.0) as i64;
+                let grant = retried(|| {
+                    let mut client = self.client();
+                    async move { client.lease_grant(secs, None).await }
+                })
+                .await?;
+                if let Some(owned) = self.owned().get_mut(req.token) {
+                    owned.own_lease = Some(grant.id());
+                }
+                let put = Txn::new()
+                    .when([Compare::create_revision(name, CompareOp::Equal, revision)])
+                    .and_then([TxnOp::put(
+                        name,
+                        "",
+                        Some(PutOptions::new().with_lease(grant.id())),
+                    )]);
+                let answer = retried(|| {
+                    let (mut client, put) = (self.client(), put.clone());
+                    async move { client.txn(put).await }
+                })
+                .await?;
+                if !answer.succeeded() {
+                    return Err(vanished());
+                }
+                Ok(Some(acquired.with_lease_from(from, req.lease)))
+            }
         }
-        Ok(())
     }
 
     async fn delete_owned(&self, token: &Token) -> Result<ReleaseOutcome> {
-        let Some(owned) = self.owned().remove(token) else {
-            return Ok(ReleaseOutcome::NotHeld);
+        let (name, session, own_lease) = {
+            let owned = self.owned();
+            let Some(owned) = owned.get(token) else {
+                return Ok(ReleaseOutcome::NotHeld);
+            };
+            (owned.name.clone(), owned.session.clone(), owned.own_lease)
         };
-        if let Some(session) = &owned.session {
-            session.forget(token);
-        }
+        session.forget(token);
+        // Forgotten only once deleted: a release that fails (or is dropped)
+        // can be sent again, rather than leave a key that blocks the queue
+        // for as long as the session lives.
         let deleted = retried(|| {
-            let (mut client, name) = (self.client(), owned.name.clone());
+            let (mut client, name) = (self.client(), name.clone());
             async move { client.delete(name, None).await }
         })
         .await?;
-        if let Some(lease) = owned.own_lease {
+        self.owned().remove(token);
+        if let Some(lease) = own_lease {
             let mut client = self.client();
             tokio::spawn(async move {
                 let _ = client.lease_revoke(lease).await;

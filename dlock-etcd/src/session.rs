@@ -74,15 +74,16 @@ impl Session {
         self.state().renewed_at
     }
 
-    /// Tracks a lock held on this session. Returns `false` (and tracks
-    /// nothing) if the session has already expired.
-    pub(crate) fn hold(&self, token: Token, name: String, loss: LossReporter) -> bool {
+    /// Tracks a lock held on this session, and returns when the lease was
+    /// last renewed: every later renewal reaches this guard. `None` (and
+    /// nothing tracked) if the session has already expired.
+    pub(crate) fn hold(&self, token: Token, name: String, loss: LossReporter) -> Option<Instant> {
         let mut state = self.state();
         if state.expired {
-            return false;
+            return None;
         }
         state.holders.insert(token, Holder { name, loss });
-        true
+        Some(state.renewed_at)
     }
 
     /// Stops tracking a lock that is being released, and tells its guard if
@@ -194,8 +195,11 @@ async fn keep_alive(client: Client, session: Weak<Session>) {
                 continue;
             }
         }
-        if let Err(error) = session.check_holders(&client).await {
-            tracing::debug!(%error, "dlock etcd holder check failed");
+        // Bounded, so that a slow check never delays the next keepalive.
+        match tokio::time::timeout(period, session.check_holders(&client)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::debug!(%error, "dlock etcd holder check failed"),
+            Err(_) => tracing::debug!("dlock etcd holder check timed out"),
         }
     }
 }

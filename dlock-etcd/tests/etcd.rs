@@ -228,3 +228,36 @@ async fn contended_handoffs_are_served_at_once() {
     // etcd's catch-up loop would cap this near 10/s per waiter chain.
     assert!(rate > 20.0, "handoffs are slow: {rate:.0}/s");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_granted_after_more_than_a_ttl_holds_a_live_lock() {
+    let server = EtcdServer::start().expect("start etcd");
+    let url = format!("etcd://{}/long-wait", server.endpoint());
+    let ttl = Duration::from_secs(2);
+    let build = |backend| {
+        Locker::builder(backend)
+            .watchdog_lease(ttl)
+            .build()
+            .unwrap()
+    };
+    let holder = build(EtcdBackend::connect(&url).await.unwrap());
+    let waiter = build(EtcdBackend::connect(&url).await.unwrap());
+    let guard = holder.lock("k").await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let g = waiter
+            .lock_with("k", LockOptions::new().wait(Duration::from_secs(20)))
+            .await;
+        (waiter, g)
+    });
+    // Longer than the session TTL: the waiter's session renews meanwhile.
+    tokio::time::sleep(ttl * 2).await;
+    guard.release().await.unwrap();
+    let (_waiter, got) = waiting.await.unwrap();
+    let got = got.expect("granted after a long wait");
+    tokio::time::sleep(ttl).await;
+    assert!(
+        !got.is_lost(),
+        "a lock granted after a long wait was reported lost while held"
+    );
+    got.release().await.unwrap();
+}

@@ -253,6 +253,9 @@ impl ZkBackend {
                 return Ok(None);
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
+                // We answer for ourselves here, so core will not release:
+                // take our node away (an error lets core try again).
+                self.delete_owned(&token).await?;
                 return Ok(None);
             }
             let predecessor = format!("{parent}/{}", children[position - 1]);
@@ -286,12 +289,12 @@ impl ZkBackend {
         let acquired = Acquired::new(sent).with_fence(fence);
         match req.lease_kind {
             LeaseKind::Watchdog => {
-                if !session.hold(*req.token, req.loss.clone()) {
-                    return Err(vanished());
-                }
+                let confirmed_at = session
+                    .hold(*req.token, req.loss.clone())
+                    .ok_or_else(vanished)?;
                 Ok(Some(
                     acquired
-                        .with_lease_from(session.confirmed_at(), session.timeout)
+                        .with_lease_from(confirmed_at, session.timeout)
                         .kept_alive_by_backend(),
                 ))
             }

@@ -60,18 +60,20 @@ impl Session {
         !state.expired && state.confirmed_at.elapsed() < self.timeout / 2
     }
 
-    pub(crate) fn confirmed_at(&self) -> Instant {
+    fn confirmed_at(&self) -> Instant {
         self.state().confirmed_at
     }
 
-    /// Tracks a held lock; `false` if the session already expired.
-    pub(crate) fn hold(&self, token: Token, loss: LossReporter) -> bool {
+    /// Tracks a held lock, and returns when the session was last confirmed:
+    /// every later confirmation reaches this guard. `None` if the session
+    /// already expired.
+    pub(crate) fn hold(&self, token: Token, loss: LossReporter) -> Option<Instant> {
         let mut state = self.state();
         if state.expired {
-            return false;
+            return None;
         }
         state.holders.insert(token, loss);
-        true
+        Some(state.confirmed_at)
     }
 
     /// Stops tracking a lock that is being released, telling its guard if
