@@ -158,6 +158,23 @@ impl ZkBackend {
         Ok(backend)
     }
 
+    /// The id of the current ZooKeeper session, as the servers know it
+    /// (`cons`, logs); `None` while a new session is being opened.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), dlock_core::LockError> {
+    /// let backend = dlock_zk::ZkBackend::connect("zk://127.0.0.1:2181").await?;
+    /// println!("session {:#x}", backend.session_id().unwrap_or_default());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn session_id(&self) -> Option<i64> {
+        let session = self.inner.session.try_lock().ok()?;
+        session.as_ref().map(|s| s.client.session_id().0)
+    }
+
     fn owned(&self) -> MutexGuard<'_, HashMap<Token, Owned>> {
         self.inner.owned.lock().unwrap_or_else(|e| e.into_inner())
     }

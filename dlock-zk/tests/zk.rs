@@ -1,0 +1,152 @@
+//! ZooKeeper-specific behaviour against real servers: an ensemble losing
+//! the server the holder is connected to, and a session cut off until it
+//! expires.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use dlock_core::{BackendExt, LockOptions};
+use dlock_testkit::{
+    fixture::{TcpProxy, ZooKeeperServer},
+    OverlapDetector,
+};
+use dlock_zk::ZkBackend;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    time::Instant,
+};
+
+/// The answer of a four-letter-word command.
+async fn four_letters(endpoint: &str, command: &str) -> String {
+    let Ok(mut stream) = tokio::net::TcpStream::connect(endpoint).await else {
+        return String::new();
+    };
+    let _ = stream.write_all(command.as_bytes()).await;
+    let mut text = String::new();
+    let _ = stream.read_to_string(&mut text).await;
+    text
+}
+
+/// The servers' endpoints, the index of the one serving `session`.
+async fn serving(servers: &[ZooKeeperServer], session: i64) -> Option<usize> {
+    let sid = format!("sid=0x{session:x}");
+    for (i, server) in servers.iter().enumerate() {
+        if four_letters(&server.endpoint(), "cons")
+            .await
+            .contains(&sid)
+        {
+            return Some(i);
+        }
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_connected_server_keeps_the_lock_and_grants_nothing_twice() {
+    let mut servers = ZooKeeperServer::ensemble(3).expect("start a 3-server ensemble");
+    let hosts: Vec<String> = servers.iter().map(ZooKeeperServer::endpoint).collect();
+    let url = format!("zk://{}/ensemble?session_timeout=4s", hosts.join(","));
+    let backend = ZkBackend::connect(&url).await.unwrap();
+    let session = backend.session_id().expect("a session");
+    let holder = backend.into_locker();
+    let guard = holder.lock("k").await.unwrap();
+
+    let detector = Arc::new(OverlapDetector::default());
+    let fences = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for _ in 0..2 {
+        let (url, detector, fences) = (url.clone(), detector.clone(), fences.clone());
+        waiters.push(tokio::spawn(async move {
+            let locker = ZkBackend::connect(&url).await.unwrap().into_locker();
+            let g = locker
+                .lock_with("k", LockOptions::new().wait(Duration::from_secs(60)))
+                .await
+                .unwrap();
+            let _section = detector.enter();
+            fences.lock().unwrap().push(g.fencing_token().unwrap());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            g.release().await.unwrap();
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let connected = serving(&servers, session)
+        .await
+        .expect("the holder's server");
+    servers[connected].process().kill();
+    let killed = Instant::now();
+    // Past a whole session timeout: the session must have moved, not expired.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(!guard.is_lost(), "the lock was lost when its server died");
+    assert!(
+        waiters.iter().all(|w| !w.is_finished()),
+        "a waiter got a held lock"
+    );
+    println!(
+        "holder kept its lock {:?} after its server was killed",
+        killed.elapsed()
+    );
+    let fence = guard.fencing_token().unwrap();
+    guard.release().await.unwrap();
+    for w in waiters {
+        tokio::time::timeout(Duration::from_secs(60), w)
+            .await
+            .expect("a waiter never got the lock")
+            .unwrap();
+    }
+    assert_eq!(detector.overlaps(), 0);
+    let fences = fences.lock().unwrap().clone();
+    assert_eq!(fences.len(), 2);
+    assert!(
+        fences.iter().all(|f| *f > fence),
+        "{fences:?} after {fence}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_session_loses_the_lock_before_anyone_else_gets_it() {
+    let server = ZooKeeperServer::start().expect("start ZooKeeper");
+    let proxy = TcpProxy::start(server.endpoint().parse().unwrap())
+        .await
+        .unwrap();
+    let timeout = Duration::from_secs(2);
+    let cut_off = ZkBackend::connect(&format!(
+        "zk://{}/expiry?session_timeout=2s",
+        proxy.endpoint()
+    ))
+    .await
+    .unwrap()
+    .into_locker();
+    let other = ZkBackend::connect(&format!(
+        "zk://{}/expiry?session_timeout=2s",
+        server.endpoint()
+    ))
+    .await
+    .unwrap()
+    .into_locker();
+    let guard = cut_off.lock("k").await.unwrap();
+    tokio::time::sleep(timeout).await;
+    assert!(!guard.is_lost());
+
+    proxy.block();
+    let blocked = Instant::now();
+    let acquired = other
+        .lock_with("k", LockOptions::new().wait(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let after = blocked.elapsed();
+    assert!(
+        guard.is_lost(),
+        "another client acquired while the cut-off guard said it held"
+    );
+    // The server last heard from the holder at most a third of the timeout
+    // before the cut.
+    assert!(
+        after >= timeout * 2 / 3,
+        "acquired only {after:?} after the cut"
+    );
+    println!("acquired {after:?} after the cut (session timeout {timeout:?})");
+    drop(acquired);
+}
