@@ -16,6 +16,19 @@ use crate::{
     token::Token,
 };
 
+/// What a guard knows about its lock; see [`LockGuard::state`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HoldState {
+    /// The lock is held.
+    Held,
+    /// The backend is disconnected and cannot tell; the lock is held until
+    /// its lease ends by the guard's own clock.
+    Unsure,
+    /// The lock is lost.
+    Lost,
+}
+
 /// One acquisition: shared by the guard that took it and every guard that
 /// re-entered it.
 pub(crate) struct Hold {
@@ -240,6 +253,33 @@ impl LockGuard {
     /// Once `true`, always `true`.
     pub fn is_lost(&self) -> bool {
         self.hold.lease.is_lost()
+    }
+
+    /// Held, lost, or unsure: the backend is cut off from its server and
+    /// cannot tell yet (the lock is still held by the guard's own clock,
+    /// and becomes lost if the server is not reached in time).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{HoldState, Locker, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let guard = locker.lock("k").await?;
+    /// assert_eq!(guard.state(), HoldState::Held);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn state(&self) -> HoldState {
+        if self.hold.lease.is_lost() {
+            HoldState::Lost
+        } else if self.hold.lease.is_unsure() {
+            HoldState::Unsure
+        } else {
+            HoldState::Held
+        }
     }
 
     /// Completes when the lock is lost, with the reason: no later than the

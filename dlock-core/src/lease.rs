@@ -31,6 +31,8 @@ struct Inner {
     /// The guards are gone and the lock is being released: later reports
     /// are about a lock nobody holds, and are not news.
     released: bool,
+    /// The backend is disconnected and cannot tell whether the lock holds.
+    unsure: bool,
 }
 
 impl LeaseState {
@@ -42,6 +44,7 @@ impl LeaseState {
                 deadline: None,
                 lost: None,
                 released: false,
+                unsure: false,
             }),
             notify: Notify::new(),
         }
@@ -55,7 +58,10 @@ impl LeaseState {
 
     /// Starts the holder's clock: the lease was asked for at `sent`.
     pub(crate) fn start(&self, sent: Instant, lease: Duration) {
-        self.inner().deadline = Some(lease_end(sent, lease));
+        let mut inner = self.inner();
+        let end = lease_end(sent, lease);
+        // A renewal the backend reported before the guard was made counts.
+        inner.deadline = Some(inner.deadline.map_or(end, |d| d.max(end)));
     }
 
     /// The reason the lock was lost, if it was, checking the deadline against
@@ -78,6 +84,12 @@ impl LeaseState {
         if inner.lost.is_some() {
             return false;
         }
+        // If the lease ran out first, that is why it was lost, whoever
+        // noticed it.
+        let reason = match inner.deadline {
+            Some(d) if Instant::now() >= d => LostReason::LeaseExpired,
+            _ => reason,
+        };
         self.set_lost(&mut inner, reason);
         true
     }
@@ -108,8 +120,19 @@ impl LeaseState {
         match inner.deadline {
             Some(d) if now >= d => self.set_lost(&mut inner, LostReason::LeaseExpired),
             Some(d) => inner.deadline = Some(d.max(lease_end(sent, lease))),
-            None => {}
+            // Not started yet: `start` keeps whichever end is later.
+            None => inner.deadline = Some(lease_end(sent, lease)),
         }
+    }
+
+    /// Whether the backend cannot tell right now if the lock is still
+    /// held (disconnected, within its session timeout).
+    pub(crate) fn is_unsure(&self) -> bool {
+        self.inner().unsure
+    }
+
+    fn set_unsure(&self, unsure: bool) {
+        self.inner().unsure = unsure;
     }
 
     /// Completes when the lock is lost.
@@ -182,6 +205,14 @@ impl LossReporter {
     /// deadline has already passed.
     pub fn extend(&self, sent: Instant, lease: Duration) {
         self.0.extend(sent, lease);
+    }
+
+    /// Says whether the backend is cut off from its server and cannot tell
+    /// if the lock still holds (a ZooKeeper session that is disconnected
+    /// but not yet expired). The guard stays held meanwhile, and reports
+    /// [`HoldState::Unsure`](crate::HoldState::Unsure).
+    pub fn set_unsure(&self, unsure: bool) {
+        self.0.set_unsure(unsure);
     }
 }
 

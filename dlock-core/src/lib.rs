@@ -65,7 +65,7 @@ mod watchdog;
 
 pub use backend::memory::MemoryBackend;
 pub use error::{LockError, LostReason, Result};
-pub use guard::LockGuard;
+pub use guard::{HoldState, LockGuard};
 pub use key::LockKey;
 pub use locker::{
     default_locker, set_default_locker, BackendExt, Locker, LockerBuilder, DEFAULT_WATCHDOG_LEASE,

@@ -5,6 +5,7 @@ use std::{
     collections::HashMap,
     fmt,
     sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
 };
 
 use dlock_core::{
@@ -20,6 +21,11 @@ use zookeeper_client::{Acls, CreateMode, Error as ZkError};
 use crate::{config::ZkConfig, session::Session};
 
 const NAME: &str = "zookeeper";
+
+/// Create attempts before an acquire gives up on repeated failures.
+const ENQUEUE_ATTEMPTS: usize = 5;
+/// Delete attempts before a release reports the error (it can be retried).
+const DELETE_ATTEMPTS: usize = 6;
 
 fn backend_error(e: ZkError) -> LockError {
     LockError::backend(NAME, e)
@@ -205,7 +211,6 @@ impl ZkBackend {
         let session = self.session().await?;
         let client = &session.client;
         let parent = format!("{}/{}", self.inner.config.path(), escape(req.key));
-        let protected = format!("{parent}/lock-{token}-");
         self.owned().insert(
             token,
             Owned {
@@ -214,41 +219,7 @@ impl ZkBackend {
                 session: session.clone(),
             },
         );
-        let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
-        let (sent, stat, name, mut children) = loop {
-            let sent = Instant::now();
-            // Sent back to back: the session runs them in order.
-            let create = client.create(&protected, b"", &ephemeral);
-            let listing = client.list_children(&parent);
-            let (created, listed) = (create.await, listing.await);
-            match created {
-                Ok((stat, seq)) => {
-                    let name = format!("lock-{token}-{seq}");
-                    break (sent, stat, name, listed.map_err(backend_error)?);
-                }
-                Err(ZkError::NoNode) => {
-                    let container = CreateMode::Container.with_acls(Acls::anyone_all());
-                    match client.create(&parent, b"", &container).await {
-                        Ok(_) | Err(ZkError::NodeExists) => continue,
-                        Err(e) => return Err(backend_error(e)),
-                    }
-                }
-                Err(ZkError::ConnectionLoss) => {
-                    // The create may have happened: find it by our token.
-                    let listed = client.list_children(&parent).await.map_err(backend_error)?;
-                    let mine = format!("lock-{token}-");
-                    if let Some(name) = listed.iter().find(|c| c.starts_with(&mine)).cloned() {
-                        let stat = client
-                            .check_stat(&format!("{parent}/{name}"))
-                            .await
-                            .map_err(backend_error)?
-                            .ok_or_else(vanished)?;
-                        break (sent, stat, name, listed);
-                    }
-                }
-                Err(e) => return Err(backend_error(e)),
-            }
-        };
+        let (sent, stat, name, mut children) = self.enqueue(&session, &parent, &token).await?;
         let path = format!("{parent}/{name}");
         if let Some(owned) = self.owned().get_mut(&token) {
             owned.path = Some(path.clone());
@@ -256,6 +227,10 @@ impl ZkBackend {
         sequence(&name).ok_or_else(vanished)?;
         let fence = u64::try_from(stat.czxid).unwrap_or(0);
         let deadline = req.wait.deadline();
+        // When the last listing was sent: its answer proves the session alive.
+        let mut listed_at = sent;
+        let mut failing_since: Option<Instant> = None;
+        let mut backoff = Duration::from_millis(20);
         loop {
             children.sort_by_key(|c| sequence(c).unwrap_or(i64::MAX));
             let position = children
@@ -263,36 +238,116 @@ impl ZkBackend {
                 .position(|c| *c == name)
                 .ok_or_else(vanished)?;
             if position == 0 {
-                return self.granted(req, &session, &path, sent, fence);
+                return self.granted(req, &session, &path, sent, listed_at, fence);
             }
-            if req.wait == Wait::No {
-                self.delete_owned(&token).await?;
-                return Ok(None);
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
+            if req.wait == Wait::No || deadline.is_some_and(|d| Instant::now() >= d) {
                 // We answer for ourselves here, so core will not release:
                 // take our node away (an error lets core try again).
                 self.delete_owned(&token).await?;
                 return Ok(None);
             }
             let predecessor = format!("{parent}/{}", children[position - 1]);
-            let (stat, watcher) = client
-                .check_and_watch_stat(&predecessor)
-                .await
-                .map_err(backend_error)?;
-            if stat.is_some() {
-                let gone = watcher.changed();
-                match deadline {
-                    Some(d) => {
-                        let _ = tokio::time::timeout_at(d, gone).await;
-                    }
-                    None => {
-                        gone.await;
+            let step = async {
+                let (stat, watcher) = client.check_and_watch_stat(&predecessor).await?;
+                if stat.is_some() {
+                    let gone = watcher.changed();
+                    match deadline {
+                        Some(d) => {
+                            let _ = tokio::time::timeout_at(d, gone).await;
+                        }
+                        None => {
+                            gone.await;
+                        }
                     }
                 }
+                let at = Instant::now();
+                Ok::<_, ZkError>((at, client.list_children(&parent).await?))
+            };
+            match step.await {
+                Ok((at, listed)) => {
+                    listed_at = at;
+                    children = listed;
+                    failing_since = None;
+                }
+                Err(ZkError::SessionExpired) => return Err(vanished()),
+                Err(error) => {
+                    // A disconnect mid-wait: the session may move to another
+                    // server. Retry until the wait limit, or a whole session
+                    // timeout without one.
+                    let now = Instant::now();
+                    let since = *failing_since.get_or_insert(now);
+                    let give_up = deadline.unwrap_or(since + session.timeout);
+                    if now + backoff >= give_up {
+                        return Err(backend_error(error));
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                }
             }
-            children = client.list_children(&parent).await.map_err(backend_error)?;
         }
+    }
+
+    /// Creates our node and lists the queue, in one round trip; after a
+    /// failure that may have created it anyway, finds it by our token
+    /// instead of creating a second one.
+    async fn enqueue(
+        &self,
+        session: &Session,
+        parent: &str,
+        token: &Token,
+    ) -> Result<(Instant, zookeeper_client::Stat, String, Vec<String>)> {
+        let client = &session.client;
+        let protected = format!("{parent}/lock-{token}-");
+        let mine = format!("lock-{token}-");
+        let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let mut last_error = None;
+        for _ in 0..ENQUEUE_ATTEMPTS {
+            let sent = Instant::now();
+            // Sent back to back: the session runs them in order.
+            let create = client.create(&protected, b"", &ephemeral);
+            let listing = client.list_children(parent);
+            let (created, listed) = (create.await, listing.await);
+            match created {
+                Ok((stat, seq)) => {
+                    return Ok((
+                        sent,
+                        stat,
+                        format!("{mine}{seq}"),
+                        listed.map_err(backend_error)?,
+                    ))
+                }
+                Err(ZkError::NoNode) => {
+                    let container = CreateMode::Container.with_acls(Acls::anyone_all());
+                    match client.create(parent, b"", &container).await {
+                        Ok(_) | Err(ZkError::NodeExists) => {}
+                        Err(e) => last_error = Some(e),
+                    }
+                }
+                Err(ZkError::SessionExpired) => return Err(vanished()),
+                Err(e) => {
+                    // The create may have happened. `sync` first, so the
+                    // listing sees every write the leader took.
+                    let found = async {
+                        client.sync(parent).await?;
+                        let listed = client.list_children(parent).await?;
+                        match listed.iter().find(|c| c.starts_with(&mine)).cloned() {
+                            Some(name) => {
+                                let stat = client.check_stat(&format!("{parent}/{name}")).await?;
+                                Ok(stat.map(|stat| (sent, stat, name, listed)))
+                            }
+                            None => Ok(None),
+                        }
+                    };
+                    match found.await {
+                        Ok(Some(found)) => return Ok(found),
+                        Ok(None) | Err(ZkError::NoNode) => last_error = Some(e),
+                        Err(again) => last_error = Some(again),
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+        Err(last_error.map_or_else(vanished, backend_error))
     }
 
     fn granted(
@@ -301,25 +356,29 @@ impl ZkBackend {
         session: &Arc<Session>,
         path: &str,
         sent: Instant,
+        listed_at: Instant,
         fence: u64,
     ) -> Result<Option<Acquired>> {
         let acquired = Acquired::new(sent).with_fence(fence);
-        match req.lease_kind {
-            LeaseKind::Watchdog => {
-                let confirmed_at = session
-                    .hold(*req.token, req.loss.clone())
-                    .ok_or_else(vanished)?;
-                Ok(Some(
-                    acquired
-                        .with_lease_from(confirmed_at, session.timeout)
-                        .kept_alive_by_backend(),
-                ))
-            }
-            LeaseKind::Fixed => {
+        let fixed_end = (req.lease_kind == LeaseKind::Fixed).then(|| sent + req.lease);
+        // Registered with the session either way: its expiry ends the lock
+        // whatever the lease.
+        let confirmed_at = session
+            .hold(*req.token, req.loss.clone(), fixed_end)
+            .ok_or_else(vanished)?;
+        // The listing that granted the lock proves the session alive then.
+        let alive_at = confirmed_at.max(listed_at);
+        let session_end = alive_at + session.timeout;
+        match fixed_end {
+            None => Ok(Some(
+                acquired
+                    .with_lease_from(alive_at, session.timeout)
+                    .kept_alive_by_backend(),
+            )),
+            Some(ends) => {
                 // Ephemeral nodes have no TTL: end the lease ourselves, no
                 // earlier than the guard reports it lost.
-                let (backend, token, ends) = (self.clone(), *req.token, sent + req.lease);
-                let path = path.to_owned();
+                let (backend, token, path) = (self.clone(), *req.token, path.to_owned());
                 tokio::spawn(async move {
                     tokio::time::sleep_until(ends).await;
                     let still_ours =
@@ -328,42 +387,78 @@ impl ZkBackend {
                         let _ = backend.delete_owned(&token).await;
                     }
                 });
-                Ok(Some(acquired))
+                let acquired = if session_end < ends {
+                    acquired.with_lease_from(alive_at, session.timeout)
+                } else {
+                    acquired.with_lease_from(sent, req.lease)
+                };
+                Ok(Some(acquired.kept_alive_by_backend()))
             }
         }
     }
 
+    /// Deletes our node(s). The entry is forgotten only once that worked
+    /// (or the session that held them is gone), so a failed or dropped
+    /// release can be sent again instead of leaving a node that blocks the
+    /// key for as long as the session lives.
     async fn delete_owned(&self, token: &Token) -> Result<ReleaseOutcome> {
-        let Some(owned) = self.owned().remove(token) else {
-            return Ok(ReleaseOutcome::NotHeld);
+        let (parent, path, session) = {
+            let owned = self.owned();
+            let Some(owned) = owned.get(token) else {
+                return Ok(ReleaseOutcome::NotHeld);
+            };
+            (
+                owned.parent.clone(),
+                owned.path.clone(),
+                owned.session.clone(),
+            )
         };
-        owned.session.forget(token);
-        let client = &owned.session.client;
-        let paths = match owned.path {
-            Some(path) => vec![path],
-            None => {
-                // The create may still be in flight: this listing runs after
-                // it on the same session, and finds the node by its token.
-                let mine = format!("lock-{token}-");
-                match client.list_children(&owned.parent).await {
-                    Ok(children) => children
-                        .into_iter()
-                        .filter(|c| c.starts_with(&mine))
-                        .map(|c| format!("{}/{c}", owned.parent))
-                        .collect(),
-                    Err(ZkError::NoNode) => Vec::new(),
-                    Err(e) => return Err(backend_error(e)),
+        session.forget(token);
+        let client = &session.client;
+        let mut backoff = Duration::from_millis(20);
+        let mut attempts = 0;
+        let outcome = loop {
+            attempts += 1;
+            let attempt = async {
+                let paths = match &path {
+                    Some(path) => vec![path.clone()],
+                    None => {
+                        // The create may still be in flight: this listing
+                        // runs after it on the same session.
+                        let mine = format!("lock-{token}-");
+                        match client.list_children(&parent).await {
+                            Ok(children) => children
+                                .into_iter()
+                                .filter(|c| c.starts_with(&mine))
+                                .map(|c| format!("{parent}/{c}"))
+                                .collect(),
+                            Err(ZkError::NoNode) => Vec::new(),
+                            Err(e) => return Err(e),
+                        }
+                    }
+                };
+                let mut outcome = ReleaseOutcome::NotHeld;
+                for path in paths {
+                    match client.delete(&path, None).await {
+                        Ok(()) => outcome = ReleaseOutcome::Released,
+                        Err(ZkError::NoNode) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(outcome)
+            };
+            match attempt.await {
+                Ok(outcome) => break outcome,
+                // The session is gone, and its ephemeral nodes with it.
+                Err(ZkError::SessionExpired) => break ReleaseOutcome::NotHeld,
+                Err(e) if attempts >= DELETE_ATTEMPTS => return Err(backend_error(e)),
+                Err(_) => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
                 }
             }
         };
-        let mut outcome = ReleaseOutcome::NotHeld;
-        for path in paths {
-            match client.delete(&path, None).await {
-                Ok(()) => outcome = ReleaseOutcome::Released,
-                Err(ZkError::NoNode) => {}
-                Err(e) => return Err(backend_error(e)),
-            }
-        }
+        self.owned().remove(token);
         Ok(outcome)
     }
 }

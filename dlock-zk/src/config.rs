@@ -118,7 +118,9 @@ fn parse_duration(text: &str) -> Option<Duration> {
         "s" => Some(Duration::from_secs(number)),
         _ => None,
     }
-    .filter(|d| !d.is_zero())
+    // ZooKeeper negotiates down anything above its maximum (40 s by
+    // default); an hour is far beyond any sane setting.
+    .filter(|d| !d.is_zero() && *d <= Duration::from_secs(3600))
 }
 
 #[cfg(test)]
@@ -149,6 +151,10 @@ mod tests {
             ("zk://a:1/x/..", "`..`"),
             ("zk://a:1?session_timeout=soon", "not a duration"),
             ("zk://a:1?session_timeout=0s", "not a duration"),
+            (
+                "zk://a:1?session_timeout=18446744073709551615s",
+                "not a duration",
+            ),
             ("zk://a:1?chroot=x", "unknown parameter"),
         ] {
             match ZkConfig::from_url(url) {

@@ -23,7 +23,13 @@ struct State {
     /// heard from this session then, so it lives until `timeout` later.
     confirmed_at: Instant,
     expired: bool,
-    holders: HashMap<Token, LossReporter>,
+    holders: HashMap<Token, Holder>,
+}
+
+struct Holder {
+    loss: LossReporter,
+    /// A fixed lease's end: confirmations never extend the guard past it.
+    ends: Option<Instant>,
 }
 
 impl Session {
@@ -54,41 +60,59 @@ impl Session {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Usable for new locks: not expired, and confirmed recently enough.
+    /// Usable for new locks: not expired, and confirmed recently enough
+    /// that a new lock would not be lost at once.
     pub(crate) fn is_usable(&self) -> bool {
         let state = self.state();
-        !state.expired && state.confirmed_at.elapsed() < self.timeout / 2
+        !state.expired && state.confirmed_at.elapsed() < self.timeout * 2 / 3
     }
 
     fn confirmed_at(&self) -> Instant {
         self.state().confirmed_at
     }
 
-    /// Tracks a held lock, and returns when the session was last confirmed:
-    /// every later confirmation reaches this guard. `None` if the session
-    /// already expired.
-    pub(crate) fn hold(&self, token: Token, loss: LossReporter) -> Option<Instant> {
+    /// Tracks a held lock (with a fixed lease, ending at `ends`), and
+    /// returns when the session was last confirmed: every later
+    /// confirmation, and the session's expiry, reach this guard. `None` if
+    /// the session already expired.
+    pub(crate) fn hold(
+        &self,
+        token: Token,
+        loss: LossReporter,
+        ends: Option<Instant>,
+    ) -> Option<Instant> {
         let mut state = self.state();
         if state.expired {
             return None;
         }
-        state.holders.insert(token, loss);
+        state.holders.insert(token, Holder { loss, ends });
         Some(state.confirmed_at)
     }
 
     /// Stops tracking a lock that is being released, telling its guard if
     /// one still listens (a release from elsewhere with its token).
     pub(crate) fn forget(&self, token: &Token) {
-        if let Some(loss) = self.state().holders.remove(token) {
-            loss.report(LostReason::NotHeld);
+        if let Some(holder) = self.state().holders.remove(token) {
+            holder.loss.report(LostReason::NotHeld);
         }
     }
 
     fn confirmed(&self, sent: Instant) {
         let mut state = self.state();
         state.confirmed_at = sent;
-        for loss in state.holders.values() {
-            loss.extend(sent, self.timeout);
+        for holder in state.holders.values() {
+            let lease = match holder.ends {
+                Some(ends) => self.timeout.min(ends.saturating_duration_since(sent)),
+                None => self.timeout,
+            };
+            holder.loss.set_unsure(false);
+            holder.loss.extend(sent, lease);
+        }
+    }
+
+    fn unsure(&self) {
+        for holder in self.state().holders.values() {
+            holder.loss.set_unsure(true);
         }
     }
 
@@ -98,8 +122,8 @@ impl Session {
             tracing::warn!("dlock zookeeper session expired");
         }
         state.expired = true;
-        for (_, loss) in state.holders.drain() {
-            loss.report(LostReason::SessionExpired);
+        for (_, holder) in state.holders.drain() {
+            holder.loss.report(LostReason::SessionExpired);
         }
     }
 }
@@ -122,15 +146,20 @@ async fn monitor(session: Weak<Session>) {
         let Some(session) = session.upgrade() else {
             return;
         };
-        if matches!(
-            state,
-            Some(SessionState::Expired | SessionState::Closed | SessionState::AuthFailed)
-        ) {
-            session.expire();
-            return;
+        match state {
+            Some(SessionState::Expired | SessionState::Closed | SessionState::AuthFailed) => {
+                session.expire();
+                return;
+            }
+            // Held by our clock until the session timeout runs out, but
+            // nobody can tell meanwhile.
+            Some(SessionState::Disconnected) => session.unsure(),
+            _ => {}
         }
         let sent = Instant::now();
-        match tokio::time::timeout(period, session.client.check_stat("/")).await {
+        // `sync` goes through the leader: a follower cut off from it cannot
+        // answer, while a plain read would be served by the follower alone.
+        match tokio::time::timeout(period, session.client.sync("/")).await {
             Ok(Ok(_)) => session.confirmed(sent),
             Ok(Err(zookeeper_client::Error::SessionExpired)) => {
                 session.expire();

@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use dlock_core::{BackendExt, LockOptions};
+use dlock_core::{BackendExt, HoldState, LockOptions};
 use dlock_testkit::{
     fixture::{TcpProxy, ZooKeeperServer},
     OverlapDetector,
@@ -105,8 +105,10 @@ async fn killing_the_connected_server_keeps_the_lock_and_grants_nothing_twice() 
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_expired_session_loses_the_lock_before_anyone_else_gets_it() {
+/// Cuts a holder off from ZooKeeper and checks that its guard says
+/// "unsure" first, then lost, and that another client gets the lock only
+/// once the session could have expired.
+async fn cut_off_holder(options: LockOptions) {
     let server = ZooKeeperServer::start().expect("start ZooKeeper");
     let proxy = TcpProxy::start(server.endpoint().parse().unwrap())
         .await
@@ -126,12 +128,22 @@ async fn an_expired_session_loses_the_lock_before_anyone_else_gets_it() {
     .await
     .unwrap()
     .into_locker();
-    let guard = cut_off.lock("k").await.unwrap();
+    let guard = cut_off.lock_with("k", options).await.unwrap();
     tokio::time::sleep(timeout).await;
-    assert!(!guard.is_lost());
+    assert_eq!(guard.state(), HoldState::Held);
 
     proxy.block();
     let blocked = Instant::now();
+    let mut unsure = false;
+    while blocked.elapsed() < timeout / 3 && !unsure {
+        unsure = guard.state() == HoldState::Unsure;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        unsure,
+        "a disconnected guard did not say it was unsure: {:?}",
+        guard.state()
+    );
     let acquired = other
         .lock_with("k", LockOptions::new().wait(Duration::from_secs(30)))
         .await
@@ -141,6 +153,7 @@ async fn an_expired_session_loses_the_lock_before_anyone_else_gets_it() {
         guard.is_lost(),
         "another client acquired while the cut-off guard said it held"
     );
+    assert_eq!(guard.state(), HoldState::Lost);
     // The server last heard from the holder at most a third of the timeout
     // before the cut.
     assert!(
@@ -149,4 +162,14 @@ async fn an_expired_session_loses_the_lock_before_anyone_else_gets_it() {
     );
     println!("acquired {after:?} after the cut (session timeout {timeout:?})");
     drop(acquired);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_session_loses_the_lock_before_anyone_else_gets_it() {
+    cut_off_holder(LockOptions::new()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_session_ends_a_long_fixed_lease_too() {
+    cut_off_holder(LockOptions::new().lease(Duration::from_secs(60))).await;
 }
