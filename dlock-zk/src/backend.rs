@@ -57,13 +57,17 @@ fn vanished() -> LockError {
 ///   reaped container parent restarts the sequence numbers.
 /// - **Release and cancel** delete our node; a create still in flight is
 ///   found by its token and deleted after it (same session, same order).
-/// - **Session**: one per backend, confirmed by a request every third of
-///   its timeout. While disconnected, guards stay held; they are lost when
-///   the server says the session expired, or once a whole timeout passed
-///   without a confirmation. Later acquisitions open a new session.
+/// - **Session**: one per backend, confirmed every third of its timeout by
+///   a `sync` (which goes through the leader, so a follower cut off from it
+///   cannot vouch for the session). While disconnected, guards stay held
+///   but say so: [`LockGuard::state`](dlock_core::LockGuard::state) is
+///   [`HoldState::Unsure`](dlock_core::HoldState::Unsure). They are lost
+///   when the server says the session expired, or once a whole timeout
+///   passed without a confirmation. Later acquisitions open a new session.
 /// - **Fixed leases** (ZooKeeper has no per-node TTL for ephemeral nodes):
 ///   the node is deleted when the lease ends, by this process; if the
-///   process dies first, the session's expiry removes it.
+///   process dies first, the session's expiry removes it. The guard ends at
+///   the lease's end or the session's, whichever comes first.
 ///
 /// Keys are escaped (`%XX` for every byte but ASCII letters, digits, `-`,
 /// `_` and `:`), so `/`, `.`, `..`, unicode and control characters are safe.
