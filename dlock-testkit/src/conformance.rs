@@ -628,6 +628,13 @@ pub async fn queued_waiters_get_an_expired_lock(h: &Harness) {
 /// 240 `lock()` futures dropped at random points (timeouts of 0–25 ms) while
 /// the key is contended leave no orphan: the key is free again at once.
 pub async fn cancel_safety(h: &Harness) {
+    cancel_storm(h, 240).await;
+}
+
+/// `attempts` `lock()` futures from 4 clients, dropped at random points
+/// (timeouts of 0–25 ms) while another client keeps taking the key, leave
+/// no orphan: afterwards the key is free at once, for `lock` and `try_lock`.
+pub async fn cancel_storm(h: &Harness, attempts: usize) {
     let key = h.key("cancel");
     let mut rng = Rng::from_env();
     let seed = rng.seed();
@@ -657,13 +664,13 @@ pub async fn cancel_safety(h: &Harness) {
     for _ in 0..4 {
         clients.push(h.locker().await);
     }
-    let mut attempts = Vec::new();
-    for i in 0..240 {
+    let mut tasks = Vec::new();
+    for i in 0..attempts {
         let locker = clients[i % clients.len()].clone();
         let key = key.clone();
         let after = Duration::from_millis(rng.below(26));
         let hold = Duration::from_millis(rng.below(3));
-        attempts.push(tokio::spawn(async move {
+        tasks.push(tokio::spawn(async move {
             match tokio::time::timeout(after, locker.lock(&key)).await {
                 Ok(Ok(guard)) => {
                     tokio::time::sleep(hold).await;
@@ -679,7 +686,7 @@ pub async fn cancel_safety(h: &Harness) {
         }
     }
     let mut acquired = 0;
-    for a in attempts {
+    for a in tasks {
         acquired += usize::from(a.await.expect("attempt task panicked"));
     }
     stop.notify_one();

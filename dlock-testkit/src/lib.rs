@@ -18,12 +18,14 @@
 //! ```
 
 pub mod conformance;
+mod connect;
 mod counting;
 mod detector;
 pub mod fixture;
 mod rng;
 
 pub use conformance::Harness;
+pub use connect::connect;
 pub use counting::CountingBackend;
 pub use detector::{OverlapDetector, Section};
 pub use rng::Rng;

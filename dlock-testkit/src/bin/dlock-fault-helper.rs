@@ -1,0 +1,115 @@
+//! A lock client in a process of its own, for the fault tests: they start,
+//! kill, pause and resume it, and read what it prints.
+//!
+//! ```text
+//! dlock-fault-helper stock <url> <key> <stock-file> <requests> <tasks>
+//!     sells from the stock in <stock-file>, one unit per request, each read,
+//!     pause and write under the lock; prints `sold <n>`.
+//! dlock-fault-helper hold <url> <key> <watchdog-lease-ms>
+//!     takes the lock, prints `acquired <fence|none>`, then checks the guard
+//!     every 10 ms; once it is lost, prints `lost <reason>` and
+//!     `late-write <fence|none>` (a write a careless holder would now send).
+//! ```
+
+use std::{process::ExitCode, sync::Arc, time::Duration};
+
+use dlock_core::{LockOptions, Locker};
+
+fn fence_text(fence: Option<u64>) -> String {
+    fence.map_or_else(|| "none".to_owned(), |f| f.to_string())
+}
+
+async fn locker(url: &str, watchdog: Option<Duration>) -> Result<Locker, String> {
+    let client = dlock_testkit::connect(url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut builder = dlock_core::LockerBuilder::from_arc(client);
+    if let Some(lease) = watchdog {
+        builder = builder.watchdog_lease(lease);
+    }
+    builder.build().map_err(|e| e.to_string())
+}
+
+async fn stock(args: &[String]) -> Result<(), String> {
+    let [url, key, file, requests, tasks] = args else {
+        return Err("stock <url> <key> <stock-file> <requests> <tasks>".into());
+    };
+    let requests: usize = requests.parse().map_err(|_| "requests: a number")?;
+    let tasks: usize = tasks.parse().map_err(|_| "tasks: a number")?;
+    let locker = locker(url, None).await?;
+    let file = Arc::new(file.clone());
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let (locker, key, file) = (locker.clone(), key.clone(), file.clone());
+        let mine = requests / tasks + usize::from(t < requests % tasks);
+        handles.push(tokio::spawn(async move {
+            let mut sold = 0_u64;
+            for _ in 0..mine {
+                let guard = locker
+                    .lock_with(&key, LockOptions::new().wait(Duration::from_secs(120)))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                // A read-modify-write the lock must make exclusive.
+                let left: i64 = std::fs::read_to_string(&*file)
+                    .map_err(|e| e.to_string())?
+                    .trim()
+                    .parse()
+                    .map_err(|_| "the stock file is not a number".to_owned())?;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                if left > 0 {
+                    std::fs::write(&*file, (left - 1).to_string()).map_err(|e| e.to_string())?;
+                    sold += 1;
+                }
+                guard.release().await.map_err(|e| e.to_string())?;
+            }
+            Ok::<u64, String>(sold)
+        }));
+    }
+    let mut sold = 0;
+    for h in handles {
+        sold += h.await.map_err(|e| e.to_string())??;
+    }
+    println!("sold {sold}");
+    Ok(())
+}
+
+async fn hold(args: &[String]) -> Result<(), String> {
+    let [url, key, lease] = args else {
+        return Err("hold <url> <key> <watchdog-lease-ms>".into());
+    };
+    let lease = Duration::from_millis(lease.parse().map_err(|_| "lease: a number of ms")?);
+    let locker = locker(url, Some(lease)).await?;
+    let guard = locker
+        .lock_with(key, LockOptions::new().wait(Duration::from_secs(60)))
+        .await
+        .map_err(|e| e.to_string())?;
+    let fence = fence_text(guard.fencing_token());
+    println!("acquired {fence}");
+    loop {
+        // Before any guarded work, the careful holder asks.
+        if guard.is_lost() {
+            let reason = guard.lost().await;
+            println!("lost {reason}");
+            println!("late-write {fence}");
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("stock") => stock(&args[1..]).await,
+        Some("hold") => hold(&args[1..]).await,
+        _ => Err("usage: dlock-fault-helper stock|hold ...".into()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dlock-fault-helper: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

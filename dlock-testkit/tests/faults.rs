@@ -1,0 +1,485 @@
+//! Fault tests: nothing granted twice, nothing lost, under crashes, pauses,
+//! cancel storms and bad input, on every backend and topology (memory where
+//! a case applies: it cannot span processes).
+//!
+//! Cases tried here, per topology (Redis one node, Redlock over 5, etcd 1
+//! and 3 members, ZooKeeper 1 and 3 servers):
+//! - the stock scenario across 4 OS processes × 8 tasks: 500 requests
+//!   against a stock of 300 in a file, read-pause-write under the lock;
+//! - a holder process SIGKILLed: others get the lock after its lease or
+//!   session timeout, not before, and not much later;
+//! - a holder process SIGSTOPped past its lease: another client acquires and
+//!   writes with its fencing token; on SIGCONT the old holder's guard
+//!   reports lost before any guarded work, and a fenced store rejects its
+//!   late write (Redlock gives no fencing tokens, so only the first part);
+//! - a cancel storm: 1,000 `lock()` futures dropped at random points while
+//!   the key is contended, after which the key is free at once (memory too).
+//!
+//! Bad input, each a typed error with no panic and no hang:
+//! - keys: empty, 1 MiB (and NUL, `/`, `..`, unicode are valid and distinct:
+//!   the conformance suite's `invalid_input_gives_typed_errors` and
+//!   `awkward_keys_are_distinct_locks`, run on every backend);
+//! - durations: zero, 1 ns and 999 µs fixed leases, `Duration::MAX` leases,
+//!   watchdog leases of 0, 1 ms and `Duration::MAX`, a `Duration::MAX` wait
+//!   (same conformance check);
+//! - malformed URLs for every scheme (`malformed_urls_are_typed_errors`);
+//! - an unreachable port for every backend;
+//! - a port that speaks another protocol: each backend pointed at another
+//!   backend's server, and at a server that answers garbage;
+//! - a server that closes the connection in the middle of a reply.
+//!
+//! Server restarts and connections cut mid-hold, and cluster members lost,
+//! are in each backend's own tests (`dlock-redis/tests/redis.rs`,
+//! `dlock-etcd/tests/etcd.rs`, `dlock-zk/tests/zk.rs`).
+
+use std::{any::Any, process::Stdio, time::Duration};
+
+use dlock_core::{LockError, LockOptions, Locker};
+use dlock_testkit::{
+    conformance,
+    fixture::{free_port, EtcdServer, RedisServer, ZooKeeperServer},
+    Harness,
+};
+use tokio::{
+    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines},
+    process::{Child, ChildStdout, Command},
+    time::Instant,
+};
+
+const HELPER: &str = env!("CARGO_BIN_EXE_dlock-fault-helper");
+
+/// A running topology: its URL, its servers, and its holders' lease (or
+/// session timeout) in the kill and pause cases.
+struct Topology {
+    name: &'static str,
+    url: String,
+    lease: Duration,
+    fencing: bool,
+    _servers: Box<dyn Any + Send>,
+}
+
+fn redis() -> Topology {
+    let server = RedisServer::start().expect("redis-server");
+    Topology {
+        name: "redis",
+        url: server.url(),
+        lease: Duration::from_secs(1),
+        fencing: true,
+        _servers: Box::new(server),
+    }
+}
+
+fn redlock() -> Topology {
+    let servers: Vec<RedisServer> = (0..5)
+        .map(|_| RedisServer::start().expect("redis-server"))
+        .collect();
+    let hosts: Vec<String> = servers.iter().map(RedisServer::host_port).collect();
+    Topology {
+        name: "redlock",
+        url: format!("redis+redlock://{}", hosts.join(",")),
+        lease: Duration::from_secs(1),
+        fencing: false,
+        _servers: Box::new(servers),
+    }
+}
+
+fn etcd(members: usize) -> Topology {
+    let servers = EtcdServer::cluster(members).expect("etcd");
+    let endpoints: Vec<String> = servers.iter().map(EtcdServer::endpoint).collect();
+    Topology {
+        name: "etcd",
+        url: format!("etcd://{}/faults", endpoints.join(",")),
+        // The session TTL (etcd's shortest here is 1 s).
+        lease: Duration::from_secs(2),
+        fencing: true,
+        _servers: Box::new(servers),
+    }
+}
+
+fn zookeeper(servers: usize) -> Topology {
+    let servers = ZooKeeperServer::ensemble(servers).expect("ZooKeeper");
+    let endpoints: Vec<String> = servers.iter().map(ZooKeeperServer::endpoint).collect();
+    Topology {
+        name: "zookeeper",
+        url: format!("zk://{}/faults?session_timeout=2s", endpoints.join(",")),
+        lease: Duration::from_secs(2),
+        fencing: true,
+        _servers: Box::new(servers),
+    }
+}
+
+fn helper(args: &[&str]) -> Child {
+    Command::new(HELPER)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the helper")
+}
+
+async fn next_line(lines: &mut Lines<BufReader<ChildStdout>>, within: Duration) -> String {
+    match tokio::time::timeout(within, lines.next_line()).await {
+        Ok(Ok(Some(line))) => line,
+        other => panic!("the helper printed nothing in {within:?}: {other:?}"),
+    }
+}
+
+fn signal(child: &Child, signal: libc::c_int) {
+    let pid = libc::pid_t::try_from(child.id().expect("the helper runs")).expect("a pid");
+    // SAFETY: kill(2) on our own child, which has not been reaped.
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "signal {signal}");
+}
+
+async fn locker(url: &str) -> Locker {
+    Locker::from_arc(dlock_testkit::connect(url).await.expect("connect"))
+}
+
+async fn stock_across_processes(t: Topology) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("stock");
+    std::fs::write(&file, "300").unwrap();
+    let file = file.to_str().unwrap().to_owned();
+    let children: Vec<Child> = (0..4)
+        .map(|_| {
+            let mut c = Command::new(HELPER);
+            c.args(["stock", &t.url, "stock:42", &file, "125", "8"])
+                .stdout(Stdio::piped())
+                .kill_on_drop(true);
+            c.spawn().expect("start the helper")
+        })
+        .collect();
+    let start = Instant::now();
+    let mut sold = 0;
+    for child in children {
+        let out = tokio::time::timeout(Duration::from_secs(180), child.wait_with_output())
+            .await
+            .unwrap_or_else(|_| panic!("[{}] a stock process did not finish", t.name))
+            .unwrap();
+        assert!(out.status.success(), "[{}] a stock process failed", t.name);
+        let text = String::from_utf8_lossy(&out.stdout);
+        sold += text
+            .trim()
+            .strip_prefix("sold ")
+            .and_then(|n| n.parse::<u64>().ok())
+            .expect("sold <n>");
+    }
+    let remaining: i64 = std::fs::read_to_string(&file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    println!(
+        "[{}] 4 processes × 8 tasks, 500 requests: sold {sold}, remaining {remaining}, in {:?}",
+        t.name,
+        start.elapsed()
+    );
+    assert_eq!(sold, 300, "[{}] sold {sold} of a stock of 300", t.name);
+    assert_eq!(remaining, 0, "[{}]", t.name);
+}
+
+async fn holder_killed(t: Topology) {
+    let lease = t.lease.as_millis().to_string();
+    let mut child = helper(&["hold", &t.url, "killed", &lease]);
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let acquired = next_line(&mut lines, Duration::from_secs(30)).await;
+    assert!(acquired.starts_with("acquired"), "{acquired}");
+    // Let it renew at least once.
+    tokio::time::sleep(t.lease).await;
+    let other = locker(&t.url).await;
+    let killed = Instant::now();
+    child.start_kill().unwrap();
+    let _ = child.wait().await;
+    let early = other.try_lock("killed").await.unwrap();
+    assert!(early.is_none(), "[{}] free right after the kill", t.name);
+    let next = other
+        .lock_with("killed", LockOptions::new().wait(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let after = killed.elapsed();
+    println!(
+        "[{}] a killed holder's lock passed on after {after:?} (lease {:?})",
+        t.name, t.lease
+    );
+    // Its last renewal was at most a third of the lease before the kill.
+    assert!(
+        after >= t.lease * 2 / 3,
+        "[{}] acquired {after:?} after the kill",
+        t.name
+    );
+    assert!(
+        after < t.lease + Duration::from_secs(5),
+        "[{}] took {after:?}",
+        t.name
+    );
+    drop(next);
+}
+
+/// A store that keeps the highest fencing token it has seen and refuses
+/// writes with a lower one.
+#[derive(Default)]
+struct FencedStore {
+    highest: u64,
+}
+
+impl FencedStore {
+    fn write(&mut self, fence: u64) -> Result<(), u64> {
+        if fence < self.highest {
+            return Err(self.highest);
+        }
+        self.highest = fence;
+        Ok(())
+    }
+}
+
+async fn holder_paused(t: Topology) {
+    let lease = t.lease.as_millis().to_string();
+    let mut child = helper(&["hold", &t.url, "paused", &lease]);
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let acquired = next_line(&mut lines, Duration::from_secs(30)).await;
+    let old_fence = acquired
+        .strip_prefix("acquired ")
+        .expect("acquired <fence>")
+        .to_owned();
+    tokio::time::sleep(t.lease / 2).await;
+
+    signal(&child, libc::SIGSTOP);
+    let other = locker(&t.url).await;
+    let next = other
+        .lock_with("paused", LockOptions::new().wait(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let mut store = FencedStore::default();
+    if t.fencing {
+        store.write(next.fencing_token().expect("a fence")).unwrap();
+    }
+    signal(&child, libc::SIGCONT);
+
+    // The first thing the resumed holder says is that it lost the lock.
+    let first = next_line(&mut lines, Duration::from_secs(10)).await;
+    assert!(
+        first.starts_with("lost"),
+        "[{}] a resumed holder went on: {first}",
+        t.name
+    );
+    let late = next_line(&mut lines, Duration::from_secs(10)).await;
+    let late_fence = late
+        .strip_prefix("late-write ")
+        .expect("late-write <fence>");
+    assert_eq!(late_fence, old_fence);
+    if t.fencing {
+        let fence: u64 = late_fence.parse().unwrap();
+        assert!(
+            store.write(fence).is_err(),
+            "[{}] the store took a stale write, fence {fence}",
+            t.name
+        );
+    } else {
+        assert_eq!(
+            late_fence, "none",
+            "[{}] fences where none are promised",
+            t.name
+        );
+    }
+    println!(
+        "[{}] the resumed holder said `{first}` first; its late write was refused",
+        t.name
+    );
+    drop(next);
+    let _ = child.wait().await;
+}
+
+async fn cancel_storm(t: Topology) {
+    let url = t.url.clone();
+    let harness = Harness::new(t.name, move || {
+        let url = url.clone();
+        async move { dlock_testkit::connect(&url).await }
+    });
+    let start = Instant::now();
+    conformance::cancel_storm(&harness, 1000).await;
+    println!(
+        "[{}] 1,000 cancelled acquires, key free afterwards, in {:?}",
+        t.name,
+        start.elapsed()
+    );
+}
+
+macro_rules! per_topology {
+    ($($topology:ident => $make:expr),* $(,)?) => {
+        $(
+            mod $topology {
+                use super::*;
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn stock_across_processes() {
+                    super::stock_across_processes($make).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn holder_killed() {
+                    super::holder_killed($make).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn holder_paused() {
+                    super::holder_paused($make).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn cancel_storm_of_1000() {
+                    super::cancel_storm($make).await;
+                }
+            }
+        )*
+    };
+}
+
+per_topology! {
+    redis_single => redis(),
+    redlock_5 => redlock(),
+    etcd_1 => etcd(1),
+    etcd_3 => etcd(3),
+    zookeeper_1 => zookeeper(1),
+    zookeeper_3 => zookeeper(3),
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_cancel_storm_of_1000() {
+    let server = dlock_core::MemoryBackend::new();
+    let harness = Harness::new("memory", move || {
+        let client: std::sync::Arc<dyn dlock_core::backend::Backend> =
+            std::sync::Arc::new(server.clone());
+        async move { Ok(client) }
+    });
+    conformance::cancel_storm(&harness, 1000).await;
+}
+
+#[tokio::test]
+async fn malformed_urls_are_typed_errors() {
+    for url in [
+        "",
+        "localhost:6379",
+        "ftp://h:1",
+        "redis://",
+        "redis://h:port",
+        "redis://h:1/db",
+        "redis://h?x=1",
+        "rediss://h:1",
+        "redis+redlock://a:1,b:1",
+        "redis+redlock://a:1,a:1,b:1",
+        "etcd://",
+        "etcd://h",
+        "etcd://h:x",
+        "etcd://:pw@h:1",
+        "zk://",
+        "zk://h",
+        "zk://h:1/a/../b",
+        "zk://h:1?session_timeout=forever",
+    ] {
+        let result = tokio::time::timeout(Duration::from_secs(5), dlock_testkit::connect(url))
+            .await
+            .unwrap_or_else(|_| panic!("`{url}` hung"));
+        match result {
+            Err(LockError::InvalidOptions { .. }) => {}
+            Err(other) => panic!("`{url}`: expected InvalidOptions, got {other}"),
+            Ok(_) => panic!("`{url}`: accepted"),
+        }
+    }
+}
+
+/// Expects `url` to fail with a backend error, quickly and without a panic:
+/// at connect, or (for clients that connect lazily) at the first lock.
+async fn expect_backend_error(url: &str) {
+    let start = Instant::now();
+    let result = tokio::time::timeout(Duration::from_secs(30), dlock_testkit::connect(url)).await;
+    match result {
+        Ok(Err(LockError::Backend { .. })) => {}
+        Ok(Ok(client)) => {
+            let locker = Locker::from_arc(client);
+            let wait = LockOptions::new().wait(Duration::from_secs(3));
+            let lock = tokio::time::timeout(Duration::from_secs(30), locker.lock_with("k", wait))
+                .await
+                .unwrap_or_else(|_| panic!("`{url}`: a lock hung past its wait limit"));
+            assert!(
+                matches!(
+                    lock,
+                    Err(LockError::Backend { .. } | LockError::Timeout { .. })
+                ),
+                "`{url}`: {lock:?}"
+            );
+        }
+        Ok(Err(other)) => panic!("`{url}`: expected a backend error, got {other}"),
+        Err(_) => panic!("`{url}`: connecting hung"),
+    }
+    println!("`{url}` failed as it should, in {:?}", start.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_ports_are_backend_errors() {
+    let ports: Vec<u16> = (0..3).map(|_| free_port().unwrap()).collect();
+    for url in [
+        format!("redis://127.0.0.1:{}/", ports[0]),
+        format!(
+            "redis+redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}",
+            ports[0], ports[1], ports[2]
+        ),
+        format!("etcd://127.0.0.1:{}", ports[0]),
+        format!("zk://127.0.0.1:{}?session_timeout=2s", ports[0]),
+    ] {
+        expect_backend_error(&url).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_that_speaks_another_protocol_is_a_backend_error() {
+    let redis = RedisServer::start().expect("redis-server");
+    let etcd = EtcdServer::start().expect("etcd");
+    for url in [
+        format!("redis://{}/", etcd.endpoint()),
+        format!("etcd://{}", redis.host_port()),
+        format!("zk://{}?session_timeout=2s", redis.host_port()),
+    ] {
+        expect_backend_error(&url).await;
+    }
+    let garbage = misbehaving_server(Behaviour::Garbage).await;
+    let half = misbehaving_server(Behaviour::HalfReplyThenClose).await;
+    for port in [garbage, half] {
+        for url in [
+            format!("redis://127.0.0.1:{port}/"),
+            format!("etcd://127.0.0.1:{port}"),
+            format!("zk://127.0.0.1:{port}?session_timeout=2s"),
+        ] {
+            expect_backend_error(&url).await;
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Behaviour {
+    /// Answers every connection with bytes no lock protocol expects.
+    Garbage,
+    /// Reads the request, starts a plausible reply, and closes mid-way.
+    HalfReplyThenClose,
+}
+
+/// A loopback server that misbehaves, until the test ends.
+async fn misbehaving_server(behaviour: Behaviour) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                let _ =
+                    tokio::time::timeout(Duration::from_millis(500), socket.read(&mut buf)).await;
+                let reply: &[u8] = match behaviour {
+                    Behaviour::Garbage => b"HTTP/1.1 418 I'm a teapot\r\n\r\n\x00\xff\xfe garbage",
+                    // The start of a RESP bulk string and of an HTTP/2 frame.
+                    Behaviour::HalfReplyThenClose => b"$1000\r\nabc\x00\x00\x12\x04",
+                };
+                let _ = socket.write_all(reply).await;
+            });
+        }
+    });
+    port
+}
