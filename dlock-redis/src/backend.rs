@@ -14,7 +14,10 @@ use dlock_core::{
 };
 use futures_util::future::{join_all, select_all};
 use redis::RedisError;
-use tokio::time::Instant;
+use tokio::{
+    sync::{OwnedSemaphorePermit, Semaphore},
+    time::Instant,
+};
 
 use crate::{
     config::RedisConfig,
@@ -88,6 +91,8 @@ struct Inner {
     /// Without a wait limit, how long the server may stay unreachable before
     /// an acquire fails with the error instead of retrying.
     unreachable_after: Duration,
+    /// Per key, the queue of this process's waiters (see `local_turn`).
+    local: std::sync::Mutex<std::collections::HashMap<String, Arc<Semaphore>>>,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -163,6 +168,7 @@ impl RedisBackend {
                 redlock: config.is_redlock(),
                 subscribe_timeout: config.response_timeout(),
                 unreachable_after: config.connect_timeout() + config.response_timeout(),
+                local: std::sync::Mutex::default(),
             }),
         };
         if config.is_redlock() {
@@ -338,6 +344,7 @@ impl RedisBackend {
         // Fallback polling, only while no release channel can be watched.
         let mut poll = Duration::from_millis(20);
         let mut failing_since: Option<Instant> = None;
+        let mut turn = None;
         loop {
             let round = self.attempt(&names, &token, req.lease).await;
             let now = Instant::now();
@@ -348,6 +355,15 @@ impl RedisBackend {
                 }
                 Ok(Round::Held { retry_in }) => {
                     failing_since = None;
+                    if turn.is_none() {
+                        // Queue behind this process's other waiters for the
+                        // key: only one of them contends with the servers.
+                        match self.local_turn(&names.lock, deadline).await {
+                            Some(permit) => turn = Some(permit),
+                            None => return Ok(None),
+                        }
+                        continue;
+                    }
                     if !subscribed {
                         // Subscribe, then check again at once: a release
                         // between the attempt and the subscription would
@@ -396,6 +412,32 @@ impl RedisBackend {
         }
     }
 
+    /// This process's turn to wait for `lock` on the servers; `None` if the
+    /// deadline passed first. Local waiters queue in FIFO order, so a
+    /// release wakes one contender per process, not all of its tasks: a
+    /// herd of local tasks would split Redlock votes among themselves.
+    async fn local_turn(&self, lock: &str, deadline: Option<Instant>) -> Option<LocalTurn> {
+        let queue = self
+            .inner
+            .local
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(lock.to_owned())
+            .or_insert_with(|| Arc::new(Semaphore::new(1)))
+            .clone();
+        let permit = match deadline {
+            Some(d) => tokio::time::timeout_at(d, queue.clone().acquire_owned())
+                .await
+                .ok()?,
+            None => queue.clone().acquire_owned().await,
+        };
+        Some(LocalTurn {
+            _permit: permit.ok()?,
+            backend: self.clone(),
+            lock: lock.to_owned(),
+        })
+    }
+
     /// Watches `channel` on every node that can be reached; a node whose
     /// subscription fails is covered by the TTL bound.
     async fn watch_all(&self, channel: &str) -> Vec<crate::subscriber::Watch> {
@@ -425,6 +467,32 @@ fn jitter() -> Duration {
 
 fn timed_out() -> RedisError {
     RedisError::from((redis::ErrorKind::Io, "the node did not answer in time"))
+}
+
+/// A waiter's turn in its process's queue for one key; gives it to the next
+/// local waiter when dropped, and forgets the queue once nobody uses it.
+struct LocalTurn {
+    _permit: OwnedSemaphorePermit,
+    backend: RedisBackend,
+    lock: String,
+}
+
+impl Drop for LocalTurn {
+    fn drop(&mut self) {
+        let mut local = self
+            .backend
+            .inner
+            .local
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // Ours, the map's, and the permit's: nobody else waits.
+        if local
+            .get(&self.lock)
+            .is_some_and(|q| Arc::strong_count(q) <= 2)
+        {
+            local.remove(&self.lock);
+        }
+    }
 }
 
 enum Round {
