@@ -137,9 +137,10 @@ async fn a_session_cut_off_is_lost_before_anyone_else_acquires() {
         ),
         "{reason:?}"
     );
-    // The last keepalive was at most a third of the TTL before the cut.
+    // The last keepalive was about a third of the TTL before the cut (a late
+    // one makes it earlier): half the TTL is a safe lower bound.
     assert!(
-        acquired_after >= ttl * 2 / 3,
+        acquired_after >= ttl / 2,
         "acquired only {acquired_after:?} after the cut"
     );
     println!("acquired {acquired_after:?} after the cut (TTL {ttl:?})");

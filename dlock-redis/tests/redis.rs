@@ -263,3 +263,40 @@ async fn an_unreachable_server_is_a_typed_error_within_the_connect_timeout() {
         other => panic!("expected InvalidOptions, got {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_cut_off_is_lost_before_anyone_else_acquires() {
+    let server = RedisServer::start().expect("redis-server");
+    let proxy = dlock_testkit::fixture::TcpProxy::start(server.host_port().parse().unwrap())
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(1);
+    let cut_off = Locker::builder(
+        RedisBackend::connect(&format!("redis://{}/", proxy.endpoint()))
+            .await
+            .unwrap(),
+    )
+    .watchdog_lease(lease)
+    .build()
+    .unwrap();
+    let other = locker(&server.url()).await;
+    let guard = cut_off.lock("cut").await.unwrap();
+    tokio::time::sleep(lease).await;
+    assert!(!guard.is_lost());
+
+    proxy.block();
+    let blocked = Instant::now();
+    let next = other
+        .lock_with("cut", LockOptions::new().wait(Duration::from_secs(20)))
+        .await
+        .unwrap();
+    let after = blocked.elapsed();
+    // Checked on one monotonic clock, at the moment the other client holds.
+    assert!(
+        guard.is_lost(),
+        "another client acquired while the cut-off guard said it held"
+    );
+    assert!(after >= lease / 2, "acquired only {after:?} after the cut");
+    println!("acquired {after:?} after the cut (lease {lease:?})");
+    drop(next);
+}

@@ -201,9 +201,10 @@ async fn holder_killed(t: Topology) {
         "[{}] a killed holder's lock passed on after {after:?} (lease {:?})",
         t.name, t.lease
     );
-    // Its last renewal was at most a third of the lease before the kill.
+    // Its last renewal was about a third of the lease before the kill (a
+    // late tick makes it earlier): half the lease is a safe lower bound.
     assert!(
-        after >= t.lease * 2 / 3,
+        after >= t.lease / 2,
         "[{}] acquired {after:?} after the kill",
         t.name
     );

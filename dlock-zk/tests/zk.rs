@@ -154,10 +154,10 @@ async fn cut_off_holder(options: LockOptions) {
         "another client acquired while the cut-off guard said it held"
     );
     assert_eq!(guard.state(), HoldState::Lost);
-    // The server last heard from the holder at most a third of the timeout
-    // before the cut.
+    // The server last heard from the holder about a third of the timeout
+    // before the cut (a late ping makes it earlier): half is a safe bound.
     assert!(
-        after >= timeout * 2 / 3,
+        after >= timeout / 2,
         "acquired only {after:?} after the cut"
     );
     println!("acquired {after:?} after the cut (session timeout {timeout:?})");
