@@ -320,7 +320,10 @@ impl RedisBackend {
             }
         }))
         .await;
-        if answers.iter().any(|a| matches!(a, Ok(true))) {
+        // The token held the lock only if it held a majority: a stale
+        // guard's leftover key on a node or two is not the lock.
+        let released = answers.iter().filter(|a| matches!(a, Ok(true))).count();
+        if released >= self.inner.quorum {
             return Ok(ReleaseOutcome::Released);
         }
         if answers.iter().any(|a| a.is_ok()) {
