@@ -132,6 +132,13 @@ fn signal(child: &Child, signal: libc::c_int) {
 }
 
 async fn locker(url: &str) -> Locker {
+    // Servers under load (a cluster next to a busy test) may need a retry.
+    for _ in 0..10 {
+        if let Ok(client) = dlock_testkit::connect(url).await {
+            return Locker::from_arc(client);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     Locker::from_arc(dlock_testkit::connect(url).await.expect("connect"))
 }
 
