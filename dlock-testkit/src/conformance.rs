@@ -100,9 +100,18 @@ impl Harness {
     ///
     /// If the factory fails: the check cannot run, and must not pass.
     pub async fn client(&self) -> Arc<dyn Backend> {
-        match (self.factory)().await {
-            Ok(client) => client,
-            Err(e) => panic!("[{}] could not make a client: {e}", self.name),
+        // Connecting is not what the checks are about: servers next to a
+        // busy test (a ZooKeeper ensemble under CPU load) get a few tries.
+        let mut tries = 0;
+        loop {
+            match (self.factory)().await {
+                Ok(client) => return client,
+                Err(e) if tries >= 4 => panic!("[{}] could not make a client: {e}", self.name),
+                Err(_) => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
         }
     }
 
