@@ -98,7 +98,8 @@ impl Harness {
     ///
     /// # Panics
     ///
-    /// If the factory fails: the check cannot run, and must not pass.
+    /// If the factory fails five times in a row: the check cannot run, and
+    /// must not pass.
     pub async fn client(&self) -> Arc<dyn Backend> {
         // Connecting is not what the checks are about: servers next to a
         // busy test (a ZooKeeper ensemble under CPU load) get a few tries.
