@@ -1,0 +1,257 @@
+//! `dlock-bench`: measures dlock against the raw client doing the same round
+//! trips, in the same run, on every backend, with real servers started by
+//! the testkit fixtures.
+//!
+//! ```text
+//! cargo run --release -p dlock-bench -- --backend all [--quick] [--json FILE]
+//! ```
+//!
+//! Prints a markdown table and writes one JSON object per row to
+//! `dlock-bench.jsonl` (or FILE). Scenarios:
+//! 1. `serial`: uncontended lock + release on one key, one at a time
+//!    (latency; ratio = dlock p50 / raw p50);
+//! 2. `distinct-64`: 64 tasks on distinct keys (throughput; ratio = raw
+//!    ops/s / dlock ops/s, so 1.10 means dlock is 10 % slower);
+//! 3. `contended-16`: 16 tasks on one key, lock → short critical section →
+//!    release (throughput, wait p50/p99/max, owner changes, overlaps);
+//! 4. `reentrant`: re-locking a key the task holds (no I/O);
+//! 5. `held-N`: N locks held at once under the watchdog, and the renewal
+//!    requests per watchdog tick.
+
+mod raw;
+mod scenarios;
+mod stats;
+
+use std::{any::Any, fmt::Write as _, io::Write as _, process::ExitCode, time::Duration};
+
+use dlock_core::{Locker, MemoryBackend};
+use dlock_testkit::fixture::{EtcdServer, RedisServer, ZooKeeperServer};
+
+use crate::raw::Raw;
+
+/// One backend under test, with its servers and its raw floor.
+pub(crate) struct Target {
+    pub(crate) name: &'static str,
+    url: Option<String>,
+    memory: Option<MemoryBackend>,
+    pub(crate) raw: Option<Raw>,
+    _servers: Box<dyn Any>,
+}
+
+impl Target {
+    async fn start(name: &str) -> Result<Target, String> {
+        let fixture = |e: dlock_testkit::fixture::FixtureError| e.to_string();
+        Ok(match name {
+            "memory" => Target {
+                name: "memory",
+                url: None,
+                memory: Some(MemoryBackend::new()),
+                raw: None,
+                _servers: Box::new(()),
+            },
+            "redis" => {
+                let server = RedisServer::start().map_err(fixture)?;
+                Target {
+                    name: "redis",
+                    raw: Some(Raw::redis(&[server.url()]).await),
+                    url: Some(server.url()),
+                    memory: None,
+                    _servers: Box::new(server),
+                }
+            }
+            "redlock" => {
+                let servers = (0..5)
+                    .map(|_| RedisServer::start())
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(fixture)?;
+                let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+                let hosts: Vec<String> = servers.iter().map(RedisServer::host_port).collect();
+                Target {
+                    name: "redlock-5",
+                    raw: Some(Raw::redis(&urls).await),
+                    url: Some(format!("redis+redlock://{}", hosts.join(","))),
+                    memory: None,
+                    _servers: Box::new(servers),
+                }
+            }
+            "etcd" => {
+                let server = EtcdServer::start().map_err(fixture)?;
+                Target {
+                    name: "etcd",
+                    raw: Some(Raw::etcd(&server.endpoint()).await),
+                    url: Some(format!("etcd://{}/bench", server.endpoint())),
+                    memory: None,
+                    _servers: Box::new(server),
+                }
+            }
+            "zk" => {
+                let server = ZooKeeperServer::start().map_err(fixture)?;
+                Target {
+                    name: "zookeeper",
+                    raw: Some(Raw::zk(&server.endpoint()).await),
+                    url: Some(format!("zk://{}/bench", server.endpoint())),
+                    memory: None,
+                    _servers: Box::new(server),
+                }
+            }
+            other => {
+                return Err(format!(
+                    "unknown backend `{other}`: memory, redis, redlock, etcd, zk or all"
+                ))
+            }
+        })
+    }
+
+    /// A new client (another process would have its own).
+    pub(crate) async fn locker(&self, watchdog: Option<Duration>) -> Locker {
+        let backend: std::sync::Arc<dyn dlock_core::backend::Backend> =
+            match (&self.memory, &self.url) {
+                (Some(memory), _) => std::sync::Arc::new(memory.clone()),
+                (None, Some(url)) => dlock_testkit::connect(url).await.expect("connect"),
+                (None, None) => unreachable!("a target has a server"),
+            };
+        let mut builder = dlock_core::LockerBuilder::from_arc(backend);
+        if let Some(lease) = watchdog {
+            builder = builder.watchdog_lease(lease);
+        }
+        builder.build().expect("valid options")
+    }
+}
+
+/// One line of the results.
+#[derive(Debug, Default)]
+pub(crate) struct Row {
+    pub(crate) scenario: String,
+    pub(crate) backend: String,
+    pub(crate) ops: u64,
+    pub(crate) ops_per_sec: f64,
+    pub(crate) p50: Duration,
+    pub(crate) p99: Duration,
+    pub(crate) max: Duration,
+    pub(crate) raw_p50: Option<Duration>,
+    pub(crate) raw_ops_per_sec: Option<f64>,
+    pub(crate) ratio: Option<f64>,
+    pub(crate) notes: String,
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+impl Row {
+    fn markdown(&self) -> String {
+        let raw = match (self.raw_p50, self.raw_ops_per_sec) {
+            (Some(p50), _) if self.scenario == "serial" => format!("{:.1} µs", micros(p50)),
+            (_, Some(ops)) => format!("{ops:.0}/s"),
+            _ => "-".to_owned(),
+        };
+        let ratio = self
+            .ratio
+            .map_or_else(|| "-".to_owned(), |r| format!("{r:.2}×"));
+        format!(
+            "| {} | {} | {} | {:.0} | {:.1} µs | {:.1} µs | {:.1} µs | {} | {} | {} |",
+            self.scenario,
+            self.backend,
+            self.ops,
+            self.ops_per_sec,
+            micros(self.p50),
+            micros(self.p99),
+            micros(self.max),
+            raw,
+            ratio,
+            self.notes
+        )
+    }
+
+    fn json(&self) -> String {
+        let opt = |v: Option<f64>| v.map_or_else(|| "null".to_owned(), |v| format!("{v:.3}"));
+        format!(
+            "{{\"scenario\":\"{}\",\"backend\":\"{}\",\"ops\":{},\"ops_per_sec\":{:.1},\"p50_us\":{:.1},\"p99_us\":{:.1},\"max_us\":{:.1},\"raw_p50_us\":{},\"raw_ops_per_sec\":{},\"ratio\":{},\"notes\":\"{}\"}}",
+            self.scenario,
+            self.backend,
+            self.ops,
+            self.ops_per_sec,
+            micros(self.p50),
+            micros(self.p99),
+            micros(self.max),
+            opt(self.raw_p50.map(micros)),
+            opt(self.raw_ops_per_sec),
+            opt(self.ratio),
+            self.notes.replace('"', "'")
+        )
+    }
+}
+
+struct Args {
+    backends: Vec<String>,
+    quick: bool,
+    json: String,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        backends: vec!["all".to_owned()],
+        quick: false,
+        json: "dlock-bench.jsonl".to_owned(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--backend" => {
+                let value = it.next().ok_or("--backend needs a value")?;
+                args.backends = value.split(',').map(str::to_owned).collect();
+            }
+            "--quick" => args.quick = true,
+            "--json" => args.json = it.next().ok_or("--json needs a file")?,
+            "-h" | "--help" => {
+                return Err("usage: dlock-bench [--backend all|memory,redis,redlock,etcd,zk] [--quick] [--json FILE]".into())
+            }
+            other => return Err(format!("unknown argument `{other}`")),
+        }
+    }
+    if args.backends == ["all"] {
+        args.backends = ["memory", "redis", "redlock", "etcd", "zk"]
+            .map(str::to_owned)
+            .to_vec();
+    }
+    Ok(args)
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut table = String::from(
+        "| scenario | backend | ops | ops/s | p50 | p99 | max | raw floor | ratio | notes |\n|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let mut json = String::new();
+    for name in &args.backends {
+        let target = match Target::start(name).await {
+            Ok(target) => target,
+            Err(e) => {
+                eprintln!("{name}: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        eprintln!("benchmarking {}", target.name);
+        for row in scenarios::run_all(&target, args.quick).await {
+            let _ = writeln!(table, "{}", row.markdown());
+            let _ = writeln!(json, "{}", row.json());
+            eprintln!("  {} done", row.scenario);
+        }
+    }
+    println!("{table}");
+    match std::fs::File::create(&args.json).and_then(|mut f| f.write_all(json.as_bytes())) {
+        Ok(()) => eprintln!("JSON lines written to {}", args.json),
+        Err(e) => {
+            eprintln!("{}: {e}", args.json);
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}
