@@ -13,7 +13,7 @@ use dlock_core::{
     LockError, LockKey, Result, Token,
 };
 use futures_util::future::{join_all, select_all};
-use redis::RedisError;
+use redis::{RedisError, RedisResult};
 use tokio::{
     sync::{OwnedSemaphorePermit, Semaphore},
     time::Instant,
@@ -214,22 +214,39 @@ impl RedisBackend {
             .then(|| (lease / 10).max(floor).min(REDLOCK_NODE_TIMEOUT_MAX))
     }
 
+    /// Runs `step` on every node at once, each bounded by `timeout`.
+    async fn on_every_node<'n, T, F, Fut>(
+        &'n self,
+        timeout: Option<Duration>,
+        step: F,
+    ) -> Vec<RedisResult<T>>
+    where
+        F: Fn(&'n Node) -> Fut,
+        Fut: std::future::Future<Output = RedisResult<T>> + 'n,
+    {
+        join_all(self.inner.nodes.iter().map(|node| {
+            let step = step(node);
+            async move {
+                match timeout {
+                    Some(t) => tokio::time::timeout(t, step)
+                        .await
+                        .unwrap_or_else(|_| Err(timed_out())),
+                    None => step.await,
+                }
+            }
+        }))
+        .await
+    }
+
     /// One acquire attempt on every node at once.
     async fn attempt(&self, names: &Names, token: &str, lease: Duration) -> Result<Round> {
         let lease_ms = lease.as_millis().max(1) as u64;
         let fence = !self.inner.redlock;
         let timeout = self.node_timeout(lease);
         let sent = Instant::now();
-        let answers = join_all(self.inner.nodes.iter().map(|node| async move {
-            let step = node.acquire(names, token, lease_ms, fence);
-            match timeout {
-                Some(t) => tokio::time::timeout(t, step)
-                    .await
-                    .unwrap_or_else(|_| Err(timed_out())),
-                None => step.await,
-            }
-        }))
-        .await;
+        let answers = self
+            .on_every_node(timeout, |node| node.acquire(names, token, lease_ms, fence))
+            .await;
         let mut won = 0;
         let mut fence_value = 0;
         let mut held = Vec::new();
@@ -310,16 +327,9 @@ impl RedisBackend {
         publish: bool,
         timeout: Option<Duration>,
     ) -> Result<ReleaseOutcome> {
-        let answers = join_all(self.inner.nodes.iter().map(|node| async move {
-            let step = node.release(names, token, publish);
-            match timeout {
-                Some(t) => tokio::time::timeout(t, step)
-                    .await
-                    .unwrap_or_else(|_| Err(timed_out())),
-                None => step.await,
-            }
-        }))
-        .await;
+        let answers = self
+            .on_every_node(timeout, |node| node.release(names, token, publish))
+            .await;
         // The token held the lock only if it held a majority: a stale
         // guard's leftover key on a node or two is not the lock.
         let released = answers.iter().filter(|a| matches!(a, Ok(true))).count();
@@ -445,18 +455,14 @@ impl RedisBackend {
     /// subscription fails is covered by the TTL bound.
     async fn watch_all(&self, channel: &str) -> Vec<crate::subscriber::Watch> {
         let within = self.inner.subscribe_timeout;
-        join_all(self.inner.nodes.iter().map(|node| async move {
-            tokio::time::timeout(within, node.watch(channel))
-                .await
-                .unwrap_or_else(|_| Err(timed_out()))
-        }))
-        .await
-        .into_iter()
-        .filter_map(|w| {
-            w.inspect_err(|error| tracing::debug!(%error, "dlock redis subscribe failed"))
-                .ok()
-        })
-        .collect()
+        self.on_every_node(Some(within), |node| node.watch(channel))
+            .await
+            .into_iter()
+            .filter_map(|w| {
+                w.inspect_err(|error| tracing::debug!(%error, "dlock redis subscribe failed"))
+                    .ok()
+            })
+            .collect()
     }
 }
 
@@ -550,19 +556,10 @@ impl Backend for RedisBackend {
                 .map(|r| r.lease)
                 .min()
                 .and_then(|lease| self.node_timeout(lease));
-            let answers = join_all(self.inner.nodes.iter().map(|node| {
-                let (pairs, leases) = (&pairs, &leases);
-                async move {
-                    let step = node.renew(pairs, leases);
-                    match timeout {
-                        Some(t) => tokio::time::timeout(t, step)
-                            .await
-                            .unwrap_or_else(|_| Err(timed_out())),
-                        None => step.await,
-                    }
-                }
-            }))
-            .await;
+            let (pairs, leases) = (&pairs, &leases);
+            let answers = self
+                .on_every_node(timeout, |node| node.renew(pairs, leases))
+                .await;
             if !self.inner.redlock {
                 // One node: its error is the batch's.
                 let answers = answers
