@@ -97,12 +97,18 @@ fn etcd(members: usize) -> Topology {
 }
 
 fn zookeeper(servers: usize) -> Topology {
+    // An ensemble's JVMs share the two cores with the rest of the suite:
+    // give its sessions more room.
+    let timeout = if servers > 1 { 4 } else { 2 };
     let servers = ZooKeeperServer::ensemble(servers).expect("ZooKeeper");
     let endpoints: Vec<String> = servers.iter().map(ZooKeeperServer::endpoint).collect();
     Topology {
         name: "zookeeper",
-        url: format!("zk://{}/faults?session_timeout=2s", endpoints.join(",")),
-        lease: Duration::from_secs(2),
+        url: format!(
+            "zk://{}/faults?session_timeout={timeout}s",
+            endpoints.join(",")
+        ),
+        lease: Duration::from_secs(timeout),
         fencing: true,
         _servers: Box::new(servers),
     }

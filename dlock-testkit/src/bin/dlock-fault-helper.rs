@@ -15,6 +15,25 @@ use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use dlock_core::{LockOptions, Locker};
 
+/// Locks `key`, retrying a few times when the servers fail to answer
+/// (busy machines), as a service would; any other error is the answer.
+async fn lock(locker: &Locker, key: &str) -> Result<dlock_core::LockGuard, String> {
+    let mut tries = 0;
+    loop {
+        match locker
+            .lock_with(key, LockOptions::new().wait(Duration::from_secs(120)))
+            .await
+        {
+            Ok(guard) => return Ok(guard),
+            Err(dlock_core::LockError::Backend { .. }) if tries < 5 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
 fn fence_text(fence: Option<u64>) -> String {
     fence.map_or_else(|| "none".to_owned(), |f| f.to_string())
 }
@@ -45,10 +64,7 @@ async fn stock(args: &[String]) -> Result<(), String> {
         handles.push(tokio::spawn(async move {
             let mut sold = 0_u64;
             for _ in 0..mine {
-                let guard = locker
-                    .lock_with(&key, LockOptions::new().wait(Duration::from_secs(120)))
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let guard = lock(&locker, &key).await?;
                 // A read-modify-write the lock must make exclusive.
                 let left: i64 = std::fs::read_to_string(&*file)
                     .map_err(|e| e.to_string())?
@@ -79,10 +95,7 @@ async fn hold(args: &[String]) -> Result<(), String> {
     };
     let lease = Duration::from_millis(lease.parse().map_err(|_| "lease: a number of ms")?);
     let locker = locker(url, Some(lease)).await?;
-    let guard = locker
-        .lock_with(key, LockOptions::new().wait(Duration::from_secs(60)))
-        .await
-        .map_err(|e| e.to_string())?;
+    let guard = lock(&locker, key).await?;
     let fence = fence_text(guard.fencing_token());
     println!("acquired {fence}");
     loop {
