@@ -3,12 +3,14 @@
 //! lease end of every guard on it; its expiry loses them all.
 
 use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex, MutexGuard, Weak},
+    sync::{Arc, Weak},
     time::Duration,
 };
 
-use dlock_core::{backend::LossReporter, LostReason, Token};
+use dlock_core::{
+    backend::{LossReporter, SessionHolders},
+    LostReason, Token,
+};
 use etcd_client::{Client, TxnOp};
 use tokio::time::Instant;
 
@@ -20,19 +22,8 @@ const CHECKS_PER_TXN: usize = 64;
 pub(crate) struct Session {
     pub(crate) lease: i64,
     pub(crate) ttl: Duration,
-    state: Mutex<State>,
-}
-
-struct State {
-    /// When the last successful grant or keepalive was sent.
-    renewed_at: Instant,
-    expired: bool,
-    holders: HashMap<Token, Holder>,
-}
-
-struct Holder {
-    name: String,
-    loss: LossReporter,
+    /// The guards on this lease, by token, with their key names.
+    holders: SessionHolders<String>,
 }
 
 impl Session {
@@ -48,77 +39,32 @@ impl Session {
         let session = Arc::new(Session {
             lease: grant.id(),
             ttl: granted,
-            state: Mutex::new(State {
-                renewed_at: sent,
-                expired: false,
-                holders: HashMap::new(),
-            }),
+            holders: SessionHolders::new(sent),
         });
         tokio::spawn(keep_alive(client.clone(), Arc::downgrade(&session)));
         Ok(session)
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Whether the lease can still be used for new keys: not expired, and
     /// renewed recently enough that it has most of its TTL left.
     pub(crate) fn is_usable(&self) -> bool {
-        let state = self.state();
-        !state.expired && state.renewed_at.elapsed() < self.ttl / 2
-    }
-
-    /// When the lease was last renewed (it lasts `ttl` from then).
-    pub(crate) fn renewed_at(&self) -> Instant {
-        self.state().renewed_at
+        !self.holders.is_expired() && self.holders.renewed_at().elapsed() < self.ttl / 2
     }
 
     /// Tracks a lock held on this session, and returns when the lease was
-    /// last renewed: every later renewal reaches this guard. `None` (and
-    /// nothing tracked) if the session has already expired.
+    /// last renewed (see [`SessionHolders::hold`]).
     pub(crate) fn hold(&self, token: Token, name: String, loss: LossReporter) -> Option<Instant> {
-        let mut state = self.state();
-        if state.expired {
-            return None;
-        }
-        state.holders.insert(token, Holder { name, loss });
-        Some(state.renewed_at)
+        self.holders.hold(token, loss, None, name)
     }
 
-    /// Stops tracking a lock that is being released, and tells its guard if
-    /// one still listens: a release from elsewhere with its token (core
-    /// releases only once the guard is gone).
+    /// Stops tracking a lock that is being released.
     pub(crate) fn forget(&self, token: &Token) {
-        if let Some(holder) = self.state().holders.remove(token) {
-            holder.loss.report(LostReason::NotHeld);
-        }
-    }
-
-    fn renewed(&self, sent: Instant, ttl: Duration) {
-        let mut state = self.state();
-        state.renewed_at = sent;
-        for holder in state.holders.values() {
-            holder.loss.extend(sent, ttl);
-        }
-    }
-
-    fn expire(&self) {
-        let mut state = self.state();
-        state.expired = true;
-        for (_, holder) in state.holders.drain() {
-            holder.loss.report(LostReason::SessionExpired);
-        }
+        self.holders.forget(token, LostReason::NotHeld);
     }
 
     /// Reports holders whose key was deleted behind their back.
     async fn check_holders(&self, client: &Client) -> Result<(), etcd_client::Error> {
-        let held: Vec<(Token, String)> = self
-            .state()
-            .holders
-            .iter()
-            .map(|(token, h)| (*token, h.name.clone()))
-            .collect();
+        let held = self.holders.snapshot();
         for chunk in held.chunks(CHECKS_PER_TXN) {
             let gets: Vec<TxnOp> = chunk
                 .iter()
@@ -136,9 +82,7 @@ impl Session {
             for ((token, _), op) in chunk.iter().zip(answer.op_responses()) {
                 if let etcd_client::TxnOpResponse::Get(get) = op {
                     if get.count() == 0 {
-                        if let Some(holder) = self.state().holders.remove(token) {
-                            holder.loss.report(LostReason::NotHeld);
-                        }
+                        self.holders.forget(token, LostReason::NotHeld);
                     }
                 }
             }
@@ -178,18 +122,18 @@ async fn keep_alive(client: Client, session: Weak<Session>) {
         match answer {
             Some(Ok(Some(response))) if response.ttl() > 0 => {
                 let granted = Duration::from_secs(u64::try_from(response.ttl()).unwrap_or(1));
-                session.renewed(sent, granted);
+                session.holders.renewed(sent, granted);
             }
             Some(Ok(Some(_))) => {
                 tracing::warn!(lease, "dlock etcd session lease expired");
-                session.expire();
+                session.holders.expire();
                 return;
             }
             _ => {
                 stream = None;
-                if session.renewed_at().elapsed() >= session.ttl {
+                if session.holders.renewed_at().elapsed() >= session.ttl {
                     tracing::warn!(lease, "dlock etcd session could not be kept alive");
-                    session.expire();
+                    session.holders.expire();
                     return;
                 }
                 continue;

@@ -3,33 +3,23 @@
 //! which moves the lease end of every guard on it; its expiry loses them all.
 
 use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex, MutexGuard, Weak},
+    sync::{Arc, Weak},
     time::Duration,
 };
 
-use dlock_core::{backend::LossReporter, LostReason, Token};
+use dlock_core::{
+    backend::{LossReporter, SessionHolders},
+    LostReason, Token,
+};
 use tokio::time::Instant;
 use zookeeper_client::{Client, SessionState};
 
 pub(crate) struct Session {
     pub(crate) client: Client,
     pub(crate) timeout: Duration,
-    state: Mutex<State>,
-}
-
-struct State {
-    /// When the last request the server answered was sent: the server had
-    /// heard from this session then, so it lives until `timeout` later.
-    confirmed_at: Instant,
-    expired: bool,
-    holders: HashMap<Token, Holder>,
-}
-
-struct Holder {
-    loss: LossReporter,
-    /// A fixed lease's end: confirmations never extend the guard past it.
-    ends: Option<Instant>,
+    /// The guards on this session; "renewed" is when the server last
+    /// answered a request of it, so it lives until `timeout` later.
+    holders: SessionHolders<()>,
 }
 
 impl Session {
@@ -46,84 +36,38 @@ impl Session {
         let session = Arc::new(Session {
             timeout: client.session_timeout(),
             client,
-            state: Mutex::new(State {
-                confirmed_at: sent,
-                expired: false,
-                holders: HashMap::new(),
-            }),
+            holders: SessionHolders::new(sent),
         });
         tokio::spawn(monitor(Arc::downgrade(&session)));
         Ok(session)
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Usable for new locks: not expired, and confirmed recently enough
     /// that a new lock would not be lost at once.
     pub(crate) fn is_usable(&self) -> bool {
-        let state = self.state();
-        !state.expired && state.confirmed_at.elapsed() < self.timeout * 2 / 3
-    }
-
-    fn confirmed_at(&self) -> Instant {
-        self.state().confirmed_at
+        !self.holders.is_expired() && self.holders.renewed_at().elapsed() < self.timeout * 2 / 3
     }
 
     /// Tracks a held lock (with a fixed lease, ending at `ends`), and
-    /// returns when the session was last confirmed: every later
-    /// confirmation, and the session's expiry, reach this guard. `None` if
-    /// the session already expired.
+    /// returns when the session was last confirmed (see
+    /// [`SessionHolders::hold`]).
     pub(crate) fn hold(
         &self,
         token: Token,
         loss: LossReporter,
         ends: Option<Instant>,
     ) -> Option<Instant> {
-        let mut state = self.state();
-        if state.expired {
-            return None;
-        }
-        state.holders.insert(token, Holder { loss, ends });
-        Some(state.confirmed_at)
+        self.holders.hold(token, loss, ends, ())
     }
 
-    /// Stops tracking a lock that is being released, telling its guard if
-    /// one still listens (a release from elsewhere with its token).
+    /// Stops tracking a lock that is being released.
     pub(crate) fn forget(&self, token: &Token) {
-        if let Some(holder) = self.state().holders.remove(token) {
-            holder.loss.report(LostReason::NotHeld);
-        }
-    }
-
-    fn confirmed(&self, sent: Instant) {
-        let mut state = self.state();
-        state.confirmed_at = sent;
-        for holder in state.holders.values() {
-            let lease = match holder.ends {
-                Some(ends) => self.timeout.min(ends.saturating_duration_since(sent)),
-                None => self.timeout,
-            };
-            holder.loss.set_unsure(false);
-            holder.loss.extend(sent, lease);
-        }
-    }
-
-    fn unsure(&self) {
-        for holder in self.state().holders.values() {
-            holder.loss.set_unsure(true);
-        }
+        self.holders.forget(token, LostReason::NotHeld);
     }
 
     fn expire(&self) {
-        let mut state = self.state();
-        if !state.expired {
+        if self.holders.expire() {
             tracing::warn!("dlock zookeeper session expired");
-        }
-        state.expired = true;
-        for (_, holder) in state.holders.drain() {
-            holder.loss.report(LostReason::SessionExpired);
         }
     }
 }
@@ -153,20 +97,20 @@ async fn monitor(session: Weak<Session>) {
             }
             // Held by our clock until the session timeout runs out, but
             // nobody can tell meanwhile.
-            Some(SessionState::Disconnected) => session.unsure(),
+            Some(SessionState::Disconnected) => session.holders.unsure(),
             _ => {}
         }
         let sent = Instant::now();
         // `sync` goes through the leader: a follower cut off from it cannot
         // answer, while a plain read would be served by the follower alone.
         match tokio::time::timeout(period, session.client.sync("/")).await {
-            Ok(Ok(_)) => session.confirmed(sent),
+            Ok(Ok(_)) => session.holders.renewed(sent, session.timeout),
             Ok(Err(zookeeper_client::Error::SessionExpired)) => {
                 session.expire();
                 return;
             }
             _ => {
-                if session.confirmed_at().elapsed() >= session.timeout {
+                if session.holders.renewed_at().elapsed() >= session.timeout {
                     session.expire();
                     return;
                 }

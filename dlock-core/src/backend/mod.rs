@@ -16,6 +16,9 @@ use crate::{error::Result, key::LockKey, token::Token};
 pub use crate::lease::LossReporter;
 
 pub mod memory;
+mod session;
+
+pub use session::SessionHolders;
 
 /// A boxed, `Send` future, so that [`Backend`] can be used as `dyn Backend`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -1,0 +1,150 @@
+//! `SessionHolders`: the guards that live on one backend session (an etcd
+//! lease, a ZooKeeper session), renewed together and lost together. Written
+//! once here so that session backends only speak their server's protocol.
+
+use std::{
+    collections::HashMap,
+    sync::{Mutex, MutexGuard},
+    time::Duration,
+};
+
+use tokio::time::Instant;
+
+use crate::{error::LostReason, lease::LossReporter, token::Token};
+
+/// The guards held on one session, with when the session was last known
+/// alive. `T` is what the backend keeps per lock (its key name, or `()`).
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::backend::SessionHolders;
+/// use std::time::Duration;
+/// use tokio::time::Instant;
+///
+/// let holders: SessionHolders<String> = SessionHolders::new(Instant::now());
+/// // after each successful keepalive sent at `sent`:
+/// holders.renewed(Instant::now(), Duration::from_secs(10));
+/// // when the server says the session is gone:
+/// assert!(holders.expire());
+/// assert!(holders.is_expired());
+/// ```
+#[derive(Debug)]
+pub struct SessionHolders<T> {
+    inner: Mutex<Inner<T>>,
+}
+
+#[derive(Debug)]
+struct Inner<T> {
+    renewed_at: Instant,
+    expired: bool,
+    holders: HashMap<Token, Holder<T>>,
+}
+
+#[derive(Debug)]
+struct Holder<T> {
+    loss: LossReporter,
+    /// A fixed lease's end: renewals never extend the guard past it.
+    ends: Option<Instant>,
+    data: T,
+}
+
+impl<T: Clone> SessionHolders<T> {
+    /// No holders, on a session known alive at `renewed_at`.
+    pub fn new(renewed_at: Instant) -> Self {
+        SessionHolders {
+            inner: Mutex::new(Inner {
+                renewed_at,
+                expired: false,
+                holders: HashMap::new(),
+            }),
+        }
+    }
+
+    fn inner(&self) -> MutexGuard<'_, Inner<T>> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// When the session was last known alive (sent time of the request the
+    /// server answered).
+    pub fn renewed_at(&self) -> Instant {
+        self.inner().renewed_at
+    }
+
+    /// Whether the session has expired.
+    pub fn is_expired(&self) -> bool {
+        self.inner().expired
+    }
+
+    /// Tracks a lock held on the session (with a fixed lease ending at
+    /// `ends`), and returns when the session was last known alive: every
+    /// later renewal, and the expiry, reach this guard. `None`, and nothing
+    /// tracked, if the session already expired.
+    pub fn hold(
+        &self,
+        token: Token,
+        loss: LossReporter,
+        ends: Option<Instant>,
+        data: T,
+    ) -> Option<Instant> {
+        let mut inner = self.inner();
+        if inner.expired {
+            return None;
+        }
+        inner.holders.insert(token, Holder { loss, ends, data });
+        Some(inner.renewed_at)
+    }
+
+    /// Stops tracking a lock, telling its guard it is lost for `reason` if
+    /// one still listens (a release from elsewhere with its token, or a key
+    /// deleted behind its back; core releases only once its guard is gone).
+    pub fn forget(&self, token: &Token, reason: LostReason) {
+        if let Some(holder) = self.inner().holders.remove(token) {
+            holder.loss.report(reason);
+        }
+    }
+
+    /// The session was renewed by a request sent at `sent`, for `lease`:
+    /// every guard holds until then (a fixed lease no further than its end),
+    /// and none is unsure any more.
+    pub fn renewed(&self, sent: Instant, lease: Duration) {
+        let mut inner = self.inner();
+        inner.renewed_at = sent;
+        for holder in inner.holders.values() {
+            let lease = match holder.ends {
+                Some(ends) => lease.min(ends.saturating_duration_since(sent)),
+                None => lease,
+            };
+            holder.loss.set_unsure(false);
+            holder.loss.extend(sent, lease);
+        }
+    }
+
+    /// The session is disconnected: every guard says it is unsure.
+    pub fn unsure(&self) {
+        for holder in self.inner().holders.values() {
+            holder.loss.set_unsure(true);
+        }
+    }
+
+    /// The session expired: every guard on it is lost. Returns `false` if
+    /// it had already expired.
+    pub fn expire(&self) -> bool {
+        let mut inner = self.inner();
+        let first = !inner.expired;
+        inner.expired = true;
+        for (_, holder) in inner.holders.drain() {
+            holder.loss.report(LostReason::SessionExpired);
+        }
+        first
+    }
+
+    /// What the backend keeps for each held lock.
+    pub fn snapshot(&self) -> Vec<(Token, T)> {
+        self.inner()
+            .holders
+            .iter()
+            .map(|(token, h)| (*token, h.data.clone()))
+            .collect()
+    }
+}
