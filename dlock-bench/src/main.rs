@@ -15,27 +15,148 @@
 //! 3. `contended-16`: 16 tasks on one key, lock → short critical section →
 //!    release (throughput, wait p50/p99/max, owner changes, overlaps);
 //! 4. `reentrant`: re-locking a key the task holds (no I/O);
-//! 5. `held-N`: N locks held at once under the watchdog, and the renewal
-//!    requests per watchdog tick.
+//! 4. `contended-4x8`: the same across 4 OS processes of this binary with 8
+//!    tasks each (server backends only);
+//! 5. `reentrant`: re-locking a key the task holds (no I/O);
+//! 6. `held-N`: N locks held at once under the watchdog: heap bytes per held
+//!    lock, and the renewal requests per watchdog tick;
+//!
+//! Where the client crate ships a lock recipe, scenarios 1–3 also run it
+//! beside dlock (`etcd lock API`, `zk lock recipe`).
+//!
+//! Every server-backed row also reports what the server itself counted
+//! (Redis `total_commands_processed`, etcd's gRPC messages received,
+//! ZooKeeper's `zk_packets_received`) per operation.
 
+mod alloc;
+mod multiproc;
+mod peers;
 mod raw;
 mod scenarios;
 mod stats;
 
-use std::{any::Any, fmt::Write as _, io::Write as _, process::ExitCode, time::Duration};
+use std::{fmt::Write as _, io::Write as _, process::ExitCode, time::Duration};
 
 use dlock_core::{Locker, MemoryBackend};
+use dlock_redis::redis;
 use dlock_testkit::fixture::{EtcdServer, RedisServer, ZooKeeperServer};
 
 use crate::raw::Raw;
 
+#[global_allocator]
+static ALLOCATOR: alloc::Counting = alloc::Counting;
+
 /// One backend under test, with its servers and its raw floor.
 pub(crate) struct Target {
     pub(crate) name: &'static str,
-    url: Option<String>,
+    pub(crate) url: Option<String>,
     memory: Option<MemoryBackend>,
     pub(crate) raw: Option<Raw>,
-    _servers: Box<dyn Any>,
+    servers: Servers,
+}
+
+/// The servers of a target, kept alive for the run and asked for their own
+/// request counters.
+enum Servers {
+    None,
+    /// With one plain connection per node, opened once so that counting
+    /// adds exactly one `INFO` per node.
+    Redis(Vec<RedisServer>, std::sync::Mutex<Vec<redis::Connection>>),
+    Etcd(EtcdServer),
+    Zk(ZooKeeperServer),
+}
+
+impl Servers {
+    fn redis(servers: Vec<RedisServer>) -> Result<Servers, String> {
+        let conns = servers
+            .iter()
+            .map(|s| {
+                redis::Client::open(s.url())
+                    .and_then(|c| c.get_connection())
+                    .map_err(|e| format!("redis: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Servers::Redis(servers, std::sync::Mutex::new(conns)))
+    }
+
+    /// Requests the servers have received so far, by their own count.
+    fn requests(&self) -> Option<u64> {
+        match self {
+            Servers::None => None,
+            Servers::Redis(_, conns) => {
+                let mut conns = conns.lock().ok()?;
+                let mut total = 0;
+                for conn in conns.iter_mut() {
+                    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).ok()?;
+                    total += redis_requests(&info);
+                }
+                Some(total)
+            }
+            Servers::Etcd(server) => Some(server.grpc_requests().ok()?.values().sum()),
+            Servers::Zk(server) => server.packets_received().ok(),
+        }
+    }
+
+    fn nodes(&self) -> u64 {
+        match self {
+            Servers::None => 0,
+            Servers::Redis(servers, _) => servers.len() as u64,
+            Servers::Etcd(_) | Servers::Zk(_) => 1,
+        }
+    }
+}
+
+/// The commands clients sent to a Redis server, from `INFO commandstats`:
+/// the ones a client sends itself. Commands that scripts run inside the
+/// server (`SET`, `INCR`, `GET`, `DEL`, `PUBLISH`, ...) count in their own
+/// rows, which are left out, so one `EVALSHA` is one request.
+fn redis_requests(commandstats: &str) -> u64 {
+    const SENT_BY_CLIENTS: [&str; 8] = [
+        "evalsha",
+        "eval",
+        "script",
+        "subscribe",
+        "unsubscribe",
+        "ping",
+        "info",
+        "client",
+    ];
+    commandstats
+        .lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter_map(|l| {
+            let (name, stats) = l.split_once(':')?;
+            let name = name.split('|').next()?;
+            if !SENT_BY_CLIENTS.contains(&name) {
+                return None;
+            }
+            stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// Counts the requests the servers receive while something runs.
+pub(crate) struct RequestCount<'a> {
+    servers: &'a Servers,
+    before: Option<u64>,
+}
+
+impl RequestCount<'_> {
+    /// Requests received since the count started, less the counting's own
+    /// (one `INFO` per Redis node).
+    pub(crate) fn per_op(self, ops: u64) -> Option<f64> {
+        let after = self.servers.requests()?;
+        let own = match self.servers {
+            Servers::Redis(..) => self.servers.nodes(),
+            _ => 0,
+        };
+        let used = after.checked_sub(self.before? + own)?;
+        Some(used as f64 / ops.max(1) as f64)
+    }
 }
 
 impl Target {
@@ -47,7 +168,7 @@ impl Target {
                 url: None,
                 memory: Some(MemoryBackend::new()),
                 raw: None,
-                _servers: Box::new(()),
+                servers: Servers::None,
             },
             "redis" => {
                 let server = RedisServer::start().map_err(fixture)?;
@@ -56,7 +177,7 @@ impl Target {
                     raw: Some(Raw::redis(&[server.url()]).await),
                     url: Some(server.url()),
                     memory: None,
-                    _servers: Box::new(server),
+                    servers: Servers::redis(vec![server])?,
                 }
             }
             "redlock" => {
@@ -71,7 +192,7 @@ impl Target {
                     raw: Some(Raw::redis(&urls).await),
                     url: Some(format!("redis+redlock://{}", hosts.join(","))),
                     memory: None,
-                    _servers: Box::new(servers),
+                    servers: Servers::redis(servers)?,
                 }
             }
             "etcd" => {
@@ -81,7 +202,7 @@ impl Target {
                     raw: Some(Raw::etcd(&server.endpoint()).await),
                     url: Some(format!("etcd://{}/bench", server.endpoint())),
                     memory: None,
-                    _servers: Box::new(server),
+                    servers: Servers::Etcd(server),
                 }
             }
             "zk" => {
@@ -91,7 +212,7 @@ impl Target {
                     raw: Some(Raw::zk(&server.endpoint()).await),
                     url: Some(format!("zk://{}/bench", server.endpoint())),
                     memory: None,
-                    _servers: Box::new(server),
+                    servers: Servers::Zk(server),
                 }
             }
             other => {
@@ -102,20 +223,50 @@ impl Target {
         })
     }
 
+    /// Starts counting the requests the servers receive.
+    pub(crate) fn count_requests(&self) -> RequestCount<'_> {
+        RequestCount {
+            servers: &self.servers,
+            before: self.servers.requests(),
+        }
+    }
+
+    /// The etcd endpoint or ZooKeeper host list, for the peer recipes.
+    pub(crate) fn endpoint(&self) -> Option<String> {
+        match &self.servers {
+            Servers::Etcd(server) => Some(server.endpoint()),
+            Servers::Zk(server) => Some(server.endpoint()),
+            _ => None,
+        }
+    }
+
     /// A new client (another process would have its own).
     pub(crate) async fn locker(&self, watchdog: Option<Duration>) -> Locker {
-        let backend: std::sync::Arc<dyn dlock_core::backend::Backend> =
-            match (&self.memory, &self.url) {
-                (Some(memory), _) => std::sync::Arc::new(memory.clone()),
-                (None, Some(url)) => dlock_testkit::connect(url).await.expect("connect"),
-                (None, None) => unreachable!("a target has a server"),
-            };
-        let mut builder = dlock_core::LockerBuilder::from_arc(backend);
-        if let Some(lease) = watchdog {
-            builder = builder.watchdog_lease(lease);
+        match (&self.memory, &self.url) {
+            (Some(memory), _) => build_locker(std::sync::Arc::new(memory.clone()), watchdog),
+            (None, Some(url)) => locker_for(url, watchdog).await.expect("connect"),
+            (None, None) => unreachable!("a target has a server"),
         }
-        builder.build().expect("valid options")
     }
+}
+
+/// A locker on the backend at `url`.
+pub(crate) async fn locker_for(url: &str, watchdog: Option<Duration>) -> Result<Locker, String> {
+    let backend = dlock_testkit::connect(url)
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    Ok(build_locker(backend, watchdog))
+}
+
+fn build_locker(
+    backend: std::sync::Arc<dyn dlock_core::backend::Backend>,
+    watchdog: Option<Duration>,
+) -> Locker {
+    let mut builder = dlock_core::LockerBuilder::from_arc(backend);
+    if let Some(lease) = watchdog {
+        builder = builder.watchdog_lease(lease);
+    }
+    builder.build().expect("valid options")
 }
 
 /// One line of the results.
@@ -141,7 +292,9 @@ fn micros(d: Duration) -> f64 {
 impl Row {
     fn markdown(&self) -> String {
         let raw = match (self.raw_p50, self.raw_ops_per_sec) {
-            (Some(p50), _) if self.scenario == "serial" => format!("{:.1} µs", micros(p50)),
+            (Some(p50), _) if self.scenario.starts_with("serial") => {
+                format!("{:.1} µs", micros(p50))
+            }
             (_, Some(ops)) => format!("{ops:.0}/s"),
             _ => "-".to_owned(),
         };
@@ -219,6 +372,10 @@ fn parse_args() -> Result<Args, String> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.first().map(String::as_str) == Some(multiproc::CHILD) {
+        return multiproc::child(&argv[1..]).await;
+    }
     let args = match parse_args() {
         Ok(args) => args,
         Err(message) => {

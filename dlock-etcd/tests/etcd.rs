@@ -147,23 +147,6 @@ async fn a_session_cut_off_is_lost_before_anyone_else_acquires() {
     drop(acquired);
 }
 
-/// etcd's count of completed gRPC calls of one method, from `/metrics`.
-async fn grpc_calls(endpoint: &str, method: &str) -> u64 {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(endpoint).await.unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
-        .await
-        .unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await.unwrap();
-    let needle = format!("grpc_method=\"{method}\"");
-    text.lines()
-        .filter(|l| l.starts_with("grpc_server_handled_total") && l.contains(&needle))
-        .filter_map(|l| l.rsplit(' ').next().and_then(|n| n.parse::<f64>().ok()))
-        .sum::<f64>() as u64
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncontended_lock_costs_a_put_and_a_delete() {
     let server = EtcdServer::start().expect("start etcd");
@@ -172,18 +155,20 @@ async fn an_uncontended_lock_costs_a_put_and_a_delete() {
     // The session is started by the first lock; count the steady state.
     locker.lock("warm").await.unwrap().release().await.unwrap();
     let methods = ["Txn", "Range", "Put", "DeleteRange", "LeaseGrant", "Watch"];
-    let mut before = Vec::new();
-    for m in methods {
-        before.push(grpc_calls(&endpoint, m).await);
-    }
+    let count = |m: &str| -> u64 {
+        let requests = server.grpc_requests().expect("etcd /metrics");
+        requests.get(m).copied().unwrap_or(0)
+    };
+    let before: Vec<u64> = methods.iter().map(|m| count(m)).collect();
     const N: u64 = 50;
     for _ in 0..N {
         locker.lock("rt").await.unwrap().release().await.unwrap();
     }
-    let mut used = Vec::new();
-    for (m, b) in methods.iter().zip(before) {
-        used.push((*m, grpc_calls(&endpoint, m).await - b));
-    }
+    let used: Vec<(&str, u64)> = methods
+        .iter()
+        .zip(before)
+        .map(|(m, b)| (*m, count(m) - b))
+        .collect();
     println!("calls for {N} lock + release: {used:?}");
     let calls: u64 = used.iter().map(|(_, n)| n).sum();
     // A raw client does one put and one delete: 2 calls per cycle.

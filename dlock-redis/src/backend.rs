@@ -358,6 +358,16 @@ impl RedisBackend {
         let mut poll = Duration::from_millis(20);
         let mut failing_since: Option<Instant> = None;
         let mut turn = None;
+        if req.wait != Wait::No && self.has_local_waiters(&names.lock) {
+            // Others in this process already wait for the key: queue behind
+            // them instead of barging in. Otherwise a task that releases and
+            // locks again at once wins every time against the waiter its
+            // release is waking.
+            match self.local_turn(&names.lock, deadline).await {
+                Some(permit) => turn = Some(permit),
+                None => return Ok(None),
+            }
+        }
         loop {
             let round = self.attempt(&names, &token, req.lease).await;
             let now = Instant::now();
@@ -423,6 +433,16 @@ impl RedisBackend {
                 }
             }
         }
+    }
+
+    /// Whether a task of this process waits for `lock` (or holds the turn
+    /// to wait for it on the servers).
+    fn has_local_waiters(&self, lock: &str) -> bool {
+        self.inner
+            .local
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(lock)
     }
 
     /// This process's turn to wait for `lock` on the servers; `None` if the

@@ -46,9 +46,23 @@ impl Node {
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500));
         let conn = if eager {
-            ConnectionManager::new_with_config(client.clone(), config).await?
+            let mut conn = ConnectionManager::new_with_config(client.clone(), config).await?;
+            if let Err(error) = crate::scripts::Scripts::load(&mut conn).await {
+                // Not fatal: every call still loads a missing script itself.
+                tracing::debug!(%error, "dlock redis could not preload its scripts");
+            }
+            conn
         } else {
-            ConnectionManager::new_lazy_with_config(client.clone(), config)?
+            let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
+            // Connects in the background; a node that is down now loads the
+            // scripts on first use instead.
+            let mut preload = conn.clone();
+            tokio::spawn(async move {
+                if let Err(error) = crate::scripts::Scripts::load(&mut preload).await {
+                    tracing::debug!(%error, "dlock redis could not preload its scripts");
+                }
+            });
+            conn
         };
         let addr = client.get_connection_info().addr().to_string();
         Ok(Node {

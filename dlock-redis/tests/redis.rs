@@ -300,3 +300,35 @@ async fn a_holder_cut_off_is_lost_before_anyone_else_acquires() {
     println!("acquired {after:?} after the cut (lease {lease:?})");
     drop(next);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_locks_again_at_once_queues_behind_the_waiter_it_woke() {
+    let server = RedisServer::start().expect("redis-server");
+    let locker = locker(&server.url()).await;
+    let wait = LockOptions::new().wait(Duration::from_secs(10));
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    for round in 0..5 {
+        order.lock().unwrap().clear();
+        let held = locker.lock("fair").await.unwrap();
+        let waiter = tokio::spawn({
+            let (locker, order, wait) = (locker.clone(), order.clone(), wait);
+            async move {
+                let guard = locker.lock_with("fair", wait).await.unwrap();
+                order.lock().unwrap().push("waiter");
+                guard.release().await.unwrap();
+            }
+        });
+        // Long enough for the waiter to have tried, subscribed and slept.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        held.release().await.unwrap();
+        let again = locker.lock_with("fair", wait).await.unwrap();
+        order.lock().unwrap().push("releaser");
+        again.release().await.unwrap();
+        waiter.await.unwrap();
+        assert_eq!(
+            *order.lock().unwrap(),
+            ["waiter", "releaser"],
+            "round {round}: the releasing task barged in ahead of the waiter"
+        );
+    }
+}

@@ -1,0 +1,105 @@
+//! The lock recipes the client crates ship, measured beside dlock on the
+//! same servers: etcd's server-side lock API (through `etcd-client`) and
+//! `zookeeper-client`'s lock recipe.
+
+use std::sync::Arc;
+
+use dlock_etcd::etcd_client;
+use dlock_zk::zookeeper_client;
+use futures_util::future::BoxFuture;
+
+use crate::{
+    scenarios::{Lockable, Unlock},
+    Target,
+};
+
+/// The peers that run on `target`'s servers.
+pub(crate) async fn of(target: &Target) -> Vec<Arc<dyn Lockable>> {
+    let Some(endpoint) = target.endpoint() else {
+        return Vec::new();
+    };
+    match target.name {
+        "etcd" => vec![Arc::new(EtcdLockApi::connect(&endpoint).await)],
+        "zookeeper" => vec![Arc::new(ZkRecipe::connect(&endpoint).await)],
+        _ => Vec::new(),
+    }
+}
+
+/// Tasks that may lock at once; each has a lease of its own, since etcd's
+/// lock API makes one owner of every holder of a lease.
+const TASKS: usize = 64;
+
+/// etcd's `Lock` / `Unlock` RPCs (v3lock), one lease per task.
+struct EtcdLockApi {
+    client: etcd_client::Client,
+    leases: Vec<i64>,
+}
+
+impl EtcdLockApi {
+    async fn connect(endpoint: &str) -> EtcdLockApi {
+        let mut client = etcd_client::Client::connect([endpoint], None)
+            .await
+            .expect("etcd");
+        let mut leases = Vec::with_capacity(TASKS);
+        for _ in 0..TASKS {
+            leases.push(client.lease_grant(60, None).await.expect("lease").id());
+        }
+        EtcdLockApi { client, leases }
+    }
+}
+
+impl Lockable for EtcdLockApi {
+    fn label(&self) -> &str {
+        "etcd lock API"
+    }
+
+    fn lock<'a>(&'a self, task: usize, key: &'a str) -> BoxFuture<'a, Unlock<'a>> {
+        Box::pin(async move {
+            let mut client = self.client.clone();
+            let options = etcd_client::LockOptions::new().with_lease(self.leases[task]);
+            let owned = client
+                .lock(key, Some(options))
+                .await
+                .expect("etcd lock")
+                .key()
+                .to_vec();
+            Unlock(Box::pin(async move {
+                client.unlock(owned).await.expect("etcd unlock");
+            }))
+        })
+    }
+}
+
+/// `zookeeper-client`'s lock recipe (Curator-compatible prefix); its lock is
+/// released by dropping it, which deletes the node in the background.
+struct ZkRecipe(zookeeper_client::Client);
+
+impl ZkRecipe {
+    async fn connect(endpoint: &str) -> ZkRecipe {
+        let client = zookeeper_client::Client::connector()
+            .with_session_timeout(std::time::Duration::from_secs(10))
+            .connect(endpoint)
+            .await
+            .expect("zookeeper");
+        ZkRecipe(client)
+    }
+}
+
+impl Lockable for ZkRecipe {
+    fn label(&self) -> &str {
+        "zk lock recipe"
+    }
+
+    fn lock<'a>(&'a self, _task: usize, key: &'a str) -> BoxFuture<'a, Unlock<'a>> {
+        Box::pin(async move {
+            let dir = format!("/peer/{}", key.replace(['/', ':'], "_"));
+            let prefix = zookeeper_client::LockPrefix::new_curator(&dir, "lock-").expect("prefix");
+            let acls = zookeeper_client::Acls::anyone_all();
+            let options = zookeeper_client::LockOptions::new(acls)
+                .with_ancestor_options(zookeeper_client::CreateMode::Persistent.with_acls(acls))
+                .expect("options");
+            let lock = self.0.lock(prefix, b"", options).await.expect("zk lock");
+            Unlock(Box::pin(async move { drop(lock) }))
+        })
+    }
+}
