@@ -42,7 +42,7 @@ impl EtcdLockApi {
             .expect("etcd");
         let mut leases = Vec::with_capacity(TASKS);
         for _ in 0..TASKS {
-            leases.push(client.lease_grant(60, None).await.expect("lease").id());
+            leases.push(client.lease_grant(3600, None).await.expect("lease").id());
         }
         EtcdLockApi { client, leases }
     }

@@ -42,7 +42,7 @@ impl Raw {
         let mut client = etcd_client::Client::connect([endpoint], None)
             .await
             .expect("etcd");
-        let lease = client.lease_grant(30, None).await.expect("lease").id();
+        let lease = client.lease_grant(3600, None).await.expect("lease").id();
         Raw::Etcd(Box::new(client), lease)
     }
 

@@ -368,8 +368,24 @@ impl RedisBackend {
                 None => return Ok(None),
             }
         }
+        // The error of the last attempt, while attempts keep failing.
+        let mut last_error = None;
         loop {
-            let round = self.attempt(&names, &token, req.lease).await;
+            let attempt = self.attempt(&names, &token, req.lease);
+            let round = match (deadline, last_error.is_some()) {
+                // The servers have been failing: if the wait limit passes
+                // while they still do not answer, the failure is the answer,
+                // not a timeout, which would say that someone holds the lock.
+                (Some(d), true) => match tokio::time::timeout_at(d, attempt).await {
+                    Ok(round) => round,
+                    Err(_) => {
+                        return Err(last_error
+                            .take()
+                            .unwrap_or_else(|| backend_error(timed_out())))
+                    }
+                },
+                _ => attempt.await,
+            };
             let now = Instant::now();
             let sleep = match round {
                 Ok(Round::Won(acquired)) => return Ok(Some(acquired)),
@@ -378,6 +394,7 @@ impl RedisBackend {
                 }
                 Ok(Round::Held { retry_in }) => {
                     failing_since = None;
+                    last_error = None;
                     if turn.is_none() {
                         // Queue behind this process's other waiters for the
                         // key: only one of them contends with the servers.
@@ -414,6 +431,7 @@ impl RedisBackend {
                     if now + poll >= give_up {
                         return Err(error);
                     }
+                    last_error = Some(error);
                     poll = (poll * 2).min(Duration::from_millis(500));
                     poll
                 }

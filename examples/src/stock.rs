@@ -1,10 +1,15 @@
 //! The stock scenario: many concurrent purchase requests against one stock
-//! counter that lives outside the lock service (a database, here simulated
-//! with read and write latency). Each request reads the stock, thinks, and
-//! writes it back: a read-modify-write that oversells unless a lock makes it
-//! exclusive.
+//! counter that lives outside the lock service (a database row, here a
+//! value in memory or a file several processes share). Each request reads
+//! the stock, thinks, and writes it back: a read-modify-write that
+//! oversells unless a lock makes it exclusive.
+//!
+//! The request handler is [`buy`], an ordinary async fn under
+//! `#[distributed_lock]`; [`buy_unlocked`] is the same body without it.
 
 use std::{
+    io,
+    path::{Path, PathBuf},
     sync::{
         atomic::{AtomicU64, Ordering},
         Arc, Mutex,
@@ -12,7 +17,7 @@ use std::{
     time::Duration,
 };
 
-use dlock_core::{LockError, LockOptions, Locker};
+use dlock_core::{distributed_lock, LockError, Locker};
 use tokio::time::Instant;
 
 /// How a run is set up.
@@ -24,8 +29,8 @@ pub struct StockConfig {
     pub requests: usize,
     /// Time between reading the stock and writing it back.
     pub think: Duration,
-    /// The lock key.
-    pub key: String,
+    /// The item bought; the lock key is `stock:{item}`.
+    pub item: String,
 }
 
 impl Default for StockConfig {
@@ -34,7 +39,7 @@ impl Default for StockConfig {
             stock: 300,
             requests: 500,
             think: Duration::from_millis(1),
-            key: "stock:42".to_owned(),
+            item: "42".to_owned(),
         }
     }
 }
@@ -54,86 +59,249 @@ pub struct StockReport {
     pub lost_updates: u64,
     /// Wall time of the whole run.
     pub elapsed: Duration,
-    /// Median time a request waited for the lock.
-    pub wait_p50: Duration,
-    /// Longest time a request waited for the lock.
-    pub wait_max: Duration,
+    /// How long each request waited before its handler body ran.
+    pub waits: Vec<Duration>,
 }
 
-/// The stock store, outside the lock service: reads and writes are separate
-/// round trips, as with a database row read and later updated.
+impl StockReport {
+    /// A report from totals: units sold, the store's count at the end.
+    pub fn new(
+        initial: u64,
+        sold: u64,
+        remaining: u64,
+        elapsed: Duration,
+        mut waits: Vec<Duration>,
+    ) -> Self {
+        waits.sort();
+        StockReport {
+            initial,
+            sold,
+            remaining,
+            oversold: sold.saturating_sub(initial),
+            lost_updates: (sold + remaining).saturating_sub(initial),
+            elapsed,
+            waits,
+        }
+    }
+
+    /// The median wait.
+    pub fn wait_p50(&self) -> Duration {
+        self.waits
+            .get(self.waits.len() / 2)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// The longest wait.
+    pub fn wait_max(&self) -> Duration {
+        self.waits.last().copied().unwrap_or_default()
+    }
+}
+
+/// A request that could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum StockError {
+    /// The lock could not be taken (the wait ran out, the server failed).
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    /// The stock store could not be read or written.
+    #[error("stock store: {0}")]
+    Store(#[from] io::Error),
+}
+
+/// The stock, outside the lock service: reads and writes are separate round
+/// trips, as with a database row read and later updated.
 #[derive(Debug)]
-struct Store {
-    stock: Mutex<u64>,
+pub enum Store {
+    /// A value in this process.
+    Memory(Mutex<u64>),
+    /// A file several processes share; writes replace it whole (write a
+    /// temporary file, rename), so a read never sees half a number.
+    File(PathBuf),
 }
 
 impl Store {
-    async fn read(&self) -> u64 {
-        tokio::task::yield_now().await;
-        *self.stock.lock().unwrap_or_else(|e| e.into_inner())
+    /// A store in this process holding `stock`.
+    pub fn in_memory(stock: u64) -> Store {
+        Store::Memory(Mutex::new(stock))
     }
 
-    async fn write(&self, value: u64) {
-        tokio::task::yield_now().await;
-        *self.stock.lock().unwrap_or_else(|e| e.into_inner()) = value;
+    /// A store in the file `path`, created holding `stock`.
+    ///
+    /// # Errors
+    ///
+    /// The I/O error if the file cannot be written.
+    pub async fn create_file(path: &Path, stock: u64) -> io::Result<Store> {
+        let store = Store::File(path.to_owned());
+        store.write(stock).await?;
+        Ok(store)
+    }
+
+    /// Reads the stock.
+    ///
+    /// # Errors
+    ///
+    /// The I/O error, or `InvalidData` if the file does not hold a number.
+    pub async fn read(&self) -> io::Result<u64> {
+        match self {
+            Store::Memory(stock) => {
+                tokio::task::yield_now().await;
+                Ok(*stock.lock().unwrap_or_else(|e| e.into_inner()))
+            }
+            Store::File(path) => {
+                let text = tokio::fs::read_to_string(path).await?;
+                text.trim().parse().map_err(|_| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("{}: `{text}`", path.display()),
+                    )
+                })
+            }
+        }
+    }
+
+    /// Writes the stock.
+    ///
+    /// # Errors
+    ///
+    /// The I/O error.
+    pub async fn write(&self, value: u64) -> io::Result<()> {
+        match self {
+            Store::Memory(stock) => {
+                tokio::task::yield_now().await;
+                *stock.lock().unwrap_or_else(|e| e.into_inner()) = value;
+                Ok(())
+            }
+            Store::File(path) => {
+                static NEXT: AtomicU64 = AtomicU64::new(0);
+                let temporary = path.with_extension(format!(
+                    "{}-{}.tmp",
+                    std::process::id(),
+                    NEXT.fetch_add(1, Ordering::Relaxed)
+                ));
+                tokio::fs::write(&temporary, value.to_string()).await?;
+                tokio::fs::rename(&temporary, path).await
+            }
+        }
     }
 }
 
-/// Runs `config.requests` concurrent purchases, each under `locker`'s lock
-/// on `config.key`, or with no lock at all when `locker` is `None`.
+/// One served purchase request.
+#[derive(Debug, Clone, Copy)]
+pub struct Purchase {
+    /// Whether a unit was sold (false: out of stock).
+    pub sold: bool,
+    /// How long the request waited before its body ran.
+    pub waited: Duration,
+}
+
+/// The purchase handler: read the stock, think, write it back less one.
+/// The whole body runs under the lock `stock:{item}` of `locker`, in every
+/// process that shares it; `asked` is when the request arrived.
 ///
 /// # Errors
 ///
-/// The first lock error any request met.
-pub async fn run(locker: Option<&Locker>, config: &StockConfig) -> Result<StockReport, LockError> {
-    let store = Arc::new(Store {
-        stock: Mutex::new(config.stock),
-    });
-    let sold = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
+/// [`StockError::Lock`] if the lock was not granted within 120 s;
+/// [`StockError::Store`] if the store failed.
+#[distributed_lock(key = "stock:{item}", locker = locker, wait = "120s")]
+pub async fn buy(
+    locker: &Locker,
+    store: &Store,
+    item: &str,
+    think: Duration,
+    asked: Instant,
+) -> Result<Purchase, StockError> {
+    sell_one(store, think, asked).await
+}
+
+/// The same handler with no lock: oversells.
+///
+/// # Errors
+///
+/// [`StockError::Store`] if the store failed.
+pub async fn buy_unlocked(
+    store: &Store,
+    think: Duration,
+    asked: Instant,
+) -> Result<Purchase, StockError> {
+    sell_one(store, think, asked).await
+}
+
+async fn sell_one(store: &Store, think: Duration, asked: Instant) -> Result<Purchase, StockError> {
+    let waited = asked.elapsed();
+    let left = store.read().await?;
+    tokio::time::sleep(think).await;
+    let sold = left > 0;
+    if sold {
+        store.write(left - 1).await?;
+    }
+    Ok(Purchase { sold, waited })
+}
+
+/// Serves `config.requests` concurrent purchases against `store`, each its
+/// own Tokio task (as a web server would), under `locker`'s lock or with no
+/// lock at all when `locker` is `None`. Returns the units sold and each
+/// request's wait.
+///
+/// # Errors
+///
+/// The first error any request met.
+pub async fn serve(
+    locker: Option<&Locker>,
+    store: Arc<Store>,
+    config: &StockConfig,
+) -> Result<(u64, Vec<Duration>), StockError> {
     let mut requests = Vec::with_capacity(config.requests);
     for _ in 0..config.requests {
-        let (store, sold, locker) = (store.clone(), sold.clone(), locker.cloned());
-        let (key, think) = (config.key.clone(), config.think);
+        let (store, locker) = (store.clone(), locker.cloned());
+        let (item, think) = (config.item.clone(), config.think);
         requests.push(tokio::spawn(async move {
             let asked = Instant::now();
-            let guard = match &locker {
-                Some(locker) => Some(
-                    locker
-                        .lock_with(&key, LockOptions::new().wait(Duration::from_secs(120)))
-                        .await?,
-                ),
-                None => None,
-            };
-            let waited = asked.elapsed();
-            let left = store.read().await;
-            tokio::time::sleep(think).await;
-            if left > 0 {
-                store.write(left - 1).await;
-                sold.fetch_add(1, Ordering::SeqCst);
+            match &locker {
+                Some(locker) => buy(locker, &store, &item, think, asked).await,
+                None => buy_unlocked(&store, think, asked).await,
             }
-            if let Some(guard) = guard {
-                guard.release().await?;
-            }
-            Ok::<_, LockError>(waited)
         }));
     }
-    let mut waits = Vec::with_capacity(requests.len());
-    for r in requests {
-        let waited = r.await.map_err(|e| LockError::backend("stock-demo", e))??;
-        waits.push(waited);
+    let (mut sold, mut waits) = (0, Vec::with_capacity(requests.len()));
+    for request in requests {
+        let purchase = request.await.map_err(io::Error::other)??;
+        sold += u64::from(purchase.sold);
+        waits.push(purchase.waited);
     }
-    waits.sort();
-    let sold = sold.load(Ordering::SeqCst);
-    let remaining = store.read().await;
-    Ok(StockReport {
-        initial: config.stock,
+    Ok((sold, waits))
+}
+
+/// Runs the whole scenario in this process, against a new in-memory store.
+///
+/// # Errors
+///
+/// The first error any request met.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::{BackendExt, MemoryBackend};
+/// use dlock_examples::stock::{run, StockConfig};
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), dlock_examples::stock::StockError> {
+/// let locker = MemoryBackend::new().into_locker();
+/// let report = run(Some(&locker), &StockConfig::default()).await?;
+/// assert_eq!((report.sold, report.oversold), (300, 0));
+/// # Ok(())
+/// # }
+/// ```
+pub async fn run(locker: Option<&Locker>, config: &StockConfig) -> Result<StockReport, StockError> {
+    let store = Arc::new(Store::in_memory(config.stock));
+    let start = Instant::now();
+    let (sold, waits) = serve(locker, store.clone(), config).await?;
+    let remaining = store.read().await?;
+    Ok(StockReport::new(
+        config.stock,
         sold,
         remaining,
-        oversold: sold.saturating_sub(config.stock),
-        lost_updates: (sold + remaining).saturating_sub(config.stock),
-        elapsed: start.elapsed(),
-        wait_p50: waits.get(waits.len() / 2).copied().unwrap_or_default(),
-        wait_max: waits.last().copied().unwrap_or_default(),
-    })
+        start.elapsed(),
+        waits,
+    ))
 }

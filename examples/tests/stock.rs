@@ -1,7 +1,11 @@
-//! The stock demo's claims: nothing oversold with the lock, oversold without.
+//! The stock demo's claims, in one process and across processes on real
+//! servers: nothing oversold with the lock, oversold without it.
+
+use std::process::{Command, Output};
 
 use dlock_core::{BackendExt, MemoryBackend};
 use dlock_examples::stock::{run, StockConfig};
+use dlock_testkit::fixture::{EtcdServer, RedisServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lock_prevents_overselling() {
@@ -12,6 +16,7 @@ async fn the_lock_prevents_overselling() {
     assert_eq!(report.remaining, 0, "{report:?}");
     assert_eq!(report.oversold, 0, "{report:?}");
     assert_eq!(report.lost_updates, 0, "{report:?}");
+    assert_eq!(report.waits.len(), 500, "one wait per request");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -23,22 +28,100 @@ async fn without_the_lock_the_stock_is_oversold() {
     assert!(report.lost_updates > 0, "{report:?}");
 }
 
-#[test]
-fn the_demo_binary_prints_both_runs() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_stock"))
-        .args(["--requests", "120", "--stock", "100"])
+fn demo(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_stock"))
+        .args(args)
         .output()
-        .expect("run the stock demo");
+        .expect("run the stock demo")
+}
+
+/// `(sold, remaining, oversold, lost updates)` from the line starting
+/// with `label`.
+fn numbers(stdout: &str, label: &str) -> (u64, u64, u64, u64) {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with(label))
+        .unwrap_or_else(|| panic!("no `{label}` line in:\n{stdout}"));
+    let after = |name: &str| -> u64 {
+        let rest = &line[line
+            .find(name)
+            .unwrap_or_else(|| panic!("no {name} in `{line}`"))
+            + name.len()..];
+        rest.split_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no number after {name} in `{line}`"))
+    };
+    (
+        after(" sold "),
+        after("remaining "),
+        after("oversold "),
+        after("lost updates "),
+    )
+}
+
+fn check_both_runs(out: &Output, stock: u64) {
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
-    let with = text
-        .lines()
-        .find(|l| l.starts_with("with lock"))
-        .expect("a locked line");
-    assert!(with.contains("oversold    0"), "{text}");
-    let without = text
-        .lines()
-        .find(|l| l.starts_with("without lock"))
-        .expect("an unlocked line");
-    assert!(!without.contains("oversold    0"), "{text}");
+    let (sold, remaining, oversold, lost) = numbers(&text, "with lock");
+    assert_eq!(
+        (sold, remaining, oversold, lost),
+        (stock, 0, 0, 0),
+        "{text}"
+    );
+    let (_, _, oversold, lost) = numbers(&text, "without lock");
+    assert!(
+        oversold > 0 || lost > 0,
+        "no oversell without the lock?\n{text}"
+    );
+}
+
+#[test]
+fn the_demo_binary_prints_both_runs() {
+    let out = demo(&["--requests", "120", "--stock", "100"]);
+    check_both_runs(&out, 100);
+}
+
+#[test]
+fn several_processes_share_the_stock_through_redis() {
+    let server = RedisServer::start().expect("redis-server");
+    let out = demo(&["--processes", "3", "--backend", &server.url()]);
+    check_both_runs(&out, 300);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("in 3 processes"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn several_processes_share_the_stock_through_etcd() {
+    let server = EtcdServer::start().expect("etcd");
+    let url = format!("etcd://{}/stock-demo", server.endpoint());
+    let out = demo(&[
+        "--processes",
+        "2",
+        "--requests",
+        "200",
+        "--stock",
+        "120",
+        "--backend",
+        &url,
+    ]);
+    check_both_runs(&out, 120);
+}
+
+#[test]
+fn processes_without_a_lock_server_are_refused_with_a_reason() {
+    let out = demo(&["--processes", "2"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("needs a server backend"), "{err}");
+}
+
+#[test]
+fn a_bad_backend_url_is_a_clear_error() {
+    let out = demo(&["--backend", "mysql://localhost"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("names no backend"), "{err}");
 }

@@ -1,0 +1,52 @@
+//! `--backend URL`: every example runs on the embedded in-process backend by
+//! default, and on any server backend given by URL.
+
+use dlock_core::{BackendExt, LockError, Locker, MemoryBackend};
+
+/// The URLs `--backend` accepts, for usage messages.
+pub const URLS: &str =
+    "memory (default), redis://HOST:PORT, redis+redlock://H1:P1,H2:P2,H3:P3, etcd://HOST:PORT/PREFIX, zk://HOST:PORT/PATH";
+
+/// A [`Locker`] on the backend `url` names; `None` or `"memory"` is the
+/// in-process backend (locks shared by this process only).
+///
+/// This is the one place the examples pick a backend: an application
+/// depends on the backend crate it uses and calls its `connect`, as here.
+///
+/// # Errors
+///
+/// [`LockError::InvalidOptions`] for an unknown scheme or a malformed URL;
+/// the backend's error if it cannot connect.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock_core::LockError> {
+/// let locker = dlock_examples::backend::locker(None).await?;
+/// let guard = locker.lock("order:1").await?;
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+pub async fn locker(url: Option<&str>) -> Result<Locker, LockError> {
+    let Some(url) = url.filter(|url| *url != "memory") else {
+        return Ok(MemoryBackend::new().into_locker());
+    };
+    match url.split_once("://").map(|(scheme, _)| scheme) {
+        Some("redis" | "redis+redlock") => {
+            Ok(dlock_redis::RedisBackend::connect(url).await?.into_locker())
+        }
+        Some("etcd") => Ok(dlock_etcd::EtcdBackend::connect(url).await?.into_locker()),
+        Some("zk") => Ok(dlock_zk::ZkBackend::connect(url).await?.into_locker()),
+        _ => Err(LockError::InvalidOptions {
+            reason: format!("`{url}` names no backend; use one of: {URLS}"),
+        }),
+    }
+}
+
+/// Whether `url` names the in-process backend, whose locks do not reach
+/// other processes.
+pub fn is_in_process(url: Option<&str>) -> bool {
+    url.is_none_or(|url| url == "memory")
+}
