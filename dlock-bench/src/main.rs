@@ -51,7 +51,7 @@ pub(crate) struct Target {
     pub(crate) name: &'static str,
     pub(crate) url: Option<String>,
     memory: Option<MemoryBackend>,
-    pub(crate) raw: Option<Raw>,
+    pub(crate) raw: Option<std::sync::Arc<Raw>>,
     servers: Servers,
 }
 
@@ -174,7 +174,7 @@ impl Target {
                 let server = RedisServer::start().map_err(fixture)?;
                 Target {
                     name: "redis",
-                    raw: Some(Raw::redis(&[server.url()]).await),
+                    raw: Some(std::sync::Arc::new(Raw::redis(&[server.url()]).await)),
                     url: Some(server.url()),
                     memory: None,
                     servers: Servers::redis(vec![server])?,
@@ -189,7 +189,7 @@ impl Target {
                 let hosts: Vec<String> = servers.iter().map(RedisServer::host_port).collect();
                 Target {
                     name: "redlock-5",
-                    raw: Some(Raw::redis(&urls).await),
+                    raw: Some(std::sync::Arc::new(Raw::redis(&urls).await)),
                     url: Some(format!("redis+redlock://{}", hosts.join(","))),
                     memory: None,
                     servers: Servers::redis(servers)?,
@@ -199,7 +199,7 @@ impl Target {
                 let server = EtcdServer::start().map_err(fixture)?;
                 Target {
                     name: "etcd",
-                    raw: Some(Raw::etcd(&server.endpoint()).await),
+                    raw: Some(std::sync::Arc::new(Raw::etcd(&server.endpoint()).await)),
                     url: Some(format!("etcd://{}/bench", server.endpoint())),
                     memory: None,
                     servers: Servers::Etcd(server),
@@ -209,7 +209,7 @@ impl Target {
                 let server = ZooKeeperServer::start().map_err(fixture)?;
                 Target {
                     name: "zookeeper",
-                    raw: Some(Raw::zk(&server.endpoint()).await),
+                    raw: Some(std::sync::Arc::new(Raw::zk(&server.endpoint()).await)),
                     url: Some(format!("zk://{}/bench", server.endpoint())),
                     memory: None,
                     servers: Servers::Zk(server),

@@ -26,6 +26,10 @@ use crate::{
 /// The default watchdog lease: how long a crashed holder keeps a lock.
 pub const DEFAULT_WATCHDOG_LEASE: Duration = Duration::from_secs(30);
 
+/// How long the servers may take to say they are there, when a wait limit
+/// passed without a grant (see [`Backend::check_servers`]).
+const CHECK_SERVERS_WITHIN: Duration = Duration::from_secs(1);
+
 /// A handle for taking locks through one backend.
 ///
 /// A `Locker` is cheap to clone; clones share the backend connection, the
@@ -220,10 +224,14 @@ impl Locker {
     ///
     /// # Errors
     ///
-    /// - [`LockError::Timeout`] when the wait limit passes;
+    /// - [`LockError::Timeout`] when the wait limit passes (another owner
+    ///   holds the key);
     /// - [`LockError::InvalidKey`], [`LockError::InvalidOptions`];
     /// - [`LockError::Lost`] when re-entering a hold that was lost;
-    /// - [`LockError::Backend`] when the server fails;
+    /// - [`LockError::Backend`] when the server fails, also when the wait
+    ///   limit passes while the servers do not answer: then the backend is
+    ///   asked once ([`Backend::check_servers`], at most 1 s more), and
+    ///   their error is the answer;
     /// - [`LockError::NoRuntime`] outside a Tokio runtime.
     ///
     /// # Cancel safety
@@ -349,6 +357,22 @@ impl Locker {
         self.acquire(key.as_ref(), options, true).await
     }
 
+    /// Asks the backend whether its servers answer, bounded to
+    /// [`CHECK_SERVERS_WITHIN`]; no answer in time is their error.
+    async fn check_servers(&self) -> Result<()> {
+        let backend = &self.shared.backend;
+        match tokio::time::timeout(CHECK_SERVERS_WITHIN, backend.check_servers()).await {
+            Ok(answer) => answer,
+            Err(_) => Err(LockError::backend(
+                backend.name(),
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the servers did not answer when the wait limit passed",
+                ),
+            )),
+        }
+    }
+
     async fn acquire(
         &self,
         key: &str,
@@ -420,6 +444,12 @@ impl Locker {
                 Wait::No | Wait::Forever => (attempt.await, false),
             };
             unanswered.armed = cut_short || outcome.is_err();
+            let outcome = match (outcome, wait) {
+                // Not granted within the limit: a timeout, unless the servers
+                // stopped answering, whose error is then the truth.
+                (Ok(None), Wait::Until(_)) => self.check_servers().await.map(|()| None),
+                (outcome, _) => outcome,
+            };
             let waited = start.elapsed();
             let span = tracing::Span::current();
             span.record("waited_us", waited.as_micros() as u64);

@@ -357,6 +357,8 @@ impl EtcdBackend {
         // retried with backoff until the wait limit, or without one, until
         // the cluster stayed unreachable for `unreachable_after`.
         let mut failing_since: Option<Instant> = None;
+        // The error of the last step, while steps keep failing.
+        let mut last_error = None;
         let mut backoff = Duration::from_millis(20);
         loop {
             let now = Instant::now();
@@ -392,7 +394,18 @@ impl EtcdBackend {
                     .map(|kv| kv.create_revision());
                 Ok((first == Some(mine)).then_some(checked))
             };
-            match step.await {
+            let step = match (deadline, last_error.take()) {
+                // The cluster has been failing: if the wait limit passes
+                // while it still does not answer, the failure is the answer,
+                // not a timeout, which would say that someone holds the lock.
+                // (Core releases the queue key after an error.)
+                (Some(d), Some(error)) => match tokio::time::timeout_at(d, step).await {
+                    Ok(step) => step,
+                    Err(_) => return Err(error),
+                },
+                _ => step.await,
+            };
+            match step {
                 Ok(Some(checked)) => {
                     return self.granted(req, &session, &name, mine, checked).await
                 }
@@ -405,6 +418,7 @@ impl EtcdBackend {
                     if now + backoff >= give_up {
                         return Err(error);
                     }
+                    last_error = Some(error);
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(1));
                 }
@@ -612,6 +626,18 @@ impl EtcdBackend {
 impl Backend for EtcdBackend {
     fn name(&self) -> &'static str {
         NAME
+    }
+
+    /// A linearizable count of the prefix: it needs a leader to answer.
+    fn check_servers(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            let options = GetOptions::new().with_count_only();
+            self.client()
+                .get(self.inner.prefix.as_str(), Some(options))
+                .await
+                .map(drop)
+                .map_err(backend_error)
+        })
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -552,6 +552,28 @@ impl Backend for RedisBackend {
         NAME
     }
 
+    /// A `PING` to every node: `Ok` when a quorum answers.
+    fn check_servers(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            let answers = self
+                .on_every_node(None, |node| {
+                    let mut conn = node.connection();
+                    async move { redis::cmd("PING").query_async::<()>(&mut conn).await }
+                })
+                .await;
+            let up = answers.iter().filter(|a| a.is_ok()).count();
+            if up >= self.inner.quorum {
+                return Ok(());
+            }
+            Err(backend_error(
+                answers
+                    .into_iter()
+                    .find_map(|a| a.err())
+                    .unwrap_or_else(timed_out),
+            ))
+        })
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities::new().fencing(!self.inner.redlock)
     }

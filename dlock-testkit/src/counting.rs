@@ -119,4 +119,8 @@ impl Backend for CountingBackend {
         self.renewals.fetch_add(1, Ordering::SeqCst);
         self.inner.renew(locks)
     }
+
+    fn check_servers(&self) -> BoxFuture<'_, Result<()>> {
+        self.inner.check_servers()
+    }
 }

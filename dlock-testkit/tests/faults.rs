@@ -497,3 +497,52 @@ async fn misbehaving_server(behaviour: Behaviour) -> u16 {
     });
     port
 }
+
+/// A waiter whose servers go away mid-wait answers with their error when
+/// its wait limit passes, not with `Timeout` (which would tell the caller
+/// that someone holds the lock: a web service would answer 409 where 500
+/// is true).
+async fn servers_gone_mid_wait(url: &str, kill: impl FnOnce()) {
+    let (holder, waiter) = (locker(url).await, locker(url).await);
+    let held = holder.lock("gone-mid-wait").await.expect("lock");
+    let wait = tokio::spawn(async move {
+        waiter
+            .lock_with(
+                "gone-mid-wait",
+                LockOptions::new().wait(Duration::from_secs(3)),
+            )
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    kill();
+    let answer = tokio::time::timeout(Duration::from_secs(30), wait)
+        .await
+        .expect("the wait limit is kept")
+        .expect("waiter task");
+    assert!(
+        matches!(answer, Err(LockError::Backend { .. })),
+        "{url}: expected the servers' error, got {answer:?}"
+    );
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_gone_mid_wait_is_a_backend_error() {
+    let mut server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    servers_gone_mid_wait(&url, || server.process().kill()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_gone_mid_wait_is_a_backend_error() {
+    let mut server = EtcdServer::start().expect("etcd");
+    let url = format!("etcd://{}/gone", server.endpoint());
+    servers_gone_mid_wait(&url, || server.process().kill()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_gone_mid_wait_is_a_backend_error() {
+    let mut server = ZooKeeperServer::start().expect("ZooKeeper");
+    let url = format!("zk://{}/gone", server.endpoint());
+    servers_gone_mid_wait(&url, || server.process().kill()).await;
+}

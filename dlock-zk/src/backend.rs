@@ -234,6 +234,8 @@ impl ZkBackend {
         // When the last listing was sent: its answer proves the session alive.
         let mut listed_at = sent;
         let mut failing_since: Option<Instant> = None;
+        // The error of the last step, while steps keep failing.
+        let mut last_error = None;
         let mut backoff = Duration::from_millis(20);
         loop {
             children.sort_by_key(|c| sequence(c).unwrap_or(i64::MAX));
@@ -267,7 +269,18 @@ impl ZkBackend {
                 let at = Instant::now();
                 Ok::<_, ZkError>((at, client.list_children(&parent).await?))
             };
-            match step.await {
+            let step = match (deadline, last_error.take()) {
+                // The servers have been failing: if the wait limit passes
+                // while they still do not answer, the failure is the answer,
+                // not a timeout, which would say that someone holds the lock.
+                // (Core deletes our node after an error.)
+                (Some(d), Some(error)) => match tokio::time::timeout_at(d, step).await {
+                    Ok(step) => step,
+                    Err(_) => return Err(backend_error(error)),
+                },
+                _ => step.await,
+            };
+            match step {
                 Ok((at, listed)) => {
                     listed_at = at;
                     children = listed;
@@ -284,6 +297,7 @@ impl ZkBackend {
                     if now + backoff >= give_up {
                         return Err(backend_error(error));
                     }
+                    last_error = Some(error);
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_millis(500));
                 }
@@ -470,6 +484,19 @@ impl ZkBackend {
 impl Backend for ZkBackend {
     fn name(&self) -> &'static str {
         NAME
+    }
+
+    /// The session (opening one if it ended) and a read through it.
+    fn check_servers(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            let session = self.session().await?;
+            session
+                .client
+                .check_stat("/")
+                .await
+                .map(drop)
+                .map_err(backend_error)
+        })
     }
 
     fn capabilities(&self) -> Capabilities {

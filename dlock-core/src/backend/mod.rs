@@ -81,6 +81,29 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// outcome per request, in order. An `Err` means nothing is known about
     /// any of them.
     fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>>;
+
+    /// Whether the servers answer now. The [`Locker`](crate::Locker) asks
+    /// once when a wait limit passes without a grant: if the servers do not
+    /// answer, the caller gets their error rather than
+    /// [`LockError::Timeout`](crate::LockError::Timeout), which says that
+    /// another owner holds the lock (a web service would answer 409 where
+    /// 500 is the truth).
+    ///
+    /// The default, for a backend without servers, answers `Ok(())`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use dlock_core::{backend::Backend, MemoryBackend};
+    ///
+    /// assert!(MemoryBackend::new().check_servers().await.is_ok());
+    /// # }
+    /// ```
+    fn check_servers(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Arc<B> {
@@ -102,6 +125,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>> {
         (**self).renew(locks)
+    }
+    fn check_servers(&self) -> BoxFuture<'_, Result<()>> {
+        (**self).check_servers()
     }
 }
 
