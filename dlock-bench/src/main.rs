@@ -139,6 +139,27 @@ fn redis_requests(commandstats: &str) -> u64 {
         .sum()
 }
 
+/// The server time Redis spent on `commands` so far, in µs, from the
+/// `usec=` fields of `INFO commandstats` (a script's time includes the
+/// commands it runs).
+fn redis_usec(commandstats: &str, commands: &[&str]) -> u64 {
+    commandstats
+        .lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter_map(|l| {
+            let (name, stats) = l.split_once(':')?;
+            if !commands.contains(&name) {
+                return None;
+            }
+            stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("usec="))?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
 /// Counts the requests the servers receive while something runs.
 pub(crate) struct RequestCount<'a> {
     servers: &'a Servers,
@@ -229,6 +250,21 @@ impl Target {
             servers: &self.servers,
             before: self.servers.requests(),
         }
+    }
+
+    /// Redis only: the server time spent on `commands` so far, in µs,
+    /// summed over the nodes.
+    pub(crate) fn redis_server_usec(&self, commands: &[&str]) -> Option<u64> {
+        let Servers::Redis(_, conns) = &self.servers else {
+            return None;
+        };
+        let mut conns = conns.lock().ok()?;
+        let mut total = 0;
+        for conn in conns.iter_mut() {
+            let info: String = redis::cmd("INFO").arg("commandstats").query(conn).ok()?;
+            total += redis_usec(&info, commands);
+        }
+        Some(total)
     }
 
     /// The etcd endpoint or ZooKeeper host list, for the peer recipes.

@@ -124,6 +124,7 @@ async fn warm_up(target: &Target, ops: usize) {
 async fn serial(target: &Target, subject: &dyn Lockable, ops: usize) -> Row {
     let mut samples = Vec::with_capacity(ops);
     let requests = target.count_requests();
+    let usec_before = target.redis_server_usec(&["evalsha"]);
     let start = Instant::now();
     for _ in 0..ops {
         let t = Instant::now();
@@ -132,6 +133,10 @@ async fn serial(target: &Target, subject: &dyn Lockable, ops: usize) -> Row {
     }
     let elapsed = start.elapsed();
     let requests = requests.per_op(ops as u64);
+    // dlock sends only scripts; the raw floor a SET and a script.
+    let server_us = usec_before
+        .zip(target.redis_server_usec(&["evalsha"]))
+        .map(|(before, after)| (after - before) as f64 / ops as f64);
     let samples = Samples::new(samples);
     let mut row = Row {
         scenario: scenario(subject, "serial".into()),
@@ -146,6 +151,7 @@ async fn serial(target: &Target, subject: &dyn Lockable, ops: usize) -> Row {
     };
     if let Some(raw) = &target.raw {
         let token = Token::generate().to_string();
+        let raw_usec_before = target.redis_server_usec(&["set", "evalsha"]);
         let mut floor = Vec::with_capacity(ops);
         for _ in 0..ops {
             let t = Instant::now();
@@ -153,6 +159,12 @@ async fn serial(target: &Target, subject: &dyn Lockable, ops: usize) -> Row {
             floor.push(t.elapsed());
         }
         let floor = Samples::new(floor).quantile(0.5);
+        let raw_server_us = raw_usec_before
+            .zip(target.redis_server_usec(&["set", "evalsha"]))
+            .map(|(before, after)| (after - before) as f64 / ops as f64);
+        if let (Some(dlock), Some(raw)) = (server_us, raw_server_us) {
+            row.notes += &format!("; Redis busy {dlock:.1} µs/op (raw {raw:.1})");
+        }
         row.raw_p50 = Some(floor);
         row.ratio = Some(row.p50.as_secs_f64() / floor.as_secs_f64());
     }

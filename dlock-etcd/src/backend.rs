@@ -357,8 +357,6 @@ impl EtcdBackend {
         // retried with backoff until the wait limit, or without one, until
         // the cluster stayed unreachable for `unreachable_after`.
         let mut failing_since: Option<Instant> = None;
-        // The error of the last step, while steps keep failing.
-        let mut last_error = None;
         let mut backoff = Duration::from_millis(20);
         loop {
             let now = Instant::now();
@@ -394,18 +392,7 @@ impl EtcdBackend {
                     .map(|kv| kv.create_revision());
                 Ok((first == Some(mine)).then_some(checked))
             };
-            let step = match (deadline, last_error.take()) {
-                // The cluster has been failing: if the wait limit passes
-                // while it still does not answer, the failure is the answer,
-                // not a timeout, which would say that someone holds the lock.
-                // (Core releases the queue key after an error.)
-                (Some(d), Some(error)) => match tokio::time::timeout_at(d, step).await {
-                    Ok(step) => step,
-                    Err(_) => return Err(error),
-                },
-                _ => step.await,
-            };
-            match step {
+            match step.await {
                 Ok(Some(checked)) => {
                     return self.granted(req, &session, &name, mine, checked).await
                 }
@@ -418,7 +405,6 @@ impl EtcdBackend {
                     if now + backoff >= give_up {
                         return Err(error);
                     }
-                    last_error = Some(error);
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(1));
                 }

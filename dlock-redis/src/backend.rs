@@ -368,24 +368,8 @@ impl RedisBackend {
                 None => return Ok(None),
             }
         }
-        // The error of the last attempt, while attempts keep failing.
-        let mut last_error = None;
         loop {
-            let attempt = self.attempt(&names, &token, req.lease);
-            let round = match (deadline, last_error.is_some()) {
-                // The servers have been failing: if the wait limit passes
-                // while they still do not answer, the failure is the answer,
-                // not a timeout, which would say that someone holds the lock.
-                (Some(d), true) => match tokio::time::timeout_at(d, attempt).await {
-                    Ok(round) => round,
-                    Err(_) => {
-                        return Err(last_error
-                            .take()
-                            .unwrap_or_else(|| backend_error(timed_out())))
-                    }
-                },
-                _ => attempt.await,
-            };
+            let round = self.attempt(&names, &token, req.lease).await;
             let now = Instant::now();
             let sleep = match round {
                 Ok(Round::Won(acquired)) => return Ok(Some(acquired)),
@@ -394,7 +378,6 @@ impl RedisBackend {
                 }
                 Ok(Round::Held { retry_in }) => {
                     failing_since = None;
-                    last_error = None;
                     if turn.is_none() {
                         // Queue behind this process's other waiters for the
                         // key: only one of them contends with the servers.
@@ -431,7 +414,6 @@ impl RedisBackend {
                     if now + poll >= give_up {
                         return Err(error);
                     }
-                    last_error = Some(error);
                     poll = (poll * 2).min(Duration::from_millis(500));
                     poll
                 }
@@ -611,11 +593,16 @@ impl Backend for RedisBackend {
                 .iter()
                 .map(|r| r.lease.as_millis().max(1) as u64)
                 .collect();
+            // A renewal counts from when it was sent, so a late answer is
+            // still worth having: wait up to a watchdog period (a third of
+            // the lease), not the acquire's per-node bound, which a batch
+            // of thousands of locks on a busy node can take longer than.
             let timeout = locks
                 .iter()
                 .map(|r| r.lease)
                 .min()
-                .and_then(|lease| self.node_timeout(lease));
+                .filter(|_| self.inner.redlock)
+                .map(|lease| lease / 3);
             let (pairs, leases) = (&pairs, &leases);
             let answers = self
                 .on_every_node(timeout, |node| node.renew(pairs, leases))

@@ -234,8 +234,6 @@ impl ZkBackend {
         // When the last listing was sent: its answer proves the session alive.
         let mut listed_at = sent;
         let mut failing_since: Option<Instant> = None;
-        // The error of the last step, while steps keep failing.
-        let mut last_error = None;
         let mut backoff = Duration::from_millis(20);
         loop {
             children.sort_by_key(|c| sequence(c).unwrap_or(i64::MAX));
@@ -269,18 +267,7 @@ impl ZkBackend {
                 let at = Instant::now();
                 Ok::<_, ZkError>((at, client.list_children(&parent).await?))
             };
-            let step = match (deadline, last_error.take()) {
-                // The servers have been failing: if the wait limit passes
-                // while they still do not answer, the failure is the answer,
-                // not a timeout, which would say that someone holds the lock.
-                // (Core deletes our node after an error.)
-                (Some(d), Some(error)) => match tokio::time::timeout_at(d, step).await {
-                    Ok(step) => step,
-                    Err(_) => return Err(backend_error(error)),
-                },
-                _ => step.await,
-            };
-            match step {
+            match step.await {
                 Ok((at, listed)) => {
                     listed_at = at;
                     children = listed;
@@ -297,7 +284,6 @@ impl ZkBackend {
                     if now + backoff >= give_up {
                         return Err(backend_error(error));
                     }
-                    last_error = Some(error);
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_millis(500));
                 }
