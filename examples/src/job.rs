@@ -12,6 +12,12 @@
 //! rejected instead of overwriting newer work. Checking
 //! `guard.is_lost()` before writing would not be enough: the lease can run
 //! out between the check and the write.
+//!
+//! The lease is the job's time budget: a run that outlives it may be run
+//! again by another instance (the fence then keeps the older write from
+//! landing after the newer one; it cannot undo the work). Choose a lease
+//! longer than any run, or use the watchdog (`try_lock` without a lease)
+//! and accept that a frozen holder keeps the job until its session ends.
 
 use std::{
     sync::{Arc, Mutex},
