@@ -72,7 +72,7 @@ pub use locker::{
 };
 pub use mutex::{DistMutex, DistMutexGuard, OwnedDistMutexGuard};
 pub use options::{Lease, LockOptions, MAX_LEASE, MIN_LEASE, MIN_WATCHDOG_LEASE};
-pub use token::Token;
+pub use token::{Token, TokenHex};
 
 #[cfg(feature = "macros")]
 #[doc(inline)]

@@ -65,13 +65,49 @@ impl Token {
     }
 }
 
+impl Token {
+    /// The token as 32 lowercase hex digits, without allocating: the form
+    /// backends send (the `Display` form too).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let token = dlock_core::Token::generate();
+    /// assert_eq!(token.to_hex().as_str(), token.to_string());
+    /// ```
+    pub fn to_hex(&self) -> TokenHex {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut hex = [0u8; 32];
+        for (i, b) in self.0.iter().enumerate() {
+            hex[2 * i] = DIGITS[usize::from(b >> 4)];
+            hex[2 * i + 1] = DIGITS[usize::from(b & 0x0f)];
+        }
+        TokenHex(hex)
+    }
+}
+
+/// A [`Token`]'s 32 hex digits, on the stack (see [`Token::to_hex`]).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TokenHex([u8; 32]);
+
+impl TokenHex {
+    /// The digits.
+    pub fn as_str(&self) -> &str {
+        // Only ASCII hex digits are ever written.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+impl fmt::Debug for TokenHex {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl fmt::Display for Token {
     /// 32 lowercase hex digits.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for b in self.0 {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
+        f.pad(self.to_hex().as_str())
     }
 }
 
@@ -107,5 +143,17 @@ mod tests {
         let t = Token::generate();
         assert_eq!(Token::from_bytes(*t.as_bytes()), t);
         assert!(t.to_string().chars().all(|c| c.is_ascii_hexdigit()));
+    }
+
+    #[test]
+    fn hex_is_the_bytes_in_order_lowercase() {
+        let mut bytes = [0u8; 16];
+        bytes[0] = 0x0a;
+        bytes[1] = 0xf0;
+        bytes[15] = 0xff;
+        let t = Token::from_bytes(bytes);
+        assert_eq!(t.to_string(), "0af000000000000000000000000000ff");
+        assert_eq!(t.to_hex().as_str(), t.to_string());
+        assert_eq!(format!("{t:>34}"), format!("  {t}"), "padding is honoured");
     }
 }

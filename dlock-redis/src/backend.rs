@@ -224,7 +224,7 @@ impl RedisBackend {
         F: Fn(&'n Node) -> Fut,
         Fut: std::future::Future<Output = RedisResult<T>> + 'n,
     {
-        join_all(self.inner.nodes.iter().map(|node| {
+        let bounded = |node| {
             let step = step(node);
             async move {
                 match timeout {
@@ -234,8 +234,12 @@ impl RedisBackend {
                     None => step.await,
                 }
             }
-        }))
-        .await
+        };
+        match &self.inner.nodes[..] {
+            // One node (not Redlock): no join to allocate and poll.
+            [node] => vec![bounded(node).await],
+            nodes => join_all(nodes.iter().map(bounded)).await,
+        }
     }
 
     /// One acquire attempt on every node at once.
