@@ -57,8 +57,10 @@ fn parse_args() -> Result<Args, String> {
             other => return Err(format!("unknown argument `{other}`\n{USAGE}")),
         }
     }
-    if !(1..=32).contains(&args.instances) {
-        return Err(format!("--instances takes 1 to 32\n{USAGE}"));
+    if !(1..=26).contains(&args.instances) {
+        return Err(format!(
+            "--instances takes 1 to 26 (instances a to z)\n{USAGE}"
+        ));
     }
     Ok(args)
 }
