@@ -87,6 +87,14 @@ impl Token {
 }
 
 /// A [`Token`]'s 32 hex digits, on the stack (see [`Token::to_hex`]).
+///
+/// # Examples
+///
+/// ```
+/// let token = dlock_core::Token::from_bytes([0xab; 16]);
+/// let hex = token.to_hex();
+/// assert_eq!(hex.as_str(), "ab".repeat(16));
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TokenHex([u8; 32]);
 

@@ -47,6 +47,15 @@ pub async fn locker(url: Option<&str>) -> Result<Locker, LockError> {
 
 /// Whether `url` names the in-process backend, whose locks do not reach
 /// other processes.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_examples::backend::is_in_process;
+///
+/// assert!(is_in_process(None) && is_in_process(Some("memory")));
+/// assert!(!is_in_process(Some("redis://127.0.0.1:6379")));
+/// ```
 pub fn is_in_process(url: Option<&str>) -> bool {
     url.is_none_or(|url| url == "memory")
 }

@@ -68,6 +68,19 @@ pub struct Report {
 /// The job's store (a database table, here in memory), with a fence: a
 /// write is accepted only with a token at least as new as any seen, as in
 /// `UPDATE ... WHERE last_fence <= $token`.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_examples::job::{FencedStore, Report, StaleFence};
+///
+/// let store = FencedStore::default();
+/// let report = |tick, fence| Report { tick, instance: "a".into(), fence };
+/// assert!(store.write(report(1, 8)).is_ok());
+/// assert_eq!(store.write(report(0, 7)), Err(StaleFence { fence: 7, newest: 8 }));
+/// assert!(store.has(1) && !store.has(0));
+/// assert_eq!(store.reports().len(), 1);
+/// ```
 #[derive(Debug, Default)]
 pub struct FencedStore {
     state: Mutex<StoreState>,

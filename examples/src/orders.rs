@@ -30,6 +30,21 @@ use tokio::io::AsyncWriteExt;
 /// The ledger all instances share (a database, here a directory):
 /// `processed/{id}` marks a processed order, `charges.log` has one line per
 /// charge made, `total` counts processed orders.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_examples::orders::Ledger;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> std::io::Result<()> {
+/// let dir = tempfile::tempdir()?;
+/// let ledger = Ledger::open(dir.path())?;
+/// assert!(ledger.charges()?.is_empty());
+/// assert_eq!(ledger.total().await?, 0);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct Ledger {
     dir: PathBuf,
@@ -111,6 +126,23 @@ pub struct InstanceStats {
 }
 
 /// What the handlers share.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_core::{BackendExt, MemoryBackend};
+/// use dlock_examples::orders::{router, AppState, Ledger};
+///
+/// # fn main() -> std::io::Result<()> {
+/// let dir = tempfile::tempdir()?;
+/// let locker = MemoryBackend::new().into_locker();
+/// let state = AppState::new(locker, "a", Ledger::open(dir.path())?, Duration::from_millis(50));
+/// let app = router(state); // serve with axum::serve
+/// # let _ = app;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct AppState {
     locker: Locker,

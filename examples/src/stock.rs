@@ -45,6 +45,19 @@ impl Default for StockConfig {
 }
 
 /// What a run did.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_examples::stock::StockReport;
+///
+/// let waits = vec![Duration::from_millis(3), Duration::from_millis(1), Duration::from_millis(2)];
+/// let report = StockReport::new(300, 310, 0, Duration::from_secs(1), waits);
+/// assert_eq!((report.oversold, report.lost_updates), (10, 10));
+/// assert_eq!(report.wait_p50(), Duration::from_millis(2));
+/// assert_eq!(report.wait_max(), Duration::from_millis(3));
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct StockReport {
     /// Units in stock at the start.
@@ -111,6 +124,21 @@ pub enum StockError {
 
 /// The stock, outside the lock service: reads and writes are separate round
 /// trips, as with a database row read and later updated.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_examples::stock::Store;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> std::io::Result<()> {
+/// let dir = tempfile::tempdir()?;
+/// let store = Store::create_file(&dir.path().join("stock"), 300).await?;
+/// store.write(store.read().await? - 1).await?;
+/// assert_eq!(store.read().await?, 299);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub enum Store {
     /// A value in this process.
