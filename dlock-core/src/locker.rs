@@ -444,6 +444,9 @@ impl Locker {
                 Wait::No | Wait::Forever => (attempt.await, false),
             };
             unanswered.armed = cut_short || outcome.is_err();
+            // Give back what an attempt cut short may hold now, before any
+            // further await: the next waiter should not wait on it.
+            drop(unanswered);
             let outcome = match (outcome, wait) {
                 // Not granted within the limit: a timeout, unless the servers
                 // stopped answering, whose error is then the truth.

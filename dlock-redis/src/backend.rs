@@ -113,6 +113,10 @@ impl fmt::Debug for RedisBackend {
     }
 }
 
+/// The longest a waiter that watches the release channel sleeps before it
+/// looks again by itself: one request per 5 s per waiting process and key.
+const MAX_WATCHED_SLEEP: Duration = Duration::from_secs(5);
+
 fn backend_error(e: RedisError) -> LockError {
     LockError::backend(NAME, e)
 }
@@ -406,7 +410,11 @@ impl RedisBackend {
                         poll = (poll * 2).min(Duration::from_secs(1));
                         retry_in.min(poll)
                     } else {
-                        retry_in
+                        // Woken by the release; the holder's TTL bounds the
+                        // sleep if it died, and a cap bounds a wake-up that
+                        // never came (one multi-process run of the stock
+                        // demo once waited out a whole 30 s TTL).
+                        retry_in.min(MAX_WATCHED_SLEEP)
                     }
                 }
                 Err(error) => {
@@ -442,11 +450,17 @@ impl RedisBackend {
     /// Whether a task of this process waits for `lock` (or holds the turn
     /// to wait for it on the servers).
     fn has_local_waiters(&self, lock: &str) -> bool {
-        self.inner
-            .local
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(lock)
+        let mut local = self.inner.local.lock().unwrap_or_else(|e| e.into_inner());
+        match local.get(lock) {
+            // Only the map holds the queue: its last waiter went away
+            // (a dropped future) without cleaning up. Forget it.
+            Some(queue) if Arc::strong_count(queue) == 1 => {
+                local.remove(lock);
+                false
+            }
+            Some(_) => true,
+            None => false,
+        }
     }
 
     /// This process's turn to wait for `lock` on the servers; `None` if the
@@ -538,11 +552,13 @@ impl Backend for RedisBackend {
         NAME
     }
 
-    /// A `PING` to every node: `Ok` when a quorum answers.
+    /// A `PING` to every node: `Ok` when a quorum answers. Each node gets
+    /// half a second, well inside the Locker's bound, so that one dead
+    /// Redlock node does not turn a quorum's answer into an error.
     fn check_servers(&self) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
             let answers = self
-                .on_every_node(None, |node| {
+                .on_every_node(Some(Duration::from_millis(500)), |node| {
                     let mut conn = node.connection();
                     async move { redis::cmd("PING").query_async::<()>(&mut conn).await }
                 })

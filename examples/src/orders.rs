@@ -215,7 +215,11 @@ async fn process_order(
     state.ledger.charge(id, &state.instance).await?;
     state.ledger.mark_processed(id, &state.instance).await?;
 
-    let mut stats = state.stats.lock().await?;
+    // The order is charged: whatever fails from here is the service's
+    // fault (500), never "being processed by another request" (409). A
+    // failure here leaves the total one short; a real service would count
+    // in the same transaction as the charge.
+    let mut stats = state.stats.lock().await.map_err(ApiError::Stats)?;
     stats.processed += 1;
     let total = state.ledger.total().await?;
     state.ledger.set_total(total + 1).await?;
@@ -226,7 +230,7 @@ async fn process_order(
 }
 
 async fn stats(State(state): State<AppState>) -> Result<String, ApiError> {
-    let stats = state.stats.lock().await?;
+    let stats = state.stats.lock().await.map_err(ApiError::Stats)?;
     let total = state.ledger.total().await?;
     Ok(format!(
         "instance {} processed {}; all instances processed {total}\n",
@@ -243,6 +247,9 @@ pub enum ApiError {
     /// The ledger: 500.
     #[error("ledger: {0}")]
     Ledger(#[from] io::Error),
+    /// The instance counters' lock, taken after the charge: 500.
+    #[error("stats lock: {0}")]
+    Stats(LockError),
 }
 
 impl IntoResponse for ApiError {

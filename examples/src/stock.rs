@@ -120,6 +120,9 @@ pub enum StockError {
     /// The stock store could not be read or written.
     #[error("stock store: {0}")]
     Store(#[from] io::Error),
+    /// A request's task panicked.
+    #[error("a request panicked: {0}")]
+    Panicked(String),
 }
 
 /// The stock, outside the lock service: reads and writes are separate round
@@ -229,9 +232,10 @@ pub struct Purchase {
 ///
 /// # Errors
 ///
-/// [`StockError::Lock`] if the lock was not granted within 120 s;
-/// [`StockError::Store`] if the store failed.
-#[distributed_lock(key = "stock:{item}", locker = locker, wait = "120s")]
+/// [`StockError::Lock`] if the lock service failed (the request waits for
+/// its turn however long the queue); [`StockError::Store`] if the store
+/// failed.
+#[distributed_lock(key = "stock:{item}", locker = locker, wait = "forever")]
 pub async fn buy(
     locker: &Locker,
     store: &Store,
@@ -279,21 +283,23 @@ pub async fn serve(
     store: Arc<Store>,
     config: &StockConfig,
 ) -> Result<(u64, Vec<Duration>), StockError> {
-    let mut requests = Vec::with_capacity(config.requests);
+    // A JoinSet: on the first error the set is dropped, which aborts the
+    // requests still running instead of leaving them buying unseen.
+    let mut requests = tokio::task::JoinSet::new();
     for _ in 0..config.requests {
         let (store, locker) = (store.clone(), locker.cloned());
         let (item, think) = (config.item.clone(), config.think);
-        requests.push(tokio::spawn(async move {
+        requests.spawn(async move {
             let asked = Instant::now();
             match &locker {
                 Some(locker) => buy(locker, &store, &item, think, asked).await,
                 None => buy_unlocked(&store, think, asked).await,
             }
-        }));
+        });
     }
-    let (mut sold, mut waits) = (0, Vec::with_capacity(requests.len()));
-    for request in requests {
-        let purchase = request.await.map_err(io::Error::other)??;
+    let (mut sold, mut waits) = (0, Vec::with_capacity(config.requests));
+    while let Some(request) = requests.join_next().await {
+        let purchase = request.map_err(|e| StockError::Panicked(e.to_string()))??;
         sold += u64::from(purchase.sold);
         waits.push(purchase.waited);
     }

@@ -153,6 +153,7 @@ async fn main() -> ExitCode {
     }
     let reports = store.reports();
     let mut ticks: Vec<u64> = reports.iter().map(|r| r.tick).collect();
+    ticks.sort_unstable();
     ticks.dedup();
     let twice = reports.len() - ticks.len();
     println!(
