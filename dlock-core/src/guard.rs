@@ -107,14 +107,21 @@ async fn release_traced(
 /// Releases `key` for `token` in a task of its own on `runtime`, so the
 /// release completes though nobody waits for it. If that runtime is gone,
 /// the lease expires on the server instead.
+///
+/// The release counts as pending on `shared` until it is answered (see
+/// [`Locker::wait_for_releases`](crate::Locker::wait_for_releases)).
 fn spawn_release(
     runtime: &Handle,
-    backend: Arc<dyn Backend>,
+    shared: Arc<Shared>,
     key: LockKey,
     token: Token,
     span: tracing::Span,
 ) {
-    let release = async move { release_traced(&*backend, &key, &token).await };
+    let pending = shared.start_release();
+    let release = async move {
+        let _pending = pending;
+        release_traced(&**shared.backend(), &key, &token).await
+    };
     drop(runtime.spawn(release.instrument(span)));
 }
 
@@ -123,7 +130,7 @@ fn spawn_release(
 /// with its reply in flight, a release that may not have been sent).
 pub(crate) struct ReleaseOnDrop<'a> {
     pub(crate) runtime: &'a Handle,
-    pub(crate) backend: &'a Arc<dyn Backend>,
+    pub(crate) shared: &'a Arc<Shared>,
     pub(crate) key: &'a LockKey,
     pub(crate) token: Token,
     pub(crate) armed: bool,
@@ -135,7 +142,7 @@ impl Drop for ReleaseOnDrop<'_> {
             tracing::debug!("dlock step abandoned; releasing its token");
             spawn_release(
                 self.runtime,
-                self.backend.clone(),
+                self.shared.clone(),
                 self.key.clone(),
                 self.token,
                 tracing::Span::current(),
@@ -155,7 +162,7 @@ impl Drop for Hold {
         if self.armed {
             spawn_release(
                 &self.runtime,
-                self.shared.backend().clone(),
+                self.shared.clone(),
                 self.key.clone(),
                 self.token,
                 self.span.clone(),
@@ -176,7 +183,9 @@ impl Drop for Hold {
 /// through this guard's own token, on the Tokio runtime the lock was acquired
 /// on; it reaches the server a moment later. If that runtime has shut down,
 /// the lock stays until its lease expires on the server. Call
-/// [`release`](LockGuard::release) to release now and see the result.
+/// [`release`](LockGuard::release) to release now and see the result, and
+/// [`Locker::wait_for_releases`](crate::Locker::wait_for_releases) before a
+/// process exits (guards dropped by `#[distributed_lock]` bodies included).
 ///
 /// # Losing the lock
 ///
@@ -320,18 +329,15 @@ impl LockGuard {
             return lost_already.map_or(Ok(()), |reason| Err(lost(reason)));
         };
         hold.armed = false;
-        let (runtime, backend, token) = (
-            hold.runtime.clone(),
-            hold.shared.backend().clone(),
-            hold.token,
-        );
+        let (runtime, shared, token) = (hold.runtime.clone(), hold.shared.clone(), hold.token);
+        let backend = shared.backend().clone();
         let span = hold.span.clone();
         drop(hold);
         // Release inline; if this future is dropped before the server
         // answers, the release is sent again from a task of its own.
         let mut pending = ReleaseOnDrop {
             runtime: &runtime,
-            backend: &backend,
+            shared: &shared,
             key: &key,
             token,
             armed: true,

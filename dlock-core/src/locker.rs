@@ -100,9 +100,58 @@ pub(crate) struct Shared {
     defaults: LockOptions,
     watchdog: Watchdog,
     held: Mutex<HashMap<(Owner, LockKey), Weak<Hold>>>,
+    pending: PendingReleases,
+}
+
+/// Releases scheduled by dropped guards (or abandoned steps) and not
+/// answered yet.
+#[derive(Debug, Default)]
+pub(crate) struct PendingReleases {
+    count: std::sync::atomic::AtomicUsize,
+    settled: tokio::sync::Notify,
+}
+
+/// One pending release; done when dropped.
+pub(crate) struct PendingRelease(Arc<Shared>);
+
+impl PendingReleases {
+    async fn settled(&self) {
+        loop {
+            let settled = self.settled.notified();
+            tokio::pin!(settled);
+            // Registered before the count is read: a last release that ends
+            // in between still wakes us.
+            settled.as_mut().enable();
+            if self.count.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                return;
+            }
+            settled.await;
+        }
+    }
+}
+
+impl Drop for PendingRelease {
+    fn drop(&mut self) {
+        let pending = &self.0.pending;
+        if pending
+            .count
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            == 1
+        {
+            pending.settled.notify_waiters();
+        }
+    }
 }
 
 impl Shared {
+    /// Counts a release as pending until the returned value is dropped.
+    pub(crate) fn start_release(self: &Arc<Self>) -> PendingRelease {
+        self.pending
+            .count
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        PendingRelease(self.clone())
+    }
+
     pub(crate) fn backend(&self) -> &Arc<dyn Backend> {
         &self.backend
     }
@@ -357,6 +406,33 @@ impl Locker {
         self.acquire(key.as_ref(), options, true).await
     }
 
+    /// Waits until every release that dropped guards (and abandoned
+    /// acquires) of this locker scheduled has been answered by the server,
+    /// or has failed.
+    ///
+    /// Dropping a guard schedules its release on the runtime (see
+    /// [`LockGuard`]); a release still scheduled when the runtime shuts
+    /// down is never sent, and others wait for the lock until its lease
+    /// ends. Call this before a process exits, after its last guard is
+    /// gone. Releases scheduled while it waits are waited for too.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{BackendExt, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let locker = MemoryBackend::new().into_locker();
+    /// drop(locker.lock("job:nightly").await?); // release scheduled
+    /// locker.wait_for_releases().await; // and answered
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn wait_for_releases(&self) {
+        self.shared.pending.settled().await;
+    }
+
     /// Asks the backend whether its servers answer, bounded to
     /// [`CHECK_SERVERS_WITHIN`]; no answer in time is their error.
     async fn check_servers(&self) -> Result<()> {
@@ -428,7 +504,7 @@ impl Locker {
             // release the token so no orphan holds the key for a lease.
             let mut unanswered = ReleaseOnDrop {
                 runtime: &runtime,
-                backend: &self.shared.backend,
+                shared: &self.shared,
                 key: &key,
                 token,
                 armed: true,
@@ -569,6 +645,7 @@ impl LockerBuilder {
                 defaults: self.defaults,
                 watchdog: Watchdog::new(self.watchdog_lease),
                 held: Mutex::default(),
+                pending: PendingReleases::default(),
             }),
         })
     }

@@ -289,3 +289,25 @@ async fn builder_defaults_apply_and_calls_override_them() {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn wait_for_releases_returns_once_dropped_guards_were_released() {
+    let counting = std::sync::Arc::new(dlock_testkit::CountingBackend::new(std::sync::Arc::new(
+        dlock_core::MemoryBackend::new(),
+    )));
+    let locker = dlock_core::Locker::from_arc(counting.clone());
+    // Nothing pending: returns at once.
+    locker.wait_for_releases().await;
+    for key in ["a", "b", "c"] {
+        drop(locker.lock(key).await.unwrap());
+    }
+    // On this single-threaded runtime the scheduled releases have not run.
+    assert_eq!(counting.releases(), 0);
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        locker.wait_for_releases(),
+    )
+    .await
+    .expect("the releases settle");
+    assert_eq!(counting.releases(), 3);
+}

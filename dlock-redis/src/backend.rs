@@ -113,10 +113,6 @@ impl fmt::Debug for RedisBackend {
     }
 }
 
-/// The longest a waiter that watches the release channel sleeps before it
-/// looks again by itself: one request per 5 s per waiting process and key.
-const MAX_WATCHED_SLEEP: Duration = Duration::from_secs(5);
-
 fn backend_error(e: RedisError) -> LockError {
     LockError::backend(NAME, e)
 }
@@ -410,11 +406,7 @@ impl RedisBackend {
                         poll = (poll * 2).min(Duration::from_secs(1));
                         retry_in.min(poll)
                     } else {
-                        // Woken by the release; the holder's TTL bounds the
-                        // sleep if it died, and a cap bounds a wake-up that
-                        // never came (one multi-process run of the stock
-                        // demo once waited out a whole 30 s TTL).
-                        retry_in.min(MAX_WATCHED_SLEEP)
+                        retry_in
                     }
                 }
                 Err(error) => {

@@ -243,6 +243,15 @@ async fn child(args: &Args, file: &Path) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     let served = start.elapsed();
+    if let Some(locker) = &locker {
+        // The handlers' guards were dropped, which schedules their
+        // releases: let them reach the server before this process exits,
+        // or the other processes wait for the last lock's lease to end.
+        let settle = tokio::time::timeout(Duration::from_secs(10), locker.wait_for_releases());
+        if settle.await.is_err() {
+            return Err("releases still pending after 10 s".to_owned());
+        }
+    }
     let waits: Vec<String> = waits.iter().map(|w| w.as_micros().to_string()).collect();
     println!("sold {sold}");
     println!("served_us {}", served.as_micros());
