@@ -263,7 +263,18 @@ async fn two_orders_processes_share_the_work_through_redis() {
     ids.sort_unstable();
     assert_eq!(ids, (1..=ORDERS).collect::<Vec<_>>());
     assert_eq!(ledger.total().await.expect("total"), ORDERS);
+    // Ctrl-C: each instance shuts down gracefully and exits with success.
     for instance in [&mut a, &mut b] {
-        instance.child.kill().await.expect("stop the instance");
+        let pid = instance.child.id().expect("running").to_string();
+        let sent = std::process::Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .expect("kill -INT");
+        assert!(sent.success());
+        let status = tokio::time::timeout(Duration::from_secs(20), instance.child.wait())
+            .await
+            .expect("stopped within 20 s")
+            .expect("wait");
+        assert!(status.success(), "{status:?}");
     }
 }

@@ -97,9 +97,23 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let state = AppState::new(locker, &args.instance, ledger, args.charge);
+    let state = AppState::new(locker.clone(), &args.instance, ledger, args.charge);
     println!("instance {} listening on http://{addr}", args.instance);
-    if let Err(e) = axum::serve(listener, router(state)).await {
+    // Ctrl-C: finish the requests in flight, then let their lock releases
+    // reach the server before exiting.
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let served = axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await;
+    if tokio::time::timeout(Duration::from_secs(10), locker.wait_for_releases())
+        .await
+        .is_err()
+    {
+        eprintln!("lock releases still pending after 10 s; their leases will end them");
+    }
+    if let Err(e) = served {
         eprintln!("{e}");
         return ExitCode::FAILURE;
     }
