@@ -123,8 +123,9 @@ async fn warm_up(target: &Target, ops: usize) {
 
 async fn serial(target: &Target, subject: &dyn Lockable, ops: usize) -> Row {
     let mut samples = Vec::with_capacity(ops);
-    let requests = target.count_requests();
+    // Server time first: its INFO then counts before the request count starts.
     let usec_before = target.redis_server_usec(&["evalsha"]);
+    let requests = target.count_requests();
     let start = Instant::now();
     for _ in 0..ops {
         let t = Instant::now();

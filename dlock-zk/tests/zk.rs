@@ -13,28 +13,16 @@ use dlock_testkit::{
     OverlapDetector,
 };
 use dlock_zk::ZkBackend;
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    time::Instant,
-};
-
-/// The answer of a four-letter-word command.
-async fn four_letters(endpoint: &str, command: &str) -> String {
-    let Ok(mut stream) = tokio::net::TcpStream::connect(endpoint).await else {
-        return String::new();
-    };
-    let _ = stream.write_all(command.as_bytes()).await;
-    let mut text = String::new();
-    let _ = stream.read_to_string(&mut text).await;
-    text
-}
+use tokio::time::Instant;
 
 /// The servers' endpoints, the index of the one serving `session`.
 async fn serving(servers: &[ZooKeeperServer], session: i64) -> Option<usize> {
     let sid = format!("sid=0x{session:x}");
     for (i, server) in servers.iter().enumerate() {
-        if four_letters(&server.endpoint(), "cons")
-            .await
+        // A killed server answers nothing.
+        if server
+            .four_letter_word("cons")
+            .unwrap_or_default()
             .contains(&sid)
         {
             return Some(i);
@@ -172,4 +160,28 @@ async fn an_expired_session_loses_the_lock_before_anyone_else_gets_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_session_ends_a_long_fixed_lease_too() {
     cut_off_holder(LockOptions::new().lease(Duration::from_secs(60))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_lock_costs_three_packets() {
+    let server = ZooKeeperServer::start().expect("start ZooKeeper");
+    let locker = ZkBackend::connect(&format!("zk://{}/packets", server.endpoint()))
+        .await
+        .unwrap()
+        .into_locker();
+    // The session and the parent nodes come with the first lock.
+    locker.lock("warm").await.unwrap().release().await.unwrap();
+    const N: u64 = 50;
+    let before = server.packets_received().expect("mntr");
+    for _ in 0..N {
+        locker.lock("rt").await.unwrap().release().await.unwrap();
+    }
+    let used = server.packets_received().expect("mntr") - before;
+    println!("packets for {N} lock + release: {used}");
+    // Create and list (pipelined), then delete; the session's own pings
+    // and checks may add a few.
+    assert!(
+        (3 * N..=3 * N + 6).contains(&used),
+        "{used} packets for {N} lock + release"
+    );
 }
