@@ -34,6 +34,27 @@ async fn serving(servers: &[ZooKeeperServer], session: i64) -> Option<usize> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_connected_server_keeps_the_lock_and_grants_nothing_twice() {
     let mut servers = ZooKeeperServer::ensemble(3).expect("start a 3-server ensemble");
+    // The fixture hands out an ensemble that serves: one leader, followers.
+    let modes: Vec<String> = servers
+        .iter()
+        .map(|s| {
+            let srvr = s.four_letter_word("srvr").unwrap();
+            srvr.lines()
+                .find_map(|l| l.strip_prefix("Mode: "))
+                .unwrap_or("not serving")
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        modes.iter().filter(|m| *m == "leader").count(),
+        1,
+        "{modes:?}"
+    );
+    assert_eq!(
+        modes.iter().filter(|m| *m == "follower").count(),
+        2,
+        "{modes:?}"
+    );
     let hosts: Vec<String> = servers.iter().map(ZooKeeperServer::endpoint).collect();
     let url = format!("zk://{}/ensemble?session_timeout=4s", hosts.join(","));
     let backend = ZkBackend::connect(&url).await.unwrap();
