@@ -438,7 +438,10 @@ async fn unreachable_ports_are_backend_errors() {
             ports[0], ports[1], ports[2]
         ),
         format!("etcd://127.0.0.1:{}", ports[0]),
-        format!("zk://127.0.0.1:{}?session_timeout=2s", ports[0]),
+        format!(
+            "zk://127.0.0.1:{}?session_timeout=2s&connect_timeout=3s",
+            ports[0]
+        ),
     ] {
         expect_backend_error(&url).await;
     }
@@ -451,7 +454,10 @@ async fn a_port_that_speaks_another_protocol_is_a_backend_error() {
     for url in [
         format!("redis://{}/", etcd.endpoint()),
         format!("etcd://{}", redis.host_port()),
-        format!("zk://{}?session_timeout=2s", redis.host_port()),
+        format!(
+            "zk://{}?session_timeout=2s&connect_timeout=3s",
+            redis.host_port()
+        ),
     ] {
         expect_backend_error(&url).await;
     }
@@ -461,7 +467,7 @@ async fn a_port_that_speaks_another_protocol_is_a_backend_error() {
         for url in [
             format!("redis://127.0.0.1:{port}/"),
             format!("etcd://127.0.0.1:{port}"),
-            format!("zk://127.0.0.1:{port}?session_timeout=2s"),
+            format!("zk://127.0.0.1:{port}?session_timeout=2s&connect_timeout=3s"),
         ] {
             expect_backend_error(&url).await;
         }

@@ -31,6 +31,40 @@ fn backend_error(e: ZkError) -> LockError {
     LockError::backend(NAME, e)
 }
 
+/// Opens a session, trying again while the servers refuse one (down, or
+/// electing a leader: the client gives up on an attempt after a session
+/// timeout) until the connect timeout has passed.
+async fn open_session(config: &ZkConfig) -> Result<Arc<Session>> {
+    let deadline = Instant::now() + config.connect_timeout();
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let attempt = Session::start(config.servers(), config.session_timeout());
+        let error = match tokio::time::timeout_at(deadline, attempt).await {
+            Ok(Ok(session)) => return Ok(session),
+            Ok(Err(e @ (ZkError::Timeout | ZkError::ConnectionLoss | ZkError::NoHosts))) => e,
+            Ok(Err(e)) => return Err(backend_error(e)),
+            Err(_) => {
+                return Err(LockError::backend(
+                    NAME,
+                    std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "no session established within the connect timeout ({:?})",
+                            config.connect_timeout()
+                        ),
+                    ),
+                ))
+            }
+        };
+        if Instant::now() + backoff >= deadline {
+            return Err(backend_error(error));
+        }
+        tracing::debug!(%error, ?backoff, "no ZooKeeper session yet; trying again");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
 fn vanished() -> LockError {
     LockError::backend(
         NAME,
@@ -135,7 +169,7 @@ impl ZkBackend {
     ///
     /// [`LockError::InvalidOptions`] for a malformed URL;
     /// [`LockError::Backend`] if no session can be established within the
-    /// session timeout.
+    /// connect timeout (15 s unless the URL says otherwise).
     pub async fn connect(url: &str) -> Result<ZkBackend> {
         Self::connect_with(ZkConfig::from_url(url)?).await
     }
@@ -195,17 +229,7 @@ impl ZkBackend {
         if let Some(session) = current.as_ref().filter(|s| s.is_usable()) {
             return Ok(session.clone());
         }
-        let config = &self.inner.config;
-        let start = Session::start(config.servers(), config.session_timeout());
-        let session = tokio::time::timeout(config.session_timeout() * 2, start)
-            .await
-            .map_err(|_| {
-                LockError::backend(
-                    NAME,
-                    std::io::Error::new(std::io::ErrorKind::TimedOut, "no session established"),
-                )
-            })?
-            .map_err(backend_error)?;
+        let session = open_session(&self.inner.config).await?;
         *current = Some(session.clone());
         Ok(session)
     }

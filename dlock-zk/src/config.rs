@@ -7,9 +7,12 @@ use dlock_core::LockError;
 /// Where and how to connect.
 ///
 /// Usually made by [`ZkConfig::from_url`] from
-/// `zk://host:port[,host:port...][/path][?session_timeout=10s]`. The path
-/// (default `/dlock`) is where lock nodes live; the session timeout
-/// (default 10 s; `ms` or `s`) is how long a crashed holder keeps its locks.
+/// `zk://host:port[,host:port...][/path][?session_timeout=10s&connect_timeout=15s]`.
+/// The path (default `/dlock`) is where lock nodes live; the session
+/// timeout (default 10 s; `ms` or `s`) is how long a crashed holder keeps
+/// its locks; the connect timeout (default 15 s) is how long opening a
+/// session keeps trying (servers that are down, or an ensemble electing a
+/// leader, refuse sessions for a while).
 ///
 /// # Examples
 ///
@@ -21,6 +24,7 @@ use dlock_core::LockError;
 /// assert_eq!(config.servers(), "a:2181,b:2181");
 /// assert_eq!(config.path(), "/app/locks");
 /// assert_eq!(config.session_timeout(), Duration::from_secs(4));
+/// assert_eq!(config.connect_timeout(), Duration::from_secs(15));
 /// # Ok::<(), dlock_core::LockError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,6 +32,7 @@ pub struct ZkConfig {
     servers: String,
     path: String,
     session_timeout: Duration,
+    connect_timeout: Duration,
 }
 
 fn invalid(url: &str, why: &str) -> LockError {
@@ -65,23 +70,27 @@ impl ZkConfig {
             return Err(invalid(url, "the path has an empty, `.` or `..` component"));
         }
         let mut session_timeout = Duration::from_secs(10);
+        let mut connect_timeout = Duration::from_secs(15);
         for pair in query.split('&').filter(|p| !p.is_empty()) {
-            match pair.split_once('=') {
-                Some(("session_timeout", value)) => {
-                    session_timeout = parse_duration(value).ok_or_else(|| {
-                        invalid(
-                            url,
-                            &format!("`{value}` is not a duration like 500ms or 10s"),
-                        )
-                    })?;
-                }
+            let (setting, value) = match pair.split_once('=') {
+                Some(("session_timeout", value)) => (&mut session_timeout, value),
+                Some(("connect_timeout", value)) => (&mut connect_timeout, value),
                 _ => {
                     return Err(invalid(
                         url,
-                        &format!("unknown parameter `{pair}`; expected `session_timeout=10s`"),
+                        &format!(
+                            "unknown parameter `{pair}`; expected `session_timeout=10s` \
+                             or `connect_timeout=15s`"
+                        ),
                     ))
                 }
-            }
+            };
+            *setting = parse_duration(value).ok_or_else(|| {
+                invalid(
+                    url,
+                    &format!("`{value}` is not a duration like 500ms or 10s"),
+                )
+            })?;
         }
         Ok(ZkConfig {
             servers: servers.to_owned(),
@@ -91,6 +100,7 @@ impl ZkConfig {
                 path.to_owned()
             },
             session_timeout,
+            connect_timeout,
         })
     }
 
@@ -107,6 +117,11 @@ impl ZkConfig {
     /// The session timeout asked of the servers.
     pub fn session_timeout(&self) -> Duration {
         self.session_timeout
+    }
+
+    /// How long opening a session keeps trying before it fails.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
     }
 }
 
@@ -134,10 +149,16 @@ mod tests {
             (c.servers(), c.path(), c.session_timeout()),
             ("a:1", "/dlock", Duration::from_secs(10))
         );
+        assert_eq!(c.connect_timeout(), Duration::from_secs(15));
         let c = ZkConfig::from_url("zk://a:1,b:2/x?session_timeout=750ms").unwrap();
         assert_eq!(
             (c.path(), c.session_timeout()),
             ("/x", Duration::from_millis(750))
+        );
+        let c = ZkConfig::from_url("zk://a:1?connect_timeout=2s&session_timeout=3s").unwrap();
+        assert_eq!(
+            (c.connect_timeout(), c.session_timeout()),
+            (Duration::from_secs(2), Duration::from_secs(3))
         );
     }
 
@@ -155,6 +176,7 @@ mod tests {
                 "zk://a:1?session_timeout=18446744073709551615s",
                 "not a duration",
             ),
+            ("zk://a:1?connect_timeout=1h", "not a duration"),
             ("zk://a:1?chroot=x", "unknown parameter"),
         ] {
             match ZkConfig::from_url(url) {

@@ -206,3 +206,44 @@ async fn an_uncontended_lock_costs_three_packets() {
         "{used} packets for {N} lock + release"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_keeps_trying_until_the_server_answers_within_the_connect_timeout() {
+    let mut zk = ZooKeeperServer::start().expect("zookeeper");
+    let endpoint = zk.endpoint();
+    // A stopped server accepts connections but answers nothing: each of the
+    // client's attempts times out after the 1 s session timeout.
+    zk.process().pause().unwrap();
+    let url = format!("zk://{endpoint}/retry?session_timeout=1s&connect_timeout=30s");
+    let started = Instant::now();
+    let connecting = tokio::spawn(async move { ZkBackend::connect(&url).await });
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!connecting.is_finished(), "connect gave up while paused");
+    zk.process().resume().unwrap();
+    let backend = tokio::time::timeout(Duration::from_secs(30), connecting)
+        .await
+        .expect("connect hung past its connect timeout")
+        .unwrap()
+        .expect("a session once the server answers");
+    println!("connected after {:?}", started.elapsed());
+    let guard = backend.into_locker().lock("k").await.unwrap();
+    guard.release().await.unwrap();
+
+    // Still stopped when the connect timeout runs out: a typed error, in time.
+    zk.process().pause().unwrap();
+    let url = format!("zk://{endpoint}/retry?session_timeout=1s&connect_timeout=3s");
+    let started = Instant::now();
+    let result = tokio::time::timeout(Duration::from_secs(30), ZkBackend::connect(&url))
+        .await
+        .expect("connect hung past its connect timeout");
+    let took = started.elapsed();
+    zk.process().resume().unwrap();
+    match result {
+        Err(dlock_core::LockError::Backend { .. }) => {}
+        other => panic!("expected a backend error, got {other:?}"),
+    }
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(6),
+        "gave up after {took:?} with a 3 s connect timeout"
+    );
+}
