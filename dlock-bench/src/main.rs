@@ -247,6 +247,14 @@ impl Target {
     }
 
     /// The etcd endpoint or ZooKeeper host list, for the peer recipes.
+    /// The Redis nodes' URLs (none for other targets).
+    pub(crate) fn redis_urls(&self) -> Vec<String> {
+        match &self.servers {
+            Servers::Redis(servers, _) => servers.iter().map(RedisServer::url).collect(),
+            _ => Vec::new(),
+        }
+    }
+
     pub(crate) fn endpoint(&self) -> Option<String> {
         match &self.servers {
             Servers::Etcd(server) => Some(server.endpoint()),

@@ -1,8 +1,9 @@
 //! The lock recipes the client crates ship, measured beside dlock on the
-//! same servers: etcd's server-side lock API (through `etcd-client`) and
-//! `zookeeper-client`'s lock recipe.
+//! same servers: `rslock` (Redlock over redis-rs) on Redis, etcd's
+//! server-side lock API (through `etcd-client`) and `zookeeper-client`'s
+//! lock recipe.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use dlock_etcd::etcd_client;
 use dlock_zk::zookeeper_client;
@@ -15,6 +16,10 @@ use crate::{
 
 /// The peers that run on `target`'s servers.
 pub(crate) async fn of(target: &Target) -> Vec<Arc<dyn Lockable>> {
+    let redis = target.redis_urls();
+    if !redis.is_empty() {
+        return vec![Arc::new(RsLock(rslock::LockManager::new(redis)))];
+    }
     let Some(endpoint) = target.endpoint() else {
         return Vec::new();
     };
@@ -22,6 +27,28 @@ pub(crate) async fn of(target: &Target) -> Vec<Arc<dyn Lockable>> {
         "etcd" => vec![Arc::new(EtcdLockApi::connect(&endpoint).await)],
         "zookeeper" => vec![Arc::new(ZkRecipe::connect(&endpoint).await)],
         _ => Vec::new(),
+    }
+}
+
+/// `rslock` as its documentation uses it: `acquire` loops over `lock` (3
+/// tries a call, a random 0–200 ms sleep between tries) until it holds;
+/// a quorum of the given nodes (one node: that one).
+struct RsLock(rslock::LockManager);
+
+impl Lockable for RsLock {
+    fn label(&self) -> &str {
+        "rslock"
+    }
+
+    fn lock<'a>(&'a self, _task: usize, key: &'a str) -> BoxFuture<'a, Unlock<'a>> {
+        Box::pin(async move {
+            let guard = self
+                .0
+                .acquire(key, Duration::from_secs(30))
+                .await
+                .expect("rslock acquire");
+            Unlock(Box::pin(guard.release()))
+        })
     }
 }
 
