@@ -3,7 +3,7 @@
 //! the testkit fixtures.
 //!
 //! ```text
-//! cargo run --release -p dlock-bench -- --backend all [--quick] [--json FILE]
+//! cargo run --release -p dlock-bench -- --backend all [--quick] [--only SCENARIOS] [--json FILE]
 //! ```
 //!
 //! Prints a markdown table and writes one JSON object per row to
@@ -157,14 +157,18 @@ pub(crate) struct RequestCount<'a> {
 impl RequestCount<'_> {
     /// Requests received since the count started, less the counting's own
     /// (one `INFO` per Redis node).
-    pub(crate) fn per_op(self, ops: u64) -> Option<f64> {
+    pub(crate) fn used(self) -> Option<u64> {
         let after = self.servers.requests()?;
         let own = match self.servers {
             Servers::Redis(..) => self.servers.nodes(),
             _ => 0,
         };
-        let used = after.checked_sub(self.before? + own)?;
-        Some(used as f64 / ops.max(1) as f64)
+        after.checked_sub(self.before? + own)
+    }
+
+    /// [`used`](Self::used) per operation.
+    pub(crate) fn per_op(self, ops: u64) -> Option<f64> {
+        Some(self.used()? as f64 / ops.max(1) as f64)
     }
 }
 
@@ -244,6 +248,11 @@ impl Target {
     /// summed over the nodes.
     pub(crate) fn redis_server_usec(&self, commands: &[&str]) -> Option<u64> {
         self.servers.redis_commandstat(commands, "usec")
+    }
+
+    /// Redis only: how many `commands` the nodes have run so far.
+    pub(crate) fn redis_calls(&self, commands: &[&str]) -> Option<u64> {
+        self.servers.redis_commandstat(commands, "calls")
     }
 
     /// The etcd endpoint or ZooKeeper host list, for the peer recipes.
@@ -361,6 +370,7 @@ impl Row {
 struct Args {
     backends: Vec<String>,
     quick: bool,
+    only: scenarios::Only,
     json: String,
 }
 
@@ -368,6 +378,7 @@ fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         backends: vec!["all".to_owned()],
         quick: false,
+        only: scenarios::Only::default(),
         json: "dlock-bench.jsonl".to_owned(),
     };
     let mut it = std::env::args().skip(1);
@@ -378,9 +389,13 @@ fn parse_args() -> Result<Args, String> {
                 args.backends = value.split(',').map(str::to_owned).collect();
             }
             "--quick" => args.quick = true,
+            "--only" => {
+                let value = it.next().ok_or("--only needs a value")?;
+                args.only = scenarios::Only::parse(&value)?;
+            }
             "--json" => args.json = it.next().ok_or("--json needs a file")?,
             "-h" | "--help" => {
-                return Err("usage: dlock-bench [--backend all|memory,redis,redlock,etcd,zk] [--quick] [--json FILE]".into())
+                return Err("usage: dlock-bench [--backend all|memory,redis,redlock,etcd,zk] [--quick] [--only serial,distinct,contended,contended-4x8,reentrant,held,peers] [--json FILE]".into())
             }
             other => return Err(format!("unknown argument `{other}`")),
         }
@@ -419,7 +434,7 @@ async fn main() -> ExitCode {
             }
         };
         eprintln!("benchmarking {}", target.name);
-        for row in scenarios::run_all(&target, args.quick).await {
+        for row in scenarios::run_all(&target, args.quick, &args.only).await {
             let _ = writeln!(table, "{}", row.markdown());
             let _ = writeln!(json, "{}", row.json());
             eprintln!("  {} done", row.scenario);

@@ -50,6 +50,11 @@ impl Lockable for RsLock {
             Unlock(Box::pin(guard.release()))
         })
     }
+
+    /// `SET NX PX` to lock, a script to unlock.
+    fn redis_commands(&self) -> &'static [&'static str] {
+        &["set", "evalsha", "eval"]
+    }
 }
 
 /// Tasks that may lock at once; each has a lease of its own, since etcd's

@@ -25,6 +25,12 @@ pub(crate) trait Lockable: Send + Sync {
     /// Locks `key` for `task` (peers whose ownership is per lease keep one
     /// per task), and returns the unlock.
     fn lock<'a>(&'a self, task: usize, key: &'a str) -> BoxFuture<'a, Unlock<'a>>;
+
+    /// On Redis, the commands it sends itself, whose server time is its
+    /// "Redis busy" (commands its scripts run count inside them).
+    fn redis_commands(&self) -> &'static [&'static str] {
+        &["evalsha"]
+    }
 }
 
 /// The unlock of a held lock.
@@ -67,38 +73,88 @@ fn scenario(subject: &dyn Lockable, name: String) -> String {
     }
 }
 
-/// Every scenario for `target`.
-pub(crate) async fn run_all(target: &Target, quick: bool) -> Vec<Row> {
+/// The scenarios a run measures (`--only`); all by default. `peers` runs
+/// the peers' recipes through the lock scenarios named beside it.
+#[derive(Debug, Default)]
+pub(crate) struct Only(Option<Vec<String>>);
+
+impl Only {
+    const NAMES: [&str; 7] = [
+        "serial",
+        "distinct",
+        "contended",
+        "contended-4x8",
+        "reentrant",
+        "held",
+        "peers",
+    ];
+
+    /// A comma-separated list of [`Only::NAMES`].
+    pub(crate) fn parse(list: &str) -> Result<Only, String> {
+        let names: Vec<String> = list.split(',').map(str::to_owned).collect();
+        match names.iter().find(|n| !Self::NAMES.contains(&n.as_str())) {
+            Some(unknown) => Err(format!(
+                "unknown scenario `{unknown}`; expected some of {}",
+                Self::NAMES.join(", ")
+            )),
+            None => Ok(Only(Some(names))),
+        }
+    }
+
+    fn wants(&self, name: &str) -> bool {
+        self.0
+            .as_ref()
+            .is_none_or(|names| names.iter().any(|n| n == name))
+    }
+}
+
+/// Every scenario for `target` that `only` names.
+pub(crate) async fn run_all(target: &Target, quick: bool, only: &Only) -> Vec<Row> {
     let scale = if quick { 5 } else { 1 };
     let serial_ops = if target.raw.is_none() { 100_000 } else { 2_000 } / scale;
     warm_up(target, serial_ops / 2).await;
     let dlock: Arc<dyn Lockable> = Arc::new(Dlock(target.locker(None).await));
-    let mut rows = lock_scenarios(target, dlock, serial_ops, scale).await;
-    match crate::multiproc::contended(target, 4, 8, 100 / scale).await {
-        Some(Ok(row)) => rows.push(row),
-        Some(Err(e)) => panic!("contended across processes on {}: {e}", target.name),
-        None => {}
+    let mut rows = lock_scenarios(target, dlock, serial_ops, scale, only).await;
+    if only.wants("contended-4x8") {
+        match crate::multiproc::contended(target, 4, 8, 100 / scale).await {
+            Some(Ok(row)) => rows.push(row),
+            Some(Err(e)) => panic!("contended across processes on {}: {e}", target.name),
+            None => {}
+        }
     }
-    rows.push(reentrant(target, 100_000 / scale).await);
-    rows.push(held(target, 10_000 / scale).await);
-    for peer in crate::peers::of(target).await {
-        rows.extend(lock_scenarios(target, peer, serial_ops, scale).await);
+    if only.wants("reentrant") {
+        rows.push(reentrant(target, 100_000 / scale).await);
+    }
+    if only.wants("held") {
+        rows.push(held(target, 10_000 / scale).await);
+    }
+    if only.wants("peers") {
+        for peer in crate::peers::of(target).await {
+            rows.extend(lock_scenarios(target, peer, serial_ops, scale, only).await);
+        }
     }
     rows
 }
 
-/// Scenarios 1–3 for dlock or a peer.
+/// Scenarios 1–3 for dlock or a peer, those `only` names.
 async fn lock_scenarios(
     target: &Target,
     subject: Arc<dyn Lockable>,
     serial_ops: usize,
     scale: usize,
+    only: &Only,
 ) -> Vec<Row> {
-    vec![
-        serial(target, &*subject, serial_ops).await,
-        distinct(target, subject.clone(), 64, 40 / scale).await,
-        contended(target, subject, 16, 100 / scale).await,
-    ]
+    let mut rows = Vec::new();
+    if only.wants("serial") {
+        rows.push(serial(target, &*subject, serial_ops).await);
+    }
+    if only.wants("distinct") {
+        rows.push(distinct(target, subject.clone(), 64, 40 / scale).await);
+    }
+    if only.wants("contended") {
+        rows.push(contended(target, subject, 16, 100 / scale).await);
+    }
+    rows
 }
 
 /// Runs dlock and the raw floor alike before anything is measured: a JVM
@@ -121,55 +177,163 @@ async fn warm_up(target: &Target, ops: usize) {
     }
 }
 
-async fn serial(target: &Target, subject: &dyn Lockable, ops: usize) -> Row {
-    let mut samples = Vec::with_capacity(ops);
-    // Server time first: its INFO then counts before the request count starts.
-    let usec_before = target.redis_server_usec(&["evalsha"]);
-    let requests = target.count_requests();
-    let start = Instant::now();
-    for _ in 0..ops {
-        let t = Instant::now();
-        subject.lock(0, "bench:serial").await.unlock().await;
-        samples.push(t.elapsed());
+/// How many turns dlock (or a peer) and the raw floor take in the serial
+/// and distinct-key scenarios. On this kind of VM the speed of the whole
+/// machine drifts during a run (the floor moves by a third between runs);
+/// taking turns, first one side and then the other, makes a drift fall on
+/// both alike instead of on whichever ran second.
+const TURNS: usize = 8;
+
+/// What one side of a comparison measured, summed over its turns.
+#[derive(Default)]
+struct Side {
+    samples: Vec<Duration>,
+    elapsed: Duration,
+    /// Server requests; `None` once a turn could not count them.
+    requests: Option<u64>,
+    /// Redis server time on the side's commands, in µs.
+    server_usec: Option<u64>,
+    turns: usize,
+}
+
+impl Side {
+    /// One turn: `ops` calls of `op`, one after another.
+    async fn serial_turn<F, Fut>(&mut self, target: &Target, commands: &[&str], ops: usize, op: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        // On Redis, requests are the side's own commands: a top-level
+        // `SET` (the floor's, a peer's) and one inside a script look alike
+        // in the server's counts of everything.
+        let (calls_before, usec_before) = (
+            target.redis_calls(commands),
+            target.redis_server_usec(commands),
+        );
+        let requests = target.count_requests();
+        let start = Instant::now();
+        self.samples.extend(timed(ops, op).await);
+        self.elapsed += start.elapsed();
+        let requests = requests.used();
+        let since = |before: Option<u64>, after: Option<u64>| {
+            before.zip(after).map(|(before, after)| after - before)
+        };
+        let calls = since(calls_before, target.redis_calls(commands));
+        let usec = since(usec_before, target.redis_server_usec(commands));
+        self.add(calls.or(requests), usec);
     }
-    let elapsed = start.elapsed();
-    let requests = requests.per_op(ops as u64);
-    // dlock sends only scripts; the raw floor a SET and a script.
-    let server_us = usec_before
-        .zip(target.redis_server_usec(&["evalsha"]))
-        .map(|(before, after)| (after - before) as f64 / ops as f64);
-    let samples = Samples::new(samples);
+
+    fn add(&mut self, requests: Option<u64>, server_usec: Option<u64>) {
+        let first = self.turns == 0;
+        let sum = |total: Option<u64>, turn: Option<u64>| {
+            if first {
+                turn
+            } else {
+                total.zip(turn).map(|(a, b)| a + b)
+            }
+        };
+        self.requests = sum(self.requests, requests);
+        self.server_usec = sum(self.server_usec, server_usec);
+        self.turns += 1;
+    }
+
+    fn ops(&self) -> u64 {
+        self.samples.len() as u64
+    }
+}
+
+/// The order of the two sides in turn `turn`: each goes first every other
+/// turn. `true` means dlock (or the peer) first.
+fn subject_first(turn: usize) -> bool {
+    turn % 2 == 0
+}
+
+async fn serial(target: &Target, subject: &dyn Lockable, ops: usize) -> Row {
+    let raw = target.raw.as_ref();
+    let turns = if raw.is_some() { TURNS } else { 1 };
+    let per_turn = ops / turns;
+    let token = Token::generate().to_string();
+    let (mut ours, mut floor) = (Side::default(), Side::default());
+    for turn in 0..turns {
+        for subject_now in [subject_first(turn), !subject_first(turn)] {
+            match raw {
+                // dlock sends only scripts; the raw floor a SET and a script.
+                _ if subject_now => {
+                    ours.serial_turn(target, subject.redis_commands(), per_turn, || async {
+                        subject.lock(0, "bench:serial").await.unlock().await
+                    })
+                    .await
+                }
+                Some(raw) => {
+                    floor
+                        .serial_turn(target, &["set", "evalsha"], per_turn, || {
+                            raw.lock_unlock("bench-raw-serial", &token)
+                        })
+                        .await
+                }
+                None => {}
+            }
+        }
+    }
+    let ops = ours.ops();
+    let requests = ours.requests.map(|n| n as f64 / ops.max(1) as f64);
+    let mut notes = requests_note(requests).trim_start_matches("; ").to_owned();
+    let samples = Samples::new(ours.samples);
     let mut row = Row {
         scenario: scenario(subject, "serial".into()),
-        notes: requests_note(requests).trim_start_matches("; ").to_owned(),
         backend: target.name.into(),
-        ops: ops as u64,
-        ops_per_sec: ops as f64 / elapsed.as_secs_f64(),
+        ops,
+        ops_per_sec: ops as f64 / ours.elapsed.as_secs_f64(),
         p50: samples.quantile(0.5),
         p99: samples.quantile(0.99),
         max: samples.max(),
         ..Row::default()
     };
-    if let Some(raw) = &target.raw {
-        let token = Token::generate().to_string();
-        let raw_usec_before = target.redis_server_usec(&["set", "evalsha"]);
-        let mut floor = Vec::with_capacity(ops);
-        for _ in 0..ops {
-            let t = Instant::now();
-            raw.lock_unlock("bench-raw-serial", &token).await;
-            floor.push(t.elapsed());
+    if raw.is_some() {
+        let per_op = |usec: Option<u64>, ops: u64| usec.map(|u| u as f64 / ops.max(1) as f64);
+        if let (Some(dlock), Some(raw)) = (
+            per_op(ours.server_usec, ops),
+            per_op(floor.server_usec, floor.ops()),
+        ) {
+            notes += &format!("; Redis busy {dlock:.1} µs/op (raw {raw:.1})");
         }
-        let floor = Samples::new(floor).quantile(0.5);
-        let raw_server_us = raw_usec_before
-            .zip(target.redis_server_usec(&["set", "evalsha"]))
-            .map(|(before, after)| (after - before) as f64 / ops as f64);
-        if let (Some(dlock), Some(raw)) = (server_us, raw_server_us) {
-            row.notes += &format!("; Redis busy {dlock:.1} µs/op (raw {raw:.1})");
-        }
+        notes += &format!("; {turns} turns each");
+        let floor = Samples::new(floor.samples).quantile(0.5);
         row.raw_p50 = Some(floor);
         row.ratio = Some(row.p50.as_secs_f64() / floor.as_secs_f64());
     }
+    row.notes = notes;
     row
+}
+
+/// Runs `task(i)` for `i` in `0..tasks`, each spawned (as a service's
+/// handlers are: futures joined in one task would share its wake-ups and
+/// writes); adds their samples to `side`, and the time they all took.
+async fn spawn_each<F>(side: &mut Side, tasks: usize, task: F)
+where
+    F: Fn(usize) -> BoxFuture<'static, Vec<Duration>>,
+{
+    let start = Instant::now();
+    let handles: Vec<_> = (0..tasks).map(|i| tokio::spawn(task(i))).collect();
+    for h in handles {
+        side.samples.extend(h.await.expect("task"));
+    }
+    side.elapsed += start.elapsed();
+}
+
+/// The latency of each of `ops` calls of `op`, one after another.
+async fn timed<F, Fut>(ops: usize, mut op: F) -> Vec<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut samples = Vec::with_capacity(ops);
+    for _ in 0..ops {
+        let t = Instant::now();
+        op().await;
+        samples.push(t.elapsed());
+    }
+    samples
 }
 
 async fn distinct(
@@ -178,63 +342,62 @@ async fn distinct(
     tasks: usize,
     per_task: usize,
 ) -> Row {
-    let start = Instant::now();
-    let handles: Vec<_> = (0..tasks)
-        .map(|i| {
-            let subject = subject.clone();
-            tokio::spawn(async move {
-                let key = format!("bench:distinct:{i}");
-                let mut samples = Vec::with_capacity(per_task);
-                for _ in 0..per_task {
-                    let t = Instant::now();
-                    subject.lock(i, &key).await.unlock().await;
-                    samples.push(t.elapsed());
+    let raw = target.raw.clone();
+    let turns = if raw.is_some() {
+        TURNS.min(per_task)
+    } else {
+        1
+    };
+    let per_turn = per_task / turns;
+    let (mut ours, mut floor) = (Side::default(), Side::default());
+    for turn in 0..turns {
+        for subject_now in [subject_first(turn), !subject_first(turn)] {
+            match &raw {
+                _ if subject_now => {
+                    spawn_each(&mut ours, tasks, |i| {
+                        let subject = subject.clone();
+                        Box::pin(async move {
+                            let key = format!("bench:distinct:{i}");
+                            timed(per_turn, || async {
+                                subject.lock(i, &key).await.unlock().await
+                            })
+                            .await
+                        })
+                    })
+                    .await
                 }
-                samples
-            })
-        })
-        .collect();
-    let mut samples = Vec::new();
-    for h in handles {
-        samples.extend(h.await.expect("task"));
+                Some(raw) => {
+                    spawn_each(&mut floor, tasks, |i| {
+                        let raw = raw.clone();
+                        Box::pin(async move {
+                            let key = format!("bench-raw-distinct-{i}");
+                            let token = Token::generate().to_string();
+                            timed(per_turn, || raw.lock_unlock(&key, &token)).await
+                        })
+                    })
+                    .await
+                }
+                None => {}
+            }
+        }
     }
-    let elapsed = start.elapsed();
-    let ops = (tasks * per_task) as u64;
-    let samples = Samples::new(samples);
+    let ops = ours.ops();
+    let samples = Samples::new(ours.samples);
     let mut row = Row {
         scenario: scenario(&*subject, format!("distinct-{tasks}")),
         backend: target.name.into(),
         ops,
-        ops_per_sec: ops as f64 / elapsed.as_secs_f64(),
+        ops_per_sec: ops as f64 / ours.elapsed.as_secs_f64(),
         p50: samples.quantile(0.5),
         p99: samples.quantile(0.99),
         max: samples.max(),
         ..Row::default()
     };
-    if let Some(raw) = &target.raw {
-        // Spawned tasks too, as dlock's are (and as a service's would be):
-        // futures joined in one task would share its wake-ups and writes.
-        let start = Instant::now();
-        let runs: Vec<_> = (0..tasks)
-            .map(|i| {
-                let raw = raw.clone();
-                tokio::spawn(async move {
-                    let (key, token) = (
-                        format!("bench-raw-distinct-{i}"),
-                        Token::generate().to_string(),
-                    );
-                    for _ in 0..per_task {
-                        raw.lock_unlock(&key, &token).await;
-                    }
-                })
-            })
-            .collect();
-        for run in runs {
-            run.await.expect("raw task");
-        }
-        let raw_ops = ops as f64 / start.elapsed().as_secs_f64();
+    if raw.is_some() {
+        let raw_ops = floor.ops() as f64 / floor.elapsed.as_secs_f64();
         row.raw_ops_per_sec = Some(raw_ops);
         row.ratio = Some(raw_ops / row.ops_per_sec);
+        row.notes = format!("{turns} turns each");
     }
     row
 }
