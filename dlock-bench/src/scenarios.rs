@@ -608,3 +608,21 @@ async fn held(target: &Target, locks: usize) -> Row {
         ..Row::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Only;
+
+    #[test]
+    fn only_runs_the_named_scenarios_and_refuses_unknown_ones() {
+        let only = Only::parse("serial,peers").expect("known names");
+        assert!(only.wants("serial") && only.wants("peers"));
+        assert!(!only.wants("distinct") && !only.wants("held"));
+        assert!(Only::default().wants("contended-4x8"));
+        let error = Only::parse("serial,seriel").expect_err("a typo");
+        assert!(
+            error.contains("`seriel`") && error.contains("distinct"),
+            "{error}"
+        );
+    }
+}
