@@ -89,16 +89,25 @@ impl Only {
         "peers",
     ];
 
-    /// A comma-separated list of [`Only::NAMES`].
+    /// A comma-separated list of [`Only::NAMES`]; `peers` needs a lock
+    /// scenario beside it to run them through.
     pub(crate) fn parse(list: &str) -> Result<Only, String> {
         let names: Vec<String> = list.split(',').map(str::to_owned).collect();
-        match names.iter().find(|n| !Self::NAMES.contains(&n.as_str())) {
-            Some(unknown) => Err(format!(
+        if let Some(unknown) = names.iter().find(|n| !Self::NAMES.contains(&n.as_str())) {
+            return Err(format!(
                 "unknown scenario `{unknown}`; expected some of {}",
                 Self::NAMES.join(", ")
-            )),
-            None => Ok(Only(Some(names))),
+            ));
         }
+        let only = Only(Some(names));
+        if only.wants("peers")
+            && !["serial", "distinct", "contended"]
+                .iter()
+                .any(|n| only.wants(n))
+        {
+            return Err("`peers` runs the peers through serial, distinct or contended: name one of them too".into());
+        }
+        Ok(only)
     }
 
     fn wants(&self, name: &str) -> bool {
@@ -185,18 +194,25 @@ async fn warm_up(target: &Target, ops: usize) {
 const TURNS: usize = 8;
 
 /// What one side of a comparison measured, summed over its turns.
-#[derive(Default)]
 struct Side {
     samples: Vec<Duration>,
     elapsed: Duration,
     /// Server requests; `None` once a turn could not count them.
     requests: Option<u64>,
-    /// Redis server time on the side's commands, in µs.
+    /// Redis server time on the side's commands, in µs; `None` elsewhere.
     server_usec: Option<u64>,
-    turns: usize,
 }
 
 impl Side {
+    fn new() -> Side {
+        Side {
+            samples: Vec::new(),
+            elapsed: Duration::ZERO,
+            requests: Some(0),
+            server_usec: Some(0),
+        }
+    }
+
     /// One turn: `ops` calls of `op`, one after another.
     async fn serial_turn<F, Fut>(&mut self, target: &Target, commands: &[&str], ops: usize, op: F)
     where
@@ -220,21 +236,9 @@ impl Side {
         };
         let calls = since(calls_before, target.redis_calls(commands));
         let usec = since(usec_before, target.redis_server_usec(commands));
-        self.add(calls.or(requests), usec);
-    }
-
-    fn add(&mut self, requests: Option<u64>, server_usec: Option<u64>) {
-        let first = self.turns == 0;
-        let sum = |total: Option<u64>, turn: Option<u64>| {
-            if first {
-                turn
-            } else {
-                total.zip(turn).map(|(a, b)| a + b)
-            }
-        };
-        self.requests = sum(self.requests, requests);
-        self.server_usec = sum(self.server_usec, server_usec);
-        self.turns += 1;
+        let sum = |total: Option<u64>, turn: Option<u64>| total.zip(turn).map(|(a, b)| a + b);
+        self.requests = sum(self.requests, calls.or(requests));
+        self.server_usec = sum(self.server_usec, usec);
     }
 
     fn ops(&self) -> u64 {
@@ -253,17 +257,17 @@ async fn serial(target: &Target, subject: &dyn Lockable, ops: usize) -> Row {
     let turns = if raw.is_some() { TURNS } else { 1 };
     let per_turn = ops / turns;
     let token = Token::generate().to_string();
-    let (mut ours, mut floor) = (Side::default(), Side::default());
+    let (mut ours, mut floor) = (Side::new(), Side::new());
     for turn in 0..turns {
         for subject_now in [subject_first(turn), !subject_first(turn)] {
             match raw {
-                // dlock sends only scripts; the raw floor a SET and a script.
                 _ if subject_now => {
                     ours.serial_turn(target, subject.redis_commands(), per_turn, || async {
                         subject.lock(0, "bench:serial").await.unlock().await
                     })
                     .await
                 }
+                // The floor sends a `SET` and a script.
                 Some(raw) => {
                     floor
                         .serial_turn(target, &["set", "evalsha"], per_turn, || {
@@ -349,7 +353,7 @@ async fn distinct(
         1
     };
     let per_turn = per_task / turns;
-    let (mut ours, mut floor) = (Side::default(), Side::default());
+    let (mut ours, mut floor) = (Side::new(), Side::new());
     for turn in 0..turns {
         for subject_now in [subject_first(turn), !subject_first(turn)] {
             match &raw {
@@ -619,6 +623,7 @@ mod tests {
         assert!(only.wants("serial") && only.wants("peers"));
         assert!(!only.wants("distinct") && !only.wants("held"));
         assert!(Only::default().wants("contended-4x8"));
+        assert!(Only::parse("peers").is_err(), "peers through no scenario");
         let error = Only::parse("serial,seriel").expect_err("a typo");
         assert!(
             error.contains("`seriel`") && error.contains("distinct"),
