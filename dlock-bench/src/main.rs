@@ -14,12 +14,14 @@
 //!    ops/s / dlock ops/s, so 1.10 means dlock is 10 % slower);
 //! 3. `contended-16`: 16 tasks on one key, lock → short critical section →
 //!    release (throughput, wait p50/p99/max, owner changes, overlaps);
-//! 4. `reentrant`: re-locking a key the task holds (no I/O);
 //! 4. `contended-4x8`: the same across 4 OS processes of this binary with 8
 //!    tasks each (server backends only);
-//! 5. `reentrant`: re-locking a key the task holds (no I/O);
+//! 5. `reentrant`: re-locking a key inside the scope that holds it (no I/O);
 //! 6. `held-N`: N locks held at once under the watchdog: heap bytes per held
 //!    lock, and the renewal requests per watchdog tick;
+//! 7. `retained-N`: N tasks, each lock + `release().await` (and, in a second
+//!    row, lock + drop): heap bytes still allocated per task once the
+//!    releases have settled (0 when nothing is left behind);
 //!
 //! Where the client crate ships a lock recipe, scenarios 1–3 also run it
 //! beside dlock (`etcd lock API`, `zk lock recipe`).
@@ -395,7 +397,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "--json" => args.json = it.next().ok_or("--json needs a file")?,
             "-h" | "--help" => {
-                return Err("usage: dlock-bench [--backend all|memory,redis,redlock,etcd,zk] [--quick] [--only serial,distinct,contended,contended-4x8,reentrant,held,peers] [--json FILE]".into())
+                return Err("usage: dlock-bench [--backend all|memory,redis,redlock,etcd,zk] [--quick] [--only serial,distinct,contended,contended-4x8,reentrant,held,retained,peers] [--json FILE]".into())
             }
             other => return Err(format!("unknown argument `{other}`")),
         }

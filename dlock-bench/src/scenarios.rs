@@ -79,13 +79,14 @@ fn scenario(subject: &dyn Lockable, name: String) -> String {
 pub(crate) struct Only(Option<Vec<String>>);
 
 impl Only {
-    const NAMES: [&str; 7] = [
+    const NAMES: [&str; 8] = [
         "serial",
         "distinct",
         "contended",
         "contended-4x8",
         "reentrant",
         "held",
+        "retained",
         "peers",
     ];
 
@@ -136,6 +137,11 @@ pub(crate) async fn run_all(target: &Target, quick: bool, only: &Only) -> Vec<Ro
     }
     if only.wants("held") {
         rows.push(held(target, 10_000 / scale).await);
+    }
+    if only.wants("retained") {
+        for release in [Release::Explicit, Release::Drop] {
+            rows.push(retained(target, 100_000 / scale, release).await);
+        }
     }
     if only.wants("peers") {
         for peer in crate::peers::of(target).await {
@@ -524,9 +530,13 @@ async fn reentrant(target: &Target, ops: usize) -> Row {
     let locker = target.locker(None).await;
     let outer = locker.lock("bench:reentrant").await.expect("lock");
     let start = Instant::now();
-    for _ in 0..ops {
-        drop(locker.lock("bench:reentrant").await.expect("re-lock"));
-    }
+    outer
+        .scope(async {
+            for _ in 0..ops {
+                drop(locker.lock("bench:reentrant").await.expect("re-lock"));
+            }
+        })
+        .await;
     let elapsed = start.elapsed();
     outer.release().await.expect("release");
     let per_op = elapsed / ops as u32;
@@ -608,6 +618,73 @@ async fn held(target: &Target, locks: usize) -> Row {
                 (_, Some(n)) => format!(", {n:.0} server requests per call"),
                 (_, None) => String::new(),
             },
+        ),
+        ..Row::default()
+    }
+}
+
+/// How the `retained` scenario's tasks give their lock back.
+#[derive(Debug, Clone, Copy)]
+enum Release {
+    /// `release().await`.
+    Explicit,
+    /// Dropping the guard (the release runs in a task of its own).
+    Drop,
+}
+
+/// `tasks` tasks, 64 at a time on 64 keys, each locking and releasing once:
+/// the heap bytes still allocated per task once every release has settled.
+/// Anything a lock leaves behind after its release grows this number.
+async fn retained(target: &Target, tasks: usize, release: Release) -> Row {
+    const AT_ONCE: usize = 64;
+    let locker = target.locker(None).await;
+    let run = |count: usize| {
+        let locker = locker.clone();
+        async move {
+            for batch in 0..count.div_ceil(AT_ONCE) {
+                let handles: Vec<_> = (0..AT_ONCE.min(count - batch * AT_ONCE))
+                    .map(|i| {
+                        let locker = locker.clone();
+                        tokio::spawn(async move {
+                            let guard = locker
+                                .lock(format!("bench:retained:{i}"))
+                                .await
+                                .expect("lock");
+                            match release {
+                                Release::Explicit => guard.release().await.expect("release"),
+                                Release::Drop => drop(guard),
+                            }
+                        })
+                    })
+                    .collect();
+                for h in handles {
+                    h.await.expect("task");
+                }
+            }
+            locker.wait_for_releases().await;
+        }
+    };
+    // The first rounds grow what is reused later (connection buffers, the
+    // runtime's task slabs, the server-side maps of a memory backend).
+    run(tasks / 10).await;
+    let before = crate::alloc::live_bytes();
+    let start = Instant::now();
+    run(tasks).await;
+    let elapsed = start.elapsed();
+    let after = crate::alloc::live_bytes();
+    let per_task = (after - before) as f64 / tasks as f64;
+    let how = match release {
+        Release::Explicit => "release().await",
+        Release::Drop => "drop",
+    };
+    Row {
+        scenario: format!("retained-{tasks} ({how})"),
+        backend: target.name.into(),
+        ops: tasks as u64,
+        ops_per_sec: tasks as f64 / elapsed.as_secs_f64(),
+        notes: format!(
+            "{per_task:.1} heap bytes retained per task after lock + {how} and settled releases ({} in all)",
+            after - before
         ),
         ..Row::default()
     }

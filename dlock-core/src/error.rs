@@ -55,10 +55,11 @@ pub enum LockError {
         /// Why it was lost.
         reason: LostReason,
     },
-    /// The current task already holds this key, and taking it again would
-    /// hand out a second `&mut T` (for [`DistMutex`](crate::DistMutex)) or
-    /// wait for itself forever.
-    #[error("lock `{key}` is already held by this task; locking it again would deadlock")]
+    /// The scope this runs in already holds this key (see
+    /// [Reentrancy](crate::Locker#reentrancy)), and locking a
+    /// [`DistMutex`](crate::DistMutex) on it would hand out a second
+    /// `&mut T`, or wait for itself.
+    #[error("lock `{key}` is already held in this scope; locking the mutex again would deadlock")]
     WouldDeadlock {
         /// The key that was asked for.
         key: String,

@@ -1,18 +1,19 @@
 //! `LockGuard` and the hold it shares with its re-entered siblings: the hold
 //! releases the lock, through its own token, when the last guard goes.
 
-use std::{fmt, sync::Arc};
+use std::{fmt, future::Future, sync::Arc};
 
 use tokio::{runtime::Handle, time::Instant};
 use tracing::Instrument;
 
 use crate::{
-    backend::{Backend, ReleaseOutcome},
+    backend::ReleaseOutcome,
     error::{LockError, LostReason, Result},
     key::LockKey,
     lease::LeaseState,
-    locker::Shared,
-    owner::Owner,
+    release::{release_traced, spawn_release, ReleaseOnDrop},
+    scope::Scoped,
+    shared::Shared,
     token::Token,
 };
 
@@ -30,10 +31,9 @@ pub enum HoldState {
 }
 
 /// One acquisition: shared by the guard that took it and every guard that
-/// re-entered it.
+/// re-entered it. Dropping the last of them releases the lock.
 pub(crate) struct Hold {
     shared: Arc<Shared>,
-    owner: Owner,
     key: LockKey,
     token: Token,
     fence: Option<u64>,
@@ -46,10 +46,8 @@ pub(crate) struct Hold {
 }
 
 impl Hold {
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         shared: &Arc<Shared>,
-        owner: Owner,
         key: LockKey,
         token: Token,
         fence: Option<u64>,
@@ -59,21 +57,20 @@ impl Hold {
     ) -> Arc<Hold> {
         let watchdog_id = renewed_by_watchdog.then(|| {
             shared
-                .watchdog()
-                .register(shared, key.clone(), token, lease.clone(), &runtime)
+                .watchdog
+                .register(key.clone(), token, lease.clone(), &runtime)
         });
         let span = tracing::debug_span!(
             parent: None,
             "dlock.hold",
             key = %key,
-            backend = shared.backend().name(),
+            backend = shared.backend.name(),
             fence = fence,
         );
         span.follows_from(tracing::Span::current());
-        let hold = Arc::new(Hold {
+        Arc::new(Hold {
             shared: shared.clone(),
-            owner,
-            key: key.clone(),
+            key,
             token,
             fence,
             lease,
@@ -81,73 +78,12 @@ impl Hold {
             runtime,
             span,
             armed: true,
-        });
-        shared.remember(owner, key, &hold);
-        hold
+        })
     }
-}
 
-/// Releases `key` for `token`, tracing the outcome.
-async fn release_traced(
-    backend: &dyn Backend,
-    key: &LockKey,
-    token: &Token,
-) -> Result<ReleaseOutcome> {
-    let outcome = backend.release(key, token).await;
-    match &outcome {
-        Ok(ReleaseOutcome::Released) => tracing::debug!("dlock lock released"),
-        Ok(ReleaseOutcome::NotHeld) => {
-            tracing::debug!("dlock release found the lock no longer held")
-        }
-        Err(error) => tracing::warn!(%error, "dlock release failed; the lease will expire"),
-    }
-    outcome
-}
-
-/// Releases `key` for `token` in a task of its own on `runtime`, so the
-/// release completes though nobody waits for it. If that runtime is gone,
-/// the lease expires on the server instead.
-///
-/// The release counts as pending on `shared` until it is answered (see
-/// [`Locker::wait_for_releases`](crate::Locker::wait_for_releases)).
-fn spawn_release(
-    runtime: &Handle,
-    shared: Arc<Shared>,
-    key: LockKey,
-    token: Token,
-    span: tracing::Span,
-) {
-    let pending = shared.start_release();
-    let release = async move {
-        let _pending = pending;
-        release_traced(&**shared.backend(), &key, &token).await
-    };
-    drop(runtime.spawn(release.instrument(span)));
-}
-
-/// Releases a token when dropped while armed: for a step whose outcome on
-/// the server is uncertain until it answers (an acquire that may have won
-/// with its reply in flight, a release that may not have been sent).
-pub(crate) struct ReleaseOnDrop<'a> {
-    pub(crate) runtime: &'a Handle,
-    pub(crate) shared: &'a Arc<Shared>,
-    pub(crate) key: &'a LockKey,
-    pub(crate) token: Token,
-    pub(crate) armed: bool,
-}
-
-impl Drop for ReleaseOnDrop<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            tracing::debug!("dlock step abandoned; releasing its token");
-            spawn_release(
-                self.runtime,
-                self.shared.clone(),
-                self.key.clone(),
-                self.token,
-                tracing::Span::current(),
-            );
-        }
+    /// Whether this is a hold of `key` taken through `shared`'s locker.
+    pub(crate) fn is_of(&self, shared: &Arc<Shared>, key: &LockKey) -> bool {
+        Arc::ptr_eq(&self.shared, shared) && self.key == *key
     }
 }
 
@@ -155,10 +91,8 @@ impl Drop for Hold {
     fn drop(&mut self) {
         self.lease.mark_released();
         if let Some(id) = self.watchdog_id {
-            self.shared.watchdog().unregister(id);
+            self.shared.watchdog.unregister(id);
         }
-        self.shared
-            .forget(self.owner, &self.key, self as *const Hold);
         if self.armed {
             spawn_release(
                 &self.runtime,
@@ -171,7 +105,7 @@ impl Drop for Hold {
     }
 }
 
-/// Proof that this task holds a distributed lock.
+/// Proof that a distributed lock is held.
 ///
 /// Returned by [`Locker::lock`](crate::Locker::lock) and friends. The lock is
 /// held until the guard (and every guard that re-entered it) is dropped or
@@ -216,6 +150,7 @@ impl Drop for Hold {
 /// # }
 /// ```
 #[must_use = "if unused the lock will immediately unlock"]
+#[clippy::has_significant_drop]
 pub struct LockGuard {
     hold: Arc<Hold>,
 }
@@ -236,6 +171,53 @@ impl LockGuard {
     pub(crate) fn reentered(hold: Arc<Hold>) -> Result<LockGuard> {
         tracing::trace!(key = %hold.key, "dlock lock re-entered");
         Self::fresh(hold)
+    }
+
+    /// Another guard of the same hold (as re-entering gives).
+    pub(crate) fn sibling(&self) -> LockGuard {
+        LockGuard {
+            hold: self.hold.clone(),
+        }
+    }
+
+    /// Runs `future` inside this lock's scope: any lock of the same key
+    /// through the same [`Locker`](crate::Locker) (or a clone), at any depth
+    /// inside `future`, re-enters this hold at once, without asking the
+    /// server. Code outside `future` is not in the scope: a future joined
+    /// beside it, a spawned task, and whatever runs after it contend for
+    /// the key like any other owner (see [Reentrancy](crate::Locker#reentrancy)).
+    ///
+    /// The returned future borrows the guard, so the guard stays held (it
+    /// cannot be released, dropped or moved away) while the scope runs.
+    ///
+    /// # Cancel safety
+    ///
+    /// As cancel safe as `future`; the scope itself leaves nothing behind.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{LockError, Locker, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), LockError> {
+    /// let locker = Locker::new(MemoryBackend::new());
+    ///
+    /// async fn audit(locker: &Locker) -> Result<u64, LockError> {
+    ///     // Re-enters when called inside a scope holding "account:7".
+    ///     let guard = locker.lock("account:7").await?;
+    ///     Ok(guard.fencing_token().unwrap_or(0))
+    /// }
+    ///
+    /// let guard = locker.lock("account:7").await?;
+    /// let fence = guard.scope(audit(&locker)).await?;
+    /// assert_eq!(Some(fence), guard.fencing_token());
+    /// guard.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn scope<F: Future>(&self, future: F) -> Scoped<'_, F> {
+        Scoped::new(&self.hold, future)
     }
 
     /// The key this guard holds.
@@ -330,7 +312,7 @@ impl LockGuard {
         };
         hold.armed = false;
         let (runtime, shared, token) = (hold.runtime.clone(), hold.shared.clone(), hold.token);
-        let backend = shared.backend().clone();
+        let backend = shared.backend.clone();
         let span = hold.span.clone();
         drop(hold);
         // Release inline; if this future is dropped before the server

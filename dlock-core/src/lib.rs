@@ -5,8 +5,9 @@
 //! Redlock), etcd or ZooKeeper, each in its own crate, or the in-process
 //! [`MemoryBackend`] here. This crate holds everything the backends share:
 //!
-//! - [`Locker`]: takes locks by key (`lock`, `try_lock`, `lock_with`), with
-//!   reentrancy per Tokio task;
+//! - [`Locker`]: takes locks by key (`lock`, `try_lock`, `lock_with`,
+//!   `with_lock`), reentrant inside the scope of a held lock (the future
+//!   that runs under it; see [Reentrancy](Locker#reentrancy));
 //! - [`LockGuard`]: releases on drop through its own owner token, carries a
 //!   [fencing token](LockGuard::fencing_token), and
 //!   [says when the lock was lost](LockGuard::lost);
@@ -37,9 +38,10 @@
 //! # async fn main() -> Result<(), dlock_core::LockError> {
 //! let locker = Locker::new(MemoryBackend::new());
 //!
-//! // A data-less lock, reentrant within this task:
+//! // A data-less lock, reentrant inside its scope:
 //! let guard = locker.lock("report:daily").await?;
 //! assert!(!guard.is_lost());
+//! guard.scope(async { /* locker.lock("report:daily") re-enters here */ }).await;
 //! guard.release().await?;
 //!
 //! // A value behind a distributed lock:
@@ -52,6 +54,8 @@
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
 pub mod backend;
+mod builder;
+mod default_locker;
 mod error;
 mod guard;
 mod key;
@@ -59,19 +63,22 @@ mod lease;
 mod locker;
 mod mutex;
 mod options;
-mod owner;
+mod release;
+mod scope;
+mod shared;
 mod token;
 mod watchdog;
 
 pub use backend::memory::MemoryBackend;
+pub use builder::{BackendExt, LockerBuilder};
+pub use default_locker::{default_locker, set_default_locker};
 pub use error::{LockError, LostReason, Result};
 pub use guard::{HoldState, LockGuard};
 pub use key::LockKey;
-pub use locker::{
-    default_locker, set_default_locker, BackendExt, Locker, LockerBuilder, DEFAULT_WATCHDOG_LEASE,
-};
+pub use locker::{Locker, DEFAULT_WATCHDOG_LEASE};
 pub use mutex::{DistMutex, DistMutexGuard, OwnedDistMutexGuard};
 pub use options::{Lease, LockOptions, MAX_LEASE, MIN_LEASE, MIN_WATCHDOG_LEASE};
+pub use scope::Scoped;
 pub use token::{Token, TokenHex};
 
 #[cfg(feature = "macros")]

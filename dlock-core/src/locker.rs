@@ -1,26 +1,24 @@
-//! `Locker`: the handle users lock through. It holds a backend and default
-//! options, tracks reentrant holds per task, and runs the watchdog.
+//! `Locker`: the handle users lock through. It holds the shared state of a
+//! backend connection (see `shared.rs`), re-enters holds of the current
+//! scope (see `scope.rs`), and turns a backend's answer into a guard.
 
-use std::{
-    collections::HashMap,
-    fmt,
-    sync::{Arc, Mutex, MutexGuard, RwLock, Weak},
-    time::Duration,
-};
+use std::{fmt, future::Future, sync::Arc, time::Duration};
 
 use tokio::{runtime::Handle, time::Instant};
 use tracing::Instrument;
 
 use crate::{
     backend::{AcquireRequest, Backend, LeaseKind, LossReporter, Wait},
+    builder::LockerBuilder,
     error::{LockError, Result},
-    guard::{Hold, LockGuard, ReleaseOnDrop},
+    guard::{Hold, LockGuard},
     key::LockKey,
     lease::LeaseState,
-    options::{validate_lease, wait_deadline, Lease, LockOptions, MIN_LEASE, MIN_WATCHDOG_LEASE},
-    owner::Owner,
+    options::{validate_lease, wait_deadline, Lease, LockOptions, MIN_LEASE},
+    release::ReleaseOnDrop,
+    scope::Scope,
+    shared::Shared,
     token::Token,
-    watchdog::Watchdog,
 };
 
 /// The default watchdog lease: how long a crashed holder keeps a lock.
@@ -32,9 +30,9 @@ const CHECK_SERVERS_WITHIN: Duration = Duration::from_secs(1);
 
 /// A handle for taking locks through one backend.
 ///
-/// A `Locker` is cheap to clone; clones share the backend connection, the
-/// watchdog and the reentrancy table. Build one per backend at startup and
-/// pass clones around (or make it the default with
+/// A `Locker` is cheap to clone; clones share the backend connection and
+/// the watchdog. Build one per backend at startup and pass clones around
+/// (or make it the default with
 /// [`set_default_locker`](crate::set_default_locker)).
 ///
 /// - [`lock`](Locker::lock) waits for the lock, up to the locker's wait limit
@@ -42,29 +40,48 @@ const CHECK_SERVERS_WITHIN: Duration = Duration::from_secs(1);
 /// - [`try_lock`](Locker::try_lock) makes one attempt and returns `Ok(None)`
 ///   if the lock is held.
 /// - [`lock_with`](Locker::lock_with) takes per-call [`LockOptions`].
+/// - [`with_lock`](Locker::with_lock) runs a future under the lock, inside
+///   its scope.
 ///
 /// # Reentrancy
 ///
-/// Locks are reentrant per Tokio task: a task that holds a key and locks it
-/// again through the same `Locker` (or a clone) gets a new guard at once,
-/// without asking the server, and the lock is released when the last of its
-/// guards goes. A spawned task is a different owner and waits like anyone
-/// else. Outside a spawned task (the body of `#[tokio::main]`), the owner is
-/// the thread that runs `block_on`.
+/// Reentrancy follows the lock's *scope*, not the task or thread: a held
+/// lock's scope is the future that runs under it, that is the body of a
+/// `#[distributed_lock]` fn, a future passed to [`with_lock`](Locker::with_lock),
+/// or one wrapped with [`LockGuard::scope`]. Inside a scope, at any depth,
+/// locking the same key through the same `Locker` (or a clone) re-enters at
+/// once, without asking the server; the re-entered guard shares the hold's
+/// token and fencing token, and the lock goes when the last guard of the
+/// hold goes.
 ///
-/// Ownership is decided by who *acquired* and is tracked per `Locker`
-/// (clones included), so know its edges:
+/// Everything outside the scope contends like any other owner:
 ///
-/// - Futures joined within one task (`join!`, `select!`) are one owner: if
-///   one of them holds a key, the others re-enter it. Use separate tasks for
-///   contenders that must exclude each other.
-/// - A guard moved into another task still belongs to the task that
-///   acquired it: that task re-enters the key at once, even while the moved
-///   guard's new task works under it. Take the lock inside the task that
-///   does the work rather than handing it a guard.
+/// - `Locker::lock` outside any scope is **not** reentrant, like
+///   `tokio::sync::Mutex`: locking a key you hold, in the same code path,
+///   waits for yourself until the wait limit. Wrap the work in a scope
+///   instead.
+/// - Futures joined beside the scope (`join!`, `select!`,
+///   `FuturesUnordered`, `join_all`) exclude it and each other, though they
+///   run in the same task.
+/// - A spawned task is outside the scope it was spawned from (task-locals
+///   are not inherited), and so is a `spawn_blocking` closure and anything
+///   it runs with `Handle::block_on`.
+/// - Code after the scoped future has finished is outside it.
 /// - Two lockers built separately over one backend are two owners, like two
-///   processes: a task holding a key through one waits for itself through
-///   the other. Build one `Locker` and clone it (or use the default locker).
+///   processes. Build one `Locker` and clone it.
+///
+/// A guard is the lock: whoever holds one (a task it was moved to, for
+/// example) works under the lock. The scope borrows its guard, so a guard
+/// cannot leave the task while its scope runs.
+///
+/// ## What changed
+///
+/// Before 0.1, reentrancy was per Tokio task (or thread, outside a task):
+/// joined futures of one task re-entered each other's locks, and a task
+/// re-entered a lock whose guard it had moved to another task. Both now
+/// contend. Code that locked a key twice in one task without an attribute
+/// or scope around the first now waits for itself: put the inner work in
+/// [`LockGuard::scope`] or use [`with_lock`](Locker::with_lock).
 ///
 /// # Runtime
 ///
@@ -83,9 +100,14 @@ const CHECK_SERVERS_WITHIN: Duration = Duration::from_secs(1);
 /// let locker = Locker::new(MemoryBackend::new());
 ///
 /// let outer = locker.lock("report:daily").await?;
-/// let inner = locker.lock("report:daily").await?; // same task: re-entered at once
-/// assert_eq!(outer.fencing_token(), inner.fencing_token());
-/// drop(inner);
+/// outer
+///     .scope(async {
+///         // Inside the scope of `outer`: re-entered at once.
+///         let inner = locker.lock("report:daily").await?;
+///         assert_eq!(outer.fencing_token(), inner.fencing_token());
+///         Ok::<_, dlock_core::LockError>(())
+///     })
+///     .await?;
 /// drop(outer); // released here
 /// # Ok(())
 /// # }
@@ -93,96 +115,6 @@ const CHECK_SERVERS_WITHIN: Duration = Duration::from_secs(1);
 #[derive(Clone)]
 pub struct Locker {
     shared: Arc<Shared>,
-}
-
-pub(crate) struct Shared {
-    backend: Arc<dyn Backend>,
-    defaults: LockOptions,
-    watchdog: Watchdog,
-    held: Mutex<HashMap<(Owner, LockKey), Weak<Hold>>>,
-    pending: PendingReleases,
-}
-
-/// Releases scheduled by dropped guards (or abandoned steps) and not
-/// answered yet.
-#[derive(Debug, Default)]
-pub(crate) struct PendingReleases {
-    count: std::sync::atomic::AtomicUsize,
-    settled: tokio::sync::Notify,
-}
-
-/// One pending release; done when dropped.
-pub(crate) struct PendingRelease(Arc<Shared>);
-
-impl PendingReleases {
-    async fn settled(&self) {
-        loop {
-            let settled = self.settled.notified();
-            tokio::pin!(settled);
-            // Registered before the count is read: a last release that ends
-            // in between still wakes us.
-            settled.as_mut().enable();
-            if self.count.load(std::sync::atomic::Ordering::SeqCst) == 0 {
-                return;
-            }
-            settled.await;
-        }
-    }
-}
-
-impl Drop for PendingRelease {
-    fn drop(&mut self) {
-        let pending = &self.0.pending;
-        if pending
-            .count
-            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
-            == 1
-        {
-            pending.settled.notify_waiters();
-        }
-    }
-}
-
-impl Shared {
-    /// Counts a release as pending until the returned value is dropped.
-    pub(crate) fn start_release(self: &Arc<Self>) -> PendingRelease {
-        self.pending
-            .count
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        PendingRelease(self.clone())
-    }
-
-    pub(crate) fn backend(&self) -> &Arc<dyn Backend> {
-        &self.backend
-    }
-
-    pub(crate) fn watchdog(&self) -> &Watchdog {
-        &self.watchdog
-    }
-
-    fn held(&self) -> MutexGuard<'_, HashMap<(Owner, LockKey), Weak<Hold>>> {
-        self.held.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn reenter(&self, owner: Owner, key: &LockKey) -> Option<Arc<Hold>> {
-        self.held()
-            .get(&(owner, key.clone()))
-            .and_then(Weak::upgrade)
-    }
-
-    pub(crate) fn remember(&self, owner: Owner, key: LockKey, hold: &Arc<Hold>) {
-        self.held().insert((owner, key), Arc::downgrade(hold));
-    }
-
-    /// Forgets `hold` (which is being dropped) as the current one of its
-    /// owner and key, unless a newer hold has taken its place.
-    pub(crate) fn forget(&self, owner: Owner, key: &LockKey, hold: *const Hold) {
-        let mut held = self.held();
-        let entry = (owner, key.clone());
-        if held.get(&entry).is_some_and(|w| Weak::as_ptr(w) == hold) {
-            held.remove(&entry);
-        }
-    }
 }
 
 impl Locker {
@@ -226,6 +158,12 @@ impl Locker {
         LockerBuilder::from_arc(Arc::new(backend))
     }
 
+    pub(crate) fn from_shared(shared: Shared) -> Locker {
+        Locker {
+            shared: Arc::new(shared),
+        }
+    }
+
     /// The backend this locker talks to.
     pub fn backend(&self) -> &Arc<dyn Backend> {
         &self.shared.backend
@@ -242,7 +180,8 @@ impl Locker {
         self.shared.watchdog.lease()
     }
 
-    /// Whether the current task holds `key` through this locker.
+    /// Whether the current scope holds `key` through this locker, so that
+    /// locking it here would re-enter (see [Reentrancy](Locker#reentrancy)).
     ///
     /// # Examples
     ///
@@ -253,23 +192,23 @@ impl Locker {
     /// # async fn main() -> Result<(), dlock_core::LockError> {
     /// let locker = Locker::new(MemoryBackend::new());
     /// let guard = locker.lock("k").await?;
-    /// assert!(locker.is_held_by_current_task("k"));
-    /// drop(guard);
-    /// assert!(!locker.is_held_by_current_task("k"));
+    /// assert!(!locker.is_held_in_scope("k")); // held, but not in a scope
+    /// guard.scope(async { assert!(locker.is_held_in_scope("k")) }).await;
     /// # Ok(())
     /// # }
     /// ```
-    pub fn is_held_by_current_task(&self, key: &str) -> bool {
+    pub fn is_held_in_scope(&self, key: &str) -> bool {
         LockKey::new(key)
             .ok()
-            .and_then(|key| self.shared.reenter(Owner::current(), &key))
+            .and_then(|key| Scope::find(&self.shared, &key))
             .is_some()
     }
 
     /// Acquires `key`, waiting up to the locker's default wait limit.
     ///
-    /// Re-entering a key the current task holds returns at once (see
-    /// [Reentrancy](Locker#reentrancy)).
+    /// Inside the scope of a hold of `key` through this locker, re-enters
+    /// it at once (see [Reentrancy](Locker#reentrancy)); anywhere else,
+    /// waits for the lock like any other owner.
     ///
     /// # Errors
     ///
@@ -406,6 +345,104 @@ impl Locker {
         self.acquire(key.as_ref(), options, true).await
     }
 
+    /// Runs `body` under the lock of `key`, inside its scope: acquires as
+    /// [`lock`](Locker::lock) does, runs the future `body` makes, then
+    /// releases.
+    ///
+    /// `body` is given a guard of the hold (re-entered, so releasing or
+    /// dropping it early leaves the lock held): read its
+    /// [fencing token](LockGuard::fencing_token) or race its
+    /// [`lost`](LockGuard::lost) signal with it. Any lock of `key` through
+    /// this locker inside `body`, at any depth, re-enters at once.
+    ///
+    /// # Errors
+    ///
+    /// - As [`lock`](Locker::lock), before `body` runs;
+    /// - [`LockError::Lost`] if the lock was lost before `body` finished: its
+    ///   output is dropped, because the work may have overlapped another
+    ///   owner's. To stop the work at the moment of the loss, race
+    ///   `guard.lost()` inside `body`.
+    ///
+    /// A release the server could not be told of is not an error here (the
+    /// work was done under the lock, and the lease ends on the server); it
+    /// is traced as a warning. Use [`LockGuard::scope`] and
+    /// [`LockGuard::release`] to see it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe as far as the lock goes: dropping the future drops `body`
+    /// and releases the lock (as a dropped guard does).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{Locker, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let fence = locker
+    ///     .with_lock("invoice:7", |guard| async move {
+    ///         // ... exclusive work, writing with the fence ...
+    ///         guard.fencing_token()
+    ///     })
+    ///     .await?;
+    /// assert!(fence.is_some());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn with_lock<F, Fut>(&self, key: impl AsRef<str>, body: F) -> Result<Fut::Output>
+    where
+        F: FnOnce(LockGuard) -> Fut,
+        Fut: Future,
+    {
+        self.with_lock_with(key, LockOptions::new(), body).await
+    }
+
+    /// [`with_lock`](Locker::with_lock) with per-call `options`.
+    ///
+    /// # Errors
+    ///
+    /// As [`with_lock`](Locker::with_lock).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`with_lock`](Locker::with_lock).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{Locker, LockOptions, MemoryBackend};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let options = LockOptions::new().wait(Duration::from_secs(2));
+    /// let done = locker.with_lock_with("job", options, |_guard| async { 42 }).await?;
+    /// assert_eq!(done, 42);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn with_lock_with<F, Fut>(
+        &self,
+        key: impl AsRef<str>,
+        options: LockOptions,
+        body: F,
+    ) -> Result<Fut::Output>
+    where
+        F: FnOnce(LockGuard) -> Fut,
+        Fut: Future,
+    {
+        let guard = self.lock_with(key, options).await?;
+        let output = guard.scope(body(guard.sibling())).await;
+        match guard.release().await {
+            Err(error @ LockError::Lost { .. }) => Err(error),
+            // Traced by the release; the lease ends on the server.
+            Ok(()) | Err(_) => Ok(output),
+        }
+    }
+
     /// Waits until every release that dropped guards (and abandoned
     /// acquires) of this locker scheduled has been answered by the server,
     /// or has failed.
@@ -464,8 +501,7 @@ impl Locker {
                 (lease, LeaseKind::Fixed)
             }
         };
-        let owner = Owner::current();
-        if let Some(hold) = self.shared.reenter(owner, &key) {
+        if let Some(hold) = Scope::find(&self.shared, &key) {
             return LockGuard::reentered(hold).map(Some);
         }
         let runtime = Handle::try_current().map_err(|_| LockError::NoRuntime)?;
@@ -548,7 +584,6 @@ impl Locker {
             let renewed = lease_kind == LeaseKind::Watchdog && !acquired.is_kept_alive_by_backend();
             let hold = Hold::new(
                 &self.shared,
-                owner,
                 key.clone(),
                 token,
                 acquired.fence(),
@@ -570,147 +605,4 @@ impl fmt::Debug for Locker {
             .field("watchdog_lease", &self.shared.watchdog.lease())
             .finish()
     }
-}
-
-/// Builds a [`Locker`] with default options of its own.
-///
-/// # Examples
-///
-/// ```
-/// use dlock_core::{Locker, MemoryBackend};
-/// use std::time::Duration;
-///
-/// let locker = Locker::builder(MemoryBackend::new())
-///     .wait(Duration::from_secs(5))
-///     .build()?;
-/// assert_eq!(locker.defaults().get_wait(), Some(Some(Duration::from_secs(5))));
-/// # Ok::<(), dlock_core::LockError>(())
-/// ```
-#[derive(Debug)]
-#[must_use = "a builder does nothing until `build` is called"]
-pub struct LockerBuilder {
-    backend: Arc<dyn Backend>,
-    defaults: LockOptions,
-    watchdog_lease: Duration,
-}
-
-impl LockerBuilder {
-    /// A builder over a shared backend.
-    pub fn from_arc(backend: Arc<dyn Backend>) -> Self {
-        LockerBuilder {
-            backend,
-            defaults: LockOptions::new().wait_forever().watchdog(),
-            watchdog_lease: DEFAULT_WATCHDOG_LEASE,
-        }
-    }
-
-    /// Waits at most `limit` by default.
-    pub fn wait(mut self, limit: Duration) -> Self {
-        self.defaults = self.defaults.wait(limit);
-        self
-    }
-
-    /// Waits without limit by default (the default).
-    pub fn wait_forever(mut self) -> Self {
-        self.defaults = self.defaults.wait_forever();
-        self
-    }
-
-    /// Uses a fixed lease by default instead of the watchdog.
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.defaults = self.defaults.lease(lease);
-        self
-    }
-
-    /// The lease the watchdog renews (default [`DEFAULT_WATCHDOG_LEASE`]),
-    /// renewed every third of it: how long a crashed holder keeps the lock.
-    pub fn watchdog_lease(mut self, lease: Duration) -> Self {
-        self.watchdog_lease = lease;
-        self
-    }
-
-    /// Builds the locker.
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::InvalidOptions`] if a lease is out of range.
-    pub fn build(self) -> Result<Locker> {
-        validate_lease(self.watchdog_lease, MIN_WATCHDOG_LEASE)?;
-        if let Some(Lease::Fixed(lease)) = self.defaults.get_lease() {
-            validate_lease(lease, MIN_LEASE)?;
-        }
-        Ok(Locker {
-            shared: Arc::new(Shared {
-                backend: self.backend,
-                defaults: self.defaults,
-                watchdog: Watchdog::new(self.watchdog_lease),
-                held: Mutex::default(),
-                pending: PendingReleases::default(),
-            }),
-        })
-    }
-}
-
-/// Turns any backend into a [`Locker`] with default options.
-///
-/// # Examples
-///
-/// ```
-/// use dlock_core::{BackendExt, MemoryBackend};
-///
-/// let locker = MemoryBackend::new().into_locker();
-/// # drop(locker);
-/// ```
-pub trait BackendExt: Backend + Sized {
-    /// A locker over this backend with the default options.
-    fn into_locker(self) -> Locker {
-        Locker::new(self)
-    }
-}
-
-impl<B: Backend> BackendExt for B {}
-
-static DEFAULT_LOCKER: RwLock<Option<Locker>> = RwLock::new(None);
-
-/// Makes `locker` the one [`default_locker`] returns, and so the one
-/// `#[distributed_lock]` uses when it is given no `locker = ...`.
-///
-/// Call it once at startup; a later call replaces the default for calls that
-/// start after it.
-///
-/// # Examples
-///
-/// ```
-/// use dlock_core::{default_locker, set_default_locker, BackendExt, MemoryBackend};
-///
-/// set_default_locker(MemoryBackend::new().into_locker());
-/// assert_eq!(default_locker().unwrap().backend().name(), "memory");
-/// ```
-pub fn set_default_locker(locker: Locker) {
-    *DEFAULT_LOCKER.write().unwrap_or_else(|e| e.into_inner()) = Some(locker);
-}
-
-/// The locker set by [`set_default_locker`].
-///
-/// There is deliberately no implicit default: an in-process lock where a
-/// distributed one was meant would exclude nothing across processes, silently.
-///
-/// # Errors
-///
-/// [`LockError::NoDefaultLocker`] if none was set.
-///
-/// # Examples
-///
-/// ```
-/// use dlock_core::{default_locker, LockError};
-///
-/// // Nothing was set in this program:
-/// assert!(matches!(default_locker(), Err(LockError::NoDefaultLocker)));
-/// ```
-pub fn default_locker() -> Result<Locker> {
-    DEFAULT_LOCKER
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone()
-        .ok_or(LockError::NoDefaultLocker)
 }

@@ -4,8 +4,9 @@
 use std::{
     cell::UnsafeCell,
     fmt,
+    future::Future,
     ops::{Deref, DerefMut},
-    sync::{Arc, Mutex as StdMutex, MutexGuard as StdMutexGuard},
+    sync::Arc,
 };
 
 use tokio::{sync::Semaphore, time::Instant};
@@ -15,7 +16,7 @@ use crate::{
     guard::LockGuard,
     locker::Locker,
     options::{wait_deadline, LockOptions},
-    owner::Owner,
+    scope::Scoped,
 };
 
 /// A value protected by a distributed lock: like [`tokio::sync::Mutex<T>`],
@@ -33,10 +34,17 @@ use crate::{
 ///
 /// # Re-locking
 ///
-/// Unlike [`Locker::lock`], `DistMutex` is not reentrant: a task that already
-/// holds the mutex's key (through any guard of the same locker) and locks it
-/// again gets [`LockError::WouldDeadlock`] at once, because a second guard
-/// would be a second `&mut T`.
+/// `DistMutex` is never reentrant, because a second guard would be a second
+/// `&mut T`. Inside the scope of a hold of its key through the same locker
+/// (a `#[distributed_lock]` body on that key, [`DistMutexGuard::scope`],
+/// [`LockGuard::scope`], [`Locker::with_lock`]), locking it returns
+/// [`LockError::WouldDeadlock`] at once instead of waiting for itself.
+///
+/// Outside a scope it behaves as `tokio::sync::Mutex` does: locking it again
+/// while a guard lives, even in the same task, waits for that guard (up to
+/// the wait limit). That is what makes futures joined in one task exclude
+/// each other. Run code that may lock the mutex again inside the guard's
+/// [scope](DistMutexGuard::scope) to get the error instead.
 ///
 /// # Examples
 ///
@@ -61,8 +69,6 @@ pub struct DistMutex<T> {
     options: LockOptions,
     /// One permit: the local queue in front of the backend.
     local: Semaphore,
-    /// The owner of the local permit, to refuse a re-lock instead of hanging.
-    holder: StdMutex<Option<Owner>>,
     value: UnsafeCell<T>,
 }
 
@@ -108,7 +114,6 @@ impl<T> DistMutex<T> {
             key: key.into(),
             options,
             local: Semaphore::new(1),
-            holder: StdMutex::new(None),
             value: UnsafeCell::new(value),
         }
     }
@@ -123,8 +128,9 @@ impl<T> DistMutex<T> {
     ///
     /// # Errors
     ///
-    /// [`LockError::WouldDeadlock`] if the current task already holds the
-    /// key; otherwise as [`Locker::lock`].
+    /// [`LockError::WouldDeadlock`] inside the scope of a hold of the key
+    /// (see [Re-locking](DistMutex#re-locking)); otherwise as
+    /// [`Locker::lock`].
     ///
     /// # Cancel safety
     ///
@@ -134,7 +140,7 @@ impl<T> DistMutex<T> {
     /// # Examples
     ///
     /// ```
-    /// use dlock_core::{DistMutex, LockError, Locker, MemoryBackend};
+    /// use dlock_core::{DistMutex, DistMutexGuard, LockError, Locker, MemoryBackend};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), LockError> {
@@ -142,8 +148,12 @@ impl<T> DistMutex<T> {
     /// let m = DistMutex::new(&locker, "counter", 0);
     /// let mut g = m.lock().await?;
     /// *g += 1;
-    /// // A second lock in the same task is refused rather than deadlocking:
-    /// assert!(matches!(m.lock().await, Err(LockError::WouldDeadlock { .. })));
+    /// // Inside the guard's scope, a second lock is refused rather than
+    /// // waiting for itself:
+    /// DistMutexGuard::scope(&g, async {
+    ///     assert!(matches!(m.lock().await, Err(LockError::WouldDeadlock { .. })));
+    /// })
+    /// .await;
     /// # Ok(())
     /// # }
     /// ```
@@ -276,10 +286,6 @@ impl<T> DistMutex<T> {
         self.value.into_inner()
     }
 
-    fn holder(&self) -> StdMutexGuard<'_, Option<Owner>> {
-        self.holder.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn timeout(&self, start: Instant) -> LockError {
         LockError::Timeout {
             key: self.key.clone(),
@@ -290,8 +296,7 @@ impl<T> DistMutex<T> {
     /// Takes the local turn, then the distributed lock. `Ok(None)` when the
     /// wait limit passed (or, with `once`, when either was busy).
     async fn acquire(&self, once: bool) -> Result<Option<LockGuard>> {
-        let owner = Owner::current();
-        if *self.holder() == Some(owner) || self.locker.is_held_by_current_task(&self.key) {
+        if self.locker.is_held_in_scope(&self.key) {
             return Err(LockError::WouldDeadlock {
                 key: self.key.clone(),
             });
@@ -316,7 +321,6 @@ impl<T> DistMutex<T> {
             return Ok(None);
         };
         permit.forget();
-        *self.holder() = Some(owner);
         let turn = LocalTurn(self);
         let remote = if once {
             self.locker.try_lock_with(&self.key, self.options).await
@@ -340,7 +344,6 @@ impl<T> DistMutex<T> {
     }
 
     fn unlock_local(&self) {
-        *self.holder() = None;
         self.local.add_permits(1);
     }
 }
@@ -387,6 +390,14 @@ macro_rules! guard_helpers {
         pub fn is_lost(this: &Self) -> bool {
             Self::lock_guard(this).is_lost()
         }
+
+        /// Runs `future` inside the scope of this guard's lock (see
+        /// [`LockGuard::scope`]): locking the mutex there returns
+        /// [`LockError::WouldDeadlock`] at once, and a plain lock of its key
+        /// through the same locker re-enters.
+        pub fn scope<F: Future>(this: &Self, future: F) -> Scoped<'_, F> {
+            Self::lock_guard(this).scope(future)
+        }
     };
 }
 
@@ -414,6 +425,7 @@ macro_rules! guard_helpers {
 /// # }
 /// ```
 #[must_use = "if unused the lock will immediately unlock"]
+#[clippy::has_significant_drop]
 pub struct DistMutexGuard<'a, T> {
     mutex: &'a DistMutex<T>,
     lock: Option<LockGuard>,
@@ -497,6 +509,7 @@ impl<T: fmt::Debug> fmt::Debug for DistMutexGuard<'_, T> {
 /// # }
 /// ```
 #[must_use = "if unused the lock will immediately unlock"]
+#[clippy::has_significant_drop]
 pub struct OwnedDistMutexGuard<T> {
     mutex: Arc<DistMutex<T>>,
     lock: Option<LockGuard>,

@@ -5,7 +5,7 @@ use std::{borrow::Borrow, future::Future};
 
 pub use std::time::Duration;
 
-pub use crate::{LockError, LockGuard, LockOptions, Locker};
+pub use crate::{LockError, LockGuard, LockOptions, Locker, Scoped};
 
 /// The locker a `locker = <expr>` argument names. Called as a method, so
 /// that auto-deref reaches a `Locker` through `&`, `Arc` and friends.
@@ -42,6 +42,11 @@ pub async fn acquire<L: Borrow<Locker>>(
     } else {
         locker.lock_with(&key, options).await
     }
+}
+
+/// `body`, run inside the scope of `guard`'s lock.
+pub fn scoped<F: Future>(guard: &LockGuard, body: F) -> Scoped<'_, F> {
+    guard.scope(body)
 }
 
 /// Runs `body` until it completes or the lock is lost; a loss drops the

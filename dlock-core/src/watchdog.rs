@@ -10,11 +10,10 @@ use std::{
 use tokio::{runtime::Handle, time::Instant};
 
 use crate::{
-    backend::{RenewOutcome, RenewRequest},
+    backend::{Backend, RenewOutcome, RenewRequest},
     error::LostReason,
     key::LockKey,
     lease::LeaseState,
-    locker::Shared,
     token::Token,
 };
 
@@ -22,9 +21,17 @@ use crate::{
 /// lease runs out.
 const RENEWALS_PER_LEASE: u32 = 3;
 
+/// The watchdog of one locker (and its clones). Its timer task holds only a
+/// `Weak` of it, so the task ends when the last locker and hold are gone.
 #[derive(Debug)]
 pub(crate) struct Watchdog {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
     lease: Duration,
+    backend: Arc<dyn Backend>,
     state: Mutex<State>,
 }
 
@@ -45,54 +52,59 @@ struct Entry {
 }
 
 impl Watchdog {
-    pub(crate) fn new(lease: Duration) -> Self {
+    pub(crate) fn new(lease: Duration, backend: Arc<dyn Backend>) -> Self {
         Watchdog {
-            lease,
-            state: Mutex::default(),
+            inner: Arc::new(Inner {
+                lease,
+                backend,
+                state: Mutex::default(),
+            }),
         }
     }
 
     /// The lease the watchdog keeps renewing.
     pub(crate) fn lease(&self) -> Duration {
-        self.lease
-    }
-
-    fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lease
     }
 
     /// Starts renewing `key` for `token`; returns the id to unregister with.
     /// Starts the timer task on `runtime` if it is not running.
     pub(crate) fn register(
         &self,
-        shared: &Arc<Shared>,
         key: LockKey,
         token: Token,
         lease: Arc<LeaseState>,
         runtime: &Handle,
     ) -> u64 {
-        let mut state = self.state();
+        let inner = &self.inner;
+        let mut state = inner.state();
         state.next_id += 1;
         let id = state.next_id;
         let request = RenewRequest {
             key,
             token,
-            lease: self.lease,
+            lease: inner.lease,
         };
         state.entries.insert(id, Entry { request, lease });
         if state.timer.is_none() {
             state.timer = Some(id);
             let timer = Timer {
-                shared: Arc::downgrade(shared),
+                watchdog: Arc::downgrade(inner),
                 id,
             };
-            runtime.spawn(run(timer, self.lease / RENEWALS_PER_LEASE));
+            runtime.spawn(run(timer, inner.lease / RENEWALS_PER_LEASE));
         }
         id
     }
 
     pub(crate) fn unregister(&self, id: u64) {
-        self.state().entries.remove(&id);
+        self.inner.state().entries.remove(&id);
+    }
+}
+
+impl Inner {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The locks to renew now; `None` when there are none, and the timer
@@ -119,14 +131,14 @@ impl Watchdog {
 /// The running timer task's identity; clears it from the watchdog when the
 /// task ends, however it ends.
 struct Timer {
-    shared: Weak<Shared>,
+    watchdog: Weak<Inner>,
     id: u64,
 }
 
 impl Drop for Timer {
     fn drop(&mut self) {
-        if let Some(shared) = self.shared.upgrade() {
-            let mut state = shared.watchdog().state();
+        if let Some(watchdog) = self.watchdog.upgrade() {
+            let mut state = watchdog.state();
             if state.timer == Some(self.id) {
                 state.timer = None;
             }
@@ -139,10 +151,9 @@ async fn run(timer: Timer, period: Duration) {
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        let Some(shared) = timer.shared.upgrade() else {
+        let Some(watchdog) = timer.watchdog.upgrade() else {
             return;
         };
-        let watchdog = shared.watchdog();
         let Some(batch) = watchdog.due(timer.id) else {
             return;
         };
@@ -150,7 +161,7 @@ async fn run(timer: Timer, period: Duration) {
             continue;
         }
         let requests: Vec<RenewRequest> = batch.iter().map(|(r, _)| r.clone()).collect();
-        let backend = shared.backend();
+        let backend = &watchdog.backend;
         let sent = Instant::now();
         // A renewal slower than a period is as good as failed: the next tick
         // tries again, and the holders' clocks decide when the lease is over.

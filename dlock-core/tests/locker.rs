@@ -69,7 +69,7 @@ async fn re_entering_a_lost_hold_is_an_error() {
         .await
         .unwrap();
     assert_eq!(guard.lost().await, LostReason::LeaseExpired);
-    match locker.lock("k").await {
+    match guard.scope(locker.lock("k")).await {
         Err(LockError::Lost { key, reason }) => {
             assert_eq!(key, "k");
             assert_eq!(reason, LostReason::LeaseExpired);

@@ -62,11 +62,11 @@ async fn the_wait_limit_covers_the_local_queue() {
         elapsed >= Duration::from_millis(150) && elapsed < Duration::from_secs(2),
         "{elapsed:?}"
     );
-    // This task holds it: a second guard here is refused, not awaited.
-    assert!(matches!(
-        m.clone().try_lock_owned().await,
-        Err(LockError::WouldDeadlock { .. })
-    ));
+    // Inside the guard's scope, a second guard is refused, not awaited.
+    let relock = OwnedDistMutexGuard::scope(&held, m.clone().try_lock_owned()).await;
+    assert!(matches!(relock, Err(LockError::WouldDeadlock { .. })));
+    // Outside it, a second guard is busy, as with `tokio::sync::Mutex`.
+    assert!(m.clone().try_lock_owned().await.unwrap().is_none());
     OwnedDistMutexGuard::release(held).await.unwrap();
     assert!(m.try_lock().await.unwrap().is_some());
 }
@@ -94,12 +94,12 @@ async fn a_cancelled_local_waiter_gives_its_turn_back() {
 }
 
 #[tokio::test]
-async fn a_key_held_through_the_locker_refuses_a_dist_mutex_in_the_same_task() {
+async fn a_key_held_in_scope_through_the_locker_refuses_a_dist_mutex() {
     let locker = Locker::new(MemoryBackend::new());
     let m = DistMutex::new(&locker, "shared-key", 1);
     let plain = locker.lock("shared-key").await.unwrap();
     assert!(matches!(
-        m.lock().await,
+        plain.scope(m.lock()).await,
         Err(LockError::WouldDeadlock { .. })
     ));
     drop(plain);

@@ -9,7 +9,7 @@ use syn::{
 
 use crate::duration::parse_millis;
 
-const EXPECTED: &str = "`key`, `locker`, `wait`, `lease`, `abort_on_lost`, `crate`";
+const EXPECTED: &str = "`key`, `locker`, `wait`, `lease`, `guard`, `abort_on_lost`, `crate`";
 
 /// The shortest and longest fixed lease dlock-core accepts
 /// (`dlock_core::MIN_LEASE`, `MAX_LEASE`; a test keeps them equal), checked
@@ -36,6 +36,8 @@ pub(crate) struct Args {
     pub(crate) locker: Option<Expr>,
     pub(crate) wait: Option<Wait>,
     pub(crate) lease: Option<u64>,
+    /// The name the body sees the lock's guard by (`&LockGuard`).
+    pub(crate) guard: Option<Ident>,
     pub(crate) abort_on_lost: bool,
     pub(crate) krate: Option<Path>,
     pub(crate) errors: Option<syn::Error>,
@@ -124,6 +126,25 @@ impl Args {
                     ));
                 }
                 self.lease = Some(millis);
+            }
+            "guard" => {
+                equals(input, name, "guard = lock")?;
+                let value = input.parse::<Expr>()?;
+                let ident = match &value {
+                    Expr::Path(path) if path.attrs.is_empty() && path.qself.is_none() => {
+                        path.path.get_ident().filter(|i| *i != "self").cloned()
+                    }
+                    _ => None,
+                };
+                match ident {
+                    Some(ident) => self.guard = Some(ident),
+                    None => {
+                        return Err(syn::Error::new_spanned(
+                            value,
+                            "`guard` takes the name the body reads the lock's guard by: write `guard = lock`",
+                        ))
+                    }
+                }
             }
             "abort_on_lost" => {
                 if input.peek(Token![=]) {

@@ -18,13 +18,22 @@ use crate::{
 pub(crate) fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
     let func: ItemFn = match syn::parse2(item.clone()) {
         Ok(func) => func,
-        Err(e) => {
-            let e = syn::Error::new(
-                e.span(),
-                "#[distributed_lock] goes on an `async fn` with a body",
-            );
-            return with_item(e, item);
-        }
+        Err(e) => match fn_without_body(item.clone()) {
+            // A fn whose body does not parse: syn's own message points at
+            // the mistake inside the body; the fn is emitted without it, so
+            // the mistake is reported once and callers still resolve.
+            Some(stub) => {
+                let e = e.to_compile_error();
+                return quote! { #e #stub };
+            }
+            None => {
+                let e = syn::Error::new(
+                    e.span(),
+                    "#[distributed_lock] goes on an `async fn` with a body",
+                );
+                return with_item(e, item);
+            }
+        },
     };
     let parse_args = |input: ParseStream<'_>| {
         let args = Args::parse(input)?;
@@ -40,6 +49,27 @@ pub(crate) fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStr
         Ok(tokens) => tokens,
         Err(e) => with_func(e, func),
     }
+}
+
+/// If `item` is a fn (attributes, visibility, signature) followed by a
+/// `{ ... }` body, whatever the body holds: that fn with a body that only
+/// panics.
+fn fn_without_body(item: TokenStream) -> Option<TokenStream> {
+    let parser = |input: ParseStream<'_>| {
+        let attrs = input.call(syn::Attribute::parse_outer)?;
+        let vis = input.parse::<syn::Visibility>()?;
+        let sig = input.parse::<syn::Signature>()?;
+        let body = input.parse::<proc_macro2::Group>()?;
+        let is_fn = body.delimiter() == proc_macro2::Delimiter::Brace && input.is_empty();
+        Ok(is_fn.then(|| {
+            quote! {
+                #(#attrs)*
+                #[allow(unused_variables, unreachable_code)]
+                #vis #sig { ::core::panic!("this fn's body did not compile") }
+            }
+        }))
+    };
+    parser.parse2(item).ok().flatten()
 }
 
 fn with_item(error: syn::Error, item: TokenStream) -> TokenStream {
@@ -156,43 +186,50 @@ fn expand(mut args: Args, func: ItemFn) -> syn::Result<TokenStream> {
         .into_iter()
         .partition(|a| matches!(a.style, AttrStyle::Inner(_)));
     let stmts = &block.stmts;
-    let body = if args.abort_on_lost {
-        let body = Ident::new("__dlock_body", Span::mixed_site());
-        // A `return` of the declared type first fixes the async block's
-        // output type, so the body's values coerce as they would in the fn.
-        // `impl Trait` cannot be written there; inference does without.
-        let typed = match &sig.output {
-            ReturnType::Type(_, ty) if !mentions_impl(ty) => {
-                let fake = Ident::new("__dlock_fake_return", Span::mixed_site());
-                quote! {
-                    #[allow(
-                        unreachable_code,
-                        clippy::diverging_sub_expression,
-                        clippy::empty_loop,
-                        clippy::let_unit_value,
-                        clippy::needless_return
-                    )]
-                    if false {
-                        let #fake: #ty = loop {};
-                        return #fake;
-                    }
+    let body = Ident::new("__dlock_body", Span::mixed_site());
+    // A `return` of the declared type first fixes the async block's output
+    // type, so the body's values coerce (and its `?`s convert) as they would
+    // in the fn. `impl Trait` cannot be written there; inference does without.
+    let typed = match &sig.output {
+        ReturnType::Type(_, ty) if !mentions_impl(ty) => {
+            let fake = Ident::new("__dlock_fake_return", Span::mixed_site());
+            quote! {
+                #[allow(
+                    unreachable_code,
+                    clippy::diverging_sub_expression,
+                    clippy::empty_loop,
+                    clippy::let_unit_value,
+                    clippy::needless_return
+                )]
+                if false {
+                    let #fake: #ty = loop {};
+                    return #fake;
                 }
             }
-            _ => quote!(),
-        };
-        quote! {
-            #acquire
-            let #body = async move {
-                #typed
-                #(#stmts)*
-            };
-            #private::run_until_lost(&#guard, #body).await
         }
+        _ => quote!(),
+    };
+    // The body sees the guard by the name it asked for, as `&LockGuard`.
+    let named_guard = args
+        .guard
+        .as_ref()
+        .map(|name| quote! { let #name = &#guard; });
+    // The body runs inside the lock's scope: locks of the same key through
+    // the same locker, at any depth in it, re-enter.
+    let scoped = quote! { #private::scoped(&#guard, #body) };
+    let run = if args.abort_on_lost {
+        quote! { #private::run_until_lost(&#guard, #scoped).await }
     } else {
-        quote! {
-            #acquire
+        quote! { #scoped.await }
+    };
+    let body = quote! {
+        #acquire
+        #named_guard
+        let #body = async move {
+            #typed
             #(#stmts)*
-        }
+        };
+        #run
     };
     Ok(quote! {
         #(#outer)*

@@ -58,6 +58,7 @@ use proc_macro::TokenStream;
 /// | `locker = <expr>` | The [`Locker`] to lock through: any expression giving a `Locker`, a `&Locker` or an `Arc<Locker>`, such as `self.locker`. Default: `dlock_core::default_locker()`; if none was set, the fn returns `LockError::NoDefaultLocker`. |
 /// | `wait = "5s"` | Wait at most this long (`ms`, `s`, `m`, `h`), then return `LockError::Timeout`. `wait = "none"` makes one attempt and returns `LockError::WouldBlock` at once if the lock is held; `wait = "forever"` never gives up. Default: the locker's default. |
 /// | `lease = "30s"` | A fixed lease (at least `10ms`): the lock expires after it, and is never renewed. Default: the watchdog keeps the lock alive while the body runs. |
+/// | `guard = lock` | The body sees the lock's guard as `lock: &LockGuard`: its fencing token for fenced writes, `is_lost()` and `lost()`. It is a reference, so the body cannot release or move the guard. Default: the guard is hidden. |
 /// | `abort_on_lost` | If the lock is lost while the body runs (a fixed lease ran out, the server could not be reached), drop the body at once and return `LockError::Lost`. Without it, the body runs to its end. |
 /// | `crate = "path"` | Where `dlock_core` is, when it is re-exported under another path. |
 ///
@@ -78,12 +79,23 @@ use proc_macro::TokenStream;
 /// - Placeholders name parameters, including names bound by patterns
 ///   (`(x, y): (i32, i32)`), and `self`.
 ///
+/// # Keys
+///
+/// The template is formatted as written, with each value's `Display`: no
+/// escaping. `"{a}:{b}"` gives the same key for `("x:y", "z")` and
+/// `("x", "y:z")`, and the two calls then exclude each other: false
+/// contention, never a shared lock. Choose separators your values cannot
+/// contain (ids, UUIDs), or put such values last.
+///
 /// # Reentrancy
 ///
-/// Reentrancy is per Tokio task, through the locker: an annotated fn that
-/// calls another with the same key, or itself (with `Box::pin`), re-enters
-/// the held lock at once, without asking the server. See [`Locker`]'s
-/// notes on what counts as one owner.
+/// The body runs inside the lock's scope (see [`Locker`]'s Reentrancy):
+/// anything it calls, at any depth, that locks the same key through the
+/// same locker re-enters the held lock at once, without asking the server:
+/// an annotated fn that calls another with the same key, or itself (with
+/// `Box::pin`). Futures joined beside the call, tasks spawned from the body
+/// and code after it are outside the scope, and contend like any other
+/// owner.
 ///
 /// # Equivalent code without the macro
 ///
@@ -91,14 +103,19 @@ use proc_macro::TokenStream;
 /// # use dlock_core::{default_locker, set_default_locker, BackendExt, LockError, LockOptions, MemoryBackend};
 /// # use std::time::Duration;
 /// # type AppError = LockError;
-/// // #[distributed_lock(key = "order:{order_id}", wait = "5s")]
+/// // #[distributed_lock(key = "order:{order_id}", wait = "5s", guard = lock)]
 /// async fn pay(order_id: u64, amount: u32) -> Result<u32, AppError> {
 ///     let key = format!("order:{}", &order_id);
 ///     let options = LockOptions::new().wait(Duration::from_millis(5000));
-///     let _guard = default_locker()?.lock_with(&key, options).await?;
-///     // ... the original body, unchanged ...
-///     Ok(amount)
-///     // `_guard` drops here, after the body: the release is scheduled.
+///     let guard = default_locker()?.lock_with(&key, options).await?;
+///     let lock = &guard; // with `guard = lock`
+///     let body = async move {
+///         // ... the original body, unchanged ...
+///         let _fence = lock.fencing_token();
+///         Ok(amount)
+///     };
+///     guard.scope(body).await
+///     // `guard` drops here, after the body: the release is scheduled.
 /// }
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -107,8 +124,8 @@ use proc_macro::TokenStream;
 /// # }
 /// ```
 ///
-/// With `abort_on_lost`, the body becomes an `async move` block raced
-/// against [`LockGuard::lost`]:
+/// With `abort_on_lost`, the scoped body is raced against
+/// [`LockGuard::lost`]:
 ///
 /// ```
 /// # use dlock_core::{BackendExt, LockError, Locker, MemoryBackend};
@@ -116,7 +133,7 @@ use proc_macro::TokenStream;
 /// // #[distributed_lock(key = "report", locker = locker, abort_on_lost)]
 /// async fn report(locker: &Locker) -> Result<(), LockError> {
 ///     let guard = locker.lock("report").await?;
-///     let body = async move { expensive_report().await };
+///     let body = guard.scope(async move { expensive_report().await });
 ///     tokio::select! {
 ///         biased;
 ///         reason = guard.lost() => Err(LockError::Lost { key: guard.key().to_owned(), reason }),

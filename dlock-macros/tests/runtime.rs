@@ -404,3 +404,70 @@ async fn self_by_value_unsafe_fns_and_macro_generated_fns() {
     assert_eq!(owned.finish().await.unwrap(), "n");
     assert_eq!(from_macro(&locker).await.unwrap(), 1);
 }
+
+#[distributed_lock(key = "joined:{id}", locker = locker)]
+async fn section(locker: &Locker, id: u32, detector: &OverlapDetector) -> Result<(), LockError> {
+    let _section = detector.enter();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn calls_joined_in_one_task_exclude_each_other() {
+    let locker = MemoryBackend::new().into_locker();
+    let detector = OverlapDetector::default();
+    for _ in 0..5 {
+        let (a, b, c) = tokio::join!(
+            section(&locker, 1, &detector),
+            section(&locker, 1, &detector),
+            section(&locker, 1, &detector),
+        );
+        a.and(b).and(c).unwrap();
+    }
+    assert_eq!(detector.entries(), 15);
+    assert_eq!(
+        detector.overlaps(),
+        0,
+        "joined calls were in the body together"
+    );
+}
+
+#[distributed_lock(key = "{a}:{b}", locker = locker, wait = "none", guard = lock)]
+async fn pair(locker: &Locker, a: &str, b: &str) -> Result<String, LockError> {
+    Ok(lock.key().to_owned())
+}
+
+#[distributed_lock(key = "{a}:{b}", locker = locker, guard = lock)]
+async fn pair_held(
+    locker: &Locker,
+    a: &str,
+    b: &str,
+    other: (&str, &str),
+) -> Result<Result<String, LockError>, LockError> {
+    let _ = lock;
+    // Inside the scope of "x:y:z": the other pair renders the same key and
+    // re-enters; outside it (a spawned task) it contends.
+    let inside = pair(locker, other.0, other.1).await;
+    let (locker, a, b) = (locker.clone(), other.0.to_owned(), other.1.to_owned());
+    let outside = tokio::spawn(async move { pair(&locker, &a, &b).await })
+        .await
+        .unwrap();
+    assert!(
+        matches!(outside, Err(LockError::WouldBlock { .. })),
+        "{outside:?}"
+    );
+    Ok(inside)
+}
+
+#[tokio::test]
+async fn a_key_template_is_formatted_as_written() {
+    let locker = MemoryBackend::new().into_locker();
+    let one = pair(&locker, "x:y", "z").await.unwrap();
+    locker.wait_for_releases().await;
+    let two = pair(&locker, "x", "y:z").await.unwrap();
+    locker.wait_for_releases().await;
+    assert_eq!(one, "x:y:z");
+    assert_eq!(one, two, "the documented collision: the same key");
+    let inside = pair_held(&locker, "x:y", "z", ("x", "y:z")).await.unwrap();
+    assert_eq!(inside.unwrap(), "x:y:z");
+}

@@ -20,7 +20,10 @@ use dlock_core::{
 };
 use tokio::time::Instant;
 
-use crate::{CountingBackend, OverlapDetector, Rng};
+use crate::{OverlapDetector, Rng};
+
+mod scope;
+pub use scope::*;
 
 /// The longest any one check may take.
 pub const CHECK_LIMIT: Duration = Duration::from_secs(120);
@@ -156,8 +159,12 @@ macro_rules! conformance_tests {
             wait_limit_gives_timeout,
             stale_guard_cannot_release_or_renew,
             fencing_tokens_strictly_increase,
-            reentrancy_within_a_task,
-            spawned_task_is_another_owner,
+            reentry_inside_a_scope_asks_the_server_once,
+            reentry_at_depth_through_the_attribute_and_with_lock,
+            lock_outside_a_scope_is_not_reentrant,
+            joined_futures_in_one_task_exclude_each_other,
+            work_outside_the_scope_contends,
+            dist_mutex_in_its_own_scope_would_deadlock,
             drop_releases,
             queued_waiters_get_an_expired_lock,
             cancel_safety,
@@ -412,7 +419,7 @@ pub async fn fencing_tokens_strictly_increase(h: &Harness) {
                         .expect("lock");
                     // Recorded while held: the order of the list is the order of the holds.
                     seen.lock().unwrap().push(guard.fencing_token());
-                    let inner = locker.lock(&key).await.expect("re-enter");
+                    let inner = guard.scope(locker.lock(&key)).await.expect("re-enter");
                     assert_eq!(
                         inner.fencing_token(),
                         guard.fencing_token(),
@@ -450,116 +457,6 @@ pub async fn fencing_tokens_strictly_increase(h: &Harness) {
             h.name
         );
     }
-}
-
-/// Re-locking a held key in the same task succeeds at once without asking
-/// the server; the lock is released when the last guard goes, whichever
-/// order the guards are dropped in.
-pub async fn reentrancy_within_a_task(h: &Harness) {
-    let key = h.key("reentrant");
-    let counting = Arc::new(CountingBackend::new(h.client().await));
-    let locker = Locker::from_arc(counting.clone());
-    let other = h.locker().await;
-
-    let outer = must(h, "lock", locker.lock_with(&key, patient()).await);
-    let acquires = counting.acquires();
-    let start = Instant::now();
-    let inner = must(h, "re-enter", locker.lock(&key).await);
-    let again = must(h, "re-enter with try_lock", locker.try_lock(&key).await);
-    assert!(again.is_some(), "[{}] try_lock did not re-enter", h.name);
-    assert_eq!(
-        counting.acquires(),
-        acquires,
-        "[{}] re-entering called the backend",
-        h.name
-    );
-    assert!(
-        start.elapsed() < Duration::from_secs(1),
-        "[{}] re-entering waited",
-        h.name
-    );
-    assert_eq!(inner.token(), outer.token());
-
-    // The outer guard goes first: the inner ones still hold the lock.
-    drop(outer);
-    drop(again);
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let probe = must(h, "probe while re-entered", other.try_lock(&key).await);
-    assert!(
-        probe.is_none(),
-        "[{}] lock released while a re-entered guard lived",
-        h.name
-    );
-    assert_eq!(
-        counting.releases(),
-        0,
-        "[{}] released before the last guard went",
-        h.name
-    );
-
-    must(h, "release the last guard", inner.release().await);
-    assert_eq!(
-        counting.releases(),
-        1,
-        "[{}] the last guard did not release",
-        h.name
-    );
-    let next = must(
-        h,
-        "lock after the last guard",
-        other.lock_with(&key, patient()).await,
-    );
-    must(h, "release", next.release().await);
-
-    // The inner guard goes first: the outer one still holds the lock.
-    let outer = must(h, "lock again", locker.lock_with(&key, patient()).await);
-    let inner = must(h, "re-enter again", locker.lock(&key).await);
-    drop(inner);
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let probe = must(h, "probe after the inner guard", other.try_lock(&key).await);
-    assert!(
-        probe.is_none(),
-        "[{}] dropping an inner guard released the lock",
-        h.name
-    );
-    must(h, "release the outer guard", outer.release().await);
-    let next = must(h, "lock after the outer guard", other.try_lock(&key).await);
-    assert!(
-        next.is_some(),
-        "[{}] the outer guard did not release",
-        h.name
-    );
-}
-
-/// A task spawned by the holder is another owner: it waits like anyone else.
-pub async fn spawned_task_is_another_owner(h: &Harness) {
-    let key = h.key("spawned");
-    let locker = h.locker().await;
-    let held = must(h, "lock", locker.lock_with(&key, patient()).await);
-    let child = tokio::spawn({
-        let (locker, key) = (locker.clone(), key.clone());
-        async move {
-            let tried = locker.try_lock(&key).await.map(|g| g.is_some());
-            let waited = locker
-                .lock_with(&key, LockOptions::new().wait(Duration::from_millis(200)))
-                .await;
-            (tried, waited.map(|_| ()))
-        }
-    });
-    let (tried, waited) = child.await.expect("child task panicked");
-    assert!(
-        matches!(tried, Ok(false)),
-        "[{}] a spawned task re-entered its parent's lock: {tried:?}",
-        h.name
-    );
-    assert!(
-        matches!(waited, Err(LockError::Timeout { .. })),
-        "[{}] a spawned task got its parent's lock: {waited:?}",
-        h.name
-    );
-    assert!(!locker.is_held_by_current_task("never-locked"));
-    assert!(locker.is_held_by_current_task(&key));
-    drop(held);
 }
 
 /// Dropping a guard releases the lock: another client gets it long before
@@ -985,28 +882,6 @@ pub async fn dist_mutex_excludes_across_clients(h: &Harness) {
         "[{}] lost updates under DistMutex",
         h.name
     );
-
-    let locker = h.locker().await;
-    let m = DistMutex::with_options(&locker, key.clone(), 0, patient());
-    let g = must(h, "DistMutex::lock", m.lock().await);
-    let start = Instant::now();
-    assert!(
-        matches!(m.lock().await, Err(LockError::WouldDeadlock { .. })),
-        "[{}] re-lock not refused",
-        h.name
-    );
-    assert!(matches!(
-        m.try_lock().await,
-        Err(LockError::WouldDeadlock { .. })
-    ));
-    assert!(
-        start.elapsed() < Duration::from_secs(1),
-        "[{}] re-lock waited",
-        h.name
-    );
-    drop(g);
-    let again = must(h, "DistMutex::lock after drop", m.lock().await);
-    drop(again);
 }
 
 /// Bad keys and options give typed errors, never a panic; extreme but valid

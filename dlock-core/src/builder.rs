@@ -1,0 +1,107 @@
+//! `LockerBuilder`, and `BackendExt::into_locker`.
+
+use std::{sync::Arc, time::Duration};
+
+use crate::{
+    backend::Backend,
+    error::Result,
+    locker::{Locker, DEFAULT_WATCHDOG_LEASE},
+    options::{validate_lease, Lease, LockOptions, MIN_LEASE, MIN_WATCHDOG_LEASE},
+    shared::{PendingReleases, Shared},
+    watchdog::Watchdog,
+};
+
+/// Builds a [`Locker`] with default options of its own.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::{Locker, MemoryBackend};
+/// use std::time::Duration;
+///
+/// let locker = Locker::builder(MemoryBackend::new())
+///     .wait(Duration::from_secs(5))
+///     .build()?;
+/// assert_eq!(locker.defaults().get_wait(), Some(Some(Duration::from_secs(5))));
+/// # Ok::<(), dlock_core::LockError>(())
+/// ```
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct LockerBuilder {
+    backend: Arc<dyn Backend>,
+    defaults: LockOptions,
+    watchdog_lease: Duration,
+}
+
+impl LockerBuilder {
+    /// A builder over a shared backend.
+    pub fn from_arc(backend: Arc<dyn Backend>) -> Self {
+        LockerBuilder {
+            backend,
+            defaults: LockOptions::new().wait_forever().watchdog(),
+            watchdog_lease: DEFAULT_WATCHDOG_LEASE,
+        }
+    }
+
+    /// Waits at most `limit` by default.
+    pub fn wait(mut self, limit: Duration) -> Self {
+        self.defaults = self.defaults.wait(limit);
+        self
+    }
+
+    /// Waits without limit by default (the default).
+    pub fn wait_forever(mut self) -> Self {
+        self.defaults = self.defaults.wait_forever();
+        self
+    }
+
+    /// Uses a fixed lease by default instead of the watchdog.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.defaults = self.defaults.lease(lease);
+        self
+    }
+
+    /// The lease the watchdog renews (default [`DEFAULT_WATCHDOG_LEASE`]),
+    /// renewed every third of it: how long a crashed holder keeps the lock.
+    pub fn watchdog_lease(mut self, lease: Duration) -> Self {
+        self.watchdog_lease = lease;
+        self
+    }
+
+    /// Builds the locker.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`](crate::LockError::InvalidOptions) if a lease is out of range.
+    pub fn build(self) -> Result<Locker> {
+        validate_lease(self.watchdog_lease, MIN_WATCHDOG_LEASE)?;
+        if let Some(Lease::Fixed(lease)) = self.defaults.get_lease() {
+            validate_lease(lease, MIN_LEASE)?;
+        }
+        Ok(Locker::from_shared(Shared {
+            watchdog: Watchdog::new(self.watchdog_lease, self.backend.clone()),
+            backend: self.backend,
+            defaults: self.defaults,
+            pending: PendingReleases::default(),
+        }))
+    }
+}
+
+/// Turns any backend into a [`Locker`] with default options.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::{BackendExt, MemoryBackend};
+///
+/// let locker = MemoryBackend::new().into_locker();
+/// # drop(locker);
+/// ```
+pub trait BackendExt: Backend + Sized {
+    /// A locker over this backend with the default options.
+    fn into_locker(self) -> Locker {
+        Locker::new(self)
+    }
+}
+
+impl<B: Backend> BackendExt for B {}

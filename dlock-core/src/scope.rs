@@ -1,0 +1,154 @@
+//! Reentrancy by scope: a `tokio::task_local!` that lists the holds the
+//! current future runs under.
+//!
+//! A scope is entered by polling a future through [`Scoped`]: the body of
+//! `#[distributed_lock]`, [`LockGuard::scope`](crate::LockGuard::scope) and
+//! [`Locker::with_lock`](crate::Locker::with_lock). While that future (and
+//! anything it awaits, at any depth) runs, a lock of one of the scope's keys
+//! through the same locker re-enters the hold. Whatever is polled outside
+//! the future (a future joined beside it, a spawned task, code after it)
+//! sees the scope it was itself polled in, and contends.
+//!
+//! The scope holds `Weak`s: it never keeps a lock alive, and a hold that
+//! ended (released, leaked, dropped) re-enters nothing. Nothing is recorded
+//! outside the future, so nothing is left behind when it ends.
+
+use std::{
+    fmt,
+    future::Future,
+    marker::PhantomData,
+    pin::Pin,
+    sync::{Arc, Weak},
+    task::{Context, Poll},
+};
+
+use pin_project::pin_project;
+
+use crate::{guard::Hold, key::LockKey, shared::Shared};
+
+tokio::task_local! {
+    static SCOPE: Scope;
+}
+
+/// The holds a future runs under: a list that shares its tail with the
+/// scope it was entered from.
+#[derive(Clone, Default)]
+pub(crate) struct Scope(Option<Arc<Link>>);
+
+struct Link {
+    hold: Weak<Hold>,
+    outer: Scope,
+}
+
+impl Scope {
+    /// The scope of the future being polled now (empty outside any).
+    fn current() -> Scope {
+        SCOPE.try_with(Scope::clone).unwrap_or_default()
+    }
+
+    /// This scope with `hold` added.
+    fn with(&self, hold: Weak<Hold>) -> Scope {
+        Scope(Some(Arc::new(Link {
+            hold,
+            outer: self.clone(),
+        })))
+    }
+
+    /// The live hold of `key` through `shared`'s locker in the current
+    /// scope, if there is one.
+    pub(crate) fn find(shared: &Arc<Shared>, key: &LockKey) -> Option<Arc<Hold>> {
+        SCOPE
+            .try_with(|scope| {
+                // Bounded: every link was made by one `Scoped` future, and
+                // scopes nest no deeper than the futures that entered them.
+                let mut next = scope.0.as_deref();
+                while let Some(link) = next {
+                    if let Some(hold) = link.hold.upgrade() {
+                        if hold.is_of(shared, key) {
+                            return Some(hold);
+                        }
+                    }
+                    next = link.outer.0.as_deref();
+                }
+                None
+            })
+            .ok()
+            .flatten()
+    }
+}
+
+/// A future that runs inside the scope of a held lock: locking the same
+/// key through the same [`Locker`](crate::Locker) (or a clone) anywhere
+/// inside it re-enters the hold at once, without asking the server.
+///
+/// Made by [`LockGuard::scope`](crate::LockGuard::scope),
+/// [`DistMutexGuard::scope`](crate::DistMutexGuard::scope) and
+/// [`OwnedDistMutexGuard::scope`](crate::OwnedDistMutexGuard::scope). It
+/// borrows the guard, so the guard cannot be released, dropped or moved
+/// away while the scope runs.
+///
+/// The scope it adds to is the one it is first polled in, so scopes nest:
+/// inside two nested scoped futures, both keys re-enter.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::{Locker, MemoryBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock_core::LockError> {
+/// let locker = Locker::new(MemoryBackend::new());
+/// let guard = locker.lock("report:daily").await?;
+/// guard
+///     .scope(async {
+///         // Inside the scope: re-entered at once.
+///         let inner = locker.lock("report:daily").await?;
+///         assert_eq!(inner.fencing_token(), guard.fencing_token());
+///         Ok::<_, dlock_core::LockError>(())
+///     })
+///     .await?;
+/// # Ok(())
+/// # }
+/// ```
+#[pin_project]
+#[must_use = "futures do nothing unless you `.await` or poll them"]
+pub struct Scoped<'a, F> {
+    #[pin]
+    future: F,
+    hold: Weak<Hold>,
+    /// The scope the future runs in, fixed when it is first polled.
+    scope: Option<Scope>,
+    guard: PhantomData<&'a ()>,
+}
+
+impl<F> Scoped<'_, F> {
+    pub(crate) fn new(hold: &Arc<Hold>, future: F) -> Self {
+        Scoped {
+            future,
+            hold: Arc::downgrade(hold),
+            scope: None,
+            guard: PhantomData,
+        }
+    }
+}
+
+impl<F: Future> Future for Scoped<'_, F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let hold = this.hold;
+        let scope = this
+            .scope
+            .get_or_insert_with(|| Scope::current().with(hold.clone()))
+            .clone();
+        let future = this.future;
+        SCOPE.sync_scope(scope, || future.poll(cx))
+    }
+}
+
+impl<F> fmt::Debug for Scoped<'_, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scoped").finish_non_exhaustive()
+    }
+}
