@@ -506,13 +506,16 @@ impl Locker {
         }
         let runtime = Handle::try_current().map_err(|_| LockError::NoRuntime)?;
         let start = Instant::now();
-        let wait = if once {
-            Wait::No
-        } else {
-            match wait_deadline(start, options.get_wait().flatten()) {
+        let wait = match options.get_wait().flatten() {
+            _ if once => Wait::No,
+            // A zero limit is one whole attempt: bounded by a deadline that
+            // has passed already, a request to a server would be cut off
+            // before its answer could arrive, and never acquire.
+            Some(limit) if limit.is_zero() => Wait::No,
+            limit => match wait_deadline(start, limit) {
                 Some(deadline) => Wait::Until(deadline),
                 None => Wait::Forever,
-            }
+            },
         };
         let backend_name = self.shared.backend.name();
         let span = tracing::info_span!(

@@ -175,6 +175,7 @@ macro_rules! conformance_tests {
             fixed_lease_reports_lost_before_others_acquire,
             renewal_that_finds_another_owner_reports_lost,
             dist_mutex_excludes_across_clients,
+            zero_wait_makes_one_whole_attempt,
             invalid_input_gives_typed_errors,
             awkward_keys_are_distinct_locks,
         );
@@ -882,6 +883,32 @@ pub async fn dist_mutex_excludes_across_clients(h: &Harness) {
         "[{}] lost updates under DistMutex",
         h.name
     );
+}
+
+/// A zero wait limit is one whole attempt: it acquires each of 20 free keys
+/// (the request is not cut off before the server answers), and on a held
+/// key it answers `Timeout`.
+pub async fn zero_wait_makes_one_whole_attempt(h: &Harness) {
+    let locker = h.locker().await;
+    let zero = LockOptions::new().wait(Duration::ZERO);
+    let mut guards = Vec::new();
+    for i in 0..20 {
+        let key = h.key(&format!("zero-wait/{i}"));
+        match locker.lock_with(&key, zero).await {
+            Ok(guard) => guards.push(guard),
+            Err(e) => panic!("[{}] zero wait on free key {i}: {e}", h.name),
+        }
+    }
+    let other = h.locker().await;
+    let held = other.lock_with(&h.key("zero-wait/0"), zero).await;
+    assert!(
+        matches!(held, Err(LockError::Timeout { .. })),
+        "[{}] zero wait on a held key: {held:?}",
+        h.name
+    );
+    for guard in guards {
+        must(h, "release", guard.release().await);
+    }
 }
 
 /// Bad keys and options give typed errors, never a panic; extreme but valid
