@@ -255,7 +255,7 @@ impl Side {
 /// The order of the two sides in turn `turn`: each goes first every other
 /// turn. `true` means dlock (or the peer) first.
 fn subject_first(turn: usize) -> bool {
-    turn % 2 == 0
+    turn.is_multiple_of(2)
 }
 
 async fn serial(target: &Target, subject: &dyn Lockable, ops: usize) -> Row {

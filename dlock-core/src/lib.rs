@@ -51,7 +51,7 @@
 //! # Ok(())
 //! # }
 //! ```
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
 mod builder;

@@ -596,10 +596,10 @@ impl Backend for RedisBackend {
                 .map(|r| names(&self.inner.prefix, &r.key))
                 .collect();
             let tokens: Vec<String> = locks.iter().map(|r| r.token.to_string()).collect();
-            let pairs: Vec<(&str, &str)> = names
+            let pairs: Vec<(&Names, &str)> = names
                 .iter()
                 .zip(&tokens)
-                .map(|(n, t)| (n.lock.as_str(), t.as_str()))
+                .map(|(n, t)| (n, t.as_str()))
                 .collect();
             let leases: Vec<u64> = locks
                 .iter()

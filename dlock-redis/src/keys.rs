@@ -8,8 +8,10 @@ use dlock_core::LockKey;
 pub(crate) struct Names {
     /// Holds the owner token, with the lease as its TTL.
     pub(crate) lock: String,
-    /// Counts acquisitions: the fencing token. Never expires, so that
-    /// tokens keep growing across idle periods.
+    /// Counts acquisitions: the fencing token. Lives twice the lease past
+    /// the last acquisition or renewal, and is seeded from the server's
+    /// clock when missing, so that tokens keep growing across idle periods
+    /// (see `scripts.rs`).
     pub(crate) fence: String,
     /// Where a release is published.
     pub(crate) channel: String,

@@ -24,6 +24,30 @@ pub(crate) enum Attempt {
     Held(Option<u64>),
 }
 
+/// Logs a warning when the node may evict keys under memory pressure: its
+/// `maxmemory-policy` is not `noeviction`. Every policy but that one can
+/// evict lock keys (they carry a TTL, so the `volatile-*` policies pick
+/// them too), and an evicted lock is granted to the next owner while its
+/// holder still works. A server that refuses `CONFIG GET` (managed Redis
+/// often does) is not checked.
+async fn warn_if_evicting(conn: &mut ConnectionManager, client: &Client) {
+    let answer: RedisResult<Vec<String>> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory-policy")
+        .query_async(conn)
+        .await;
+    match answer.as_deref() {
+        Ok([_, policy]) if policy != "noeviction" => tracing::warn!(
+            node = %client.get_connection_info().addr(),
+            policy = %policy,
+            "dlock redis: this node's maxmemory-policy can evict lock keys, which grants a held \
+             lock to a second owner; set `maxmemory-policy noeviction`"
+        ),
+        Ok(_) => {}
+        Err(error) => tracing::debug!(%error, "dlock redis could not read maxmemory-policy"),
+    }
+}
+
 pub(crate) struct Node {
     pub(crate) addr: String,
     conn: ConnectionManager,
@@ -51,16 +75,20 @@ impl Node {
                 // Not fatal: every call still loads a missing script itself.
                 tracing::debug!(%error, "dlock redis could not preload its scripts");
             }
+            warn_if_evicting(&mut conn, &client).await;
             conn
         } else {
             let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
             // Connects in the background; a node that is down now loads the
             // scripts on first use instead.
             let mut preload = conn.clone();
+            let node = client.clone();
             tokio::spawn(async move {
                 if let Err(error) = crate::scripts::Scripts::load(&mut preload).await {
                     tracing::debug!(%error, "dlock redis could not preload its scripts");
+                    return;
                 }
+                warn_if_evicting(&mut preload, &node).await;
             });
             conn
         };
@@ -112,21 +140,22 @@ impl Node {
         Ok(released == 1)
     }
 
-    /// Renews every `(lock name, token)` for `lease_ms`, in one pipelined
+    /// Renews every `(names, token)` for `lease_ms`, in one pipelined
     /// round trip; `true` where the token still held the lock.
     pub(crate) async fn renew(
         &self,
-        locks: &[(&str, &str)],
+        locks: &[(&Names, &str)],
         lease_ms: &[u64],
     ) -> RedisResult<Vec<bool>> {
         let script = &scripts().renew;
         let pipeline = || {
             let mut pipe = redis::pipe();
-            for ((lock, token), lease) in locks.iter().zip(lease_ms) {
+            for ((names, token), lease) in locks.iter().zip(lease_ms) {
                 pipe.cmd("EVALSHA")
                     .arg(script.get_hash())
-                    .arg(1)
-                    .arg(*lock)
+                    .arg(2)
+                    .arg(&names.lock)
+                    .arg(&names.fence)
                     .arg(*token)
                     .arg(*lease);
             }

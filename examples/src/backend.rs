@@ -12,6 +12,9 @@ pub const URLS: &str =
 ///
 /// This is the one place the examples pick a backend: an application
 /// depends on the backend crate it uses and calls its `connect`, as here.
+/// Each backend is a cargo feature of the examples: `redis` and `zk` are on
+/// by default, `etcd` is not (its client's build needs `protoc`); a URL
+/// of a backend left out is an error that names the feature.
 ///
 /// # Errors
 ///
@@ -34,15 +37,56 @@ pub async fn locker(url: Option<&str>) -> Result<Locker, LockError> {
         return Ok(MemoryBackend::new().into_locker());
     };
     match url.split_once("://").map(|(scheme, _)| scheme) {
-        Some("redis" | "redis+redlock") => {
-            Ok(dlock_redis::RedisBackend::connect(url).await?.into_locker())
-        }
-        Some("etcd") => Ok(dlock_etcd::EtcdBackend::connect(url).await?.into_locker()),
-        Some("zk") => Ok(dlock_zk::ZkBackend::connect(url).await?.into_locker()),
+        Some("redis" | "redis+redlock") => redis(url).await,
+        Some("etcd") => etcd(url).await,
+        Some("zk") => zk(url).await,
         _ => Err(LockError::InvalidOptions {
             reason: format!("`{url}` names no backend; use one of: {URLS}"),
         }),
     }
+}
+
+/// The error for a backend whose cargo feature is off.
+#[allow(dead_code)] // with every backend feature on
+fn feature_off(feature: &str) -> LockError {
+    LockError::InvalidOptions {
+        reason: format!(
+            "this build has no {feature} backend: build the examples with feature `{feature}` \
+             (cargo run -p dlock-examples --features {feature} --bin ...)"
+        ),
+    }
+}
+
+#[cfg(feature = "redis")]
+async fn redis(url: &str) -> Result<Locker, LockError> {
+    Ok(dlock_redis::RedisBackend::connect(url).await?.into_locker())
+}
+
+#[cfg(not(feature = "redis"))]
+async fn redis(_url: &str) -> Result<Locker, LockError> {
+    Err(feature_off("redis"))
+}
+
+#[cfg(feature = "etcd")]
+async fn etcd(url: &str) -> Result<Locker, LockError> {
+    Ok(dlock_etcd::EtcdBackend::connect(url).await?.into_locker())
+}
+
+/// Without feature `etcd` (off by default: etcd-client's build needs
+/// `protoc`).
+#[cfg(not(feature = "etcd"))]
+async fn etcd(_url: &str) -> Result<Locker, LockError> {
+    Err(feature_off("etcd"))
+}
+
+#[cfg(feature = "zk")]
+async fn zk(url: &str) -> Result<Locker, LockError> {
+    Ok(dlock_zk::ZkBackend::connect(url).await?.into_locker())
+}
+
+#[cfg(not(feature = "zk"))]
+async fn zk(_url: &str) -> Result<Locker, LockError> {
+    Err(feature_off("zk"))
 }
 
 /// Whether `url` names the in-process backend, whose locks do not reach
