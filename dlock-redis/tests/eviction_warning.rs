@@ -1,0 +1,74 @@
+//! A node whose `maxmemory-policy` can evict lock keys is warned about when
+//! dlock connects. Alone in its test binary: tracing caches which callsites
+//! are enabled process-wide.
+
+use std::{
+    io,
+    sync::{Arc, Mutex},
+};
+
+use dlock_redis::{redis, RedisBackend};
+use dlock_testkit::fixture::RedisServer;
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+async fn set_policy(server: &RedisServer, policy: &str) {
+    let client = redis::Client::open(server.url()).expect("url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg(policy)
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG SET");
+}
+
+#[test]
+fn a_node_that_can_evict_lock_keys_is_warned_about_and_a_safe_one_is_not() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let logged = || String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    tracing::subscriber::with_default(subscriber, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let server = RedisServer::start().expect("redis-server");
+            set_policy(&server, "noeviction").await;
+            drop(RedisBackend::connect(&server.url()).await.expect("connect"));
+            assert!(
+                !logged().contains("maxmemory-policy"),
+                "warned about noeviction: {}",
+                logged()
+            );
+            set_policy(&server, "volatile-lru").await;
+            drop(RedisBackend::connect(&server.url()).await.expect("connect"));
+        });
+    });
+    let logged = logged();
+    assert!(
+        logged.contains("maxmemory-policy") && logged.contains("volatile-lru"),
+        "no warning for volatile-lru: {logged:?}"
+    );
+}
