@@ -41,7 +41,10 @@ impl std::fmt::Debug for EtcdConfig {
 
 fn invalid(url: &str, why: &str) -> LockError {
     LockError::InvalidOptions {
-        reason: format!("bad etcd URL `{url}`: {why}"),
+        reason: format!(
+            "bad etcd URL `{}`: {why}",
+            dlock_core::backend::redact_url(url)
+        ),
     }
 }
 
@@ -68,8 +71,12 @@ impl EtcdConfig {
                 if name.is_empty() {
                     return Err(invalid(url, "the user name is empty"));
                 }
+                let decode = |part: &str, what: &str| {
+                    dlock_core::backend::percent_decode(part)
+                        .map_err(|why| invalid(url, &format!("the {what} has {why}")))
+                };
                 (
-                    Some((name.to_owned(), password.to_owned())),
+                    Some((decode(name, "user name")?, decode(password, "password")?)),
                     &authority[i + 1..],
                 )
             }
@@ -136,6 +143,27 @@ impl EtcdConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decodes_the_user_and_never_prints_the_password() {
+        let url = "etcd://app%2Done:s3cr%40t%3Ax@a:1/x";
+        let c = EtcdConfig::from_url(url).unwrap();
+        assert_eq!(
+            c.user(),
+            Some(&("app-one".to_owned(), "s3cr@t:x".to_owned()))
+        );
+        assert!(!format!("{c:?}").contains("s3cr"));
+        for bad in [
+            "etcd://app:s3cr%4@a:1/x",
+            "etcd://app:s3cret@a:port/x",
+            "etcd://app:s3cret@/x",
+        ] {
+            let e = EtcdConfig::from_url(bad).unwrap_err();
+            for shown in [e.to_string(), format!("{e:?}")] {
+                assert!(!shown.contains("s3cr"), "{bad}: {shown}");
+            }
+        }
+    }
 
     #[test]
     fn parses_endpoints_prefix_and_user() {

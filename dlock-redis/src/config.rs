@@ -28,7 +28,7 @@ use dlock_core::LockError;
 /// assert_eq!(redlock.prefix(), "app");
 /// # Ok::<(), dlock_core::LockError>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct RedisConfig {
     nodes: Vec<String>,
     redlock: bool,
@@ -37,9 +37,30 @@ pub struct RedisConfig {
     response_timeout: Duration,
 }
 
+/// Shows the node URLs with their passwords replaced by `***`.
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let nodes: Vec<_> = self
+            .nodes
+            .iter()
+            .map(|n| dlock_core::backend::redact_url(n))
+            .collect();
+        f.debug_struct("RedisConfig")
+            .field("nodes", &nodes)
+            .field("redlock", &self.redlock)
+            .field("prefix", &self.prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .finish()
+    }
+}
+
 fn invalid(url: &str, why: &str) -> LockError {
     LockError::InvalidOptions {
-        reason: format!("bad Redis URL `{url}`: {why}"),
+        reason: format!(
+            "bad Redis URL `{}`: {why}",
+            dlock_core::backend::redact_url(url)
+        ),
     }
 }
 
@@ -147,7 +168,9 @@ impl RedisConfig {
         })
     }
 
-    /// The node URLs, one per node.
+    /// The node URLs, one per node, passwords included (their percent
+    /// escapes are decoded when the node is connected); `Debug` shows them
+    /// redacted.
     pub fn nodes(&self) -> &[String] {
         &self.nodes
     }
@@ -212,6 +235,29 @@ mod tests {
         );
         assert!(c.is_redlock());
         assert_eq!(c.prefix(), "x");
+    }
+
+    #[test]
+    fn never_prints_a_password() {
+        let c = RedisConfig::from_url("redis+redlock://app:s3cr%40t@a:1,b:2,c:3/1").unwrap();
+        let shown = format!("{c:?}");
+        assert!(
+            !shown.contains("s3cr") && shown.contains("app:***@a:1"),
+            "{shown}"
+        );
+        for bad in [
+            "redis://app:s3cret@h:port",
+            "redis://:s3cret@a:1,b:2",
+            "redis+redlock://:s3cret@a:1,a:1,b:2",
+            "rediss://:s3cret@h:1",
+            "redis://:s3cret@h:1?bad=1",
+            "redis://:s3cret@h:1/x",
+        ] {
+            let e = RedisConfig::from_url(bad).unwrap_err();
+            for shown in [e.to_string(), format!("{e:?}")] {
+                assert!(!shown.contains("s3cr"), "{bad}: {shown}");
+            }
+        }
     }
 
     #[test]

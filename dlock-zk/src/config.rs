@@ -37,7 +37,10 @@ pub struct ZkConfig {
 
 fn invalid(url: &str, why: &str) -> LockError {
     LockError::InvalidOptions {
-        reason: format!("bad ZooKeeper URL `{url}`: {why}"),
+        reason: format!(
+            "bad ZooKeeper URL `{}`: {why}",
+            dlock_core::backend::redact_url(url)
+        ),
     }
 }
 

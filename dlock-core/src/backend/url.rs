@@ -1,0 +1,103 @@
+//! URL helpers every backend's `from_url` shares: keeping passwords out of
+//! what is printed, and reading percent-encoded user names and passwords.
+
+use std::borrow::Cow;
+
+/// `url` with the password of its user info replaced by `***`, for
+/// errors, `Debug` output and traces. A URL without a password is returned
+/// as it is.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::backend::redact_url;
+///
+/// assert_eq!(redact_url("redis://app:s3cr%40t@db:6379/0"), "redis://app:***@db:6379/0");
+/// assert_eq!(redact_url("redis://:pw@a:1,b:2,c:3"), "redis://:***@a:1,b:2,c:3");
+/// assert_eq!(redact_url("etcd://10.0.0.1:2379/locks"), "etcd://10.0.0.1:2379/locks");
+/// ```
+pub fn redact_url(url: &str) -> Cow<'_, str> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Cow::Borrowed(url);
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let Some(at) = authority.rfind('@') else {
+        return Cow::Borrowed(url);
+    };
+    let Some(colon) = authority[..at].find(':') else {
+        return Cow::Borrowed(url);
+    };
+    Cow::Owned(format!(
+        "{scheme}://{}:***{}",
+        &authority[..colon],
+        &rest[at..]
+    ))
+}
+
+/// Decodes `%XX` escapes in a user name or password taken from a URL
+/// (`p%40ss` is `p@ss`).
+///
+/// # Errors
+///
+/// A message when an escape is malformed or the result is not UTF-8.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::backend::percent_decode;
+///
+/// assert_eq!(percent_decode("p%40ss%3Aword").unwrap(), "p@ss:word");
+/// assert!(percent_decode("bad%4").is_err());
+/// ```
+pub fn percent_decode(text: &str) -> Result<String, String> {
+    let mut bytes = Vec::with_capacity(text.len());
+    let mut rest = text.as_bytes();
+    while let Some((&byte, tail)) = rest.split_first() {
+        if byte == b'%' {
+            let hex = tail
+                .get(..2)
+                .and_then(|hex| std::str::from_utf8(hex).ok())
+                .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+                .ok_or_else(|| "a `%` not followed by two hex digits".to_owned())?;
+            bytes.push(hex);
+            rest = &tail[2..];
+        } else {
+            bytes.push(byte);
+            rest = tail;
+        }
+    }
+    String::from_utf8(bytes).map_err(|_| "percent escapes that are not UTF-8".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_only_the_password() {
+        for (url, shown) in [
+            ("redis://u:p@h:1/2?prefix=x", "redis://u:***@h:1/2?prefix=x"),
+            (
+                "redis+redlock://:p@a:1,b:2,c:3",
+                "redis+redlock://:***@a:1,b:2,c:3",
+            ),
+            ("etcd://u:p%40q@h:1/x@y", "etcd://u:***@h:1/x@y"),
+            ("etcd://u:a@b@h:1", "etcd://u:***@h:1"),
+            ("redis://user@h:1", "redis://user@h:1"),
+            ("redis://h:1/x:y@z", "redis://h:1/x:y@z"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
+    }
+
+    #[test]
+    fn decodes_escapes_and_refuses_broken_ones() {
+        assert_eq!(percent_decode("plain").unwrap(), "plain");
+        assert_eq!(percent_decode("%E2%9C%93").unwrap(), "✓");
+        for bad in ["%", "%g0", "%0", "%FF"] {
+            assert!(percent_decode(bad).is_err(), "{bad}");
+        }
+    }
+}
