@@ -2,31 +2,13 @@
 //! callsites are enabled process-wide, so tests running beside it without a
 //! subscriber would make it flaky.
 
-use std::{
-    io,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::time::Duration;
 
 use dlock_core::{BackendExt, LockOptions, MemoryBackend};
 
-/// A writer that keeps what tracing prints.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
 #[test]
 fn acquire_release_and_loss_are_traced() {
-    let captured = Captured::default();
+    let captured = dlock_testkit::CapturedLog::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::DEBUG)
@@ -53,7 +35,7 @@ fn acquire_release_and_loss_are_traced() {
             g.lost().await;
         });
     });
-    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let text = captured.text();
     for needle in [
         "dlock.acquire",
         "key=traced:key",

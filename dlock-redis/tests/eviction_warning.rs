@@ -2,26 +2,8 @@
 //! dlock connects. Alone in its test binary: tracing caches which callsites
 //! are enabled process-wide.
 
-use std::{
-    io,
-    sync::{Arc, Mutex},
-};
-
 use dlock_redis::{redis, RedisBackend};
 use dlock_testkit::fixture::RedisServer;
-
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
 
 async fn set_policy(server: &RedisServer, policy: &str) {
     let client = redis::Client::open(server.url()).expect("url");
@@ -40,14 +22,14 @@ async fn set_policy(server: &RedisServer, policy: &str) {
 
 #[test]
 fn a_node_that_can_evict_lock_keys_is_warned_about_and_a_safe_one_is_not() {
-    let captured = Captured::default();
+    let captured = dlock_testkit::CapturedLog::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::WARN)
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .finish();
-    let logged = || String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let logged = || captured.text();
     tracing::subscriber::with_default(subscriber, || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()

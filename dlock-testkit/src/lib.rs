@@ -17,6 +17,7 @@
 //! dlock_testkit::conformance_tests!(harness());
 //! ```
 
+mod captured;
 pub mod conformance;
 mod connect;
 mod counting;
@@ -24,6 +25,7 @@ mod detector;
 pub mod fixture;
 mod rng;
 
+pub use captured::CapturedLog;
 pub use conformance::Harness;
 pub use connect::connect;
 pub use counting::CountingBackend;
