@@ -1,5 +1,10 @@
-//! The watchdog: one timer per locker renews every lease it keeps alive, in one
-//! batched `Backend::renew` call per tick.
+//! The watchdog: a timer per locker and runtime renews the leases it keeps
+//! alive, in one batched `Backend::renew` call per tick.
+//!
+//! Each hold is renewed by the timer of the runtime it was taken on. A timer
+//! that stops ticking (its runtime shut down, or is no longer driven, as a
+//! current-thread runtime outside `block_on`) has its holds adopted by the
+//! timers that still tick, so renewal never depends on one runtime.
 
 use std::{
     collections::HashMap,
@@ -7,7 +12,10 @@ use std::{
     time::Duration,
 };
 
-use tokio::{runtime::Handle, time::Instant};
+use tokio::{
+    runtime::{self, Handle},
+    time::Instant,
+};
 
 use crate::{
     backend::{Backend, RenewOutcome, RenewRequest},
@@ -21,8 +29,8 @@ use crate::{
 /// lease runs out.
 const RENEWALS_PER_LEASE: u32 = 3;
 
-/// The watchdog of one locker (and its clones). Its timer task holds only a
-/// `Weak` of it, so the task ends when the last locker and hold are gone.
+/// The watchdog of one locker (and its clones). Its timer tasks hold only a
+/// `Weak` of it, so they end when the last locker and hold are gone.
 #[derive(Debug)]
 pub(crate) struct Watchdog {
     inner: Arc<Inner>,
@@ -39,16 +47,25 @@ struct Inner {
 struct State {
     entries: HashMap<u64, Entry>,
     next_id: u64,
-    /// The id of the timer task that is running, if one is. A task that
-    /// ends for any reason (no locks left, its runtime shut down, a panic)
-    /// clears it, so the next registration starts a new one.
-    timer: Option<u64>,
+    /// The timer task running on each runtime. A task that ends for any
+    /// reason (no locks left, its runtime shut down, a panic) removes
+    /// itself, so the next registration on that runtime starts a new one.
+    timers: HashMap<runtime::Id, TimerState>,
 }
 
 #[derive(Debug)]
 struct Entry {
     request: RenewRequest,
     lease: Arc<LeaseState>,
+    /// The runtime the hold was taken on, whose timer renews it.
+    runtime: runtime::Id,
+}
+
+#[derive(Debug)]
+struct TimerState {
+    id: u64,
+    /// When the task last ticked (or was started).
+    ticked_at: Instant,
 }
 
 impl Watchdog {
@@ -68,7 +85,7 @@ impl Watchdog {
     }
 
     /// Starts renewing `key` for `token`; returns the id to unregister with.
-    /// Starts the timer task on `runtime` if it is not running.
+    /// Starts a timer task on `runtime` if none runs there.
     pub(crate) fn register(
         &self,
         key: LockKey,
@@ -85,12 +102,24 @@ impl Watchdog {
             token,
             lease: inner.lease,
         };
-        state.entries.insert(id, Entry { request, lease });
-        if state.timer.is_none() {
-            state.timer = Some(id);
+        let runtime_id = runtime.id();
+        state.entries.insert(
+            id,
+            Entry {
+                request,
+                lease,
+                runtime: runtime_id,
+            },
+        );
+        if let std::collections::hash_map::Entry::Vacant(vacant) = state.timers.entry(runtime_id) {
+            vacant.insert(TimerState {
+                id,
+                ticked_at: Instant::now(),
+            });
             let timer = Timer {
                 watchdog: Arc::downgrade(inner),
                 id,
+                runtime: runtime_id,
             };
             runtime.spawn(run(timer, inner.lease / RENEWALS_PER_LEASE));
         }
@@ -107,40 +136,69 @@ impl Inner {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The locks to renew now; `None` when there are none, and the timer
-    /// task `timer` should stop.
-    fn due(&self, timer: u64) -> Option<Vec<(RenewRequest, Arc<LeaseState>)>> {
+    /// The locks `timer` renews now: those taken on its runtime, and those
+    /// whose runtime's timer has not ticked for a period and a half (or is
+    /// gone): a renewal then still comes before the lease (three periods)
+    /// runs out.
+    /// `None` when there are none, and the timer task should stop.
+    fn due(&self, timer: &Timer, period: Duration) -> Option<Vec<(RenewRequest, Arc<LeaseState>)>> {
+        let now = Instant::now();
         let mut state = self.state();
-        if state.entries.is_empty() {
-            if state.timer == Some(timer) {
-                state.timer = None;
+        if let Some(mine) = state.timers.get_mut(&timer.runtime) {
+            if mine.id == timer.id {
+                mine.ticked_at = now;
+            }
+        }
+        let state = &mut *state;
+        let stalled = |runtime: &runtime::Id| {
+            state
+                .timers
+                .get(runtime)
+                .is_none_or(|t| now.saturating_duration_since(t.ticked_at) > period * 3 / 2)
+        };
+        let mut serves_any = false;
+        let mut due = Vec::new();
+        for entry in state.entries.values() {
+            if entry.runtime != timer.runtime && !stalled(&entry.runtime) {
+                continue;
+            }
+            serves_any = true;
+            if !entry.lease.is_lost() {
+                due.push((entry.request.clone(), entry.lease.clone()));
+            }
+        }
+        if !serves_any {
+            if state
+                .timers
+                .get(&timer.runtime)
+                .is_some_and(|t| t.id == timer.id)
+            {
+                state.timers.remove(&timer.runtime);
             }
             return None;
         }
-        Some(
-            state
-                .entries
-                .values()
-                .filter(|e| !e.lease.is_lost())
-                .map(|e| (e.request.clone(), e.lease.clone()))
-                .collect(),
-        )
+        Some(due)
     }
 }
 
-/// The running timer task's identity; clears it from the watchdog when the
+/// A running timer task's identity; removes it from the watchdog when the
 /// task ends, however it ends.
 struct Timer {
     watchdog: Weak<Inner>,
     id: u64,
+    runtime: runtime::Id,
 }
 
 impl Drop for Timer {
     fn drop(&mut self) {
         if let Some(watchdog) = self.watchdog.upgrade() {
             let mut state = watchdog.state();
-            if state.timer == Some(self.id) {
-                state.timer = None;
+            if state
+                .timers
+                .get(&self.runtime)
+                .is_some_and(|t| t.id == self.id)
+            {
+                state.timers.remove(&self.runtime);
             }
         }
     }
@@ -154,7 +212,7 @@ async fn run(timer: Timer, period: Duration) {
         let Some(watchdog) = timer.watchdog.upgrade() else {
             return;
         };
-        let Some(batch) = watchdog.due(timer.id) else {
+        let Some(batch) = watchdog.due(&timer, period) else {
             return;
         };
         if batch.is_empty() {

@@ -311,3 +311,41 @@ async fn wait_for_releases_returns_once_dropped_guards_were_released() {
     .expect("the releases settle");
     assert_eq!(counting.releases(), 3);
 }
+
+#[test]
+fn the_watchdog_renews_holds_of_every_runtime_when_the_first_is_no_longer_driven() {
+    let server = MemoryBackend::new();
+    let locker = Locker::builder(server.clone())
+        .watchdog_lease(Duration::from_millis(600))
+        .build()
+        .unwrap();
+    let current_thread = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    // The first hold starts the watchdog on `first`; after `block_on`
+    // returns, nothing drives that runtime any more.
+    let first = current_thread();
+    let early = first.block_on(locker.lock("early")).unwrap();
+    let second = current_thread();
+    second.block_on(async {
+        let late = locker.lock("late").await.unwrap();
+        let rival = server.clone().into_locker();
+        tokio::time::sleep(Duration::from_millis(2000)).await;
+        assert!(
+            !late.is_lost(),
+            "a hold of the driven runtime was not renewed"
+        );
+        assert!(
+            !early.is_lost(),
+            "a hold of the runtime no longer driven was not adopted"
+        );
+        assert!(rival.try_lock("late").await.unwrap().is_none());
+        assert!(rival.try_lock("early").await.unwrap().is_none());
+        late.release().await.unwrap();
+    });
+    drop(early);
+    drop(first);
+}
