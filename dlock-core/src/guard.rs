@@ -11,7 +11,7 @@ use crate::{
     error::{LockError, LostReason, Result},
     key::LockKey,
     lease::LeaseState,
-    release::{release_traced, spawn_release, ReleaseOnDrop},
+    release::{release_traced, spawn_release, Release, ReleaseOnDrop, Sent},
     scope::Scoped,
     shared::Shared,
     token::Token,
@@ -81,6 +81,14 @@ impl Hold {
         })
     }
 
+    fn release(&self) -> Release {
+        Release {
+            key: self.key.clone(),
+            token: self.token,
+            lease: self.lease.length(),
+        }
+    }
+
     /// Whether this is a hold of `key` taken through `shared`'s locker.
     pub(crate) fn is_of(&self, shared: &Arc<Shared>, key: &LockKey) -> bool {
         Arc::ptr_eq(&self.shared, shared) && self.key == *key
@@ -97,8 +105,8 @@ impl Drop for Hold {
             spawn_release(
                 &self.runtime,
                 self.shared.clone(),
-                self.key.clone(),
-                self.token,
+                self.release(),
+                Sent::No,
                 self.span.clone(),
             );
         }
@@ -292,8 +300,13 @@ impl LockGuard {
     ///
     /// - [`LockError::Lost`] if the lock had been lost (the work done under
     ///   it may have overlapped with another owner's);
-    /// - [`LockError::Backend`] if the server could not be told; the lock then
-    ///   expires after its lease.
+    /// - [`LockError::Backend`] if the server could not be told. The release
+    ///   is then sent again in the background, with backoff, until the
+    ///   server answers; if a whole lease passes first, the backend gives
+    ///   the lock up to expire (see
+    ///   [`Backend::abandon`](crate::backend::Backend::abandon)).
+    ///   [`Locker::wait_for_releases`](crate::Locker::wait_for_releases)
+    ///   waits for these retries.
     ///
     /// # Cancel safety
     ///
@@ -311,7 +324,8 @@ impl LockGuard {
             return lost_already.map_or(Ok(()), |reason| Err(lost(reason)));
         };
         hold.armed = false;
-        let (runtime, shared, token) = (hold.runtime.clone(), hold.shared.clone(), hold.token);
+        let (runtime, shared, release) =
+            (hold.runtime.clone(), hold.shared.clone(), hold.release());
         let backend = shared.backend.clone();
         let span = hold.span.clone();
         drop(hold);
@@ -320,14 +334,18 @@ impl LockGuard {
         let mut pending = ReleaseOnDrop {
             runtime: &runtime,
             shared: &shared,
-            key: &key,
-            token,
+            release: release.clone(),
             armed: true,
         };
-        let outcome = release_traced(&*backend, &key, &token)
-            .instrument(span)
+        let outcome = release_traced(&*backend, &key, &release.token)
+            .instrument(span.clone())
             .await;
         pending.armed = false;
+        if outcome.is_err() {
+            // The caller hears of the failure; the release is still sent
+            // again in the background until it is answered.
+            spawn_release(&runtime, shared.clone(), release, Sent::Failed, span);
+        }
         match (lost_already, outcome?) {
             (Some(reason), _) => Err(lost(reason)),
             (None, ReleaseOutcome::NotHeld) => Err(lost(LostReason::NotHeld)),

@@ -33,6 +33,8 @@ struct Inner {
     released: bool,
     /// The backend is disconnected and cannot tell whether the lock holds.
     unsure: bool,
+    /// How long the lease lasts from a renewal (set by `start`).
+    length: Duration,
 }
 
 impl LeaseState {
@@ -45,6 +47,7 @@ impl LeaseState {
                 lost: None,
                 released: false,
                 unsure: false,
+                length: Duration::ZERO,
             }),
             notify: Notify::new(),
         }
@@ -59,9 +62,15 @@ impl LeaseState {
     /// Starts the holder's clock: the lease was asked for at `sent`.
     pub(crate) fn start(&self, sent: Instant, lease: Duration) {
         let mut inner = self.inner();
+        inner.length = lease;
         let end = lease_end(sent, lease);
         // A renewal the backend reported before the guard was made counts.
         inner.deadline = Some(inner.deadline.map_or(end, |d| d.max(end)));
+    }
+
+    /// How long the lease lasts from a renewal, as given to `start`.
+    pub(crate) fn length(&self) -> Duration {
+        self.inner().length
     }
 
     /// The reason the lock was lost, if it was, checking the deadline against

@@ -15,7 +15,7 @@ use crate::{
     key::LockKey,
     lease::LeaseState,
     options::{validate_lease, wait_deadline, Lease, LockOptions, MIN_LEASE},
-    release::ReleaseOnDrop,
+    release::{Release, ReleaseOnDrop},
     scope::Scope,
     shared::Shared,
     token::Token,
@@ -438,14 +438,20 @@ impl Locker {
         let output = guard.scope(body(guard.sibling())).await;
         match guard.release().await {
             Err(error @ LockError::Lost { .. }) => Err(error),
-            // Traced by the release; the lease ends on the server.
+            // Traced by the release, which is retried in the background.
             Ok(()) | Err(_) => Ok(output),
         }
     }
 
     /// Waits until every release that dropped guards (and abandoned
     /// acquires) of this locker scheduled has been answered by the server,
-    /// or has failed.
+    /// and every failed release is done being retried.
+    ///
+    /// A release that fails is sent again, with backoff, until the server
+    /// answers or the lock's lease has passed, when the backend gives the
+    /// lock up to expire (see [`Backend::abandon`]). With the servers down,
+    /// this therefore waits up to a lease; bound it with
+    /// [`tokio::time::timeout`] if exiting sooner matters more.
     ///
     /// Dropping a guard schedules its release on the runtime (see
     /// [`LockGuard`]); a release still scheduled when the runtime shuts
@@ -544,8 +550,11 @@ impl Locker {
             let mut unanswered = ReleaseOnDrop {
                 runtime: &runtime,
                 shared: &self.shared,
-                key: &key,
-                token,
+                release: Release {
+                    key: key.clone(),
+                    token,
+                    lease,
+                },
                 armed: true,
             };
             let attempt = self.shared.backend.acquire(request);

@@ -2,10 +2,15 @@
 //! task of its own for a dropped guard or an abandoned step. Either way it
 //! goes through the hold's own token, and is counted as pending on the
 //! locker until the server answers.
+//!
+//! A release that fails is sent again, with backoff, until the server
+//! answers or the lock's lease has passed since the first failure. Then the
+//! backend is told to [abandon](crate::backend::Backend::abandon) the
+//! token, so that whatever keeps its lock alive (a session) lets it expire.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
-use tokio::runtime::Handle;
+use tokio::{runtime::Handle, time::Instant};
 use tracing::Instrument;
 
 use crate::{
@@ -16,7 +21,12 @@ use crate::{
     token::Token,
 };
 
-/// Releases `key` for `token`, tracing the outcome.
+/// The first pause before a failed release is sent again; it doubles up to
+/// [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Releases `key` for `token` once, tracing the outcome.
 pub(crate) async fn release_traced(
     backend: &dyn Backend,
     key: &LockKey,
@@ -28,30 +38,76 @@ pub(crate) async fn release_traced(
         Ok(ReleaseOutcome::NotHeld) => {
             tracing::debug!("dlock release found the lock no longer held")
         }
-        Err(error) => tracing::warn!(%error, "dlock release failed; the lease will expire"),
+        Err(error) => tracing::warn!(%error, "dlock release failed; retrying"),
     }
     outcome
 }
 
+/// Sends the release again, with backoff, until it is answered or `lease`
+/// has passed; then abandons the token.
+async fn retry_release(backend: &dyn Backend, key: &LockKey, token: &Token, lease: Duration) {
+    let give_up = Instant::now() + lease;
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let now = Instant::now();
+        if now >= give_up {
+            tracing::warn!(
+                ?lease,
+                "dlock release still failing after a lease; abandoning the token, the lock expires"
+            );
+            backend.abandon(key, token).await;
+            return;
+        }
+        tokio::time::sleep_until((now + backoff).min(give_up)).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+        if release_traced(backend, key, token).await.is_ok() {
+            return;
+        }
+    }
+}
+
+/// Whether a release has been sent yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sent {
+    /// Not yet: send it now.
+    No,
+    /// Sent, and it failed: send it again after a pause.
+    Failed,
+}
+
 /// Releases `key` for `token` in a task of its own on `runtime`, so the
-/// release completes though nobody waits for it. If that runtime is gone,
+/// release completes though nobody waits for it; a failed release is sent
+/// again for up to the lease (see the module docs). If that runtime is gone,
 /// the lease expires on the server instead.
 ///
-/// The release counts as pending on `shared` until it is answered (see
-/// [`Locker::wait_for_releases`](crate::Locker::wait_for_releases)).
+/// The release counts as pending on `shared` until it is answered or given
+/// up (see [`Locker::wait_for_releases`](crate::Locker::wait_for_releases)).
 pub(crate) fn spawn_release(
     runtime: &Handle,
     shared: Arc<Shared>,
-    key: LockKey,
-    token: Token,
+    release: Release,
+    sent: Sent,
     span: tracing::Span,
 ) {
     let pending = shared.start_release();
-    let release = async move {
+    let task = async move {
         let _pending = pending;
-        release_traced(&*shared.backend, &key, &token).await
+        let Release { key, token, lease } = release;
+        let backend = &*shared.backend;
+        if sent == Sent::Failed || release_traced(backend, &key, &token).await.is_err() {
+            retry_release(backend, &key, &token, lease).await;
+        }
     };
-    drop(runtime.spawn(release.instrument(span)));
+    drop(runtime.spawn(task.instrument(span)));
+}
+
+/// What a release needs: the key, the token, and the lease the lock was
+/// held for (how long a failing release is retried).
+#[derive(Debug, Clone)]
+pub(crate) struct Release {
+    pub(crate) key: LockKey,
+    pub(crate) token: Token,
+    pub(crate) lease: Duration,
 }
 
 /// Releases a token when dropped while armed: for a step whose outcome on
@@ -60,8 +116,7 @@ pub(crate) fn spawn_release(
 pub(crate) struct ReleaseOnDrop<'a> {
     pub(crate) runtime: &'a Handle,
     pub(crate) shared: &'a Arc<Shared>,
-    pub(crate) key: &'a LockKey,
-    pub(crate) token: Token,
+    pub(crate) release: Release,
     pub(crate) armed: bool,
 }
 
@@ -72,8 +127,8 @@ impl Drop for ReleaseOnDrop<'_> {
             spawn_release(
                 self.runtime,
                 self.shared.clone(),
-                self.key.clone(),
-                self.token,
+                self.release.clone(),
+                Sent::No,
                 tracing::Span::current(),
             );
         }

@@ -349,3 +349,125 @@ fn the_watchdog_renews_holds_of_every_runtime_when_the_first_is_no_longer_driven
     drop(early);
     drop(first);
 }
+
+/// A backend in front of `MemoryBackend` whose releases fail a given number
+/// of times, and which records the tokens it is told to abandon.
+#[derive(Debug)]
+struct FailingReleases {
+    inner: MemoryBackend,
+    failures_left: std::sync::atomic::AtomicUsize,
+    abandoned: Mutex<Vec<Token>>,
+}
+
+impl FailingReleases {
+    fn new(inner: MemoryBackend, failures: usize) -> Arc<Self> {
+        Arc::new(FailingReleases {
+            inner,
+            failures_left: failures.into(),
+            abandoned: Mutex::default(),
+        })
+    }
+}
+
+impl Backend for FailingReleases {
+    fn name(&self) -> &'static str {
+        "failing-releases"
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn acquire<'a>(
+        &'a self,
+        req: AcquireRequest<'a>,
+    ) -> BoxFuture<'a, dlock_core::Result<Option<Acquired>>> {
+        self.inner.acquire(req)
+    }
+    fn release<'a>(
+        &'a self,
+        key: &'a LockKey,
+        token: &'a Token,
+    ) -> BoxFuture<'a, dlock_core::Result<ReleaseOutcome>> {
+        use std::sync::atomic::Ordering;
+        let fail = self
+            .failures_left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if fail {
+            let error = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "cut off");
+            return Box::pin(std::future::ready(Err(LockError::backend(
+                "failing-releases",
+                error,
+            ))));
+        }
+        self.inner.release(key, token)
+    }
+    fn abandon<'a>(&'a self, _key: &'a LockKey, token: &'a Token) -> BoxFuture<'a, ()> {
+        self.abandoned.lock().unwrap().push(*token);
+        Box::pin(std::future::ready(()))
+    }
+    fn renew<'a>(
+        &'a self,
+        locks: &'a [RenewRequest],
+    ) -> BoxFuture<'a, dlock_core::Result<Vec<RenewOutcome>>> {
+        self.inner.renew(locks)
+    }
+}
+
+#[tokio::test]
+async fn a_failed_release_is_sent_again_until_it_succeeds_and_is_waited_for() {
+    let server = MemoryBackend::new();
+    let backend = FailingReleases::new(server.clone(), 3);
+    let locker = Locker::from_arc(backend.clone());
+    let long = LockOptions::new().lease(Duration::from_secs(60));
+
+    // An explicit release hears of the failure; the retries go on.
+    let guard = locker.lock_with("k", long).await.unwrap();
+    assert!(matches!(
+        guard.release().await,
+        Err(LockError::Backend { .. })
+    ));
+    tokio::time::timeout(Duration::from_secs(10), locker.wait_for_releases())
+        .await
+        .expect("the retries did not end");
+    assert!(
+        server.is_idle(),
+        "wait_for_releases returned before the release was sent again"
+    );
+
+    // A dropped guard's release is retried the same way.
+    backend
+        .failures_left
+        .store(3, std::sync::atomic::Ordering::SeqCst);
+    drop(locker.lock_with("k", long).await.unwrap());
+    tokio::time::timeout(Duration::from_secs(10), locker.wait_for_releases())
+        .await
+        .expect("the retries did not end");
+    assert!(
+        server.is_idle(),
+        "a dropped guard's release was not retried"
+    );
+    assert!(backend.abandoned.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_release_that_fails_for_a_whole_lease_abandons_its_token() {
+    let backend = FailingReleases::new(MemoryBackend::new(), usize::MAX);
+    let locker = Locker::from_arc(backend.clone());
+    let lease = Duration::from_millis(400);
+    let guard = locker
+        .lock_with("k", LockOptions::new().lease(lease))
+        .await
+        .unwrap();
+    let token = *guard.token();
+    let start = Instant::now();
+    drop(guard);
+    tokio::time::timeout(Duration::from_secs(10), locker.wait_for_releases())
+        .await
+        .expect("the retries did not end");
+    assert!(
+        start.elapsed() >= lease,
+        "gave up after {:?}, before a whole lease",
+        start.elapsed()
+    );
+    assert_eq!(*backend.abandoned.lock().unwrap(), vec![token]);
+}

@@ -133,6 +133,8 @@ struct Owned {
     session: Arc<Session>,
     /// A fixed lease of this acquisition's own, revoked on release.
     own_lease: Option<i64>,
+    /// Whether the key was moved onto `own_lease`, off the session.
+    on_own_lease: bool,
 }
 
 /// The session TTL for queue keys of fixed-lease acquisitions while they
@@ -317,6 +319,7 @@ impl EtcdBackend {
                 name: name.clone(),
                 session: session.clone(),
                 own_lease: None,
+                on_own_lease: false,
             },
         );
         let sent = Instant::now();
@@ -391,6 +394,13 @@ impl EtcdBackend {
                     .and_then(|g| g.kvs().first())
                     .map(|kv| kv.create_revision());
                 Ok((first == Some(mine)).then_some(checked))
+            };
+            let step = async {
+                tokio::select! {
+                    checked = step => checked,
+                    // Given up (or expired): our key goes with its lease.
+                    () = session.ended() => Err(Vanished),
+                }
             };
             match step.await {
                 Ok(Some(checked)) => {
@@ -572,9 +582,23 @@ impl EtcdBackend {
                 if !answer.succeeded() {
                     return Err(vanished());
                 }
+                if let Some(owned) = self.owned().get_mut(req.token) {
+                    owned.on_own_lease = true;
+                }
                 Ok(Some(acquired.with_lease_from(from, req.lease)))
             }
         }
+    }
+
+    /// Revokes `lease` once, without waiting: if etcd does not answer, the
+    /// lease expires by itself.
+    fn revoke_in_background(&self, lease: i64) {
+        let mut client = self.client();
+        tokio::spawn(async move {
+            if let Err(error) = client.lease_revoke(lease).await {
+                tracing::debug!(%error, lease, "dlock etcd lease revoke failed; it will expire");
+            }
+        });
     }
 
     async fn delete_owned(&self, token: &Token) -> Result<ReleaseOutcome> {
@@ -596,10 +620,7 @@ impl EtcdBackend {
         .await?;
         self.owned().remove(token);
         if let Some(lease) = own_lease {
-            let mut client = self.client();
-            tokio::spawn(async move {
-                let _ = client.lease_revoke(lease).await;
-            });
+            self.revoke_in_background(lease);
         }
         Ok(if deleted.deleted() > 0 {
             ReleaseOutcome::Released
@@ -643,6 +664,32 @@ impl Backend for EtcdBackend {
         token: &'a Token,
     ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
         Box::pin(async move { self.delete_owned(token).await })
+    }
+
+    /// Gives the token's key up to its lease: a key on the session (under
+    /// the watchdog) ends the session's keepalive, so the session's lease
+    /// expires within one TTL, every guard on it is lost, and later
+    /// acquisitions start a new session; a key on a fixed lease of its own
+    /// expires with that lease. Both leases are also revoked if etcd
+    /// answers, which removes their keys at once.
+    fn abandon<'a>(&'a self, _key: &'a LockKey, token: &'a Token) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let Some(owned) = self.owned().remove(token) else {
+                return;
+            };
+            let lease = if owned.on_own_lease {
+                owned.own_lease
+            } else {
+                owned.session.abandon();
+                if let Some(own) = owned.own_lease {
+                    self.revoke_in_background(own);
+                }
+                Some(owned.session.lease)
+            };
+            if let Some(lease) = lease {
+                self.revoke_in_background(lease);
+            }
+        })
     }
 
     fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>> {

@@ -57,6 +57,22 @@ impl Session {
         self.holders.hold(token, loss, None, name)
     }
 
+    /// Gives the session up: no more keepalives, so its lease (and every key
+    /// on it) expires within one TTL; every guard on it is lost now.
+    pub(crate) fn abandon(&self) {
+        if self.holders.expire() {
+            tracing::warn!(
+                lease = self.lease,
+                "dlock etcd session abandoned; its lease will expire"
+            );
+        }
+    }
+
+    /// Completes once the session has expired or was abandoned.
+    pub(crate) async fn ended(&self) {
+        self.holders.expired().await;
+    }
+
     /// Stops tracking a lock that is being released.
     pub(crate) fn forget(&self, token: &Token) {
         self.holders.forget(token, LostReason::NotHeld);
@@ -102,6 +118,10 @@ async fn keep_alive(client: Client, session: Weak<Session>) {
         let Some(session) = session.upgrade() else {
             return;
         };
+        if session.holders.is_expired() {
+            // Abandoned: dropping the stream stops the keepalives.
+            return;
+        }
         let sent = Instant::now();
         if stream.is_none() {
             stream = tokio::time::timeout(period, client.clone().lease_keep_alive(lease))

@@ -16,7 +16,9 @@ use dlock_core::{
     LockError, LockKey, Result, Token,
 };
 use tokio::time::Instant;
-use zookeeper_client::{Acls, CreateMode, Error as ZkError};
+use zookeeper_client::{
+    Acls, Client, CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult,
+};
 
 use crate::{config::ZkConfig, session::Session};
 
@@ -135,7 +137,23 @@ struct Owned {
     parent: String,
     /// Known once the create answered.
     path: Option<String>,
+    /// A create whose answer was lost may have left another node with our
+    /// token ("stray"): release then deletes every child carrying it.
+    strays: bool,
     session: Arc<Session>,
+}
+
+/// Our node in the queue, as the create (or the search for it) found it.
+struct Enqueued {
+    /// When the create that made the node was sent: the leader applied it
+    /// later, so the session was alive then.
+    sent: Instant,
+    stat: zookeeper_client::Stat,
+    name: String,
+    /// The children of the parent, read after the create.
+    children: Vec<String>,
+    /// Whether an earlier create's answer was lost (see [`Owned::strays`]).
+    strays: bool,
 }
 
 impl fmt::Debug for ZkBackend {
@@ -194,7 +212,8 @@ impl ZkBackend {
             path.push('/');
             path.push_str(component);
             let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
-            match session.client.create(&path, b"", &options).await {
+            let client = session.client().map_err(backend_error)?;
+            match client.create(&path, b"", &options).await {
                 Ok(_) | Err(ZkError::NodeExists) => {}
                 Err(e) => return Err(backend_error(e)),
             }
@@ -216,7 +235,7 @@ impl ZkBackend {
     /// ```
     pub fn session_id(&self) -> Option<i64> {
         let session = self.inner.session.try_lock().ok()?;
-        session.as_ref().map(|s| s.client.session_id().0)
+        session.as_ref().map(|s| s.id)
     }
 
     fn owned(&self) -> MutexGuard<'_, HashMap<Token, Owned>> {
@@ -237,17 +256,29 @@ impl ZkBackend {
     async fn acquire_inner(&self, req: &AcquireRequest<'_>) -> Result<Option<Acquired>> {
         let token = *req.token;
         let session = self.session().await?;
-        let client = &session.client;
+        let client = session.client().map_err(backend_error)?;
         let parent = format!("{}/{}", self.inner.config.path(), escape(req.key));
+        let mine = format!("lock-{token}-");
         self.owned().insert(
             token,
             Owned {
                 parent: parent.clone(),
                 path: None,
+                strays: false,
                 session: session.clone(),
             },
         );
-        let (sent, stat, name, mut children) = self.enqueue(&session, &parent, &token).await?;
+        let enqueued = self.enqueue(&client, &parent, &token).await;
+        if let Some(owned) = self.owned().get_mut(&token) {
+            owned.strays = enqueued.as_ref().map_or(true, |e| e.strays);
+        }
+        let Enqueued {
+            sent,
+            stat,
+            name,
+            mut children,
+            strays,
+        } = enqueued?;
         let path = format!("{parent}/{name}");
         if let Some(owned) = self.owned().get_mut(&token) {
             owned.path = Some(path.clone());
@@ -255,18 +286,22 @@ impl ZkBackend {
         sequence(&name).ok_or_else(vanished)?;
         let fence = u64::try_from(stat.czxid).unwrap_or(0);
         let deadline = req.wait.deadline();
-        // When the last listing was sent: its answer proves the session alive.
-        let mut listed_at = sent;
         let mut failing_since: Option<Instant> = None;
         let mut backoff = Duration::from_millis(20);
         loop {
+            if strays {
+                // Our own older nodes must not make us (or anyone) wait:
+                // delete them, and leave them out of the queue we read.
+                delete_strays(&client, &parent, &mine, &name, &children).await;
+                children.retain(|c| *c == name || !c.starts_with(&mine));
+            }
             children.sort_by_key(|c| sequence(c).unwrap_or(i64::MAX));
             let position = children
                 .iter()
                 .position(|c| *c == name)
                 .ok_or_else(vanished)?;
             if position == 0 {
-                return self.granted(req, &session, &path, sent, listed_at, fence);
+                return self.granted(req, &session, &path, sent, fence);
             }
             if req.wait == Wait::No || deadline.is_some_and(|d| Instant::now() >= d) {
                 // We answer for ourselves here, so core will not release:
@@ -288,12 +323,17 @@ impl ZkBackend {
                         }
                     }
                 }
-                let at = Instant::now();
-                Ok::<_, ZkError>((at, client.list_children(&parent).await?))
+                client.list_children(&parent).await
+            };
+            let step = async {
+                tokio::select! {
+                    listed = step => listed,
+                    // Given up: the wait ends with the session.
+                    () = session.ended() => Err(ZkError::SessionExpired),
+                }
             };
             match step.await {
-                Ok((at, listed)) => {
-                    listed_at = at;
+                Ok(listed) => {
                     children = listed;
                     failing_since = None;
                 }
@@ -318,16 +358,11 @@ impl ZkBackend {
     /// Creates our node and lists the queue, in one round trip; after a
     /// failure that may have created it anyway, finds it by our token
     /// instead of creating a second one.
-    async fn enqueue(
-        &self,
-        session: &Session,
-        parent: &str,
-        token: &Token,
-    ) -> Result<(Instant, zookeeper_client::Stat, String, Vec<String>)> {
-        let client = &session.client;
+    async fn enqueue(&self, client: &Client, parent: &str, token: &Token) -> Result<Enqueued> {
         let protected = format!("{parent}/lock-{token}-");
         let mine = format!("lock-{token}-");
         let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let mut strays = false;
         let mut last_error = None;
         for _ in 0..ENQUEUE_ATTEMPTS {
             let sent = Instant::now();
@@ -335,33 +370,88 @@ impl ZkBackend {
             let create = client.create(&protected, b"", &ephemeral);
             let listing = client.list_children(parent);
             let (created, listed) = (create.await, listing.await);
+            #[cfg(test)]
+            let created = faults::lose_reply(created);
             match created {
                 Ok((stat, seq)) => {
-                    return Ok((
+                    return Ok(Enqueued {
                         sent,
                         stat,
-                        format!("{mine}{seq}"),
-                        listed.map_err(backend_error)?,
-                    ))
+                        name: format!("{mine}{seq}"),
+                        children: listed.map_err(backend_error)?,
+                        strays,
+                    })
                 }
                 Err(ZkError::NoNode) => {
+                    // No parent. Create it and our node in one transaction:
+                    // an attempt cut off in between would leave a parent
+                    // that never had a child, which the server never reaps.
+                    let sent = Instant::now();
+                    let mut both = client.new_multi_writer();
                     let container = CreateMode::Container.with_acls(Acls::anyone_all());
-                    match client.create(parent, b"", &container).await {
-                        Ok(_) | Err(ZkError::NodeExists) => {}
-                        Err(e) => last_error = Some(e),
+                    both.add_create(parent, b"", &container)
+                        .and_then(|()| both.add_create(&protected, b"", &ephemeral))
+                        .map_err(backend_error)?;
+                    match both.commit().await {
+                        Ok(results) => {
+                            let Some(MultiWriteResult::Create { path, stat }) = results.last()
+                            else {
+                                return Err(vanished());
+                            };
+                            let name = path.rsplit('/').next().unwrap_or_default().to_owned();
+                            // A multi's stat may be invalid (ZOOKEEPER-4026).
+                            let stat = match stat.czxid {
+                                czxid if czxid > 0 => *stat,
+                                _ => client
+                                    .check_stat(&format!("{parent}/{name}"))
+                                    .await
+                                    .map_err(backend_error)?
+                                    .ok_or_else(vanished)?,
+                            };
+                            let children =
+                                client.list_children(parent).await.map_err(backend_error)?;
+                            return Ok(Enqueued {
+                                sent,
+                                stat,
+                                name,
+                                children,
+                                strays,
+                            });
+                        }
+                        // Someone else created the parent meanwhile.
+                        Err(MultiWriteError::OperationFailed {
+                            source: ZkError::NodeExists,
+                            ..
+                        }) => {}
+                        Err(e) => {
+                            // Perhaps applied, with the answer lost.
+                            strays = true;
+                            last_error = Some(e.into());
+                        }
                     }
                 }
                 Err(ZkError::SessionExpired) => return Err(vanished()),
                 Err(e) => {
-                    // The create may have happened. `sync` first, so the
-                    // listing sees every write the leader took.
+                    // The create may have happened: a node of ours may now
+                    // exist whether or not we find it.
+                    strays = true;
+                    // `sync` first, so the listing sees every write the
+                    // leader took.
                     let found = async {
+                        #[cfg(test)]
+                        faults::fail_lookup()?;
                         client.sync(parent).await?;
                         let listed = client.list_children(parent).await?;
                         match listed.iter().find(|c| c.starts_with(&mine)).cloned() {
                             Some(name) => {
                                 let stat = client.check_stat(&format!("{parent}/{name}")).await?;
-                                Ok(stat.map(|stat| (sent, stat, name, listed)))
+                                Ok(stat.map(|stat| Enqueued {
+                                    sent,
+                                    stat,
+                                    name,
+                                    children: listed,
+                                    strays: true,
+                                }))
                             }
                             None => Ok(None),
                         }
@@ -384,7 +474,6 @@ impl ZkBackend {
         session: &Arc<Session>,
         path: &str,
         sent: Instant,
-        listed_at: Instant,
         fence: u64,
     ) -> Result<Option<Acquired>> {
         let acquired = Acquired::new(sent).with_fence(fence);
@@ -394,8 +483,11 @@ impl ZkBackend {
         let confirmed_at = session
             .hold(*req.token, req.loss.clone(), fixed_end)
             .ok_or_else(vanished)?;
-        // The listing that granted the lock proves the session alive then.
-        let alive_at = confirmed_at.max(listed_at);
+        // Only what the leader saw proves the session alive: the last
+        // `sync`, or our create (a write, applied by the leader after
+        // `sent`). A listing does not: a follower cut off from the leader
+        // still answers it.
+        let alive_at = confirmed_at.max(sent);
         let session_end = alive_at + session.timeout;
         match fixed_end {
             None => Ok(Some(
@@ -425,10 +517,11 @@ impl ZkBackend {
         }
     }
 
-    /// Deletes our node(s). The entry is forgotten only once that worked
-    /// (or the session that held them is gone), so a failed or dropped
-    /// release can be sent again instead of leaving a node that blocks the
-    /// key for as long as the session lives.
+    /// Deletes our node, and every stray one of ours if there may be some.
+    /// The entry is forgotten only once that worked (or the session that
+    /// held them is gone), so a failed or dropped release can be sent again
+    /// instead of leaving a node that blocks the key for as long as the
+    /// session lives.
     async fn delete_owned(&self, token: &Token) -> Result<ReleaseOutcome> {
         let (parent, path, session) = {
             let owned = self.owned();
@@ -437,57 +530,124 @@ impl ZkBackend {
             };
             (
                 owned.parent.clone(),
-                owned.path.clone(),
+                owned.path.clone().filter(|_| !owned.strays),
                 owned.session.clone(),
             )
         };
         session.forget(token);
-        let client = &session.client;
-        let mut backoff = Duration::from_millis(20);
-        let mut attempts = 0;
-        let outcome = loop {
-            attempts += 1;
-            let attempt = async {
-                let paths = match &path {
-                    Some(path) => vec![path.clone()],
-                    None => {
-                        // The create may still be in flight: this listing
-                        // runs after it on the same session.
-                        let mine = format!("lock-{token}-");
-                        match client.list_children(&parent).await {
-                            Ok(children) => children
-                                .into_iter()
-                                .filter(|c| c.starts_with(&mine))
-                                .map(|c| format!("{parent}/{c}"))
-                                .collect(),
-                            Err(ZkError::NoNode) => Vec::new(),
-                            Err(e) => return Err(e),
-                        }
-                    }
-                };
-                let mut outcome = ReleaseOutcome::NotHeld;
-                for path in paths {
-                    match client.delete(&path, None).await {
-                        Ok(()) => outcome = ReleaseOutcome::Released,
-                        Err(ZkError::NoNode) => {}
-                        Err(e) => return Err(e),
-                    }
-                }
-                Ok(outcome)
-            };
-            match attempt.await {
-                Ok(outcome) => break outcome,
-                // The session is gone, and its ephemeral nodes with it.
-                Err(ZkError::SessionExpired) => break ReleaseOutcome::NotHeld,
-                Err(e) if attempts >= DELETE_ATTEMPTS => return Err(backend_error(e)),
-                Err(_) => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(500));
-                }
-            }
+        let outcome = match session.client() {
+            Ok(client) => delete_ours(&client, &parent, path, token).await,
+            Err(e) => Err(e),
+        };
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            // The session is gone, and its ephemeral nodes with it.
+            Err(ZkError::SessionExpired) => ReleaseOutcome::NotHeld,
+            Err(e) => return Err(backend_error(e)),
         };
         self.owned().remove(token);
         Ok(outcome)
+    }
+}
+
+/// Deletes `path`, or without it (the create unanswered, or strays
+/// possible) every child of `parent` carrying `token`, trying again a few
+/// times on a connection loss.
+async fn delete_ours(
+    client: &Client,
+    parent: &str,
+    path: Option<String>,
+    token: &Token,
+) -> Result<ReleaseOutcome, ZkError> {
+    let mine = format!("lock-{token}-");
+    let mut backoff = Duration::from_millis(20);
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let attempt = async {
+            let paths = match &path {
+                Some(path) => vec![path.clone()],
+                // The create may still be in flight: this listing runs
+                // after it on the same session.
+                None => match client.list_children(parent).await {
+                    Ok(children) => children
+                        .into_iter()
+                        .filter(|c| c.starts_with(&mine))
+                        .map(|c| format!("{parent}/{c}"))
+                        .collect(),
+                    Err(ZkError::NoNode) => Vec::new(),
+                    Err(e) => return Err(e),
+                },
+            };
+            let mut outcome = ReleaseOutcome::NotHeld;
+            for path in paths {
+                match client.delete(&path, None).await {
+                    Ok(()) => outcome = ReleaseOutcome::Released,
+                    Err(ZkError::NoNode) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(outcome)
+        };
+        match attempt.await {
+            Err(ZkError::SessionExpired) => return Err(ZkError::SessionExpired),
+            Err(_) if attempts < DELETE_ATTEMPTS => {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(500));
+            }
+            answer => return answer,
+        }
+    }
+}
+
+/// Deletes our nodes other than `name` among `children` (best effort: what
+/// is left is deleted on release, which then lists every node of ours).
+async fn delete_strays(client: &Client, parent: &str, mine: &str, name: &str, children: &[String]) {
+    for stray in children
+        .iter()
+        .filter(|c| c.starts_with(mine) && *c != name)
+    {
+        match client.delete(&format!("{parent}/{stray}"), None).await {
+            Ok(()) => tracing::debug!(stray, "dlock zookeeper deleted a stray node of ours"),
+            Err(ZkError::NoNode) => {}
+            Err(error) => {
+                tracing::debug!(%error, stray, "dlock zookeeper stray node not deleted yet")
+            }
+        }
+    }
+}
+
+/// Faults injected by unit tests: answers lost on the way back, which a
+/// real server cannot be made to lose on demand.
+#[cfg(test)]
+mod faults {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use zookeeper_client::Error as ZkError;
+
+    /// Successful creates whose answer is turned into a connection loss.
+    pub(super) static LOST_REPLIES: AtomicUsize = AtomicUsize::new(0);
+    /// Searches for our node after a failed create that fail too.
+    pub(super) static FAILED_LOOKUPS: AtomicUsize = AtomicUsize::new(0);
+
+    fn take(counter: &AtomicUsize) -> bool {
+        counter
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    pub(super) fn lose_reply<T>(created: Result<T, ZkError>) -> Result<T, ZkError> {
+        match created {
+            Ok(_) if take(&LOST_REPLIES) => Err(ZkError::ConnectionLoss),
+            other => other,
+        }
+    }
+
+    pub(super) fn fail_lookup() -> Result<(), ZkError> {
+        if take(&FAILED_LOOKUPS) {
+            return Err(ZkError::ConnectionLoss);
+        }
+        Ok(())
     }
 }
 
@@ -501,7 +661,8 @@ impl Backend for ZkBackend {
         Box::pin(async move {
             let session = self.session().await?;
             session
-                .client
+                .client()
+                .map_err(backend_error)?
                 .check_stat("/")
                 .await
                 .map(drop)
@@ -528,6 +689,18 @@ impl Backend for ZkBackend {
         Box::pin(async move { self.delete_owned(token).await })
     }
 
+    /// Gives the token's session up: its client is dropped, which closes
+    /// the session if a server answers (its nodes go at once) and otherwise
+    /// lets it expire within its timeout. Every guard on it is lost, and
+    /// later acquisitions open a new session.
+    fn abandon<'a>(&'a self, _key: &'a LockKey, token: &'a Token) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            if let Some(owned) = self.owned().remove(token) {
+                owned.session.abandon();
+            }
+        })
+    }
+
     fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>> {
         // Nodes live on the session; renewing one means confirming it exists.
         Box::pin(async move {
@@ -538,11 +711,17 @@ impl Backend for ZkBackend {
                     .get(&lock.token)
                     .and_then(|o| Some((o.path.clone()?, o.session.clone())));
                 let outcome = match found {
-                    Some((path, session)) => match session.client.check_stat(&path).await {
-                        Ok(Some(_)) => RenewOutcome::Renewed,
-                        Ok(None) => RenewOutcome::NotHeld,
-                        Err(e) => return Err(backend_error(e)),
-                    },
+                    Some((path, session)) => {
+                        let checked = match session.client() {
+                            Ok(client) => client.check_stat(&path).await,
+                            Err(e) => Err(e),
+                        };
+                        match checked {
+                            Ok(Some(_)) => RenewOutcome::Renewed,
+                            Ok(None) | Err(ZkError::SessionExpired) => RenewOutcome::NotHeld,
+                            Err(e) => return Err(backend_error(e)),
+                        }
+                    }
                     None => RenewOutcome::NotHeld,
                 };
                 outcomes.push(outcome);
@@ -572,6 +751,80 @@ mod tests {
         }
         let distinct: std::collections::HashSet<_> = names.iter().collect();
         assert_eq!(distinct.len(), names.len());
+    }
+
+    /// Two connection losses in a row during the create: its answer is
+    /// lost, and so is the search for the node it made. The second create
+    /// makes a second node; the first one, ahead of it, is ours too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_node_left_by_a_lost_create_answer_is_neither_waited_on_nor_left_behind() {
+        use dlock_core::{BackendExt, LockOptions};
+        use std::sync::atomic::Ordering;
+
+        let server = dlock_testkit::fixture::ZooKeeperServer::start().expect("start ZooKeeper");
+        let url = format!("zk://{}/strays", server.endpoint());
+        let backend = ZkBackend::connect(&url).await.unwrap();
+        let locker = backend.clone().into_locker();
+        let rival = ZkBackend::connect(&url).await.unwrap().into_locker();
+        let raw = zookeeper_client::Client::connect(&server.endpoint())
+            .await
+            .unwrap();
+        let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+        raw.create("/strays/k", b"", &persistent).await.unwrap();
+
+        faults::LOST_REPLIES.store(1, Ordering::SeqCst);
+        faults::FAILED_LOOKUPS.store(1, Ordering::SeqCst);
+        let wait = LockOptions::new().wait(Duration::from_secs(3));
+        let guard = locker
+            .lock_with("k", wait)
+            .await
+            .expect("the lock waited on a node of its own");
+        assert_eq!(faults::LOST_REPLIES.load(Ordering::SeqCst), 0);
+        assert_eq!(faults::FAILED_LOOKUPS.load(Ordering::SeqCst), 0);
+        let children = raw.list_children("/strays/k").await.unwrap();
+        assert_eq!(children.len(), 1, "a stray node is left: {children:?}");
+        guard.release().await.unwrap();
+        let left = raw.list_children("/strays/k").await.unwrap();
+        assert!(left.is_empty(), "release left nodes: {left:?}");
+        rival
+            .lock_with("k", wait)
+            .await
+            .expect("the key stayed blocked")
+            .release()
+            .await
+            .unwrap();
+
+        // The same on a key another owner holds: the waiter must queue
+        // behind the holder, not behind its own stray, and leave nothing
+        // when it gives up.
+        let held = rival.lock("k").await.unwrap();
+        faults::LOST_REPLIES.store(1, Ordering::SeqCst);
+        faults::FAILED_LOOKUPS.store(1, Ordering::SeqCst);
+        let short = LockOptions::new().wait(Duration::from_millis(500));
+        assert!(matches!(
+            locker.lock_with("k", short).await,
+            Err(dlock_core::LockError::Timeout { .. })
+        ));
+        locker.wait_for_releases().await;
+        let left = raw.list_children("/strays/k").await.unwrap();
+        assert_eq!(left.len(), 1, "the waiter left nodes behind: {left:?}");
+        let waiter = tokio::spawn({
+            let locker = locker.clone();
+            async move {
+                locker
+                    .lock_with("k", LockOptions::new().wait(Duration::from_secs(5)))
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        held.release().await.unwrap();
+        waiter
+            .await
+            .unwrap()
+            .expect("not handed the lock")
+            .release()
+            .await
+            .unwrap();
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! which moves the lease end of every guard on it; its expiry loses them all.
 
 use std::{
-    sync::{Arc, Weak},
+    sync::{Arc, Mutex, MutexGuard, Weak},
     time::Duration,
 };
 
@@ -15,7 +15,10 @@ use tokio::time::Instant;
 use zookeeper_client::{Client, SessionState};
 
 pub(crate) struct Session {
-    pub(crate) client: Client,
+    /// `None` once the session was given up: the last clone of the client
+    /// dropped closes the session, and its nodes go with it.
+    client: Mutex<Option<Client>>,
+    pub(crate) id: i64,
     pub(crate) timeout: Duration,
     /// The guards on this session; "renewed" is when the server last
     /// answered a request of it, so it lives until `timeout` later.
@@ -35,11 +38,39 @@ impl Session {
             .await?;
         let session = Arc::new(Session {
             timeout: client.session_timeout(),
-            client,
+            id: client.session_id().0,
+            client: Mutex::new(Some(client)),
             holders: SessionHolders::new(sent),
         });
         tokio::spawn(monitor(Arc::downgrade(&session)));
         Ok(session)
+    }
+
+    fn slot(&self) -> MutexGuard<'_, Option<Client>> {
+        self.client.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The session's client; [`SessionExpired`](zookeeper_client::Error::SessionExpired)
+    /// once the session was given up.
+    pub(crate) fn client(&self) -> Result<Client, zookeeper_client::Error> {
+        self.slot()
+            .clone()
+            .ok_or(zookeeper_client::Error::SessionExpired)
+    }
+
+    /// Gives the session up: every guard on it is lost now, waits on it
+    /// end, and the client is dropped, which closes the session (or, with
+    /// the servers unreachable, lets it expire within its timeout).
+    pub(crate) fn abandon(&self) {
+        if self.holders.expire() {
+            tracing::warn!(session = self.id, "dlock zookeeper session abandoned");
+        }
+        self.slot().take();
+    }
+
+    /// Completes once the session has expired or was given up.
+    pub(crate) async fn ended(&self) {
+        self.holders.expired().await;
     }
 
     /// Usable for new locks: not expired, and confirmed recently enough
@@ -76,10 +107,10 @@ impl Session {
 /// server's word or once a whole timeout passed unconfirmed. While
 /// disconnected, guards stay held (not lost) until then.
 async fn monitor(session: Weak<Session>) {
-    let Some((mut states, period)) = session
-        .upgrade()
-        .map(|s| (s.client.state_watcher(), s.timeout / 3))
-    else {
+    let Some((mut states, period)) = session.upgrade().and_then(|s| {
+        let client = s.client().ok()?;
+        Some((client.state_watcher(), s.timeout / 3))
+    }) else {
         return;
     };
     loop {
@@ -100,10 +131,13 @@ async fn monitor(session: Weak<Session>) {
             Some(SessionState::Disconnected) => session.holders.unsure(),
             _ => {}
         }
+        let Ok(client) = session.client() else {
+            return;
+        };
         let sent = Instant::now();
         // `sync` goes through the leader: a follower cut off from it cannot
         // answer, while a plain read would be served by the follower alone.
-        match tokio::time::timeout(period, session.client.sync("/")).await {
+        match tokio::time::timeout(period, client.sync("/")).await {
             Ok(Ok(_)) => session.holders.renewed(sent, session.timeout),
             Ok(Err(zookeeper_client::Error::SessionExpired)) => {
                 session.expire();

@@ -78,6 +78,36 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         token: &'a Token,
     ) -> BoxFuture<'a, Result<ReleaseOutcome>>;
 
+    /// Gives up on releasing `key` for `token`: [`release`](Backend::release)
+    /// has failed for as long as the lock's lease. Core calls this once, and
+    /// sends no more releases for the token.
+    ///
+    /// A backend whose locks expire on the server by their own lease (a key
+    /// with a TTL) has nothing to do: core stopped renewing the lock when
+    /// its guard went, and the default does nothing. A backend whose locks
+    /// live on a session it keeps alive (an etcd lease, a ZooKeeper session)
+    /// must stop keeping the one that carries this token's lock alive, so
+    /// that the lock expires within one more session timeout; every other
+    /// lock on that session is then reported lost, and later acquisitions
+    /// use a new session.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use dlock_core::{backend::Backend, LockKey, MemoryBackend, Token};
+    ///
+    /// let backend = MemoryBackend::new();
+    /// // Nothing keeps a memory lock alive but its lease: nothing to do.
+    /// backend.abandon(&LockKey::new("k").unwrap(), &Token::generate()).await;
+    /// # }
+    /// ```
+    fn abandon<'a>(&'a self, key: &'a LockKey, token: &'a Token) -> BoxFuture<'a, ()> {
+        let _ = (key, token);
+        Box::pin(std::future::ready(()))
+    }
+
     /// Renews every lock in `locks` whose token still holds it, for its
     /// lease, in as few round trips as the server allows. The result has one
     /// outcome per request, in order. An `Err` means nothing is known about
@@ -124,6 +154,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
         token: &'a Token,
     ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
         (**self).release(key, token)
+    }
+    fn abandon<'a>(&'a self, key: &'a LockKey, token: &'a Token) -> BoxFuture<'a, ()> {
+        (**self).abandon(key, token)
     }
     fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>> {
         (**self).renew(locks)

@@ -32,6 +32,7 @@ use crate::{error::LostReason, lease::LossReporter, token::Token};
 #[derive(Debug)]
 pub struct SessionHolders<T> {
     inner: Mutex<Inner<T>>,
+    ended: tokio::sync::Notify,
 }
 
 #[derive(Debug)]
@@ -58,6 +59,7 @@ impl<T: Clone> SessionHolders<T> {
                 expired: false,
                 holders: HashMap::new(),
             }),
+            ended: tokio::sync::Notify::new(),
         }
     }
 
@@ -127,8 +129,9 @@ impl<T: Clone> SessionHolders<T> {
         }
     }
 
-    /// The session expired: every guard on it is lost. Returns `false` if
-    /// it had already expired.
+    /// The session expired (or was given up): every guard on it is lost,
+    /// and [`expired`](SessionHolders::expired) completes. Returns `false`
+    /// if it had already expired.
     pub fn expire(&self) -> bool {
         let mut inner = self.inner();
         let first = !inner.expired;
@@ -136,7 +139,36 @@ impl<T: Clone> SessionHolders<T> {
         for (_, holder) in inner.holders.drain() {
             holder.loss.report(LostReason::SessionExpired);
         }
+        drop(inner);
+        self.ended.notify_waiters();
         first
+    }
+
+    /// Completes once the session has expired: for a wait on the session
+    /// to end with it rather than outlive it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use dlock_core::backend::SessionHolders;
+    /// use tokio::time::Instant;
+    ///
+    /// let holders: SessionHolders<()> = SessionHolders::new(Instant::now());
+    /// holders.expire();
+    /// holders.expired().await; // at once
+    /// # }
+    /// ```
+    pub async fn expired(&self) {
+        let ended = self.ended.notified();
+        tokio::pin!(ended);
+        // Registered before the flag is read: an expiry in between wakes us.
+        ended.as_mut().enable();
+        if self.is_expired() {
+            return;
+        }
+        ended.await;
     }
 
     /// What the backend keeps for each held lock.
