@@ -327,7 +327,10 @@ async fn abandoning_a_token_gives_up_its_session_and_its_key_expires() {
     // Later locks get a new session that is kept alive.
     let fresh = locker.lock("fresh").await.unwrap();
     tokio::time::sleep(ttl + Duration::from_secs(1)).await;
-    assert!(!fresh.is_lost(), "a lock after the abandon was not kept alive");
+    assert!(
+        !fresh.is_lost(),
+        "a lock after the abandon was not kept alive"
+    );
     assert!(other.try_lock("fresh").await.unwrap().is_none());
     drop((stuck, neighbour));
     fresh.release().await.unwrap();

@@ -12,7 +12,7 @@ use dlock_testkit::{
     fixture::{TcpProxy, ZooKeeperServer},
     OverlapDetector,
 };
-use dlock_zk::ZkBackend;
+use dlock_zk::{zookeeper_client, ZkBackend};
 use tokio::time::Instant;
 
 /// The servers' endpoints, the index of the one serving `session`.
@@ -257,5 +257,190 @@ async fn connect_keeps_trying_until_the_server_answers_within_the_connect_timeou
     assert!(
         took >= Duration::from_secs(2) && took < Duration::from_secs(6),
         "gave up after {took:?} with a 3 s connect timeout"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_cut_off_by_the_network_is_sent_again_once_it_is_back() {
+    let server = ZooKeeperServer::start().expect("start ZooKeeper");
+    let proxy = TcpProxy::start(server.endpoint().parse().unwrap())
+        .await
+        .unwrap();
+    // A session timeout the cut stays well inside: the session survives
+    // it, and without a second release its node would stay for ever.
+    let cut_off = ZkBackend::connect(&format!("zk://{}/r?session_timeout=8s", proxy.endpoint()))
+        .await
+        .unwrap()
+        .into_locker();
+    let other = ZkBackend::connect(&format!("zk://{}/r", server.endpoint()))
+        .await
+        .unwrap()
+        .into_locker();
+    let guard = cut_off.lock("k").await.unwrap();
+
+    proxy.block();
+    drop(guard);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), cut_off.wait_for_releases())
+            .await
+            .is_err(),
+        "wait_for_releases returned while the release could not be sent"
+    );
+    assert!(other.try_lock("k").await.unwrap().is_none());
+
+    proxy.unblock();
+    let back = Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), cut_off.wait_for_releases())
+        .await
+        .expect("the release was not retried to the end");
+    let acquired = other
+        .lock_with("k", LockOptions::new().wait(Duration::from_secs(3)))
+        .await
+        .expect("the key stayed held after the network came back");
+    println!("released {:?} after the network came back", back.elapsed());
+    acquired.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoning_a_token_closes_its_session_and_its_node_goes() {
+    use dlock_core::{backend::Backend, LockKey};
+
+    let server = ZooKeeperServer::start().expect("start ZooKeeper");
+    let url = format!("zk://{}/a?session_timeout=3s", server.endpoint());
+    let backend = ZkBackend::connect(&url).await.unwrap();
+    let locker = backend.clone().into_locker();
+    let other = ZkBackend::connect(&url).await.unwrap().into_locker();
+    let stuck = locker.lock("stuck").await.unwrap();
+    let neighbour = locker.lock("neighbour").await.unwrap();
+    let first_session = backend.session_id();
+
+    let abandoned = Instant::now();
+    backend
+        .abandon(&LockKey::new("stuck").unwrap(), stuck.token())
+        .await;
+    assert!(stuck.is_lost(), "the abandoned guard still says it holds");
+    assert!(
+        neighbour.is_lost(),
+        "a guard on the abandoned session still says it holds"
+    );
+    // Closed, or else expired within one timeout, though its guard lives.
+    let acquired = other
+        .lock_with("stuck", LockOptions::new().wait(Duration::from_secs(6)))
+        .await
+        .expect("the abandoned node did not go");
+    assert!(abandoned.elapsed() <= Duration::from_millis(3500));
+    acquired.release().await.unwrap();
+
+    // Later locks get a new session that is kept alive.
+    let fresh = locker.lock("fresh").await.unwrap();
+    assert_ne!(backend.session_id(), first_session);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(!fresh.is_lost(), "a lock after the abandon was not kept");
+    assert!(other.try_lock("fresh").await.unwrap().is_none());
+    drop((stuck, neighbour));
+    fresh.release().await.unwrap();
+}
+
+/// Polls a future until it has been woken `polls - 1` times, then drops it
+/// where it stands.
+struct CutAfter<F: std::future::Future> {
+    inner: std::pin::Pin<Box<F>>,
+    polls_left: usize,
+}
+
+impl<F: std::future::Future> std::future::Future for CutAfter<F> {
+    type Output = Option<F::Output>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        if self.polls_left == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        self.polls_left -= 1;
+        self.inner.as_mut().poll(cx).map(Some)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_cut_off_leave_no_parent_that_never_had_a_child() {
+    let server = ZooKeeperServer::start().expect("start ZooKeeper");
+    let url = format!("zk://{}/cut", server.endpoint());
+    let locker = ZkBackend::connect(&url).await.unwrap().into_locker();
+    // Cut first-time attempts on fresh keys at every step they take.
+    let mut cut = 0;
+    for polls in 1..=8 {
+        for round in 0..3 {
+            let attempt = CutAfter {
+                inner: Box::pin(locker.lock(format!("k{polls}-{round}"))),
+                polls_left: polls,
+            };
+            match tokio::time::timeout(Duration::from_secs(5), attempt).await {
+                Ok(None) => cut += 1,
+                Ok(Some(guard)) => guard.unwrap().release().await.unwrap(),
+                Err(_) => panic!("an attempt on a free key did not end"),
+            }
+        }
+    }
+    assert!(cut >= 6, "only {cut} attempts were cut off");
+    locker.wait_for_releases().await;
+    let raw = zookeeper_client::Client::connect(&server.endpoint())
+        .await
+        .unwrap();
+    let mut never_had_a_child = Vec::new();
+    for parent in raw.list_children("/cut").await.unwrap() {
+        if let Some(stat) = raw.check_stat(&format!("/cut/{parent}")).await.unwrap() {
+            if stat.num_children == 0 && stat.cversion == 0 {
+                never_had_a_child.push(parent);
+            }
+        }
+    }
+    assert!(
+        never_had_a_child.is_empty(),
+        "parents the server will never reap: {never_had_a_child:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_counts_its_lease_from_what_the_leader_saw_not_from_a_listing() {
+    let server = ZooKeeperServer::start().expect("start ZooKeeper");
+    let proxy = TcpProxy::start(server.endpoint().parse().unwrap())
+        .await
+        .unwrap();
+    let timeout = Duration::from_secs(6);
+    let holder = ZkBackend::connect(&format!("zk://{}/l", server.endpoint()))
+        .await
+        .unwrap()
+        .into_locker();
+    let held = holder.lock("k").await.unwrap();
+    // The waiter's session is confirmed when it opens; its next `sync` is
+    // a third of the timeout later. Its create goes through the leader as
+    // it queues; the listing that finds it first does not.
+    let waiter = ZkBackend::connect(&format!("zk://{}/l?session_timeout=6s", proxy.endpoint()))
+        .await
+        .unwrap()
+        .into_locker();
+    let waiting = tokio::spawn(async move { waiter.lock("k").await });
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    held.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let granted = Instant::now();
+    // No more word from the leader: the guard's lease runs out from the
+    // last thing the leader saw.
+    proxy.block();
+    tokio::time::timeout(timeout * 2, guard.lost())
+        .await
+        .expect("the cut-off guard was never lost");
+    let lasted = granted.elapsed();
+    println!("lost {lasted:?} after the grant (session timeout {timeout:?})");
+    assert!(
+        lasted < timeout - Duration::from_millis(700),
+        "the lease was counted from the listing that granted the lock: lost {lasted:?} after it"
     );
 }
