@@ -88,7 +88,11 @@ impl From<LockError> for StepError {
 /// - **When woken**, one transaction checks that our key still exists (our
 ///   session may have expired meanwhile: an error, not a grant) and whether
 ///   it is first now.
-/// - **Release and cancel** delete our own key, which only we can name.
+/// - **Release and cancel** delete our own key, which only we can name. A
+///   delete that fails is sent again by core until a lease has passed; then
+///   the session's keepalive stops and its lease is revoked, so the key goes
+///   within one TTL (every other guard on that session reports lost, and
+///   later acquisitions start a new session).
 /// - A key deleted behind a holder's back is noticed at the next keepalive
 ///   and reported lost.
 ///

@@ -93,9 +93,21 @@ fn vanished() -> LockError {
 ///   reaped container parent restarts the sequence numbers.
 /// - **Release and cancel** delete our node; a create still in flight is
 ///   found by its token and deleted after it (same session, same order).
+///   A delete that fails is sent again by core until a session timeout has
+///   passed; then the session is closed (or left to expire), and its other
+///   guards report lost.
+/// - **Stray nodes**: a create whose answer was lost may have made a node
+///   that the search for it missed; the next create then makes a second
+///   one. Every node carrying our token but the one kept is deleted before
+///   waiting and on release, and never waited on.
+/// - **Parents** are created in one transaction with the first child, so no
+///   attempt cut off in between leaves a parent that never had a child
+///   (the server reaps a container only once it had one).
 /// - **Session**: one per backend, confirmed every third of its timeout by
 ///   a `sync` (which goes through the leader, so a follower cut off from it
-///   cannot vouch for the session). While disconnected, guards stay held
+///   cannot vouch for the session). A grant's lease counts from the last
+///   `sync` or from our create (a write the leader applied), never from the
+///   listing that found us first. While disconnected, guards stay held
 ///   but say so: [`LockGuard::state`](dlock_core::LockGuard::state) is
 ///   [`HoldState::Unsure`](dlock_core::HoldState::Unsure). They are lost
 ///   when the server says the session expired, or once a whole timeout
