@@ -11,7 +11,7 @@ use dlock_core::{BackendExt, LockOptions, Locker, LostReason};
 use dlock_etcd::{etcd_client, EtcdBackend};
 use dlock_testkit::{
     fixture::{EtcdServer, TcpProxy},
-    OverlapDetector,
+    session_faults, OverlapDetector,
 };
 use tokio::time::Instant;
 
@@ -254,47 +254,24 @@ async fn a_release_cut_off_by_the_network_is_sent_again_once_it_is_back() {
     let proxy = TcpProxy::start(server.endpoint().parse().unwrap())
         .await
         .unwrap();
-    // A TTL the cut stays well inside: the session survives it, and
-    // without a second release its keepalive would hold the key for ever.
-    let cut_off = Locker::builder(
-        EtcdBackend::connect(&format!("etcd://{}/r", proxy.endpoint()))
-            .await
-            .unwrap(),
+    // A TTL the cut stays well inside: the session survives it.
+    let cut_off = locker_with_ttl(
+        &format!("etcd://{}/r", proxy.endpoint()),
+        Duration::from_secs(8),
     )
-    .watchdog_lease(Duration::from_secs(8))
-    .build()
-    .unwrap();
+    .await;
     let other = locker(&format!("etcd://{}/r", server.endpoint())).await;
-    let guard = cut_off.lock("k").await.unwrap();
-
-    proxy.block();
-    drop(guard);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(
-        tokio::time::timeout(Duration::from_millis(100), cut_off.wait_for_releases())
-            .await
-            .is_err(),
-        "wait_for_releases returned while the release could not be sent"
-    );
-    assert!(other.try_lock("k").await.unwrap().is_none());
-
-    proxy.unblock();
-    let back = Instant::now();
-    tokio::time::timeout(Duration::from_secs(10), cut_off.wait_for_releases())
-        .await
-        .expect("the release was not retried to the end");
-    let acquired = other
-        .lock_with("k", LockOptions::new().wait(Duration::from_secs(3)))
-        .await
-        .expect("the key stayed held after the network came back");
-    println!("released {:?} after the network came back", back.elapsed());
-    acquired.release().await.unwrap();
+    session_faults::check_release_cut_off_then_back(
+        &cut_off,
+        &other,
+        &proxy,
+        Duration::from_millis(1500),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abandoning_a_token_gives_up_its_session_and_its_key_expires() {
-    use dlock_core::{backend::Backend, LockKey};
-
     let server = EtcdServer::start().expect("start etcd");
     let url = format!("etcd://{}/a", server.endpoint());
     let backend = EtcdBackend::connect(&url).await.unwrap();
@@ -304,36 +281,7 @@ async fn abandoning_a_token_gives_up_its_session_and_its_key_expires() {
         .build()
         .unwrap();
     let other = locker_with_ttl(&url, ttl).await;
-    let stuck = locker.lock("stuck").await.unwrap();
-    let neighbour = locker.lock("neighbour").await.unwrap();
-
-    let abandoned = Instant::now();
-    backend
-        .abandon(&LockKey::new("stuck").unwrap(), stuck.token())
-        .await;
-    assert!(stuck.is_lost(), "the abandoned guard still says it holds");
-    assert!(
-        neighbour.is_lost(),
-        "a guard on the abandoned session still says it holds"
-    );
-    // The key goes within one TTL, though its guard is still alive.
-    let acquired = other
-        .lock_with("stuck", LockOptions::new().wait(ttl * 2))
-        .await
-        .expect("the abandoned key did not expire");
-    assert!(abandoned.elapsed() <= ttl + Duration::from_millis(500));
-    acquired.release().await.unwrap();
-
-    // Later locks get a new session that is kept alive.
-    let fresh = locker.lock("fresh").await.unwrap();
-    tokio::time::sleep(ttl + Duration::from_secs(1)).await;
-    assert!(
-        !fresh.is_lost(),
-        "a lock after the abandon was not kept alive"
-    );
-    assert!(other.try_lock("fresh").await.unwrap().is_none());
-    drop((stuck, neighbour));
-    fresh.release().await.unwrap();
+    session_faults::check_abandon_gives_up_the_session(&backend, &locker, &other, ttl).await;
 }
 
 async fn locker_with_ttl(url: &str, ttl: Duration) -> Locker {

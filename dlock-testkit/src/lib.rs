@@ -9,6 +9,8 @@
 //!   dir, waits until it accepts connections, and stops it by its own PID.
 //! - [`OverlapDetector`] and [`CountingBackend`]: the instruments the checks
 //!   measure with.
+//! - [`session_faults`]: fault checks for backends whose locks live on a
+//!   client session.
 //!
 //! A backend's test file is one line plus its harness:
 //!
@@ -24,6 +26,7 @@ mod counting;
 mod detector;
 pub mod fixture;
 mod rng;
+pub mod session_faults;
 
 pub use captured::CapturedLog;
 pub use conformance::Harness;

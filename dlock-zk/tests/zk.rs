@@ -10,7 +10,7 @@ use std::{
 use dlock_core::{BackendExt, HoldState, LockOptions};
 use dlock_testkit::{
     fixture::{TcpProxy, ZooKeeperServer},
-    OverlapDetector,
+    session_faults, OverlapDetector,
 };
 use dlock_zk::{zookeeper_client, ZkBackend};
 use tokio::time::Instant;
@@ -266,8 +266,7 @@ async fn a_release_cut_off_by_the_network_is_sent_again_once_it_is_back() {
     let proxy = TcpProxy::start(server.endpoint().parse().unwrap())
         .await
         .unwrap();
-    // A session timeout the cut stays well inside: the session survives
-    // it, and without a second release its node would stay for ever.
+    // A session timeout the cut stays well inside: the session survives it.
     let cut_off = ZkBackend::connect(&format!("zk://{}/r?session_timeout=8s", proxy.endpoint()))
         .await
         .unwrap()
@@ -276,70 +275,31 @@ async fn a_release_cut_off_by_the_network_is_sent_again_once_it_is_back() {
         .await
         .unwrap()
         .into_locker();
-    let guard = cut_off.lock("k").await.unwrap();
-
-    proxy.block();
-    drop(guard);
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    assert!(
-        tokio::time::timeout(Duration::from_millis(100), cut_off.wait_for_releases())
-            .await
-            .is_err(),
-        "wait_for_releases returned while the release could not be sent"
-    );
-    assert!(other.try_lock("k").await.unwrap().is_none());
-
-    proxy.unblock();
-    let back = Instant::now();
-    tokio::time::timeout(Duration::from_secs(10), cut_off.wait_for_releases())
-        .await
-        .expect("the release was not retried to the end");
-    let acquired = other
-        .lock_with("k", LockOptions::new().wait(Duration::from_secs(3)))
-        .await
-        .expect("the key stayed held after the network came back");
-    println!("released {:?} after the network came back", back.elapsed());
-    acquired.release().await.unwrap();
+    session_faults::check_release_cut_off_then_back(
+        &cut_off,
+        &other,
+        &proxy,
+        Duration::from_millis(2500),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abandoning_a_token_closes_its_session_and_its_node_goes() {
-    use dlock_core::{backend::Backend, LockKey};
-
     let server = ZooKeeperServer::start().expect("start ZooKeeper");
     let url = format!("zk://{}/a?session_timeout=3s", server.endpoint());
     let backend = ZkBackend::connect(&url).await.unwrap();
     let locker = backend.clone().into_locker();
     let other = ZkBackend::connect(&url).await.unwrap().into_locker();
-    let stuck = locker.lock("stuck").await.unwrap();
-    let neighbour = locker.lock("neighbour").await.unwrap();
     let first_session = backend.session_id();
-
-    let abandoned = Instant::now();
-    backend
-        .abandon(&LockKey::new("stuck").unwrap(), stuck.token())
-        .await;
-    assert!(stuck.is_lost(), "the abandoned guard still says it holds");
-    assert!(
-        neighbour.is_lost(),
-        "a guard on the abandoned session still says it holds"
-    );
-    // Closed, or else expired within one timeout, though its guard lives.
-    let acquired = other
-        .lock_with("stuck", LockOptions::new().wait(Duration::from_secs(6)))
-        .await
-        .expect("the abandoned node did not go");
-    assert!(abandoned.elapsed() <= Duration::from_millis(3500));
-    acquired.release().await.unwrap();
-
-    // Later locks get a new session that is kept alive.
-    let fresh = locker.lock("fresh").await.unwrap();
-    assert_ne!(backend.session_id(), first_session);
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    assert!(!fresh.is_lost(), "a lock after the abandon was not kept");
-    assert!(other.try_lock("fresh").await.unwrap().is_none());
-    drop((stuck, neighbour));
-    fresh.release().await.unwrap();
+    session_faults::check_abandon_gives_up_the_session(
+        &backend,
+        &locker,
+        &other,
+        Duration::from_secs(3),
+    )
+    .await;
+    assert_ne!(backend.session_id(), first_session, "no new session");
 }
 
 /// Polls a future until it has been woken `polls - 1` times, then drops it
