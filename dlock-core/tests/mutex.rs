@@ -83,7 +83,11 @@ async fn a_cancelled_local_waiter_gives_its_turn_back() {
                 .await
                 .map(|r| r.map(drop))
         });
-        let _ = attempt.await;
+        let outcome = attempt.await.expect("the attempt panicked");
+        assert!(
+            outcome.is_err(),
+            "a lock of a held mutex ended: {outcome:?}"
+        );
     }
     OwnedDistMutexGuard::release(held).await.unwrap();
     let g = tokio::time::timeout(Duration::from_secs(2), m.lock()).await;

@@ -815,14 +815,19 @@ pub async fn fixed_lease_reports_lost_before_others_acquire(h: &Harness) {
     drop(next);
 }
 
-/// When the server no longer holds a watchdog guard's token, the next
-/// renewal reports the guard lost.
+/// A guard whose key was taken over by another owner (its own entry
+/// removed behind its back, then the key acquired by another client) is
+/// told by its next renewal, and nothing it does afterwards touches the
+/// new owner's lock.
 pub async fn renewal_that_finds_another_owner_reports_lost(h: &Harness) {
     let key = h.key("renew-lost");
     let lease = Duration::from_millis(600);
     let a = h.locker_with(|b| b.watchdog_lease(lease)).await;
+    let b = h.locker().await;
+    let third = h.locker().await;
     let guard = must(h, "lock", a.lock_with(&key, patient()).await);
-    // Someone with the token (a confused operator, a stale script) deletes it.
+    // Someone with the token (a confused operator, a stale script) deletes
+    // it, and another owner takes the key before the next renewal.
     let lock_key = LockKey::new(&key).expect("valid key");
     let released = must(
         h,
@@ -830,6 +835,11 @@ pub async fn renewal_that_finds_another_owner_reports_lost(h: &Harness) {
         a.backend().release(&lock_key, guard.token()).await,
     );
     assert_eq!(released, ReleaseOutcome::Released);
+    let taken = must(
+        h,
+        "another owner takes the key",
+        b.lock_with(&key, patient()).await,
+    );
     let reason = tokio::time::timeout(PATIENCE, guard.lost()).await;
     assert!(
         matches!(reason, Ok(LostReason::NotHeld | LostReason::SessionExpired)),
@@ -837,6 +847,21 @@ pub async fn renewal_that_finds_another_owner_reports_lost(h: &Harness) {
         h.name
     );
     assert!(guard.is_lost());
+    // The old guard's release (and the renewals before it) leave the new
+    // owner's lock alone.
+    assert!(
+        matches!(guard.release().await, Err(LockError::Lost { .. })),
+        "[{}] the old guard's release did not say it was lost",
+        h.name
+    );
+    a.wait_for_releases().await;
+    assert!(!taken.is_lost(), "[{}] the new owner lost the key", h.name);
+    assert!(
+        must(h, "try_lock", third.try_lock(&key).await).is_none(),
+        "[{}] the old guard's release freed the new owner's lock",
+        h.name
+    );
+    must(h, "release", taken.release().await);
 }
 
 /// `DistMutex` excludes across clients, and refuses a re-lock in the same
