@@ -31,6 +31,13 @@ pub(crate) trait Lockable: Send + Sync {
     fn redis_commands(&self) -> &'static [&'static str] {
         &["evalsha"]
     }
+
+    /// Completes when nothing it started is still on its way to the server
+    /// (dlock's background releases): run before the next scenario, so
+    /// that no side is counted or slowed by another's leftovers.
+    fn settle(&self) -> BoxFuture<'_, ()> {
+        Box::pin(std::future::ready(()))
+    }
 }
 
 /// The unlock of a held lock.
@@ -62,6 +69,10 @@ impl Lockable for Dlock {
                 async move { guard.release().await.expect("release") },
             ))
         })
+    }
+
+    fn settle(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.0.wait_for_releases())
     }
 }
 
@@ -162,12 +173,15 @@ async fn lock_scenarios(
     let mut rows = Vec::new();
     if only.wants("serial") {
         rows.push(serial(target, &*subject, serial_ops).await);
+        subject.settle().await;
     }
     if only.wants("distinct") {
         rows.push(distinct(target, subject.clone(), 64, 40 / scale).await);
+        subject.settle().await;
     }
     if only.wants("contended") {
-        rows.push(contended(target, subject, 16, 100 / scale).await);
+        rows.push(contended(target, subject.clone(), 16, 100 / scale).await);
+        subject.settle().await;
     }
     rows
 }
@@ -539,6 +553,7 @@ async fn reentrant(target: &Target, ops: usize) -> Row {
         .await;
     let elapsed = start.elapsed();
     outer.release().await.expect("release");
+    locker.wait_for_releases().await;
     let per_op = elapsed / ops as u32;
     Row {
         scenario: "reentrant".into(),
@@ -606,6 +621,9 @@ async fn held(target: &Target, locks: usize) -> Row {
     let server_requests = requests.per_op(ticks_renewals.max(1) as u64);
     let lost = guards.iter().filter(|g| g.is_lost()).count();
     drop(guards);
+    // Settled before the next scenario: its requests are not these
+    // releases'.
+    locker.wait_for_releases().await;
     Row {
         scenario: format!("held-{locks}"),
         backend: target.name.into(),
