@@ -38,7 +38,7 @@ use dlock_core::{LockError, LockOptions, Locker};
 use dlock_testkit::{
     conformance,
     fixture::{free_port, EtcdServer, RedisServer, ZooKeeperServer},
-    Harness,
+    FencedStore, Harness,
 };
 use tokio::{
     io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines},
@@ -229,26 +229,12 @@ async fn holder_killed(t: Topology) {
     drop(next);
 }
 
-/// A store that keeps the highest fencing token it has seen and refuses
-/// writes with a lower one.
-#[derive(Default)]
-struct FencedStore {
-    highest: u64,
-}
-
-impl FencedStore {
-    fn write(&mut self, fence: u64) -> Result<(), u64> {
-        if fence < self.highest {
-            return Err(self.highest);
-        }
-        self.highest = fence;
-        Ok(())
-    }
-}
-
 async fn holder_paused(t: Topology) {
     let lease = t.lease.as_millis().to_string();
-    let mut child = helper(&["hold", &t.url, "paused", &lease]);
+    let dir = tempfile::tempdir().unwrap();
+    let store = FencedStore::new(dir.path());
+    let store_dir = dir.path().to_str().unwrap();
+    let mut child = helper(&["hold", &t.url, "paused", &lease, store_dir]);
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let acquired = next_line(&mut lines, Duration::from_secs(30)).await;
     let old_fence = acquired
@@ -257,15 +243,33 @@ async fn holder_paused(t: Topology) {
         .to_owned();
     tokio::time::sleep(t.lease / 2).await;
 
+    // Paused outside a write: a holder stopped inside one would keep the
+    // store locked (resumed for a moment while its lease is still good).
     signal(&child, libc::SIGSTOP);
+    for _ in 0..100 {
+        if !store.is_busy().unwrap() {
+            break;
+        }
+        signal(&child, libc::SIGCONT);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        signal(&child, libc::SIGSTOP);
+    }
+    assert!(
+        !store.is_busy().unwrap(),
+        "the holder kept the store locked"
+    );
+    let paused_at = store.log().unwrap().len();
     let other = locker(&t.url).await;
     let next = other
         .lock_with("paused", LockOptions::new().wait(Duration::from_secs(30)))
         .await
         .unwrap();
-    let mut store = FencedStore::default();
     if t.fencing {
-        store.write(next.fencing_token().expect("a fence")).unwrap();
+        let fence = next.fencing_token().expect("a fence");
+        assert!(
+            store.write("next", fence).unwrap(),
+            "the new owner was refused"
+        );
     }
     signal(&child, libc::SIGCONT);
 
@@ -279,19 +283,41 @@ async fn holder_paused(t: Topology) {
     let late = next_line(&mut lines, Duration::from_secs(10)).await;
     let late_fence = late
         .strip_prefix("late-write ")
-        .expect("late-write <fence>");
-    assert_eq!(late_fence, old_fence);
+        .expect("late-write <fence> <verdict>");
+    assert!(
+        late_fence.starts_with(&old_fence),
+        "{late} after {acquired}"
+    );
+    let log = store.log().unwrap();
     if t.fencing {
-        let fence: u64 = late_fence.parse().unwrap();
+        let before: Vec<_> = log[..paused_at]
+            .iter()
+            .filter(|w| w.writer == "holder")
+            .collect();
         assert!(
-            store.write(fence).is_err(),
-            "[{}] the store took a stale write, fence {fence}",
+            !before.is_empty() && before.iter().all(|w| w.accepted),
+            "[{}] the holder did no guarded work while it held: {before:?}",
             t.name
         );
+        let after: Vec<_> = log[paused_at..]
+            .iter()
+            .filter(|w| w.writer == "holder")
+            .collect();
+        assert!(
+            !after.is_empty() && after.iter().all(|w| !w.accepted),
+            "[{}] the store took a write of the resumed holder: {after:?}",
+            t.name
+        );
+        assert!(late.ends_with(" rejected"), "[{}] {late}", t.name);
     } else {
         assert_eq!(
             late_fence, "none",
             "[{}] fences where none are promised",
+            t.name
+        );
+        assert!(
+            log.is_empty(),
+            "[{}] writes without fences: {log:?}",
             t.name
         );
     }

@@ -5,10 +5,13 @@
 //! dlock-fault-helper stock <url> <key> <stock-file> <requests> <tasks>
 //!     sells from the stock in <stock-file>, one unit per request, each read,
 //!     pause and write under the lock; prints `sold <n>`.
-//! dlock-fault-helper hold <url> <key> <watchdog-lease-ms>
-//!     takes the lock, prints `acquired <fence|none>`, then checks the guard
-//!     every 10 ms; once it is lost, prints `lost <reason>` and
-//!     `late-write <fence|none>` (a write a careless holder would now send).
+//! dlock-fault-helper hold <url> <key> <watchdog-lease-ms> <store-dir>
+//!     takes the lock, prints `acquired <fence|none>`, then every 10 ms
+//!     checks the guard and, while it holds, writes its fence to the fenced
+//!     store in <store-dir> (guarded work). Once it is lost, prints
+//!     `lost <reason>`, then sends the write a careless holder would still
+//!     send and prints `late-write <fence> accepted|rejected` (or
+//!     `late-write none` without fences).
 //! ```
 
 use std::{process::ExitCode, sync::Arc, time::Duration};
@@ -90,21 +93,36 @@ async fn stock(args: &[String]) -> Result<(), String> {
 }
 
 async fn hold(args: &[String]) -> Result<(), String> {
-    let [url, key, lease] = args else {
-        return Err("hold <url> <key> <watchdog-lease-ms>".into());
+    let [url, key, lease, store] = args else {
+        return Err("hold <url> <key> <watchdog-lease-ms> <store-dir>".into());
     };
     let lease = Duration::from_millis(lease.parse().map_err(|_| "lease: a number of ms")?);
+    let store = dlock_testkit::FencedStore::new(std::path::Path::new(store));
     let locker = locker(url, Some(lease)).await?;
     let guard = lock(&locker, key).await?;
-    let fence = fence_text(guard.fencing_token());
-    println!("acquired {fence}");
+    let fence = guard.fencing_token();
+    println!("acquired {}", fence_text(fence));
+    let write = |fence| store.write("holder", fence).map_err(|e| e.to_string());
     loop {
         // Before any guarded work, the careful holder asks.
         if guard.is_lost() {
             let reason = guard.lost().await;
             println!("lost {reason}");
-            println!("late-write {fence}");
+            match fence {
+                Some(fence) => {
+                    let verdict = if write(fence)? {
+                        "accepted"
+                    } else {
+                        "rejected"
+                    };
+                    println!("late-write {fence} {verdict}");
+                }
+                None => println!("late-write none"),
+            }
             return Ok(());
+        }
+        if let Some(fence) = fence {
+            write(fence)?;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
