@@ -193,7 +193,9 @@ async fn stock_across_processes(t: Topology) {
 
 async fn holder_killed(t: Topology) {
     let lease = t.lease.as_millis().to_string();
-    let mut child = helper(&["hold", &t.url, "killed", &lease]);
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().to_str().unwrap();
+    let mut child = helper(&["hold", &t.url, "killed", &lease, store_dir]);
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let acquired = next_line(&mut lines, Duration::from_secs(30)).await;
     assert!(acquired.starts_with("acquired"), "{acquired}");
