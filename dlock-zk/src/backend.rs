@@ -26,8 +26,6 @@ const NAME: &str = "zookeeper";
 
 /// Create attempts before an acquire gives up on repeated failures.
 const ENQUEUE_ATTEMPTS: usize = 5;
-/// Delete attempts before a release reports the error (it can be retried).
-const DELETE_ATTEMPTS: usize = 6;
 
 fn backend_error(e: ZkError) -> LockError {
     LockError::backend(NAME, e)
@@ -563,53 +561,40 @@ impl ZkBackend {
 }
 
 /// Deletes `path`, or without it (the create unanswered, or strays
-/// possible) every child of `parent` carrying `token`, trying again a few
-/// times on a connection loss.
+/// possible) every child of `parent` carrying `token`. Once: a failure is
+/// sent again by core, with backoff (see `Backend::abandon`).
 async fn delete_ours(
     client: &Client,
     parent: &str,
     path: Option<String>,
     token: &Token,
 ) -> Result<ReleaseOutcome, ZkError> {
-    let mine = format!("lock-{token}-");
-    let mut backoff = Duration::from_millis(20);
-    let mut attempts = 0;
-    loop {
-        attempts += 1;
-        let attempt = async {
-            let paths = match &path {
-                Some(path) => vec![path.clone()],
-                // The create may still be in flight: this listing runs
-                // after it on the same session.
-                None => match client.list_children(parent).await {
-                    Ok(children) => children
-                        .into_iter()
-                        .filter(|c| c.starts_with(&mine))
-                        .map(|c| format!("{parent}/{c}"))
-                        .collect(),
-                    Err(ZkError::NoNode) => Vec::new(),
-                    Err(e) => return Err(e),
-                },
-            };
-            let mut outcome = ReleaseOutcome::NotHeld;
-            for path in paths {
-                match client.delete(&path, None).await {
-                    Ok(()) => outcome = ReleaseOutcome::Released,
-                    Err(ZkError::NoNode) => {}
-                    Err(e) => return Err(e),
-                }
+    let paths = match path {
+        Some(path) => vec![path],
+        // The create may still be in flight: this listing runs after it on
+        // the same session.
+        None => {
+            let mine = format!("lock-{token}-");
+            match client.list_children(parent).await {
+                Ok(children) => children
+                    .into_iter()
+                    .filter(|c| c.starts_with(&mine))
+                    .map(|c| format!("{parent}/{c}"))
+                    .collect(),
+                Err(ZkError::NoNode) => Vec::new(),
+                Err(e) => return Err(e),
             }
-            Ok(outcome)
-        };
-        match attempt.await {
-            Err(ZkError::SessionExpired) => return Err(ZkError::SessionExpired),
-            Err(_) if attempts < DELETE_ATTEMPTS => {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_millis(500));
-            }
-            answer => return answer,
+        }
+    };
+    let mut outcome = ReleaseOutcome::NotHeld;
+    for path in paths {
+        match client.delete(&path, None).await {
+            Ok(()) => outcome = ReleaseOutcome::Released,
+            Err(ZkError::NoNode) => {}
+            Err(e) => return Err(e),
         }
     }
+    Ok(outcome)
 }
 
 /// Deletes our nodes other than `name` among `children` (best effort: what
