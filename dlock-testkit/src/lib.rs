@@ -7,8 +7,8 @@
 //!   list into one `#[tokio::test]` per check.
 //! - [`fixture`]: starts a server binary on a free loopback port in a temp
 //!   dir, waits until it accepts connections, and stops it by its own PID.
-//! - [`OverlapDetector`] and [`CountingBackend`]: the instruments the checks
-//!   measure with.
+//! - [`OverlapDetector`], [`HoldLog`] (across processes) and
+//!   [`CountingBackend`]: the instruments the checks measure with.
 //! - [`session_faults`]: fault checks for backends whose locks live on a
 //!   client session.
 //!
@@ -26,6 +26,7 @@ mod counting;
 mod detector;
 mod fenced_store;
 pub mod fixture;
+mod hold_log;
 mod rng;
 pub mod session_faults;
 
@@ -35,4 +36,5 @@ pub use connect::connect;
 pub use counting::CountingBackend;
 pub use detector::{OverlapDetector, Section};
 pub use fenced_store::{FencedStore, StoreWrite};
+pub use hold_log::{monotonic_ns, HoldLog, Interval};
 pub use rng::Rng;

@@ -5,7 +5,10 @@
 //! Cases tried here, per topology (Redis one node, Redlock over 5, etcd 1
 //! and 3 members, ZooKeeper 1 and 3 servers):
 //! - the stock scenario across 4 OS processes × 8 tasks: 500 requests
-//!   against a stock of 300 in a file, read-pause-write under the lock;
+//!   against a stock of 300 in a file, read-pause-write under the lock, each
+//!   hold recorded on `CLOCK_MONOTONIC` in a [`HoldLog`] that must show no
+//!   two at once (and does show them when run without the lock:
+//!   `stock_without_a_lock_is_seen_overlapping`);
 //! - a holder process SIGKILLed: others get the lock after its lease or
 //!   session timeout, not before, and not much later;
 //! - a holder process SIGSTOPped past its lease: another client acquires and
@@ -32,13 +35,13 @@
 //! are in each backend's own tests (`dlock-redis/tests/redis.rs`,
 //! `dlock-etcd/tests/etcd.rs`, `dlock-zk/tests/zk.rs`).
 
-use std::{any::Any, process::Stdio, time::Duration};
+use std::{any::Any, path::Path, process::Stdio, time::Duration};
 
 use dlock_core::{LockError, LockOptions, Locker};
 use dlock_testkit::{
     conformance,
     fixture::{free_port, EtcdServer, RedisServer, ZooKeeperServer},
-    FencedStore, Harness,
+    monotonic_ns, FencedStore, Harness, HoldLog,
 };
 use tokio::{
     io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, Lines},
@@ -148,54 +151,92 @@ async fn locker(url: &str) -> Locker {
     Locker::from_arc(dlock_testkit::connect(url).await.expect("connect"))
 }
 
-async fn stock_across_processes(t: Topology) {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("stock");
+/// Runs the stock scenario: 4 processes × 8 tasks, 500 requests against a
+/// stock of 300 in a file, each read-pause-write under the lock at `url`
+/// (or under none, with `--no-lock`). Returns what was sold, what remains,
+/// how many releases failed, and the log every hold was recorded in.
+async fn stock_scenario(name: &str, url: &str, dir: &Path) -> (u64, i64, u64, HoldLog) {
+    let file = dir.join("stock");
     std::fs::write(&file, "300").unwrap();
-    let file = file.to_str().unwrap().to_owned();
+    let holds = HoldLog::new(&dir.join("holds"));
+    let (file_arg, holds_arg) = (file.to_str().unwrap(), holds.path().to_str().unwrap());
     let children: Vec<Child> = (0..4)
         .map(|_| {
             let mut c = Command::new(HELPER);
-            c.args(["stock", &t.url, "stock:42", &file, "125", "8"])
+            c.args(["stock", url, "stock:42", file_arg, "125", "8", holds_arg])
                 .stdout(Stdio::piped())
                 .kill_on_drop(true);
             c.spawn().expect("start the helper")
         })
         .collect();
-    let start = Instant::now();
-    let mut sold = 0;
+    let (mut sold, mut failed_releases) = (0, 0);
     for child in children {
         let out = tokio::time::timeout(Duration::from_secs(180), child.wait_with_output())
             .await
-            .unwrap_or_else(|_| panic!("[{}] a stock process did not finish", t.name))
+            .unwrap_or_else(|_| panic!("[{name}] a stock process did not finish"))
             .unwrap();
-        assert!(out.status.success(), "[{}] a stock process failed", t.name);
+        assert!(out.status.success(), "[{name}] a stock process failed");
         let text = String::from_utf8_lossy(&out.stdout);
-        sold += text
-            .trim()
-            .strip_prefix("sold ")
-            .and_then(|n| n.parse::<u64>().ok())
-            .expect("sold <n>");
+        let numbers: Vec<u64> = text
+            .split_whitespace()
+            .filter_map(|word| word.parse().ok())
+            .collect();
+        let [s, f] = numbers[..] else {
+            panic!("[{name}] expected `sold <n> failed-releases <n>`, got {text}")
+        };
+        sold += s;
+        failed_releases += f;
     }
-    let remaining: i64 = std::fs::read_to_string(&file)
+    let remaining = std::fs::read_to_string(&file)
         .unwrap()
         .trim()
         .parse()
         .unwrap();
+    (sold, remaining, failed_releases, holds)
+}
+
+async fn stock_across_processes(t: Topology) {
+    let dir = tempfile::tempdir().unwrap();
+    let start = Instant::now();
+    let (sold, remaining, failed_releases, holds) =
+        stock_scenario(t.name, &t.url, dir.path()).await;
+    let (intervals, overlaps) = (holds.intervals().unwrap(), holds.overlaps().unwrap());
     println!(
-        "[{}] 4 processes × 8 tasks, 500 requests: sold {sold}, remaining {remaining}, in {:?}",
+        "[{}] 4 processes × 8 tasks, 500 requests: sold {sold}, remaining {remaining}, \
+         {} holds, {overlaps} overlapping, in {:?}",
         t.name,
+        intervals.len(),
         start.elapsed()
     );
+    assert_eq!(intervals.len(), 500, "[{}] one hold per request", t.name);
+    assert_eq!(overlaps, 0, "[{}] two holders at once", t.name);
+    assert_eq!(failed_releases, 0, "[{}] releases failed", t.name);
     assert_eq!(sold, 300, "[{}] sold {sold} of a stock of 300", t.name);
     assert_eq!(remaining, 0, "[{}]", t.name);
+}
+
+/// The detector's self-test: the same scenario with no lock must be seen
+/// overlapping, or a zero above would prove nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stock_without_a_lock_is_seen_overlapping() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sold, _, _, holds) = stock_scenario("no lock", "--no-lock", dir.path()).await;
+    let (intervals, overlaps) = (holds.intervals().unwrap(), holds.overlaps().unwrap());
+    println!(
+        "[no lock] {} holds, {overlaps} overlapping, sold {sold}",
+        intervals.len()
+    );
+    assert_eq!(intervals.len(), 500, "one hold per request");
+    assert!(overlaps > 0, "the detector saw no overlap without a lock");
 }
 
 async fn holder_killed(t: Topology) {
     let lease = t.lease.as_millis().to_string();
     let dir = tempfile::tempdir().unwrap();
     let store_dir = dir.path().to_str().unwrap();
-    let mut child = helper(&["hold", &t.url, "killed", &lease, store_dir]);
+    let holds = HoldLog::new(&dir.path().join("holds"));
+    let holds_arg = holds.path().to_str().unwrap();
+    let mut child = helper(&["hold", &t.url, "killed", &lease, store_dir, holds_arg]);
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let acquired = next_line(&mut lines, Duration::from_secs(30)).await;
     assert!(acquired.starts_with("acquired"), "{acquired}");
@@ -212,6 +253,21 @@ async fn holder_killed(t: Topology) {
         .await
         .unwrap();
     let after = killed.elapsed();
+    holds
+        .record("next", monotonic_ns(), monotonic_ns())
+        .unwrap();
+    assert_eq!(
+        holds.intervals().unwrap().len(),
+        2,
+        "[{}] the killed holder's hold and the next",
+        t.name
+    );
+    assert_eq!(
+        holds.overlaps().unwrap(),
+        0,
+        "[{}] two holders at once",
+        t.name
+    );
     println!(
         "[{}] a killed holder's lock passed on after {after:?} (lease {:?})",
         t.name, t.lease
@@ -236,7 +292,20 @@ async fn holder_paused(t: Topology) {
     let dir = tempfile::tempdir().unwrap();
     let store = FencedStore::new(dir.path());
     let store_dir = dir.path().to_str().unwrap();
-    let mut child = helper(&["hold", &t.url, "paused", &lease, store_dir]);
+    // The fenced store is this case's exact detector: a holder stopped
+    // between its check and its write acts once more after another owner
+    // took the lock (the window fencing exists for), so its hold log could
+    // show an overlap a correct lock does not prevent; the store must
+    // refuse that act.
+    let holds = dir.path().join("holds");
+    let mut child = helper(&[
+        "hold",
+        &t.url,
+        "paused",
+        &lease,
+        store_dir,
+        holds.to_str().unwrap(),
+    ]);
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let acquired = next_line(&mut lines, Duration::from_secs(30)).await;
     let old_fence = acquired

@@ -2,21 +2,25 @@
 //! kill, pause and resume it, and read what it prints.
 //!
 //! ```text
-//! dlock-fault-helper stock <url> <key> <stock-file> <requests> <tasks>
+//! dlock-fault-helper stock <url|--no-lock> <key> <stock-file> <requests> <tasks> <hold-log>
 //!     sells from the stock in <stock-file>, one unit per request, each read,
-//!     pause and write under the lock; prints `sold <n>`.
-//! dlock-fault-helper hold <url> <key> <watchdog-lease-ms> <store-dir>
+//!     pause and write under the lock, and records each hold in the hold log
+//!     at <hold-log>; prints `sold <n> failed-releases <n>`. With `--no-lock` in place of the
+//!     URL it takes no lock (the detector's self-test).
+//! dlock-fault-helper hold <url> <key> <watchdog-lease-ms> <store-dir> <hold-log>
 //!     takes the lock, prints `acquired <fence|none>`, then every 10 ms
 //!     checks the guard and, while it holds, writes its fence to the fenced
-//!     store in <store-dir> (guarded work). Once it is lost, prints
+//!     store in <store-dir> (guarded work) and extends its hold in the hold
+//!     log to the end of that write. Once it is lost, prints
 //!     `lost <reason>`, then sends the write a careless holder would still
 //!     send and prints `late-write <fence> accepted|rejected` (or
 //!     `late-write none` without fences).
 //! ```
 
-use std::{process::ExitCode, sync::Arc, time::Duration};
+use std::{path::Path, process::ExitCode, sync::Arc, time::Duration};
 
 use dlock_core::{LockOptions, Locker};
+use dlock_testkit::{monotonic_ns, FencedStore, HoldLog};
 
 /// Locks `key`, retrying a few times when the servers fail to answer
 /// (busy machines), as a service would; any other error is the answer.
@@ -52,22 +56,37 @@ async fn locker(url: &str, watchdog: Option<Duration>) -> Result<Locker, String>
     builder.build().map_err(|e| e.to_string())
 }
 
+/// A name for one hold, unique across processes.
+fn holder_name(task: usize, hold: usize) -> String {
+    format!("{}-{task}-{hold}", std::process::id())
+}
+
 async fn stock(args: &[String]) -> Result<(), String> {
-    let [url, key, file, requests, tasks] = args else {
-        return Err("stock <url> <key> <stock-file> <requests> <tasks>".into());
+    let [url, key, file, requests, tasks, holds] = args else {
+        return Err(
+            "stock <url|--no-lock> <key> <stock-file> <requests> <tasks> <hold-log>".into(),
+        );
     };
     let requests: usize = requests.parse().map_err(|_| "requests: a number")?;
     let tasks: usize = tasks.parse().map_err(|_| "tasks: a number")?;
-    let locker = locker(url, None).await?;
+    let locker = match url.as_str() {
+        "--no-lock" => None,
+        url => Some(locker(url, None).await?),
+    };
     let file = Arc::new(file.clone());
+    let holds = HoldLog::new(Path::new(holds));
     let mut handles = Vec::new();
     for t in 0..tasks {
-        let (locker, key, file) = (locker.clone(), key.clone(), file.clone());
+        let (locker, key, file, holds) = (locker.clone(), key.clone(), file.clone(), holds.clone());
         let mine = requests / tasks + usize::from(t < requests % tasks);
         handles.push(tokio::spawn(async move {
-            let mut sold = 0_u64;
-            for _ in 0..mine {
-                let guard = lock(&locker, &key).await?;
+            let (mut sold, mut failed_releases) = (0_u64, 0_u64);
+            for n in 0..mine {
+                let guard = match &locker {
+                    Some(locker) => Some(lock(locker, &key).await?),
+                    None => None,
+                };
+                let start = monotonic_ns();
                 // A read-modify-write the lock must make exclusive.
                 let left: i64 = std::fs::read_to_string(&*file)
                     .map_err(|e| e.to_string())?
@@ -76,30 +95,48 @@ async fn stock(args: &[String]) -> Result<(), String> {
                     .map_err(|_| "the stock file is not a number".to_owned())?;
                 tokio::time::sleep(Duration::from_millis(1)).await;
                 if left > 0 {
-                    std::fs::write(&*file, (left - 1).to_string()).map_err(|e| e.to_string())?;
+                    // Replaced whole (write, then rename), so that a reader
+                    // never sees a half-written file, even without the lock.
+                    let next = format!("{file}.{}", holder_name(t, n));
+                    std::fs::write(&next, (left - 1).to_string()).map_err(|e| e.to_string())?;
+                    std::fs::rename(&next, &*file).map_err(|e| e.to_string())?;
                     sold += 1;
                 }
-                guard.release().await.map_err(|e| e.to_string())?;
+                holds
+                    .record(&holder_name(t, n), start, monotonic_ns())
+                    .map_err(|e| e.to_string())?;
+                if let Some(guard) = guard {
+                    // A release that finds the lock gone is counted, not
+                    // fatal: the test reads the hold log first.
+                    if let Err(e) = guard.release().await {
+                        eprintln!("dlock-fault-helper: release: {e}");
+                        failed_releases += 1;
+                    }
+                }
             }
-            Ok::<u64, String>(sold)
+            Ok::<_, String>((sold, failed_releases))
         }));
     }
-    let mut sold = 0;
+    let (mut sold, mut failed_releases) = (0, 0);
     for h in handles {
-        sold += h.await.map_err(|e| e.to_string())??;
+        let (s, f) = h.await.map_err(|e| e.to_string())??;
+        sold += s;
+        failed_releases += f;
     }
-    println!("sold {sold}");
+    println!("sold {sold} failed-releases {failed_releases}");
     Ok(())
 }
 
 async fn hold(args: &[String]) -> Result<(), String> {
-    let [url, key, lease, store] = args else {
-        return Err("hold <url> <key> <watchdog-lease-ms> <store-dir>".into());
+    let [url, key, lease, store, holds] = args else {
+        return Err("hold <url> <key> <watchdog-lease-ms> <store-dir> <hold-log>".into());
     };
     let lease = Duration::from_millis(lease.parse().map_err(|_| "lease: a number of ms")?);
-    let store = dlock_testkit::FencedStore::new(std::path::Path::new(store));
+    let store = FencedStore::new(Path::new(store));
+    let holds = HoldLog::new(Path::new(holds));
     let locker = locker(url, Some(lease)).await?;
     let guard = lock(&locker, key).await?;
+    let start = monotonic_ns();
     let fence = guard.fencing_token();
     println!("acquired {}", fence_text(fence));
     let write = |fence| store.write("holder", fence).map_err(|e| e.to_string());
@@ -124,6 +161,9 @@ async fn hold(args: &[String]) -> Result<(), String> {
         if let Some(fence) = fence {
             write(fence)?;
         }
+        holds
+            .record(&holder_name(0, 0), start, monotonic_ns())
+            .map_err(|e| e.to_string())?;
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
