@@ -91,6 +91,8 @@ struct Inner {
     /// Without a wait limit, how long the server may stay unreachable before
     /// an acquire fails with the error instead of retrying.
     unreachable_after: Duration,
+    /// The longest sleep of a waiter that cannot subscribe.
+    unwatched_poll: Duration,
     /// Per key, the queue of this process's waiters (see `local_turn`).
     local: std::sync::Mutex<std::collections::HashMap<String, Arc<Semaphore>>>,
 }
@@ -168,6 +170,7 @@ impl RedisBackend {
                 redlock: config.is_redlock(),
                 subscribe_timeout: config.response_timeout(),
                 unreachable_after: config.connect_timeout() + config.response_timeout(),
+                unwatched_poll: config.unwatched_poll(),
                 local: std::sync::Mutex::default(),
             }),
         };
@@ -403,7 +406,7 @@ impl RedisBackend {
                         // Nothing to be woken by: poll with backoff, and try
                         // to subscribe again next time.
                         subscribed = false;
-                        poll = (poll * 2).min(Duration::from_secs(1));
+                        poll = (poll * 2).min(self.inner.unwatched_poll);
                         retry_in.min(poll)
                     } else {
                         retry_in

@@ -35,6 +35,7 @@ pub struct RedisConfig {
     prefix: String,
     connect_timeout: Duration,
     response_timeout: Duration,
+    unwatched_poll: Duration,
 }
 
 /// Shows the node URLs with their passwords replaced by `***`.
@@ -51,6 +52,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
+            .field("unwatched_poll", &self.unwatched_poll)
             .finish()
     }
 }
@@ -165,6 +167,7 @@ impl RedisConfig {
             prefix,
             connect_timeout: Duration::from_secs(2),
             response_timeout: Duration::from_secs(5),
+            unwatched_poll: Duration::from_secs(1),
         })
     }
 
@@ -204,6 +207,35 @@ impl RedisConfig {
     /// Sets how long a command may wait for its reply.
     pub fn with_response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
+        self
+    }
+
+    /// The longest a waiter sleeps between attempts while it cannot
+    /// subscribe to the key's release notifications (default 1 s; it starts
+    /// at 20 ms and doubles). A waiter that is subscribed is woken by the
+    /// release, and otherwise tries again when the holder's TTL runs out.
+    pub fn unwatched_poll(&self) -> Duration {
+        self.unwatched_poll
+    }
+
+    /// Sets the longest sleep between attempts of a waiter that cannot
+    /// subscribe (see [`unwatched_poll`](RedisConfig::unwatched_poll)).
+    /// Longer means fewer requests while pub/sub is unavailable, and later
+    /// grants then. Anything under 20 ms is taken as 20 ms.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dlock_redis::RedisConfig;
+    ///
+    /// let config = RedisConfig::from_url("redis://127.0.0.1/")?
+    ///     .with_unwatched_poll(Duration::from_secs(5));
+    /// assert_eq!(config.unwatched_poll(), Duration::from_secs(5));
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn with_unwatched_poll(mut self, max: Duration) -> Self {
+        self.unwatched_poll = max.max(Duration::from_millis(20));
         self
     }
 }

@@ -9,6 +9,12 @@
 //!   hold recorded on `CLOCK_MONOTONIC` in a [`HoldLog`] that must show no
 //!   two at once (and does show them when run without the lock:
 //!   `stock_without_a_lock_is_seen_overlapping`);
+//! - handoffs across processes: 16 waiters in 4 processes queue for one
+//!   key; every grant follows the previous release within 1/15 of the
+//!   30 s lease that bounds every fallback timer (so only the release can
+//!   have woken it), holds never overlap, and each handoff costs a few
+//!   requests counted by the servers (`MONITOR`, etcd's `/metrics`,
+//!   ZooKeeper's `mntr`), not a herd;
 //! - a holder process SIGKILLed: others get the lock after its lease or
 //!   session timeout, not before, and not much later;
 //! - a holder process SIGSTOPped past its lease: another client acquires and
@@ -35,7 +41,7 @@
 //! are in each backend's own tests (`dlock-redis/tests/redis.rs`,
 //! `dlock-etcd/tests/etcd.rs`, `dlock-zk/tests/zk.rs`).
 
-use std::{any::Any, path::Path, process::Stdio, time::Duration};
+use std::{path::Path, process::Stdio, time::Duration};
 
 use dlock_core::{LockError, LockOptions, Locker};
 use dlock_testkit::{
@@ -58,7 +64,70 @@ struct Topology {
     url: String,
     lease: Duration,
     fencing: bool,
-    _servers: Box<dyn Any + Send>,
+    /// Requests per handoff (per node for Redlock) that the handoff test
+    /// allows, counted by the servers: a release and the next waiter's few
+    /// steps, measured at about 0.7 of this. A herd (every waiter trying at
+    /// each release) costs more.
+    handoff_requests: f64,
+    servers: Box<dyn Servers>,
+}
+
+/// A topology's servers, kept running while the test needs them.
+trait Servers: Send {
+    /// How many nodes each lock request goes to (5 for Redlock over 5; 1
+    /// for a cluster whose client talks to one member).
+    fn fan_out(&self) -> usize {
+        1
+    }
+    /// Starts counting the requests clients send, summed over the nodes, by
+    /// the servers' own count; the function returned says how many so far.
+    fn count_requests(&self) -> Box<dyn Fn() -> u64 + '_>;
+}
+
+impl Servers for Vec<RedisServer> {
+    fn fan_out(&self) -> usize {
+        self.len()
+    }
+    fn count_requests(&self) -> Box<dyn Fn() -> u64 + '_> {
+        let monitors: Vec<_> = self.iter().map(|s| s.monitor().expect("MONITOR")).collect();
+        Box::new(move || {
+            monitors
+                .iter()
+                .map(|m| m.commands().expect("MONITOR"))
+                .sum()
+        })
+    }
+}
+
+/// Counts from a counter the servers keep since they started.
+fn counted_since_now<'a>(total: impl Fn() -> u64 + 'a) -> Box<dyn Fn() -> u64 + 'a> {
+    let before = total();
+    Box::new(move || total() - before)
+}
+
+impl Servers for Vec<EtcdServer> {
+    fn count_requests(&self) -> Box<dyn Fn() -> u64 + '_> {
+        counted_since_now(|| {
+            self.iter()
+                .map(|s| {
+                    s.grpc_requests()
+                        .expect("etcd /metrics")
+                        .values()
+                        .sum::<u64>()
+                })
+                .sum()
+        })
+    }
+}
+
+impl Servers for Vec<ZooKeeperServer> {
+    fn count_requests(&self) -> Box<dyn Fn() -> u64 + '_> {
+        counted_since_now(|| {
+            self.iter()
+                .map(|s| s.packets_received().expect("mntr"))
+                .sum()
+        })
+    }
 }
 
 fn redis() -> Topology {
@@ -68,7 +137,11 @@ fn redis() -> Topology {
         url: server.url(),
         lease: Duration::from_secs(1),
         fencing: true,
-        _servers: Box::new(server),
+        // The release, one attempt per process with a waiter (a process's
+        // waiters queue locally: one is woken), and the woken one's
+        // subscription: about 7.
+        handoff_requests: 9.0,
+        servers: Box::new(vec![server]),
     }
 }
 
@@ -82,7 +155,11 @@ fn redlock() -> Topology {
         url: format!("redis+redlock://{}", hosts.join(",")),
         lease: Duration::from_secs(1),
         fencing: false,
-        _servers: Box::new(servers),
+        // The processes' woken contenders split the votes, give them back
+        // and retry after a random delay: 12 to 15 per node. A queue across
+        // processes is to bring this to the single node's.
+        handoff_requests: 20.0,
+        servers: Box::new(servers),
     }
 }
 
@@ -95,7 +172,9 @@ fn etcd(members: usize) -> Topology {
         // The session TTL (etcd's shortest here is 1 s).
         lease: Duration::from_secs(2),
         fencing: true,
-        _servers: Box::new(servers),
+        // Each waiter watches only the key ahead of it: about 2.
+        handoff_requests: 4.0,
+        servers: Box::new(servers),
     }
 }
 
@@ -113,7 +192,9 @@ fn zookeeper(servers: usize) -> Topology {
         ),
         lease: Duration::from_secs(timeout),
         fencing: true,
-        _servers: Box::new(servers),
+        // Each waiter watches only the node ahead of it: about 2.5.
+        handoff_requests: 4.0,
+        servers: Box::new(servers),
     }
 }
 
@@ -400,6 +481,83 @@ async fn holder_paused(t: Topology) {
     let _ = child.wait().await;
 }
 
+/// The watchdog lease in the handoff test, for its first holder and the
+/// helpers' waiters alike: a holder's TTL stays between 20 and 30 s, and
+/// every other fallback timer is as long (see the helper's `waiters`), so a
+/// waiter granted within a fraction of it was woken by the release.
+const LONG: Duration = Duration::from_secs(30);
+
+/// 16 waiters in 4 processes (4 tasks each) queue for one key; each holds
+/// it 50 ms. Every grant must follow the previous release promptly (well
+/// inside [`LONG`], which no wake-up but the release's beats), no two holds
+/// may overlap, and each handoff may cost only a few server requests.
+async fn handoffs_across_processes(t: Topology) {
+    let dir = tempfile::tempdir().unwrap();
+    let holds = HoldLog::new(&dir.path().join("holds"));
+    let holds_arg = holds.path().to_str().unwrap();
+    let client = dlock_testkit::connect(&t.url).await.expect("connect");
+    let first = dlock_core::LockerBuilder::from_arc(client)
+        .watchdog_lease(LONG)
+        .build()
+        .unwrap();
+    let held = first.lock("herd").await.unwrap();
+    let start = monotonic_ns();
+    let mut children: Vec<_> = (0..4)
+        .map(|_| {
+            let mut child = helper(&["waiters", &t.url, "herd", "4", "50", holds_arg]);
+            let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+            (child, lines)
+        })
+        .collect();
+    for (_, lines) in &mut children {
+        let waiting = next_line(lines, Duration::from_secs(30)).await;
+        assert_eq!(waiting, "waiting", "[{}]", t.name);
+    }
+    // Time for every waiter to reach the servers and settle on its watch.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let requests = t.servers.count_requests();
+    holds.record("first", start, monotonic_ns()).unwrap();
+    held.release().await.unwrap();
+    for (child, lines) in &mut children {
+        let done = next_line(lines, Duration::from_secs(120)).await;
+        assert_eq!(done, "done", "[{}]", t.name);
+        assert!(child.wait().await.unwrap().success(), "[{}]", t.name);
+    }
+    let used = requests();
+    let intervals = holds.intervals().unwrap();
+    assert_eq!(intervals.len(), 17, "[{}] the first hold and 16", t.name);
+    assert_eq!(
+        holds.overlaps().unwrap(),
+        0,
+        "[{}] two holders at once",
+        t.name
+    );
+    let mut gaps: Vec<Duration> = intervals
+        .windows(2)
+        .map(|w| Duration::from_nanos(w[1].start.saturating_sub(w[0].end)))
+        .collect();
+    gaps.sort();
+    #[allow(clippy::cast_precision_loss)] // counts far below 2^52
+    let per_handoff = used as f64 / 16.0 / t.servers.fan_out() as f64;
+    println!(
+        "[{}] 16 handoffs over 4 processes: gap median {:?}, max {:?}; \
+         {used} requests, {per_handoff:.1} per handoff (and node it goes to)",
+        t.name,
+        gaps[gaps.len() / 2],
+        gaps[gaps.len() - 1],
+    );
+    assert!(
+        gaps[gaps.len() - 1] < LONG / 15,
+        "[{}] a waiter slept through a release: gaps {gaps:?}",
+        t.name
+    );
+    assert!(
+        per_handoff <= t.handoff_requests,
+        "[{}] {per_handoff:.1} requests per handoff: a herd",
+        t.name
+    );
+}
+
 async fn cancel_storm(t: Topology) {
     let url = t.url.clone();
     let harness = Harness::new(t.name, move || {
@@ -434,6 +592,11 @@ macro_rules! per_topology {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn holder_paused() {
                     super::holder_paused($make).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn handoffs_across_processes() {
+                    super::handoffs_across_processes($make).await;
                 }
 
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,11 +15,18 @@
 //!     `lost <reason>`, then sends the write a careless holder would still
 //!     send and prints `late-write <fence> accepted|rejected` (or
 //!     `late-write none` without fences).
+//! dlock-fault-helper waiters <url> <key> <tasks> <hold-ms> <hold-log>
+//!     with every fallback timer long (a 30 s watchdog lease, so that a
+//!     holder's TTL is 20 to 30 s; on Redis a 30 s poll for waiters that
+//!     cannot subscribe), starts <tasks> tasks that each lock <key>, hold
+//!     it <hold-ms>, record the hold in the hold log and release it; prints
+//!     `waiting` once all have started, and `done` when all have released.
 //! ```
 
 use std::{path::Path, process::ExitCode, sync::Arc, time::Duration};
 
 use dlock_core::{LockOptions, Locker};
+use dlock_redis::{RedisBackend, RedisConfig};
 use dlock_testkit::{monotonic_ns, FencedStore, HoldLog};
 
 /// Locks `key`, retrying a few times when the servers fail to answer
@@ -168,13 +175,67 @@ async fn hold(args: &[String]) -> Result<(), String> {
     }
 }
 
+/// Every fallback timer of the waiters test, set long: a waiter that is
+/// granted promptly was woken by the release.
+const LONG: Duration = Duration::from_secs(30);
+
+async fn waiters(args: &[String]) -> Result<(), String> {
+    let [url, key, tasks, hold, holds] = args else {
+        return Err("waiters <url> <key> <tasks> <hold-ms> <hold-log>".into());
+    };
+    let tasks: usize = tasks.parse().map_err(|_| "tasks: a number")?;
+    let hold = Duration::from_millis(hold.parse().map_err(|_| "hold: a number of ms")?);
+    let client: Arc<dyn dlock_core::backend::Backend> =
+        if url.starts_with("redis://") || url.starts_with("redis+redlock://") {
+            let config = RedisConfig::from_url(url)
+                .map_err(|e| e.to_string())?
+                .with_unwatched_poll(LONG);
+            Arc::new(
+                RedisBackend::connect_with(config)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            )
+        } else {
+            // etcd and ZooKeeper waiters have no timer: they wait on a watch
+            // of the key ahead of them.
+            dlock_testkit::connect(url)
+                .await
+                .map_err(|e| e.to_string())?
+        };
+    let locker = dlock_core::LockerBuilder::from_arc(client)
+        .watchdog_lease(LONG)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let holds = HoldLog::new(Path::new(holds));
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let (locker, key, holds) = (locker.clone(), key.clone(), holds.clone());
+        handles.push(tokio::spawn(async move {
+            let guard = lock(&locker, &key).await?;
+            let start = monotonic_ns();
+            tokio::time::sleep(hold).await;
+            holds
+                .record(&holder_name(t, 0), start, monotonic_ns())
+                .map_err(|e| e.to_string())?;
+            guard.release().await.map_err(|e| e.to_string())
+        }));
+    }
+    println!("waiting");
+    for h in handles {
+        h.await.map_err(|e| e.to_string())??;
+    }
+    println!("done");
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("stock") => stock(&args[1..]).await,
         Some("hold") => hold(&args[1..]).await,
-        _ => Err("usage: dlock-fault-helper stock|hold ...".into()),
+        Some("waiters") => waiters(&args[1..]).await,
+        _ => Err("usage: dlock-fault-helper stock|hold|waiters ...".into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
