@@ -1,5 +1,7 @@
-//! The whole conformance suite against a real standalone ZooKeeper. Every
-//! client is a new `ZkBackend` with a session of its own.
+//! The whole conformance suite against real ZooKeeper: a standalone server
+//! (one test per check), and a 3-server ensemble (the whole suite in one
+//! test, on one ensemble). Every client is a new `ZkBackend` with a session
+//! of its own; an ensemble's clients know every server.
 
 use std::sync::Arc;
 
@@ -7,18 +9,33 @@ use dlock_core::backend::Backend;
 use dlock_testkit::{fixture::ZooKeeperServer, Harness};
 use dlock_zk::ZkBackend;
 
-fn standalone() -> Harness {
-    let server = ZooKeeperServer::start().expect("start ZooKeeper");
-    // A short session, so that crashed clients let others in quickly.
-    let url = format!("zk://{}/dlock-test?session_timeout=2s", server.endpoint());
-    Harness::new("zookeeper", move || {
+/// `session` is short, so that crashed clients let others in quickly.
+fn harness(name: &str, servers: Vec<ZooKeeperServer>, session: &str) -> Harness {
+    let endpoints: Vec<String> = servers.iter().map(ZooKeeperServer::endpoint).collect();
+    let url = format!(
+        "zk://{}/dlock-test?session_timeout={session}",
+        endpoints.join(",")
+    );
+    Harness::new(name, move || {
         let url = url.clone();
         async move {
             let client: Arc<dyn Backend> = Arc::new(ZkBackend::connect(&url).await?);
             Ok(client)
         }
     })
-    .keep_alive(server)
+    .keep_alive(servers)
+}
+
+fn standalone() -> Harness {
+    let server = ZooKeeperServer::start().expect("start ZooKeeper");
+    harness("zookeeper", vec![server], "2s")
+}
+
+fn ensemble_of_three() -> Harness {
+    let servers = ZooKeeperServer::ensemble(3).expect("start a ZooKeeper ensemble");
+    // Three JVMs share the two cores with the rest of the suite.
+    harness("zookeeper-3", servers, "4s")
 }
 
 dlock_testkit::conformance_tests!(standalone());
+dlock_testkit::conformance_tests!(suite whole_suite_on_a_3_server_ensemble, ensemble_of_three());

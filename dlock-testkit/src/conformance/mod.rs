@@ -142,18 +142,33 @@ impl Harness {
     }
 }
 
-/// Generates one `#[tokio::test]` per conformance check, each running
-/// against a harness made by `$harness` (an expression, evaluated per test).
+/// Generates the conformance tests for a harness made by `$harness` (an
+/// expression).
+///
+/// - `conformance_tests!(harness)`: one `#[tokio::test]` per check, each
+///   with a harness of its own (evaluated per test).
+/// - `conformance_tests!(suite test_name, harness)`: one test that runs
+///   every check in turn against one harness, for servers too costly to
+///   start once per check (a cluster).
+///
+/// Each check is bounded by [`CHECK_LIMIT`].
 ///
 /// # Examples
 ///
 /// ```text
-/// dlock_testkit::conformance_tests!(my_backend_harness().await);
+/// dlock_testkit::conformance_tests!(my_backend_harness());
+/// dlock_testkit::conformance_tests!(suite whole_suite_on_a_cluster, my_cluster_harness());
 /// ```
 #[macro_export]
 macro_rules! conformance_tests {
+    (suite $name:ident, $harness:expr) => {
+        $crate::conformance_tests!(@list [suite $name $harness]);
+    };
     ($harness:expr) => {
-        $crate::conformance_tests!(@each $harness;
+        $crate::conformance_tests!(@list [each $harness]);
+    };
+    (@list $how:tt) => {
+        $crate::conformance_tests!(@run $how
             mutual_exclusion,
             try_lock_on_held_key_returns_none_at_once,
             wait_limit_gives_timeout,
@@ -180,18 +195,32 @@ macro_rules! conformance_tests {
             awkward_keys_are_distinct_locks,
         );
     };
-    (@each $harness:expr; $($check:ident),* $(,)?) => {
+    (@run [each $harness:expr] $($check:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $check() {
                 let harness = $harness;
-                let check = $crate::conformance::$check(&harness);
-                if ::tokio::time::timeout($crate::conformance::CHECK_LIMIT, check).await.is_err() {
-                    panic!("[{}] check {} did not finish within {:?}",
-                        harness.name(), stringify!($check), $crate::conformance::CHECK_LIMIT);
-                }
+                $crate::conformance_tests!(@one harness $check);
             }
         )*
+    };
+    (@run [suite $name:ident $harness:expr] $($check:ident),* $(,)?) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            let harness = $harness;
+            $(
+                let started = ::tokio::time::Instant::now();
+                $crate::conformance_tests!(@one harness $check);
+                println!("[{}] {} passed in {:?}", harness.name(), stringify!($check), started.elapsed());
+            )*
+        }
+    };
+    (@one $harness:ident $check:ident) => {
+        let check = $crate::conformance::$check(&$harness);
+        if ::tokio::time::timeout($crate::conformance::CHECK_LIMIT, check).await.is_err() {
+            panic!("[{}] check {} did not finish within {:?}",
+                $harness.name(), stringify!($check), $crate::conformance::CHECK_LIMIT);
+        }
     };
 }
 
