@@ -3,18 +3,19 @@
 //! test, on one ensemble). Every client is a new `ZkBackend` with a session
 //! of its own; an ensemble's clients know every server.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use dlock_core::backend::Backend;
 use dlock_testkit::{fixture::ZooKeeperServer, Harness};
 use dlock_zk::ZkBackend;
 
 /// `session` is short, so that crashed clients let others in quickly.
-fn harness(name: &str, servers: Vec<ZooKeeperServer>, session: &str) -> Harness {
+fn harness(name: &str, servers: Vec<ZooKeeperServer>, session: Duration) -> Harness {
     let endpoints: Vec<String> = servers.iter().map(ZooKeeperServer::endpoint).collect();
     let url = format!(
-        "zk://{}/dlock-test?session_timeout={session}",
-        endpoints.join(",")
+        "zk://{}/dlock-test?session_timeout={}ms",
+        endpoints.join(","),
+        session.as_millis()
     );
     Harness::new(name, move || {
         let url = url.clone();
@@ -23,18 +24,19 @@ fn harness(name: &str, servers: Vec<ZooKeeperServer>, session: &str) -> Harness 
             Ok(client)
         }
     })
+    .session_timeout(session)
     .keep_alive(servers)
 }
 
 fn standalone() -> Harness {
     let server = ZooKeeperServer::start().expect("start ZooKeeper");
-    harness("zookeeper", vec![server], "2s")
+    harness("zookeeper", vec![server], Duration::from_secs(2))
 }
 
 fn ensemble_of_three() -> Harness {
     let servers = ZooKeeperServer::ensemble(3).expect("start a ZooKeeper ensemble");
     // Three JVMs share the two cores with the rest of the suite.
-    harness("zookeeper-3", servers, "4s")
+    harness("zookeeper-3", servers, Duration::from_secs(4))
 }
 
 dlock_testkit::conformance_tests!(standalone());

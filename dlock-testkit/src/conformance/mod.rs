@@ -59,6 +59,7 @@ pub struct Harness {
     name: String,
     factory: ClientFactory,
     prefix: String,
+    session: Option<Duration>,
     keep: Vec<Box<dyn Any + Send + Sync>>,
 }
 
@@ -82,6 +83,7 @@ impl Harness {
             name: name.into(),
             factory: Arc::new(move || Box::pin(factory())),
             prefix: format!("dlock-test/{}", Token::generate()),
+            session: None,
             keep: Vec::new(),
         }
     }
@@ -89,6 +91,15 @@ impl Harness {
     /// Keeps `value` (a server fixture) alive as long as the harness.
     pub fn keep_alive(mut self, value: impl Any + Send + Sync) -> Harness {
         self.keep.push(Box::new(value));
+        self
+    }
+
+    /// Says that a client's locks live on a session with this timeout,
+    /// set by the client's configuration (ZooKeeper's `session_timeout`):
+    /// a crashed client's locks then last that long, whatever the watchdog
+    /// lease. Without it, they last the watchdog lease.
+    pub fn session_timeout(mut self, timeout: Duration) -> Harness {
+        self.session = Some(timeout);
         self
     }
 
@@ -754,7 +765,9 @@ pub async fn crashed_holder_with_watchdog(h: &Harness) {
 
 /// A holder whose whole client dies (its runtime shuts down, taking its
 /// connections, its watchdog and its pending release along) lets others in
-/// after its lease, not before. Needs the multi-thread runtime.
+/// after its lease (or session timeout), not before: its last renewal or
+/// ping came at most a third of it before the crash, so the lock must stay
+/// held for at least half of it. Needs the multi-thread runtime.
 pub async fn crashed_client_lets_others_in_after_its_lease(h: &Harness) {
     let key = h.key("crash-client");
     let lease = Duration::from_millis(900);
@@ -782,7 +795,8 @@ pub async fn crashed_client_lets_others_in_after_its_lease(h: &Harness) {
             holder.join().expect("the holder thread panicked")
         })
     });
-    take_over_from_crashed(h, &key, &b, crashed, lease / 3, lease).await;
+    let outlives = h.session.unwrap_or(lease);
+    take_over_from_crashed(h, &key, &b, crashed, outlives / 2, outlives).await;
 }
 
 /// The watchdog keeps a lock well past its lease while the guard lives.
