@@ -1,10 +1,11 @@
 //! The conformance suite every dlock backend passes, and fixtures that start
 //! real lock servers for it.
 //!
-//! - [`conformance`]: plain `pub async fn check_*` functions, one per safety
-//!   property, each taking a [`Harness`] that makes independent clients, as
-//!   separate processes would have. [`conformance_tests!`] turns the whole
-//!   list into one `#[tokio::test]` per check.
+//! - [`conformance`]: plain `pub async fn`s, one per safety property (such
+//!   as [`conformance::mutual_exclusion`]), each taking a [`Harness`] that
+//!   makes independent clients, as separate processes would have.
+//!   [`conformance_tests!`] turns the whole list into one `#[tokio::test]`
+//!   per check, or into one test that runs them all on one cluster.
 //! - [`fixture`]: starts a server binary on a free loopback port in a temp
 //!   dir, waits until it accepts connections, and stops it by its own PID.
 //! - [`OverlapDetector`], [`HoldLog`] (across processes) and

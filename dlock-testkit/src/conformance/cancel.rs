@@ -1,0 +1,113 @@
+//! Cancel safety: a `lock()` future dropped at any point leaves nothing
+//! behind on the servers.
+
+use std::{sync::Arc, time::Duration};
+
+use dlock_core::LockOptions;
+use tokio::time::Instant;
+
+use super::{must, patient, Harness, PATIENCE};
+use crate::Rng;
+
+/// 240 `lock()` futures dropped at random points (timeouts of 0–25 ms) while
+/// the key is contended leave no orphan: the key is free again at once.
+pub async fn cancel_safety(h: &Harness) {
+    cancel_storm(h, 240).await;
+}
+
+/// `attempts` `lock()` futures from 4 clients, dropped at random points
+/// (timeouts of 0–25 ms) while another client keeps taking the key, leave
+/// no orphan: afterwards the key is free at once, for `lock` and `try_lock`.
+pub async fn cancel_storm(h: &Harness, attempts: usize) {
+    let key = h.key("cancel");
+    let mut rng = Rng::from_env();
+    let seed = rng.seed();
+    let holder = h.locker().await;
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let cycling = tokio::spawn({
+        let (holder, key, stop) = (holder.clone(), key.clone(), stop.clone());
+        async move {
+            let mut cycles = 0u32;
+            loop {
+                let guard = tokio::select! {
+                    g = holder.lock_with(&key, LockOptions::new().wait(Duration::from_secs(5))) => g,
+                    _ = stop.notified() => return cycles,
+                };
+                if let Ok(g) = guard {
+                    cycles += 1;
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                    drop(g);
+                }
+                if cycles > 10_000 {
+                    return cycles;
+                }
+            }
+        }
+    });
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(h.locker().await);
+    }
+    let mut tasks = Vec::new();
+    for i in 0..attempts {
+        let locker = clients[i % clients.len()].clone();
+        let key = key.clone();
+        let after = Duration::from_millis(rng.below(26));
+        let hold = Duration::from_millis(rng.below(3));
+        tasks.push(tokio::spawn(async move {
+            match tokio::time::timeout(after, locker.lock(&key)).await {
+                Ok(Ok(guard)) => {
+                    tokio::time::sleep(hold).await;
+                    drop(guard);
+                    true
+                }
+                Ok(Err(e)) => panic!("lock failed instead of being cancelled: {e}"),
+                Err(_) => false,
+            }
+        }));
+        if i % 8 == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    let mut acquired = 0;
+    for a in tasks {
+        acquired += usize::from(a.await.expect("attempt task panicked"));
+    }
+    stop.notify_one();
+    let cycles = cycling.await.expect("holder task panicked");
+    assert!(
+        cycles > 0,
+        "[{}] the holder never got the lock (seed {seed})",
+        h.name
+    );
+
+    // Drop-releases are scheduled, so allow them a moment; an orphan would
+    // hold the key for the whole lease (30 s) or forever.
+    let probe = h.locker().await;
+    let start = Instant::now();
+    let free = probe.lock_with(&key, patient()).await;
+    assert!(
+        free.is_ok(),
+        "[{}] key still blocked after the cancel storm ({acquired} acquired, seed {seed}): {free:?}",
+        h.name
+    );
+    assert!(start.elapsed() < PATIENCE);
+    drop(free);
+    let start = Instant::now();
+    let mut again = None;
+    while again.is_none() && start.elapsed() < PATIENCE {
+        again = must(
+            h,
+            "try_lock after the storm",
+            h.locker().await.try_lock(&key).await,
+        );
+        if again.is_none() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    assert!(
+        again.is_some(),
+        "[{}] an orphan queue entry blocks try_lock (seed {seed})",
+        h.name
+    );
+}

@@ -1,0 +1,244 @@
+//! Leases: a crashed holder's lock lasts its lease (or session) and no
+//! more, the watchdog keeps a live one, and a lost lock is reported no later
+//! than another client can acquire it.
+
+use std::time::Duration;
+
+use dlock_core::{
+    backend::{Backend, ReleaseOutcome},
+    LockError, LockKey, Locker, LostReason,
+};
+use tokio::time::Instant;
+
+use super::{must, patient, Harness, PATIENCE};
+
+/// Checks that after a holder of `key` crashed, `other` cannot take the key
+/// at once, and gets it no sooner than `at_least` after `since` and not
+/// much later than the lease.
+async fn take_over_from_crashed(
+    h: &Harness,
+    key: &str,
+    other: &Locker,
+    since: Instant,
+    at_least: Duration,
+    lease: Duration,
+) {
+    let early = must(
+        h,
+        "try_lock the crashed holder's key",
+        other.try_lock(key).await,
+    );
+    assert!(
+        early.is_none(),
+        "[{}] a crashed holder's lock was free at once",
+        h.name
+    );
+    let next = must(
+        h,
+        "lock after the lease",
+        other.lock_with(key, patient()).await,
+    );
+    let after = since.elapsed();
+    assert!(
+        after >= at_least,
+        "[{}] acquired {after:?} after the crash, sooner than {at_least:?}",
+        h.name
+    );
+    assert!(
+        after < lease + PATIENCE / 2,
+        "[{}] the lease ran out but the lock took {after:?}",
+        h.name
+    );
+    drop(next);
+}
+
+/// A holder that vanishes with a fixed lease blocks others for the lease,
+/// not less, and not much more.
+pub async fn crashed_holder_with_fixed_lease(h: &Harness) {
+    let key = h.key("crash-fixed");
+    let (a, b) = (h.locker().await, h.locker().await);
+    let lease = Duration::from_millis(500);
+    let sent = Instant::now();
+    let guard = must(
+        h,
+        "lock with a fixed lease",
+        a.lock_with(&key, patient().lease(lease)).await,
+    );
+    guard.leak();
+    // The server's lease started no earlier than the request was sent.
+    take_over_from_crashed(h, &key, &b, sent, lease, lease).await;
+}
+
+/// A holder that vanishes under the watchdog blocks others until its last
+/// renewal's lease has run out, then lets them in.
+pub async fn crashed_holder_with_watchdog(h: &Harness) {
+    let key = h.key("crash-watchdog");
+    let lease = Duration::from_millis(900);
+    let a = h.locker_with(|b| b.watchdog_lease(lease)).await;
+    let b = h.locker().await;
+    let guard = must(h, "lock", a.lock_with(&key, patient()).await);
+    tokio::time::sleep(lease).await;
+    if h.capabilities().await.has_session_leases() {
+        // The lock lives on the client's session, which lives on: a leaked
+        // guard keeps it (the client dying is `crashed_client_...`).
+        guard.leak();
+        tokio::time::sleep(lease * 2).await;
+        let probe = must(h, "try_lock a leaked session lock", b.try_lock(&key).await);
+        assert!(
+            probe.is_none(),
+            "[{}] a leaked lock ended while its session lived",
+            h.name
+        );
+        return;
+    }
+    // The last renewal was sent at most a third of the lease before the
+    // crash, so at least two thirds of it remain; ask for one third, leaving
+    // slack for a late tick on a loaded machine.
+    let crashed = Instant::now();
+    guard.leak();
+    take_over_from_crashed(h, &key, &b, crashed, lease / 3, lease).await;
+}
+
+/// A holder whose whole client dies (its runtime shuts down, taking its
+/// connections, its watchdog and its pending release along) lets others in
+/// after its lease (or session timeout), not before: its last renewal or
+/// ping came at most a third of it before the crash, so the lock must stay
+/// held for at least half of it. Needs the multi-thread runtime.
+pub async fn crashed_client_lets_others_in_after_its_lease(h: &Harness) {
+    let key = h.key("crash-client");
+    let lease = Duration::from_millis(900);
+    let b = h.locker().await;
+    let crashed = tokio::task::block_in_place(|| {
+        std::thread::scope(|scope| {
+            let holder = scope.spawn(|| {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime for the holder");
+                let guard = runtime.block_on(async {
+                    let a = h.locker_with(|b| b.watchdog_lease(lease)).await;
+                    let guard = must(h, "lock", a.lock_with(&key, patient()).await);
+                    // Let the watchdog renew once.
+                    tokio::time::sleep(lease / 2).await;
+                    guard
+                });
+                drop(runtime);
+                let crashed = Instant::now();
+                // Its release has no runtime left to run on.
+                drop(guard);
+                crashed
+            });
+            holder.join().expect("the holder thread panicked")
+        })
+    });
+    let outlives = h.session.unwrap_or(lease);
+    take_over_from_crashed(h, &key, &b, crashed, outlives / 2, outlives).await;
+}
+
+/// The watchdog keeps a lock well past its lease while the guard lives.
+pub async fn watchdog_keeps_lock_past_its_lease(h: &Harness) {
+    let key = h.key("watchdog");
+    let lease = Duration::from_millis(600);
+    let a = h.locker_with(|b| b.watchdog_lease(lease)).await;
+    let b = h.locker().await;
+    let guard = must(h, "lock", a.lock_with(&key, patient()).await);
+    let start = Instant::now();
+    let mut probes = 0;
+    while start.elapsed() < lease * 3 {
+        let probe = must(h, "probe", b.try_lock(&key).await);
+        assert!(
+            probe.is_none(),
+            "[{}] lock expired after {:?} despite the watchdog",
+            h.name,
+            start.elapsed()
+        );
+        assert!(
+            !guard.is_lost(),
+            "[{}] guard lost despite the watchdog",
+            h.name
+        );
+        probes += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(probes >= 5);
+    must(h, "release", guard.release().await);
+    let next = must(h, "lock after release", b.try_lock(&key).await);
+    assert!(next.is_some(), "[{}] lock still held after release", h.name);
+}
+
+/// A fixed lease's guard reports lost no later than another client acquires,
+/// and its `lost()` future completes.
+pub async fn fixed_lease_reports_lost_before_others_acquire(h: &Harness) {
+    let key = h.key("lost-first");
+    let (a, b) = (h.locker().await, h.locker().await);
+    let lease = Duration::from_millis(400);
+    let guard = must(
+        h,
+        "lock with a fixed lease",
+        a.lock_with(&key, patient().lease(lease)).await,
+    );
+    assert!(!guard.is_lost());
+    let next = must(
+        h,
+        "lock after the lease",
+        b.lock_with(&key, patient()).await,
+    );
+    // The moment another owner has the lock, the old guard must say so.
+    assert!(
+        guard.is_lost(),
+        "[{}] another client acquired while the guard said it held",
+        h.name
+    );
+    let reason = tokio::time::timeout(PATIENCE, guard.lost()).await;
+    assert_eq!(reason, Ok(LostReason::LeaseExpired), "[{}]", h.name);
+    drop(next);
+}
+
+/// A guard whose key was taken over by another owner (its own entry
+/// removed behind its back, then the key acquired by another client) is
+/// told by its next renewal, and nothing it does afterwards touches the
+/// new owner's lock.
+pub async fn renewal_that_finds_another_owner_reports_lost(h: &Harness) {
+    let key = h.key("renew-lost");
+    let lease = Duration::from_millis(600);
+    let a = h.locker_with(|b| b.watchdog_lease(lease)).await;
+    let b = h.locker().await;
+    let third = h.locker().await;
+    let guard = must(h, "lock", a.lock_with(&key, patient()).await);
+    // Someone with the token (a confused operator, a stale script) deletes
+    // it, and another owner takes the key before the next renewal.
+    let lock_key = LockKey::new(&key).expect("valid key");
+    let released = must(
+        h,
+        "release behind the guard's back",
+        a.backend().release(&lock_key, guard.token()).await,
+    );
+    assert_eq!(released, ReleaseOutcome::Released);
+    let taken = must(
+        h,
+        "another owner takes the key",
+        b.lock_with(&key, patient()).await,
+    );
+    let reason = tokio::time::timeout(PATIENCE, guard.lost()).await;
+    assert!(
+        matches!(reason, Ok(LostReason::NotHeld | LostReason::SessionExpired)),
+        "[{}] the guard was not told: {reason:?}",
+        h.name
+    );
+    assert!(guard.is_lost());
+    // The old guard's release (and the renewals before it) leave the new
+    // owner's lock alone.
+    assert!(
+        matches!(guard.release().await, Err(LockError::Lost { .. })),
+        "[{}] the old guard's release did not say it was lost",
+        h.name
+    );
+    a.wait_for_releases().await;
+    assert!(!taken.is_lost(), "[{}] the new owner lost the key", h.name);
+    assert!(
+        must(h, "try_lock", third.try_lock(&key).await).is_none(),
+        "[{}] the old guard's release freed the new owner's lock",
+        h.name
+    );
+    must(h, "release", taken.release().await);
+}
