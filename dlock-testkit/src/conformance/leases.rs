@@ -2,11 +2,14 @@
 //! more, the watchdog keeps a live one, and a lost lock is reported no later
 //! than another client can acquire it.
 
-use std::time::Duration;
+use std::{
+    sync::atomic::{AtomicU32, Ordering},
+    time::Duration,
+};
 
 use dlock_core::{
     backend::{Backend, ReleaseOutcome},
-    LockError, LockKey, Locker, LostReason,
+    distributed_lock, LockError, LockKey, Locker, LostReason, Token,
 };
 use tokio::time::Instant;
 
@@ -238,6 +241,89 @@ pub async fn renewal_that_finds_another_owner_reports_lost(h: &Harness) {
     assert!(
         must(h, "try_lock", third.try_lock(&key).await).is_none(),
         "[{}] the old guard's release freed the new owner's lock",
+        h.name
+    );
+    must(h, "release", taken.release().await);
+}
+
+/// A body that does guarded steps, one each 10 ms, under the lock, until it
+/// is dropped; sends its token out first.
+#[distributed_lock(key = "{key}", locker = locker, wait = "10s", guard = lock, abort_on_lost)]
+async fn guarded_steps(
+    locker: &Locker,
+    key: &str,
+    token: tokio::sync::oneshot::Sender<Token>,
+    steps: &AtomicU32,
+) -> Result<(), LockError> {
+    let _ = token.send(*lock.token());
+    loop {
+        steps.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// `#[distributed_lock(abort_on_lost)]` on a real server: once the server no
+/// longer holds the lock for the body (its entry removed behind its back,
+/// another owner taking the key), the next renewal drops the body, and the
+/// call answers `Lost` within a lease; the body takes no step after that.
+pub async fn abort_on_lost_drops_the_body_the_server_took_the_lock_from(h: &Harness) {
+    let key = h.key("abort-on-lost");
+    let lease = Duration::from_millis(600);
+    let a = h.locker_with(|b| b.watchdog_lease(lease)).await;
+    let b = h.locker().await;
+    let steps = AtomicU32::new(0);
+    let (token_tx, token_rx) = tokio::sync::oneshot::channel();
+    let body = guarded_steps(&a, &key, token_tx, &steps);
+    let takeover = async {
+        let token = token_rx.await.expect("the body started");
+        let lock_key = LockKey::new(&key).expect("valid key");
+        // A session backend may tell the guard at once, and the aborted
+        // body's own release may then delete the entry first.
+        must(
+            h,
+            "release behind the body's back",
+            a.backend().release(&lock_key, &token).await,
+        );
+        let taken = must(
+            h,
+            "another owner takes the key",
+            b.lock_with(&key, patient()).await,
+        );
+        (taken, Instant::now())
+    };
+    let started = Instant::now();
+    let (answer, (taken, taken_at)) = tokio::join!(
+        async {
+            let answer = tokio::time::timeout(PATIENCE, body).await;
+            (answer, Instant::now(), steps.load(Ordering::SeqCst))
+        },
+        takeover
+    );
+    let (answer, aborted_at, steps_at_abort) = answer;
+    assert!(
+        matches!(answer, Ok(Err(LockError::Lost { .. }))),
+        "[{}] the body was not aborted with Lost: {answer:?}",
+        h.name
+    );
+    assert!(steps_at_abort > 0, "[{}] the body never ran", h.name);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        steps.load(Ordering::SeqCst),
+        steps_at_abort,
+        "[{}] the body took steps after it was aborted",
+        h.name
+    );
+    let after_takeover = aborted_at.saturating_duration_since(taken_at);
+    println!(
+        "[{}] aborted {after_takeover:?} after another owner took the key ({:?} in all)",
+        h.name,
+        started.elapsed()
+    );
+    // The next renewal comes within a third of the lease; a late tick on a
+    // loaded machine gets the rest of the lease.
+    assert!(
+        after_takeover < lease,
+        "[{}] the body ran on {after_takeover:?} after losing the lock",
         h.name
     );
     must(h, "release", taken.release().await);

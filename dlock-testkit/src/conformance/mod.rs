@@ -212,6 +212,7 @@ macro_rules! conformance_tests {
             watchdog_keeps_lock_past_its_lease,
             fixed_lease_reports_lost_before_others_acquire,
             renewal_that_finds_another_owner_reports_lost,
+            abort_on_lost_drops_the_body_the_server_took_the_lock_from,
             // input.rs
             invalid_input_gives_typed_errors,
             awkward_keys_are_distinct_locks,
