@@ -1,23 +1,27 @@
-//! Cancel safety: a `lock()` future dropped at any point leaves nothing
-//! behind on the servers.
+//! Cancel safety: a `lock()`, `try_lock()`, `DistMutex::lock()` or
+//! `release()` future dropped at any point leaves nothing behind on the
+//! servers.
 
 use std::{sync::Arc, time::Duration};
 
-use dlock_core::LockOptions;
+use dlock_core::{DistMutex, LockError, LockOptions};
 use tokio::time::Instant;
 
 use super::{must, patient, Harness, PATIENCE};
 use crate::Rng;
 
-/// 240 `lock()` futures dropped at random points (timeouts of 0–25 ms) while
-/// the key is contended leave no orphan: the key is free again at once.
+/// 240 futures (`lock`, `try_lock`, `DistMutex::lock`, `release`) dropped at
+/// random points (timeouts of 0–25 ms) while the key is contended leave no
+/// orphan: the key is free again at once.
 pub async fn cancel_safety(h: &Harness) {
     cancel_storm(h, 240).await;
 }
 
-/// `attempts` `lock()` futures from 4 clients, dropped at random points
-/// (timeouts of 0–25 ms) while another client keeps taking the key, leave
-/// no orphan: afterwards the key is free at once, for `lock` and `try_lock`.
+/// `attempts` futures from 4 clients, dropped at random points (timeouts of
+/// 0–25 ms) while another client keeps taking the key, leave no orphan:
+/// afterwards the key is free at once, for `lock` and `try_lock`. The
+/// futures are, in turn, `lock`, `try_lock`, `DistMutex::lock`, and the
+/// `release` of a lock taken with a short wait.
 pub async fn cancel_storm(h: &Harness, attempts: usize) {
     let key = h.key("cancel");
     let mut rng = Rng::from_env();
@@ -46,23 +50,62 @@ pub async fn cancel_storm(h: &Harness, attempts: usize) {
     });
     let mut clients = Vec::new();
     for _ in 0..4 {
-        clients.push(h.locker().await);
+        let locker = h.locker().await;
+        let mutex = Arc::new(DistMutex::new(&locker, key.clone(), ()));
+        clients.push((locker, mutex));
     }
     let mut tasks = Vec::new();
     for i in 0..attempts {
-        let locker = clients[i % clients.len()].clone();
+        let (locker, mutex) = clients[i % clients.len()].clone();
         let key = key.clone();
         let after = Duration::from_millis(rng.below(26));
         let hold = Duration::from_millis(rng.below(3));
+        // Each kind of future a caller may drop half-way, in turn.
+        let kind = (i / clients.len()) % 4;
         tasks.push(tokio::spawn(async move {
-            match tokio::time::timeout(after, locker.lock(&key)).await {
-                Ok(Ok(guard)) => {
-                    tokio::time::sleep(hold).await;
-                    drop(guard);
-                    true
-                }
-                Ok(Err(e)) => panic!("lock failed instead of being cancelled: {e}"),
-                Err(_) => false,
+            let cut_off = |what: &str, e: LockError| -> bool {
+                panic!("{what} failed instead of being cancelled: {e}")
+            };
+            match kind {
+                0 => match tokio::time::timeout(after, locker.lock(&key)).await {
+                    Ok(Ok(guard)) => {
+                        tokio::time::sleep(hold).await;
+                        drop(guard);
+                        true
+                    }
+                    Ok(Err(e)) => cut_off("lock", e),
+                    Err(_) => false,
+                },
+                1 => match tokio::time::timeout(after, locker.try_lock(&key)).await {
+                    Ok(Ok(Some(guard))) => {
+                        tokio::time::sleep(hold).await;
+                        drop(guard);
+                        true
+                    }
+                    Ok(Ok(None)) | Err(_) => false,
+                    Ok(Err(e)) => cut_off("try_lock", e),
+                },
+                2 => match tokio::time::timeout(after, mutex.lock()).await {
+                    Ok(Ok(guard)) => {
+                        tokio::time::sleep(hold).await;
+                        drop(guard);
+                        true
+                    }
+                    Ok(Err(e)) => cut_off("DistMutex::lock", e),
+                    Err(_) => false,
+                },
+                // A release dropped half-way still runs to its end.
+                _ => match locker.lock_with(&key, LockOptions::new().wait(after)).await {
+                    Ok(guard) => {
+                        tokio::time::sleep(hold).await;
+                        // Cut off after 0 to 2.5 ms: before, during or after
+                        // the server's answer.
+                        let _ = tokio::time::timeout(after / 10, guard.release()).await;
+                        true
+                    }
+                    Err(LockError::Timeout { .. }) => false,
+                    Err(e) => cut_off("lock before a release", e),
+                },
             }
         }));
         if i % 8 == 0 {
