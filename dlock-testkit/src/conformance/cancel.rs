@@ -21,7 +21,7 @@ pub async fn cancel_safety(h: &Harness) {
 /// 0–25 ms) while another client keeps taking the key, leave no orphan:
 /// afterwards the key is free at once, for `lock` and `try_lock`. The
 /// futures are, in turn, `lock`, `try_lock`, `DistMutex::lock`, and the
-/// `release` of a lock taken with a short wait.
+/// `release` of a lock taken by a `lock` with the same cut-off.
 pub async fn cancel_storm(h: &Harness, attempts: usize) {
     let key = h.key("cancel");
     let mut rng = Rng::from_env();
@@ -95,16 +95,16 @@ pub async fn cancel_storm(h: &Harness, attempts: usize) {
                     Err(_) => false,
                 },
                 // A release dropped half-way still runs to its end.
-                _ => match locker.lock_with(&key, LockOptions::new().wait(after)).await {
-                    Ok(guard) => {
+                _ => match tokio::time::timeout(after, locker.lock(&key)).await {
+                    Ok(Ok(guard)) => {
                         tokio::time::sleep(hold).await;
                         // Cut off after 0 to 2.5 ms: before, during or after
                         // the server's answer.
                         let _ = tokio::time::timeout(after / 10, guard.release()).await;
                         true
                     }
-                    Err(LockError::Timeout { .. }) => false,
-                    Err(e) => cut_off("lock before a release", e),
+                    Ok(Err(e)) => cut_off("lock before a release", e),
+                    Err(_) => false,
                 },
             }
         }));
