@@ -321,22 +321,28 @@ async fn holder_killed(t: Topology) {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let acquired = next_line(&mut lines, Duration::from_secs(30)).await;
     assert!(acquired.starts_with("acquired"), "{acquired}");
-    // Let it renew at least once.
-    tokio::time::sleep(t.lease).await;
+    // A waiter queues while the holder lives and renews (for a whole lease):
+    // granted before the kill, its hold would overlap the holder's last
+    // recorded work.
     let other = locker(&t.url).await;
+    let waiting = tokio::spawn({
+        let other = other.clone();
+        async move {
+            let next = other
+                .lock_with("killed", LockOptions::new().wait(Duration::from_secs(60)))
+                .await;
+            (next, Instant::now(), monotonic_ns())
+        }
+    });
+    tokio::time::sleep(t.lease).await;
     let killed = Instant::now();
     child.start_kill().unwrap();
     let _ = child.wait().await;
     let early = other.try_lock("killed").await.unwrap();
-    assert!(early.is_none(), "[{}] free right after the kill", t.name);
-    let next = other
-        .lock_with("killed", LockOptions::new().wait(Duration::from_secs(30)))
-        .await
-        .unwrap();
-    let after = killed.elapsed();
-    holds
-        .record("next", monotonic_ns(), monotonic_ns())
-        .unwrap();
+    let (next, granted, granted_ns) = waiting.await.unwrap();
+    let next = next.unwrap();
+    let after = granted.saturating_duration_since(killed);
+    holds.record("next", granted_ns, monotonic_ns()).unwrap();
     assert_eq!(
         holds.intervals().unwrap().len(),
         2,
@@ -349,6 +355,7 @@ async fn holder_killed(t: Topology) {
         "[{}] two holders at once",
         t.name
     );
+    assert!(early.is_none(), "[{}] free right after the kill", t.name);
     println!(
         "[{}] a killed holder's lock passed on after {after:?} (lease {:?})",
         t.name, t.lease
