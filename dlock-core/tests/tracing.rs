@@ -9,31 +9,18 @@ use dlock_core::{BackendExt, LockOptions, MemoryBackend};
 #[test]
 fn acquire_release_and_loss_are_traced() {
     let captured = dlock_testkit::CapturedLog::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::with_default(subscriber, || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
+    captured.block_on(tracing::Level::DEBUG, async {
+        let locker = MemoryBackend::new().into_locker();
+        let g = locker.lock("traced:key").await.unwrap();
+        g.release().await.unwrap();
+        let g = locker
+            .lock_with(
+                "traced:lost",
+                LockOptions::new().lease(Duration::from_millis(20)),
+            )
+            .await
             .unwrap();
-        runtime.block_on(async {
-            let locker = MemoryBackend::new().into_locker();
-            let g = locker.lock("traced:key").await.unwrap();
-            g.release().await.unwrap();
-            let g = locker
-                .lock_with(
-                    "traced:lost",
-                    LockOptions::new().lease(Duration::from_millis(20)),
-                )
-                .await
-                .unwrap();
-            g.lost().await;
-        });
+        g.lost().await;
     });
     let text = captured.text();
     for needle in [

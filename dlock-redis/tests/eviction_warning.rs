@@ -23,30 +23,18 @@ async fn set_policy(server: &RedisServer, policy: &str) {
 #[test]
 fn a_node_that_can_evict_lock_keys_is_warned_about_and_a_safe_one_is_not() {
     let captured = dlock_testkit::CapturedLog::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
     let logged = || captured.text();
-    tracing::subscriber::with_default(subscriber, || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let server = RedisServer::start().expect("redis-server");
-            set_policy(&server, "noeviction").await;
-            drop(RedisBackend::connect(&server.url()).await.expect("connect"));
-            assert!(
-                !logged().contains("maxmemory-policy"),
-                "warned about noeviction: {}",
-                logged()
-            );
-            set_policy(&server, "volatile-lru").await;
-            drop(RedisBackend::connect(&server.url()).await.expect("connect"));
-        });
+    captured.block_on(tracing::Level::WARN, async {
+        let server = RedisServer::start().expect("redis-server");
+        set_policy(&server, "noeviction").await;
+        drop(RedisBackend::connect(&server.url()).await.expect("connect"));
+        assert!(
+            !logged().contains("maxmemory-policy"),
+            "warned about noeviction: {}",
+            logged()
+        );
+        set_policy(&server, "volatile-lru").await;
+        drop(RedisBackend::connect(&server.url()).await.expect("connect"));
     });
     let logged = logged();
     assert!(

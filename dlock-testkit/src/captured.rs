@@ -2,13 +2,14 @@
 //! tests that check what dlock logs.
 
 use std::{
+    future::Future,
     io,
     sync::{Arc, Mutex},
 };
 
-/// A cloneable writer that keeps every byte written to it; give a clone to
-/// `tracing_subscriber::fmt().with_writer(move || log.clone())` and read
-/// [`text`](CapturedLog::text) afterwards.
+/// A cloneable writer that keeps every byte written to it: run the work
+/// under [`block_on`](CapturedLog::block_on) (or give a clone to a
+/// subscriber's `with_writer`) and read [`text`](CapturedLog::text).
 ///
 /// # Examples
 ///
@@ -24,6 +25,37 @@ use std::{
 pub struct CapturedLog(Arc<Mutex<Vec<u8>>>);
 
 impl CapturedLog {
+    /// Runs `work` to its end on a new current-thread runtime, with a
+    /// subscriber that writes every event at `level` or above, and the close
+    /// of every such span, into this log. One test per binary should use
+    /// it: tracing caches process-wide which callsites are enabled.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_testkit::CapturedLog;
+    ///
+    /// let log = CapturedLog::default();
+    /// log.block_on(tracing::Level::WARN, async { tracing::warn!("careful") });
+    /// assert!(log.text().contains("careful"));
+    /// ```
+    pub fn block_on<T>(&self, level: tracing::Level, work: impl Future<Output = T>) -> T {
+        let writer = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(level)
+            .with_ansi(false)
+            .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for the captured work")
+                .block_on(work)
+        })
+    }
+
     /// Everything written so far, as text.
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned()

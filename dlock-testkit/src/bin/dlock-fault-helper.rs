@@ -52,10 +52,36 @@ fn fence_text(fence: Option<u64>) -> String {
     fence.map_or_else(|| "none".to_owned(), |f| f.to_string())
 }
 
-async fn locker(url: &str, watchdog: Option<Duration>) -> Result<Locker, String> {
-    let client = dlock_testkit::connect(url)
-        .await
-        .map_err(|e| e.to_string())?;
+/// The backend's fallback timers: as configured by default, or all set to
+/// [`LONG`].
+#[derive(PartialEq)]
+enum Fallbacks {
+    Default,
+    Long,
+}
+
+async fn locker(
+    url: &str,
+    watchdog: Option<Duration>,
+    fallbacks: Fallbacks,
+) -> Result<Locker, String> {
+    let redis = url.starts_with("redis://") || url.starts_with("redis+redlock://");
+    let client: Arc<dyn dlock_core::backend::Backend> = if redis && fallbacks == Fallbacks::Long {
+        let config = RedisConfig::from_url(url)
+            .map_err(|e| e.to_string())?
+            .with_unwatched_poll(LONG);
+        Arc::new(
+            RedisBackend::connect_with(config)
+                .await
+                .map_err(|e| e.to_string())?,
+        )
+    } else {
+        // etcd and ZooKeeper waiters have no timer to set: they wait on a
+        // watch of the key ahead of them.
+        dlock_testkit::connect(url)
+            .await
+            .map_err(|e| e.to_string())?
+    };
     let mut builder = dlock_core::LockerBuilder::from_arc(client);
     if let Some(lease) = watchdog {
         builder = builder.watchdog_lease(lease);
@@ -78,7 +104,7 @@ async fn stock(args: &[String]) -> Result<(), String> {
     let tasks: usize = tasks.parse().map_err(|_| "tasks: a number")?;
     let locker = match url.as_str() {
         "--no-lock" => None,
-        url => Some(locker(url, None).await?),
+        url => Some(locker(url, None, Fallbacks::Default).await?),
     };
     let file = Arc::new(file.clone());
     let holds = HoldLog::new(Path::new(holds));
@@ -141,7 +167,7 @@ async fn hold(args: &[String]) -> Result<(), String> {
     let lease = Duration::from_millis(lease.parse().map_err(|_| "lease: a number of ms")?);
     let store = FencedStore::new(Path::new(store));
     let holds = HoldLog::new(Path::new(holds));
-    let locker = locker(url, Some(lease)).await?;
+    let locker = locker(url, Some(lease), Fallbacks::Default).await?;
     let guard = lock(&locker, key).await?;
     let start = monotonic_ns();
     let fence = guard.fencing_token();
@@ -185,27 +211,7 @@ async fn waiters(args: &[String]) -> Result<(), String> {
     };
     let tasks: usize = tasks.parse().map_err(|_| "tasks: a number")?;
     let hold = Duration::from_millis(hold.parse().map_err(|_| "hold: a number of ms")?);
-    let client: Arc<dyn dlock_core::backend::Backend> =
-        if url.starts_with("redis://") || url.starts_with("redis+redlock://") {
-            let config = RedisConfig::from_url(url)
-                .map_err(|e| e.to_string())?
-                .with_unwatched_poll(LONG);
-            Arc::new(
-                RedisBackend::connect_with(config)
-                    .await
-                    .map_err(|e| e.to_string())?,
-            )
-        } else {
-            // etcd and ZooKeeper waiters have no timer: they wait on a watch
-            // of the key ahead of them.
-            dlock_testkit::connect(url)
-                .await
-                .map_err(|e| e.to_string())?
-        };
-    let locker = dlock_core::LockerBuilder::from_arc(client)
-        .watchdog_lease(LONG)
-        .build()
-        .map_err(|e| e.to_string())?;
+    let locker = locker(url, Some(LONG), Fallbacks::Long).await?;
     let holds = HoldLog::new(Path::new(holds));
     let mut handles = Vec::new();
     for t in 0..tasks {
