@@ -135,6 +135,8 @@ struct Answer {
     sent_earlier: Duration,
     /// Hold the reply back this long after the server granted.
     reply_delay: Duration,
+    /// Hold a release back this long before it reaches the server.
+    release_delay: Duration,
 }
 
 impl Backend for Answer {
@@ -165,7 +167,10 @@ impl Backend for Answer {
         key: &'a LockKey,
         token: &'a Token,
     ) -> BoxFuture<'a, dlock_core::Result<ReleaseOutcome>> {
-        self.inner.release(key, token)
+        Box::pin(async move {
+            tokio::time::sleep(self.release_delay).await;
+            self.inner.release(key, token).await
+        })
     }
     fn renew<'a>(
         &'a self,
@@ -192,6 +197,7 @@ async fn a_grant_that_arrives_after_its_lease_is_refused_and_released() {
         inner: server.clone(),
         sent_earlier: Duration::from_secs(1),
         reply_delay: Duration::ZERO,
+        release_delay: Duration::ZERO,
     });
     match locker
         .lock_with("k", LockOptions::new().lease(Duration::from_millis(500)))
@@ -216,6 +222,7 @@ async fn a_grant_whose_reply_misses_the_wait_limit_is_released() {
         inner: server.clone(),
         sent_earlier: Duration::ZERO,
         reply_delay: Duration::from_secs(3600),
+        release_delay: Duration::ZERO,
     });
     let result = locker
         .lock_with("k", LockOptions::new().wait(Duration::from_millis(100)))
@@ -235,6 +242,25 @@ async fn a_grant_whose_reply_misses_the_wait_limit_is_released() {
     assert!(
         eventually_idle(&server).await,
         "a cancelled grant was left holding the key"
+    );
+}
+
+#[tokio::test]
+async fn a_release_dropped_before_it_reached_the_server_is_still_sent() {
+    let server = MemoryBackend::new();
+    let locker = Locker::new(Answer {
+        inner: server.clone(),
+        sent_earlier: Duration::ZERO,
+        reply_delay: Duration::ZERO,
+        release_delay: Duration::from_millis(200),
+    });
+    let guard = locker.lock("k").await.unwrap();
+    let cut = tokio::time::timeout(Duration::from_millis(20), guard.release()).await;
+    assert!(cut.is_err(), "the release was not cut off: {cut:?}");
+    assert!(!server.is_idle(), "released before the delay passed");
+    assert!(
+        eventually_idle(&server).await,
+        "a release dropped half-way was never sent"
     );
 }
 
