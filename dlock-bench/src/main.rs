@@ -3,10 +3,12 @@
 //! the testkit fixtures.
 //!
 //! ```text
-//! cargo run --release -p dlock-bench -- --backend all [--quick] [--only SCENARIOS] [--json FILE]
+//! cargo run --release -p dlock-bench -- --backend all [--runs N] [--quick] [--only SCENARIOS] [--json FILE]
 //! ```
 //!
-//! Prints a markdown table and writes one JSON object per row to
+//! Runs every scenario `N` times (3 by default) on the same servers and
+//! prints a markdown table of each figure's median and `[min–max]` over
+//! the runs; writes one JSON object per scenario and run to
 //! `dlock-bench.jsonl` (or FILE). Scenarios:
 //! 1. `serial`: uncontended lock + release on one key, one at a time
 //!    (latency; ratio = dlock p50 / raw p50);
@@ -23,17 +25,21 @@
 //!    row, lock + drop): heap bytes still allocated per task once the
 //!    releases have settled (0 when nothing is left behind);
 //!
-//! Where the client crate ships a lock recipe, scenarios 1–3 also run it
-//! beside dlock (`etcd lock API`, `zk lock recipe`).
+//! Where a client crate ships a lock recipe, scenarios 1–3 also run it
+//! beside dlock (`rslock`, `etcd lock API`, `zk lock recipe`).
 //!
-//! Every server-backed row also reports what the server itself counted
-//! (Redis `total_commands_processed`, etcd's gRPC messages received,
-//! ZooKeeper's `zk_packets_received`) per operation.
+//! Every server-backed row reports every request the servers received per
+//! operation, with no list of the commands that count: on Redis each
+//! command a client sent (`MONITOR`, without the commands scripts run
+//! inside the server), counted in a second, untimed pass of the same
+//! scenario since `MONITOR` slows the server; etcd's gRPC messages
+//! received; ZooKeeper's `zk_packets_received`.
 
 mod alloc;
 mod multiproc;
 mod peers;
 mod raw;
+mod report;
 mod scenarios;
 mod stats;
 
@@ -43,7 +49,7 @@ use dlock_core::{Locker, MemoryBackend};
 use dlock_redis::redis;
 use dlock_testkit::fixture::{EtcdServer, RedisServer, ZooKeeperServer};
 
-use crate::raw::Raw;
+use crate::{raw::Raw, report::Row};
 
 #[global_allocator]
 static ALLOCATOR: alloc::Counting = alloc::Counting;
@@ -55,14 +61,16 @@ pub(crate) struct Target {
     memory: Option<MemoryBackend>,
     pub(crate) raw: Option<std::sync::Arc<Raw>>,
     servers: Servers,
+    /// Set while a scenario runs again only to count its requests.
+    counting: std::sync::atomic::AtomicBool,
 }
 
 /// The servers of a target, kept alive for the run and asked for their own
 /// request counters.
 enum Servers {
     None,
-    /// With one plain connection per node, opened once so that counting
-    /// adds exactly one `INFO` per node.
+    /// With one plain connection per node, opened once, for the server
+    /// time `INFO commandstats` reports.
     Redis(Vec<RedisServer>, std::sync::Mutex<Vec<redis::Connection>>),
     Etcd(EtcdServer),
     Zk(ZooKeeperServer),
@@ -81,16 +89,6 @@ impl Servers {
         Ok(Servers::Redis(servers, std::sync::Mutex::new(conns)))
     }
 
-    /// Requests the servers have received so far, by their own count.
-    fn requests(&self) -> Option<u64> {
-        match self {
-            Servers::None => None,
-            Servers::Redis(..) => self.redis_commandstat(&SENT_BY_CLIENTS, "calls"),
-            Servers::Etcd(server) => Some(server.grpc_requests().ok()?.values().sum()),
-            Servers::Zk(server) => server.packets_received().ok(),
-        }
-    }
-
     /// Redis only: [`commandstat`] summed over the nodes.
     fn redis_commandstat(&self, commands: &[&str], field: &str) -> Option<u64> {
         let Servers::Redis(_, conns) = self else {
@@ -104,30 +102,7 @@ impl Servers {
         }
         Some(total)
     }
-
-    fn nodes(&self) -> u64 {
-        match self {
-            Servers::None => 0,
-            Servers::Redis(servers, _) => servers.len() as u64,
-            Servers::Etcd(_) | Servers::Zk(_) => 1,
-        }
-    }
 }
-
-/// The commands a client sends itself. Commands that scripts run inside
-/// the server (`SET`, `INCR`, `GET`, `DEL`, `PUBLISH`, ...) count in their
-/// own rows of `INFO commandstats`, which are left out, so one `EVALSHA` is
-/// one request.
-const SENT_BY_CLIENTS: [&str; 8] = [
-    "evalsha",
-    "eval",
-    "script",
-    "subscribe",
-    "unsubscribe",
-    "ping",
-    "info",
-    "client",
-];
 
 /// The sum of `field` (`calls`, `usec`) over the rows of `INFO
 /// commandstats` for `commands` (subcommands, `script|load`, count as
@@ -150,27 +125,46 @@ fn commandstat(commandstats: &str, commands: &[&str], field: &str) -> u64 {
         .sum()
 }
 
-/// Counts the requests the servers receive while something runs.
-pub(crate) struct RequestCount<'a> {
-    servers: &'a Servers,
-    before: Option<u64>,
+/// Counts every request the servers receive while something runs, from
+/// any client, with no list of the commands that count.
+pub(crate) enum RequestCount<'a> {
+    /// No server, or Redis outside a counting pass (see
+    /// [`Target::counting_pass`]).
+    None,
+    /// Redis: `MONITOR` on every node, which shows each command a client
+    /// sends and, apart, those a script runs inside the server (left out:
+    /// one `EVALSHA` is one request, however much its script does).
+    Monitors(Vec<dlock_testkit::fixture::CommandMonitor>),
+    /// etcd's gRPC messages received, or ZooKeeper's packets received: the
+    /// servers' own totals, read before and after.
+    Totals(&'a Servers, u64),
 }
 
 impl RequestCount<'_> {
-    /// Requests received since the count started, less the counting's own
-    /// (one `INFO` per Redis node).
-    pub(crate) fn used(self) -> Option<u64> {
-        let after = self.servers.requests()?;
-        let own = match self.servers {
-            Servers::Redis(..) => self.servers.nodes(),
-            _ => 0,
-        };
-        after.checked_sub(self.before? + own)
+    /// Requests received since the count started.
+    pub(crate) fn so_far(&self) -> Option<u64> {
+        match self {
+            RequestCount::None => None,
+            RequestCount::Monitors(monitors) => monitors
+                .iter()
+                .map(|m| m.commands().ok())
+                .sum::<Option<u64>>(),
+            RequestCount::Totals(servers, before) => totals(servers)?.checked_sub(*before),
+        }
     }
 
-    /// [`used`](Self::used) per operation.
-    pub(crate) fn per_op(self, ops: u64) -> Option<f64> {
-        Some(self.used()? as f64 / ops.max(1) as f64)
+    /// [`so_far`](Self::so_far) per operation.
+    pub(crate) fn per_op(&self, ops: u64) -> Option<f64> {
+        Some(self.so_far()? as f64 / ops.max(1) as f64)
+    }
+}
+
+/// The request totals etcd and ZooKeeper keep (`None` elsewhere).
+fn totals(servers: &Servers) -> Option<u64> {
+    match servers {
+        Servers::Etcd(server) => Some(server.grpc_requests().ok()?.values().sum()),
+        Servers::Zk(server) => server.packets_received().ok(),
+        Servers::None | Servers::Redis(..) => None,
     }
 }
 
@@ -184,6 +178,7 @@ impl Target {
                 memory: Some(MemoryBackend::new()),
                 raw: None,
                 servers: Servers::None,
+                counting: Default::default(),
             },
             "redis" => {
                 let server = RedisServer::start().map_err(fixture)?;
@@ -193,6 +188,7 @@ impl Target {
                     url: Some(server.url()),
                     memory: None,
                     servers: Servers::redis(vec![server])?,
+                    counting: Default::default(),
                 }
             }
             "redlock" => {
@@ -208,6 +204,7 @@ impl Target {
                     url: Some(format!("redis+redlock://{}", hosts.join(","))),
                     memory: None,
                     servers: Servers::redis(servers)?,
+                    counting: Default::default(),
                 }
             }
             "etcd" => {
@@ -218,6 +215,7 @@ impl Target {
                     url: Some(format!("etcd://{}/bench", server.endpoint())),
                     memory: None,
                     servers: Servers::Etcd(server),
+                    counting: Default::default(),
                 }
             }
             "zk" => {
@@ -228,6 +226,7 @@ impl Target {
                     url: Some(format!("zk://{}/bench", server.endpoint())),
                     memory: None,
                     servers: Servers::Zk(server),
+                    counting: Default::default(),
                 }
             }
             other => {
@@ -238,12 +237,49 @@ impl Target {
         })
     }
 
-    /// Starts counting the requests the servers receive.
+    /// Starts counting the requests the servers receive. etcd and
+    /// ZooKeeper count for free; on Redis the count is `MONITOR`, which
+    /// slows the server, so it counts only inside a
+    /// [counting pass](Self::counting_pass).
     pub(crate) fn count_requests(&self) -> RequestCount<'_> {
-        RequestCount {
-            servers: &self.servers,
-            before: self.servers.requests(),
+        match &self.servers {
+            Servers::None => RequestCount::None,
+            Servers::Redis(servers, _) => {
+                if !self.counting.load(std::sync::atomic::Ordering::SeqCst) {
+                    return RequestCount::None;
+                }
+                let monitors = servers
+                    .iter()
+                    .map(RedisServer::monitor)
+                    .collect::<Result<Vec<_>, _>>()
+                    .expect("MONITOR");
+                RequestCount::Monitors(monitors)
+            }
+            servers => match totals(servers) {
+                Some(before) => RequestCount::Totals(servers, before),
+                None => RequestCount::None,
+            },
         }
+    }
+
+    /// Whether counting requests slows the servers, so that a scenario runs
+    /// once timed and once more, under [`counting_pass`](Self::counting_pass),
+    /// for its counts (Redis).
+    pub(crate) fn counts_apart(&self) -> bool {
+        matches!(self.servers, Servers::Redis(..))
+    }
+
+    /// While the returned guard lives, [`count_requests`](Self::count_requests)
+    /// counts on Redis too.
+    pub(crate) fn counting_pass(&self) -> CountingPass<'_> {
+        self.counting
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        CountingPass(&self.counting)
+    }
+
+    /// Whether a counting pass is on: its timings are not reported.
+    pub(crate) fn in_counting_pass(&self) -> bool {
+        self.counting.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Redis only: the server time spent on `commands` so far, in µs,
@@ -252,12 +288,6 @@ impl Target {
         self.servers.redis_commandstat(commands, "usec")
     }
 
-    /// Redis only: how many `commands` the nodes have run so far.
-    pub(crate) fn redis_calls(&self, commands: &[&str]) -> Option<u64> {
-        self.servers.redis_commandstat(commands, "calls")
-    }
-
-    /// The etcd endpoint or ZooKeeper host list, for the peer recipes.
     /// The Redis nodes' URLs (none for other targets).
     pub(crate) fn redis_urls(&self) -> Vec<String> {
         match &self.servers {
@@ -266,6 +296,7 @@ impl Target {
         }
     }
 
+    /// The etcd endpoint or ZooKeeper host list, for the peer recipes.
     pub(crate) fn endpoint(&self) -> Option<String> {
         match &self.servers {
             Servers::Etcd(server) => Some(server.endpoint()),
@@ -281,6 +312,15 @@ impl Target {
             (None, Some(url)) => locker_for(url, watchdog).await.expect("connect"),
             (None, None) => unreachable!("a target has a server"),
         }
+    }
+}
+
+/// A counting pass, over when dropped.
+pub(crate) struct CountingPass<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for CountingPass<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -303,75 +343,10 @@ fn build_locker(
     builder.build().expect("valid options")
 }
 
-/// One line of the results.
-#[derive(Debug, Default)]
-pub(crate) struct Row {
-    pub(crate) scenario: String,
-    pub(crate) backend: String,
-    pub(crate) ops: u64,
-    pub(crate) ops_per_sec: f64,
-    pub(crate) p50: Duration,
-    pub(crate) p99: Duration,
-    pub(crate) max: Duration,
-    pub(crate) raw_p50: Option<Duration>,
-    pub(crate) raw_ops_per_sec: Option<f64>,
-    pub(crate) ratio: Option<f64>,
-    pub(crate) notes: String,
-}
-
-fn micros(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
-}
-
-impl Row {
-    fn markdown(&self) -> String {
-        let raw = match (self.raw_p50, self.raw_ops_per_sec) {
-            (Some(p50), _) if self.scenario.starts_with("serial") => {
-                format!("{:.1} µs", micros(p50))
-            }
-            (_, Some(ops)) => format!("{ops:.0}/s"),
-            _ => "-".to_owned(),
-        };
-        let ratio = self
-            .ratio
-            .map_or_else(|| "-".to_owned(), |r| format!("{r:.2}×"));
-        format!(
-            "| {} | {} | {} | {:.0} | {:.1} µs | {:.1} µs | {:.1} µs | {} | {} | {} |",
-            self.scenario,
-            self.backend,
-            self.ops,
-            self.ops_per_sec,
-            micros(self.p50),
-            micros(self.p99),
-            micros(self.max),
-            raw,
-            ratio,
-            self.notes
-        )
-    }
-
-    fn json(&self) -> String {
-        let opt = |v: Option<f64>| v.map_or_else(|| "null".to_owned(), |v| format!("{v:.3}"));
-        format!(
-            "{{\"scenario\":\"{}\",\"backend\":\"{}\",\"ops\":{},\"ops_per_sec\":{:.1},\"p50_us\":{:.1},\"p99_us\":{:.1},\"max_us\":{:.1},\"raw_p50_us\":{},\"raw_ops_per_sec\":{},\"ratio\":{},\"notes\":\"{}\"}}",
-            self.scenario,
-            self.backend,
-            self.ops,
-            self.ops_per_sec,
-            micros(self.p50),
-            micros(self.p99),
-            micros(self.max),
-            opt(self.raw_p50.map(micros)),
-            opt(self.raw_ops_per_sec),
-            opt(self.ratio),
-            self.notes.replace('"', "'")
-        )
-    }
-}
-
 struct Args {
     backends: Vec<String>,
     quick: bool,
+    runs: usize,
     only: scenarios::Only,
     json: String,
 }
@@ -380,6 +355,7 @@ fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         backends: vec!["all".to_owned()],
         quick: false,
+        runs: 3,
         only: scenarios::Only::default(),
         json: "dlock-bench.jsonl".to_owned(),
     };
@@ -391,13 +367,21 @@ fn parse_args() -> Result<Args, String> {
                 args.backends = value.split(',').map(str::to_owned).collect();
             }
             "--quick" => args.quick = true,
+            "--runs" => {
+                let value = it.next().ok_or("--runs needs a value")?;
+                args.runs = value
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| format!("--runs takes a count of 1 or more, not `{value}`"))?;
+            }
             "--only" => {
                 let value = it.next().ok_or("--only needs a value")?;
                 args.only = scenarios::Only::parse(&value)?;
             }
             "--json" => args.json = it.next().ok_or("--json needs a file")?,
             "-h" | "--help" => {
-                return Err("usage: dlock-bench [--backend all|memory,redis,redlock,etcd,zk] [--quick] [--only serial,distinct,contended,contended-4x8,reentrant,held,retained,peers] [--json FILE]".into())
+                return Err("usage: dlock-bench [--backend all|memory,redis,redlock,etcd,zk] [--quick] [--runs N] [--only serial,distinct,contended,contended-4x8,reentrant,held,retained,peers] [--json FILE]".into())
             }
             other => return Err(format!("unknown argument `{other}`")),
         }
@@ -423,9 +407,8 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut table = String::from(
-        "| scenario | backend | ops | ops/s | p50 | p99 | max | raw floor | ratio | notes |\n|---|---|---|---|---|---|---|---|---|---|\n",
-    );
+    // runs[i]: every row of run i, over all backends.
+    let mut runs: Vec<Vec<Row>> = vec![Vec::new(); args.runs];
     let mut json = String::new();
     for name in &args.backends {
         let target = match Target::start(name).await {
@@ -435,13 +418,21 @@ async fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        eprintln!("benchmarking {}", target.name);
-        for row in scenarios::run_all(&target, args.quick, &args.only).await {
-            let _ = writeln!(table, "{}", row.markdown());
-            let _ = writeln!(json, "{}", row.json());
-            eprintln!("  {} done", row.scenario);
+        for (i, run) in runs.iter_mut().enumerate() {
+            eprintln!(
+                "benchmarking {}, run {} of {}",
+                target.name,
+                i + 1,
+                args.runs
+            );
+            for row in scenarios::run_all(&target, args.quick, &args.only).await {
+                let _ = writeln!(json, "{}", row.json(i + 1));
+                eprintln!("  {} done", row.scenario);
+                run.push(row);
+            }
         }
     }
+    let table = report::markdown(&runs);
     println!("{table}");
     match std::fs::File::create(&args.json).and_then(|mut f| f.write_all(json.as_bytes())) {
         Ok(()) => eprintln!("JSON lines written to {}", args.json),
@@ -463,7 +454,7 @@ mod tests {
             cmdstat_evalsha:calls=10,usec=70,usec_per_call=7.00,rejected_calls=0,failed_calls=0\r\n\
             cmdstat_set:calls=25,usec=30,usec_per_call=1.20\r\n\
             cmdstat_script|load:calls=3,usec=9,usec_per_call=3.00\r\n";
-        assert_eq!(commandstat(info, &SENT_BY_CLIENTS, "calls"), 13);
+        assert_eq!(commandstat(info, &["evalsha", "script"], "calls"), 13);
         assert_eq!(commandstat(info, &["evalsha", "set"], "usec"), 100);
         assert_eq!(commandstat(info, &["get"], "calls"), 0);
     }

@@ -23,6 +23,9 @@ use crate::{scenarios::Contention, Row, Target};
 /// The hidden first argument that runs a child.
 pub(crate) const CHILD: &str = "--child-contended";
 
+/// Lock + release pairs each child runs before it says it is ready.
+const WARM_UP: usize = 50;
+
 /// How long a whole multi-process run may take before it is abandoned.
 const RUN_LIMIT: Duration = Duration::from_secs(300);
 
@@ -140,13 +143,26 @@ pub(crate) async fn child(args: &[String]) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Warmed as the single-process sides are: connections, sessions and
+    // caches set up before the start, on a key of this process's own.
+    let me = std::process::id();
+    for _ in 0..WARM_UP {
+        let warmed = match locker.lock(format!("bench:warm:{me}")).await {
+            Ok(guard) => guard.release().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = warmed {
+            eprintln!("child {me}: warming up: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    locker.wait_for_releases().await;
     let dir = PathBuf::from(dir);
     println!("ready");
     let mut go = String::new();
     if std::io::stdin().read_line(&mut go).is_err() || go.trim() != "go" {
         return ExitCode::FAILURE;
     }
-    let me = std::process::id();
     let handles: Vec<_> = (0..tasks)
         .map(|task| {
             let (locker, dir) = (locker.clone(), dir.clone());

@@ -103,7 +103,10 @@ impl Lockable for EtcdLockApi {
 }
 
 /// `zookeeper-client`'s lock recipe (Curator-compatible prefix); its lock is
-/// released by dropping it, which deletes the node in the background.
+/// released by dropping it, which deletes the node in the background. Each
+/// key's directory is a container under a persistent `/peer`, as dlock's
+/// parents are (and the floor's), so that all three pay alike for the
+/// server reaping an empty one and the next lock creating it again.
 struct ZkRecipe(zookeeper_client::Client);
 
 impl ZkRecipe {
@@ -113,6 +116,12 @@ impl ZkRecipe {
             .connect(endpoint)
             .await
             .expect("zookeeper");
+        let root = zookeeper_client::CreateMode::Persistent
+            .with_acls(zookeeper_client::Acls::anyone_all());
+        match client.create("/peer", b"", &root).await {
+            Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
+            Err(e) => panic!("/peer: {e}"),
+        }
         ZkRecipe(client)
     }
 }
@@ -128,7 +137,7 @@ impl Lockable for ZkRecipe {
             let prefix = zookeeper_client::LockPrefix::new_curator(&dir, "lock-").expect("prefix");
             let acls = zookeeper_client::Acls::anyone_all();
             let options = zookeeper_client::LockOptions::new(acls)
-                .with_ancestor_options(zookeeper_client::CreateMode::Persistent.with_acls(acls))
+                .with_ancestor_options(zookeeper_client::CreateMode::Container.with_acls(acls))
                 .expect("options");
             let lock = self.0.lock(prefix, b"", options).await.expect("zk lock");
             Unlock(Box::pin(async move { drop(lock) }))

@@ -12,9 +12,15 @@ use futures_util::future::join_all;
 pub(crate) enum Raw {
     /// `SET key token NX PX` + an EVALSHA compare-and-delete, per node.
     Redis(Vec<redis::aio::MultiplexedConnection>, Arc<redis::Script>),
-    /// A txn that puts the key if absent (on a lease) + a delete.
+    /// A txn that puts the key, valued with the token, if absent (on a
+    /// lease) and must succeed + a txn that deletes it if it still holds
+    /// the token.
     Etcd(Box<etcd_client::Client>, i64),
-    /// Create an EPHEMERAL_SEQUENTIAL node + delete it.
+    /// Create an EPHEMERAL_SEQUENTIAL node under a container parent per
+    /// key (with the parent in one multi when the server reaped it), sent
+    /// back to back with the listing that shows it lowest; then delete it.
+    /// The parent is of the kind dlock uses, so that both pay for its
+    /// reaping alike.
     Zk(Arc<zookeeper_client::Client>),
 }
 
@@ -88,28 +94,53 @@ impl Raw {
                 .await;
             }
             Raw::Etcd(client, lease) => {
+                use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
                 let mut client = (**client).clone();
-                let put = etcd_client::Txn::new()
-                    .when([etcd_client::Compare::create_revision(
+                let put = Txn::new()
+                    .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(
                         key,
-                        etcd_client::CompareOp::Equal,
-                        0,
-                    )])
-                    .and_then([etcd_client::TxnOp::put(
-                        key,
-                        "",
-                        Some(etcd_client::PutOptions::new().with_lease(*lease)),
+                        token,
+                        Some(PutOptions::new().with_lease(*lease)),
                     )]);
-                client.txn(put).await.expect("txn put");
-                client.delete(key, None).await.expect("delete");
+                let put = client.txn(put).await.expect("txn put");
+                assert!(put.succeeded(), "raw lock on a held key");
+                let delete = Txn::new()
+                    .when([Compare::value(key, CompareOp::Equal, token)])
+                    .and_then([TxnOp::delete(key, None)]);
+                let delete = client.txn(delete).await.expect("txn delete");
+                assert!(delete.succeeded(), "raw unlock of a key not ours");
             }
             Raw::Zk(client) => {
-                let options = zookeeper_client::CreateMode::EphemeralSequential
-                    .with_acls(zookeeper_client::Acls::anyone_all());
-                let path = format!("/raw/{}-", key.replace('/', "_"));
-                let (_, seq) = client.create(&path, b"", &options).await.expect("create");
+                use zookeeper_client::{Acls, CreateMode, Error, MultiWriteResult};
+                let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+                let parent = format!("/raw/{}", key.replace(['/', ':'], "_"));
+                let prefix = format!("{parent}/lock-");
+                let create = client.create(&prefix, b"", &ephemeral);
+                let listing = client.list_children(&parent);
+                let (created, listed) = (create.await, listing.await);
+                let (name, children) = match created {
+                    Ok((_, seq)) => (format!("lock-{seq}"), listed.expect("list")),
+                    Err(Error::NoNode) => {
+                        let mut both = client.new_multi_writer();
+                        let container = CreateMode::Container.with_acls(Acls::anyone_all());
+                        both.add_create(&parent, b"", &container).expect("multi");
+                        both.add_create(&prefix, b"", &ephemeral).expect("multi");
+                        let results = both.commit().await.expect("create with parent");
+                        let Some(MultiWriteResult::Create { path, .. }) = results.last() else {
+                            panic!("no create result");
+                        };
+                        let name = path.rsplit('/').next().unwrap_or_default().to_owned();
+                        (name, client.list_children(&parent).await.expect("list"))
+                    }
+                    Err(e) => panic!("create: {e}"),
+                };
+                assert!(
+                    children.iter().all(|c| **c >= *name),
+                    "raw lock on a held key"
+                );
                 client
-                    .delete(&format!("{path}{seq}"), None)
+                    .delete(&format!("{parent}/{name}"), None)
                     .await
                     .expect("delete");
             }

@@ -14,7 +14,11 @@ use dlock_testkit::{CountingBackend, OverlapDetector};
 use futures_util::future::BoxFuture;
 use tokio::time::Instant;
 
-use crate::{stats::Samples, Row, Target};
+use crate::{
+    report::{micros, Row},
+    stats::Samples,
+    Target,
+};
 
 /// Something that locks a key: dlock, or a peer's recipe. `lock` returns the
 /// unlock, to await when done.
@@ -133,15 +137,28 @@ impl Only {
 pub(crate) async fn run_all(target: &Target, quick: bool, only: &Only) -> Vec<Row> {
     let scale = if quick { 5 } else { 1 };
     let serial_ops = if target.raw.is_none() { 100_000 } else { 2_000 } / scale;
-    warm_up(target, serial_ops / 2).await;
     let dlock: Arc<dyn Lockable> = Arc::new(Dlock(target.locker(None).await));
+    let peers = if only.wants("peers") {
+        crate::peers::of(target).await
+    } else {
+        Vec::new()
+    };
+    // Every side warmed alike, each on the client it is measured with.
+    let sides: Vec<&dyn Lockable> = std::iter::once(&*dlock)
+        .chain(peers.iter().map(|p| &**p))
+        .collect();
+    warm_up(target, &sides, serial_ops / 2).await;
     let mut rows = lock_scenarios(target, dlock, serial_ops, scale, only).await;
     if only.wants("contended-4x8") {
-        match crate::multiproc::contended(target, 4, 8, 100 / scale).await {
-            Some(Ok(row)) => rows.push(row),
-            Some(Err(e)) => panic!("contended across processes on {}: {e}", target.name),
-            None => {}
-        }
+        let row = counted(target, None, || async {
+            match crate::multiproc::contended(target, 4, 8, 100 / scale).await {
+                Some(Ok(row)) => Some(row),
+                Some(Err(e)) => panic!("contended across processes on {}: {e}", target.name),
+                None => None,
+            }
+        })
+        .await;
+        rows.extend(row);
     }
     if only.wants("reentrant") {
         rows.push(reentrant(target, 100_000 / scale).await);
@@ -154,10 +171,8 @@ pub(crate) async fn run_all(target: &Target, quick: bool, only: &Only) -> Vec<Ro
             rows.push(retained(target, 100_000 / scale, release).await);
         }
     }
-    if only.wants("peers") {
-        for peer in crate::peers::of(target).await {
-            rows.extend(lock_scenarios(target, peer, serial_ops, scale, only).await);
-        }
+    for peer in peers {
+        rows.extend(lock_scenarios(target, peer, serial_ops, scale, only).await);
     }
     rows
 }
@@ -171,38 +186,81 @@ async fn lock_scenarios(
     only: &Only,
 ) -> Vec<Row> {
     let mut rows = Vec::new();
+    let side = Some(&*subject);
     if only.wants("serial") {
-        rows.push(serial(target, &*subject, serial_ops).await);
-        subject.settle().await;
+        rows.extend(
+            counted(target, side, || async {
+                Some(serial(target, &*subject, serial_ops).await)
+            })
+            .await,
+        );
     }
     if only.wants("distinct") {
-        rows.push(distinct(target, subject.clone(), 64, 40 / scale).await);
-        subject.settle().await;
+        rows.extend(
+            counted(target, side, || async {
+                Some(distinct(target, subject.clone(), 64, 40 / scale).await)
+            })
+            .await,
+        );
     }
     if only.wants("contended") {
-        rows.push(contended(target, subject.clone(), 16, 100 / scale).await);
-        subject.settle().await;
+        rows.extend(
+            counted(target, side, || async {
+                Some(contended(target, subject.clone(), 16, 100 / scale).await)
+            })
+            .await,
+        );
     }
     rows
 }
 
-/// Runs dlock and the raw floor alike before anything is measured: a JVM
-/// server (ZooKeeper) is several times slower until its JIT has warmed up,
-/// which would otherwise count against whichever is measured first.
-async fn warm_up(target: &Target, ops: usize) {
-    let locker = target.locker(None).await;
+/// Runs a scenario for its timings and, where counting requests would slow
+/// the servers (`MONITOR` on Redis), once more in a counting pass whose
+/// counts the row takes; its timings are dropped. `subject` settles after
+/// each run, so that no run is counted or slowed by another's leftovers.
+async fn counted<F, Fut>(
+    target: &Target,
+    subject: Option<&dyn Lockable>,
+    scenario: F,
+) -> Option<Row>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Option<Row>>,
+{
+    let settle = || async {
+        if let Some(subject) = subject {
+            subject.settle().await;
+        }
+    };
+    let mut row = scenario().await?;
+    settle().await;
+    if target.counts_apart() {
+        let _pass = target.counting_pass();
+        let counted = scenario().await?;
+        settle().await;
+        row.requests = counted.requests;
+        row.raw_requests = counted.raw_requests;
+    }
+    Some(row)
+}
+
+/// Runs every side and the raw floor alike before anything is measured,
+/// each on the client it will be measured with: a JVM server (ZooKeeper)
+/// is several times slower until its JIT has warmed up, and a client's
+/// first requests set up connections and caches; either would otherwise
+/// count against whichever is measured first.
+async fn warm_up(target: &Target, sides: &[&dyn Lockable], ops: usize) {
     let token = Token::generate().to_string();
     for _ in 0..ops {
-        locker
-            .lock("bench:warm")
-            .await
-            .expect("lock")
-            .release()
-            .await
-            .expect("release");
+        for side in sides {
+            side.lock(0, "bench:warm").await.unlock().await;
+        }
         if let Some(raw) = &target.raw {
             raw.lock_unlock("bench-raw-warm", &token).await;
         }
+    }
+    for side in sides {
+        side.settle().await;
     }
 }
 
@@ -239,26 +297,32 @@ impl Side {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = ()>,
     {
-        // On Redis, requests are the side's own commands: a top-level
-        // `SET` (the floor's, a peer's) and one inside a script look alike
-        // in the server's counts of everything.
-        let (calls_before, usec_before) = (
-            target.redis_calls(commands),
-            target.redis_server_usec(commands),
-        );
+        // Redis's server time on the side's own commands (a counting pass
+        // reads none: its `INFO`s would count as requests).
+        let usec = || match target.in_counting_pass() {
+            true => None,
+            false => target.redis_server_usec(commands),
+        };
+        let usec_before = usec();
         let requests = target.count_requests();
         let start = Instant::now();
         self.samples.extend(timed(ops, op).await);
         self.elapsed += start.elapsed();
-        let requests = requests.used();
-        let since = |before: Option<u64>, after: Option<u64>| {
-            before.zip(after).map(|(before, after)| after - before)
-        };
-        let calls = since(calls_before, target.redis_calls(commands));
-        let usec = since(usec_before, target.redis_server_usec(commands));
-        let sum = |total: Option<u64>, turn: Option<u64>| total.zip(turn).map(|(a, b)| a + b);
-        self.requests = sum(self.requests, calls.or(requests));
-        self.server_usec = sum(self.server_usec, usec);
+        self.add_requests(requests.so_far());
+        let usec = usec_before
+            .zip(usec())
+            .map(|(before, after)| after - before);
+        self.server_usec = self.server_usec.zip(usec).map(|(a, b)| a + b);
+    }
+
+    /// Adds a turn's requests; none counted makes the sum none.
+    fn add_requests(&mut self, turn: Option<u64>) {
+        self.requests = self.requests.zip(turn).map(|(a, b)| a + b);
+    }
+
+    /// Requests per operation over the side's turns.
+    fn requests_per_op(&self) -> Option<f64> {
+        Some(self.requests? as f64 / self.ops().max(1) as f64)
     }
 
     fn ops(&self) -> u64 {
@@ -300,8 +364,7 @@ async fn serial(target: &Target, subject: &dyn Lockable, ops: usize) -> Row {
         }
     }
     let ops = ours.ops();
-    let requests = ours.requests.map(|n| n as f64 / ops.max(1) as f64);
-    let mut notes = requests_note(requests).trim_start_matches("; ").to_owned();
+    let requests = ours.requests_per_op();
     let samples = Samples::new(ours.samples);
     let mut row = Row {
         scenario: scenario(subject, "serial".into()),
@@ -311,38 +374,43 @@ async fn serial(target: &Target, subject: &dyn Lockable, ops: usize) -> Row {
         p50: samples.quantile(0.5),
         p99: samples.quantile(0.99),
         max: samples.max(),
+        requests,
         ..Row::default()
     };
     if raw.is_some() {
         let per_op = |usec: Option<u64>, ops: u64| usec.map(|u| u as f64 / ops.max(1) as f64);
+        let mut notes = Vec::new();
         if let (Some(dlock), Some(raw)) = (
             per_op(ours.server_usec, ops),
             per_op(floor.server_usec, floor.ops()),
         ) {
-            notes += &format!("; Redis busy {dlock:.1} µs/op (raw {raw:.1})");
+            notes.push(format!("Redis busy {dlock:.1} µs/op (raw {raw:.1})"));
         }
-        notes += &format!("; {turns} turns each");
+        notes.push(format!("{turns} turns each"));
+        row.notes = notes.join("; ");
+        row.raw_requests = floor.requests_per_op();
         let floor = Samples::new(floor.samples).quantile(0.5);
         row.raw_p50 = Some(floor);
         row.ratio = Some(row.p50.as_secs_f64() / floor.as_secs_f64());
     }
-    row.notes = notes;
     row
 }
 
 /// Runs `task(i)` for `i` in `0..tasks`, each spawned (as a service's
 /// handlers are: futures joined in one task would share its wake-ups and
 /// writes); adds their samples to `side`, and the time they all took.
-async fn spawn_each<F>(side: &mut Side, tasks: usize, task: F)
+async fn spawn_each<F>(target: &Target, side: &mut Side, tasks: usize, task: F)
 where
     F: Fn(usize) -> BoxFuture<'static, Vec<Duration>>,
 {
+    let requests = target.count_requests();
     let start = Instant::now();
     let handles: Vec<_> = (0..tasks).map(|i| tokio::spawn(task(i))).collect();
     for h in handles {
         side.samples.extend(h.await.expect("task"));
     }
     side.elapsed += start.elapsed();
+    side.add_requests(requests.so_far());
 }
 
 /// The latency of each of `ops` calls of `op`, one after another.
@@ -378,7 +446,7 @@ async fn distinct(
         for subject_now in [subject_first(turn), !subject_first(turn)] {
             match &raw {
                 _ if subject_now => {
-                    spawn_each(&mut ours, tasks, |i| {
+                    spawn_each(target, &mut ours, tasks, |i| {
                         let subject = subject.clone();
                         Box::pin(async move {
                             let key = format!("bench:distinct:{i}");
@@ -391,7 +459,7 @@ async fn distinct(
                     .await
                 }
                 Some(raw) => {
-                    spawn_each(&mut floor, tasks, |i| {
+                    spawn_each(target, &mut floor, tasks, |i| {
                         let raw = raw.clone();
                         Box::pin(async move {
                             let key = format!("bench-raw-distinct-{i}");
@@ -406,6 +474,7 @@ async fn distinct(
         }
     }
     let ops = ours.ops();
+    let requests = ours.requests_per_op();
     let samples = Samples::new(ours.samples);
     let mut row = Row {
         scenario: scenario(&*subject, format!("distinct-{tasks}")),
@@ -415,12 +484,14 @@ async fn distinct(
         p50: samples.quantile(0.5),
         p99: samples.quantile(0.99),
         max: samples.max(),
+        requests,
         ..Row::default()
     };
     if raw.is_some() {
         let raw_ops = floor.ops() as f64 / floor.elapsed.as_secs_f64();
         row.raw_ops_per_sec = Some(raw_ops);
         row.ratio = Some(raw_ops / row.ops_per_sec);
+        row.raw_requests = floor.requests_per_op();
         row.notes = format!("{turns} turns each");
     }
     row
@@ -460,27 +531,18 @@ impl Contention {
             p50: waits.quantile(0.5),
             p99: waits.quantile(0.99),
             max: waits.max(),
+            requests: requests_per_op,
+            overlaps: Some(self.overlaps as u64),
             notes: format!(
-                "wait times; owner changes {} of {ops}; overlaps {}; hold {:.0} µs + handoff {:.0} µs; wait p99 = {:.2} × {contenders}·(hold + handoff){}",
+                "wait times; owner changes {} of {ops}; hold {:.0} µs + handoff {:.0} µs; wait p99 = {:.2} × {contenders}·(hold + handoff)",
                 self.owner_changes,
-                self.overlaps,
                 micros(mean_hold),
                 micros(per_op.saturating_sub(mean_hold)),
                 waits.quantile(0.99).as_secs_f64() / turn.as_secs_f64(),
-                requests_note(requests_per_op),
             ),
             ..Row::default()
         }
     }
-}
-
-/// `; N server requests/op`, or nothing without a count.
-pub(crate) fn requests_note(per_op: Option<f64>) -> String {
-    per_op.map_or_else(String::new, |n| format!("; {n:.2} server requests/op"))
-}
-
-fn micros(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
 }
 
 async fn contended(
@@ -606,7 +668,12 @@ async fn held(target: &Target, locks: usize) -> Row {
     }
     let acquired_in = start.elapsed();
     let before = counting.renewals();
+    // Counted here on every server (no timing is reported past this
+    // point); what the count itself keeps on the heap is left out.
+    let _pass = target.counting_pass();
+    let heap_at_count = crate::alloc::live_bytes();
     let requests = target.count_requests();
+    let counting_heap = crate::alloc::live_bytes() - heap_at_count;
     // Two watchdog ticks (a third of the lease each). The heap is sampled
     // meanwhile and its lowest reading kept: what the held locks cost, not
     // the buffers of a renewal batch in flight.
@@ -616,7 +683,7 @@ async fn held(target: &Target, locks: usize) -> Row {
         tokio::time::sleep(Duration::from_millis(10)).await;
         heap = heap.min(crate::alloc::live_bytes());
     }
-    let heap_per_lock = (heap - heap_before) as f64 / locks as f64;
+    let heap_per_lock = (heap - heap_before - counting_heap) as f64 / locks as f64;
     let ticks_renewals = counting.renewals() - before;
     let server_requests = requests.per_op(ticks_renewals.max(1) as u64);
     let lost = guards.iter().filter(|g| g.is_lost()).count();
