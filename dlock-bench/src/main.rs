@@ -43,7 +43,7 @@ mod report;
 mod scenarios;
 mod stats;
 
-use std::{fmt::Write as _, io::Write as _, process::ExitCode, time::Duration};
+use std::{io::Write as _, process::ExitCode, time::Duration};
 
 use dlock_core::{Locker, MemoryBackend};
 use dlock_redis::redis;
@@ -409,7 +409,14 @@ async fn main() -> ExitCode {
     };
     // runs[i]: every row of run i, over all backends.
     let mut runs: Vec<Vec<Row>> = vec![Vec::new(); args.runs];
-    let mut json = String::new();
+    // Written as the rows come: a run cut short keeps what it measured.
+    let mut json = match std::fs::File::create(&args.json) {
+        Ok(file) => file,
+        Err(e) => {
+            eprintln!("{}: {e}", args.json);
+            return ExitCode::FAILURE;
+        }
+    };
     for name in &args.backends {
         let target = match Target::start(name).await {
             Ok(target) => target,
@@ -426,21 +433,19 @@ async fn main() -> ExitCode {
                 args.runs
             );
             for row in scenarios::run_all(&target, args.quick, &args.only).await {
-                let _ = writeln!(json, "{}", row.json(i + 1));
+                if let Err(e) = writeln!(json, "{}", row.json(i + 1)).and_then(|()| json.flush()) {
+                    eprintln!("{}: {e}", args.json);
+                    return ExitCode::FAILURE;
+                }
                 eprintln!("  {} done", row.scenario);
                 run.push(row);
             }
         }
+        // So far, for a run cut short.
+        eprintln!("{}", report::markdown(&runs));
     }
-    let table = report::markdown(&runs);
-    println!("{table}");
-    match std::fs::File::create(&args.json).and_then(|mut f| f.write_all(json.as_bytes())) {
-        Ok(()) => eprintln!("JSON lines written to {}", args.json),
-        Err(e) => {
-            eprintln!("{}: {e}", args.json);
-            return ExitCode::FAILURE;
-        }
-    }
+    println!("{}", report::markdown(&runs));
+    eprintln!("JSON lines written to {}", args.json);
     ExitCode::SUCCESS
 }
 

@@ -35,18 +35,19 @@ fn locking_outside_a_tokio_runtime_is_an_error_not_a_panic() {
 fn dropping_a_guard_after_its_runtime_is_gone_leaves_the_lease_to_expire() {
     let server = MemoryBackend::new();
     let runtime = tokio::runtime::Runtime::new().unwrap();
+    let lease = Duration::from_secs(1);
     let guard = runtime
         .block_on(
             server
                 .clone()
                 .into_locker()
-                .lock_with("k", LockOptions::new().lease(Duration::from_millis(200))),
+                .lock_with("k", LockOptions::new().lease(lease)),
         )
         .unwrap();
     drop(runtime);
     drop(guard); // must not panic; nothing can release it now
     assert!(!server.is_idle(), "the lock is still held on the server");
-    std::thread::sleep(Duration::from_millis(250));
+    std::thread::sleep(lease + lease / 4);
     assert!(server.is_idle(), "the lease did not expire");
 }
 
@@ -180,15 +181,20 @@ impl Backend for Answer {
     }
 }
 
-async fn eventually_idle(server: &MemoryBackend) -> bool {
-    for _ in 0..100 {
+/// Whether `server` holds nothing within `within`.
+async fn eventually_idle(server: &MemoryBackend, within: Duration) -> bool {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
         if server.is_idle() {
             return true;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    false
+    server.is_idle()
 }
+
+/// How long a release with no delay of its own may take to settle.
+const SETTLE: Duration = Duration::from_secs(2);
 
 #[tokio::test]
 async fn a_grant_that_arrives_after_its_lease_is_refused_and_released() {
@@ -210,7 +216,7 @@ async fn a_grant_that_arrives_after_its_lease_is_refused_and_released() {
         other => panic!("a guard with an expired lease was handed out: {other:?}"),
     }
     assert!(
-        eventually_idle(&server).await,
+        eventually_idle(&server, SETTLE).await,
         "the refused grant was not released"
     );
 }
@@ -232,7 +238,7 @@ async fn a_grant_whose_reply_misses_the_wait_limit_is_released() {
         "{result:?}"
     );
     assert!(
-        eventually_idle(&server).await,
+        eventually_idle(&server, SETTLE).await,
         "a grant in flight was left holding the key"
     );
 
@@ -240,7 +246,7 @@ async fn a_grant_whose_reply_misses_the_wait_limit_is_released() {
     let attempt = tokio::time::timeout(Duration::from_millis(50), locker.lock("k2")).await;
     assert!(attempt.is_err());
     assert!(
-        eventually_idle(&server).await,
+        eventually_idle(&server, SETTLE).await,
         "a cancelled grant was left holding the key"
     );
 }
@@ -248,26 +254,28 @@ async fn a_grant_whose_reply_misses_the_wait_limit_is_released() {
 #[tokio::test]
 async fn a_release_dropped_before_it_reached_the_server_is_still_sent() {
     let server = MemoryBackend::new();
+    let release_delay = Duration::from_secs(1);
     let locker = Locker::new(Answer {
         inner: server.clone(),
         sent_earlier: Duration::ZERO,
         reply_delay: Duration::ZERO,
-        release_delay: Duration::from_millis(200),
+        release_delay,
     });
     let guard = locker.lock("k").await.unwrap();
-    let cut = tokio::time::timeout(Duration::from_millis(20), guard.release()).await;
+    let cut = tokio::time::timeout(release_delay / 10, guard.release()).await;
     assert!(cut.is_err(), "the release was not cut off: {cut:?}");
     assert!(!server.is_idle(), "released before the delay passed");
     assert!(
-        eventually_idle(&server).await,
+        eventually_idle(&server, release_delay + SETTLE).await,
         "a release dropped half-way was never sent"
     );
 }
 
 #[test]
 fn the_watchdog_outlives_a_runtime_that_shut_down_under_it() {
+    let lease = Duration::from_millis(600);
     let locker = Locker::builder(MemoryBackend::new())
-        .watchdog_lease(Duration::from_millis(600))
+        .watchdog_lease(lease)
         .build()
         .unwrap();
     for round in 0..2 {
@@ -277,7 +285,8 @@ fn the_watchdog_outlives_a_runtime_that_shut_down_under_it() {
             .unwrap();
         runtime.block_on(async {
             let guard = locker.lock("k").await.unwrap();
-            tokio::time::sleep(Duration::from_millis(900)).await;
+            // Past a whole lease: only renewals keep it.
+            tokio::time::sleep(lease * 3 / 2).await;
             assert!(
                 !guard.is_lost(),
                 "round {round}: the watchdog did not renew"
@@ -292,8 +301,9 @@ fn the_watchdog_outlives_a_runtime_that_shut_down_under_it() {
 #[tokio::test]
 async fn builder_defaults_apply_and_calls_override_them() {
     let server = MemoryBackend::new();
+    let wait = Duration::from_millis(100);
     let locker = Locker::builder(server.clone())
-        .wait(Duration::from_millis(100))
+        .wait(wait)
         .lease(Duration::from_millis(300))
         .build()
         .unwrap();
@@ -304,7 +314,7 @@ async fn builder_defaults_apply_and_calls_override_them() {
         locker.lock("k").await,
         Err(LockError::Timeout { .. })
     ));
-    assert!(start.elapsed() < Duration::from_secs(2));
+    assert!(start.elapsed() < wait + Duration::from_secs(2));
     drop(held);
     let g = locker
         .lock_with("k", LockOptions::new().wait(Duration::from_secs(5)))
@@ -341,8 +351,9 @@ async fn wait_for_releases_returns_once_dropped_guards_were_released() {
 #[test]
 fn the_watchdog_renews_holds_of_every_runtime_when_the_first_is_no_longer_driven() {
     let server = MemoryBackend::new();
+    let lease = Duration::from_millis(600);
     let locker = Locker::builder(server.clone())
-        .watchdog_lease(Duration::from_millis(600))
+        .watchdog_lease(lease)
         .build()
         .unwrap();
     let current_thread = || {
@@ -359,7 +370,8 @@ fn the_watchdog_renews_holds_of_every_runtime_when_the_first_is_no_longer_driven
     second.block_on(async {
         let late = locker.lock("late").await.unwrap();
         let rival = server.clone().into_locker();
-        tokio::time::sleep(Duration::from_millis(2000)).await;
+        // Past three leases: only renewals keep them.
+        tokio::time::sleep(lease * 3 + lease / 3).await;
         assert!(
             !late.is_lost(),
             "a hold of the driven runtime was not renewed"

@@ -38,11 +38,12 @@ async fn local_contenders_queue_before_the_backend() {
 #[tokio::test]
 async fn the_wait_limit_covers_the_local_queue() {
     let locker = Locker::new(MemoryBackend::new());
+    let wait = Duration::from_millis(150);
     let m = Arc::new(DistMutex::with_options(
         &locker,
         "k",
         (),
-        LockOptions::new().wait(Duration::from_millis(150)),
+        LockOptions::new().wait(wait),
     ));
     let held = m.clone().lock_owned().await.unwrap();
     let other = tokio::spawn({
@@ -59,7 +60,7 @@ async fn the_wait_limit_covers_the_local_queue() {
         "{result:?}"
     );
     assert!(
-        elapsed >= Duration::from_millis(150) && elapsed < Duration::from_secs(2),
+        elapsed >= wait && elapsed < wait + Duration::from_secs(2),
         "{elapsed:?}"
     );
     // Inside the guard's scope, a second guard is refused, not awaited.

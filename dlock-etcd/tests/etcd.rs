@@ -1,6 +1,7 @@
 //! etcd-specific behaviour against real etcd processes: a 3-member cluster
-//! losing its leader mid-hold, a session cut off through a proxy, the round
-//! trips of an uncontended lock, and the handoff rate under contention.
+//! losing its leader mid-hold, a session cut off through a proxy, fencing
+//! across a restart, the round trips of an uncontended lock, and the
+//! handoff rate under contention.
 
 use std::{
     sync::{Arc, Mutex},
@@ -45,8 +46,9 @@ async fn killing_the_leader_mid_hold_keeps_the_lock_and_grants_nothing_twice() {
     let mut servers = EtcdServer::cluster(3).expect("start a 3-member etcd cluster");
     let endpoints: Vec<String> = servers.iter().map(EtcdServer::endpoint).collect();
     let url = format!("etcd://{}/dlock-test", endpoints.join(","));
+    let ttl = Duration::from_secs(3);
     let holder = Locker::builder(EtcdBackend::connect(&url).await.unwrap())
-        .watchdog_lease(Duration::from_secs(3))
+        .watchdog_lease(ttl)
         .build()
         .unwrap();
     let guard = holder.lock("leader").await.unwrap();
@@ -72,8 +74,8 @@ async fn killing_the_leader_mid_hold_keeps_the_lock_and_grants_nothing_twice() {
 
     let lead = leader(&servers).await;
     servers[lead].process().kill();
-    // Well past an election and several keepalives of the 3 s session.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Past a whole TTL: an election and several keepalives of the session.
+    tokio::time::sleep(ttl + ttl / 3).await;
     assert!(
         !guard.is_lost(),
         "the holder lost its lock to a leader change"
@@ -282,6 +284,17 @@ async fn abandoning_a_token_gives_up_its_session_and_its_key_expires() {
         .unwrap();
     let other = locker_with_ttl(&url, ttl).await;
     session_faults::check_abandon_gives_up_the_session(&backend, &locker, &other, ttl).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_keep_growing_across_a_server_restart() {
+    let mut server = EtcdServer::start().expect("start etcd");
+    let url = format!("etcd://{}/f", server.endpoint());
+    // A TTL the restart (well under a second here) stays inside.
+    let ttl = Duration::from_secs(10);
+    let holder = locker_with_ttl(&url, ttl).await;
+    let other = locker_with_ttl(&url, ttl).await;
+    session_faults::check_fencing_across_a_restart(&holder, &other, || server.restart(), ttl).await;
 }
 
 async fn locker_with_ttl(url: &str, ttl: Duration) -> Locker {

@@ -24,9 +24,9 @@ impl From<LockError> for AppError {
     }
 }
 
-/// How long another client may take to get a key its holder released (far
-/// below the 30 s lease, so only a release explains it).
-const SOON: Duration = Duration::from_secs(5);
+/// How long another client may take to get a key its holder released (a
+/// sixth of the default watchdog lease, so only a release explains it).
+const SOON: Duration = Duration::from_secs(dlock_core::DEFAULT_WATCHDOG_LEASE.as_secs() / 6);
 
 async fn acquired_soon(other: &Locker, key: &str) -> bool {
     let start = Instant::now();

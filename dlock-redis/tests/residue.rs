@@ -67,7 +67,8 @@ async fn fences_keep_growing_after_the_counter_went_away_with_the_lock() {
     let locker = dlock_core::BackendExt::into_locker(
         RedisBackend::connect(&server.url()).await.expect("connect"),
     );
-    let short = LockOptions::new().lease(Duration::from_millis(50));
+    let lease = Duration::from_millis(50);
+    let short = LockOptions::new().lease(lease);
     let mut last = 0;
     for round in 0..4 {
         let guard = locker.lock_with("fenced", short).await.expect("lock");
@@ -80,7 +81,7 @@ async fn fences_keep_growing_after_the_counter_went_away_with_the_lock() {
         if round % 2 == 1 {
             // Past the counter's life (twice the lease): it is gone, and
             // the next token comes from a fresh seed.
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            tokio::time::sleep(lease * 2 + Duration::from_millis(200)).await;
             assert!(keys(&server).await.is_empty());
         }
     }

@@ -39,3 +39,18 @@ pub use detector::{OverlapDetector, Section};
 pub use fenced_store::{FencedStore, StoreWrite};
 pub use hold_log::{monotonic_ns, HoldLog, Interval};
 pub use rng::Rng;
+
+/// Every fallback timer of the handoff checks across processes (the
+/// watchdog lease, so a holder's TTL stays between 20 and 30 s, and Redis's
+/// unwatched poll), for the test and its helper processes alike: a waiter
+/// granted within a small fraction of it was woken by the release, not by
+/// a timer.
+///
+/// # Examples
+///
+/// ```
+/// // A grant must follow its release well inside the fallbacks.
+/// let prompt = dlock_testkit::HANDOFF_FALLBACKS / 15;
+/// assert_eq!(prompt, std::time::Duration::from_secs(2));
+/// ```
+pub const HANDOFF_FALLBACKS: std::time::Duration = std::time::Duration::from_secs(30);

@@ -1,13 +1,14 @@
 //! Fault checks shared by the backends whose locks live on a client
-//! session (etcd, ZooKeeper): a release cut off by the network, and a token
-//! given up with [`Backend::abandon`].
+//! session (etcd, ZooKeeper): a release cut off by the network, a token
+//! given up with [`Backend::abandon`], and fencing tokens across a server
+//! restart.
 
 use std::time::Duration;
 
 use dlock_core::{backend::Backend, LockKey, LockOptions, Locker};
 use tokio::time::Instant;
 
-use crate::fixture::TcpProxy;
+use crate::fixture::{FixtureError, TcpProxy};
 
 /// Drops a guard of `cut_off` (whose connections go through `proxy`)
 /// while `proxy` is blocked for `cut`, then checks that
@@ -98,5 +99,84 @@ pub async fn check_abandon_gives_up_the_session(
     );
     assert!(other.try_lock("fresh").await.unwrap().is_none());
     drop((stuck, neighbour));
+    fresh.release().await.unwrap();
+}
+
+/// Restarts the server with `restart` (which keeps its data) while
+/// `holder` holds a lock, then checks that no key is granted twice and that
+/// fencing tokens keep growing: the next owner of the held key, and the
+/// first owner of a new key, get tokens above every token given before the
+/// restart. A server that counted tokens from scratch after a restart
+/// (state it did not keep, or a wiped data dir) fails this: a writer it
+/// fenced out would be let in again.
+///
+/// Each client's session must outlive the restart or end with its guards
+/// lost; `within` bounds every wait for the server to answer again.
+///
+/// # Panics
+///
+/// When a check fails. Runs `restart` on a multi-threaded runtime's
+/// worker ([`tokio::task::block_in_place`]).
+pub async fn check_fencing_across_a_restart(
+    holder: &Locker,
+    other: &Locker,
+    restart: impl FnOnce() -> Result<(), FixtureError>,
+    within: Duration,
+) {
+    let earlier = holder.lock("fence-restart-earlier").await.unwrap();
+    let released = earlier.fencing_token().expect("a fencing token");
+    earlier.release().await.unwrap();
+    let held = holder.lock("fence-restart").await.unwrap();
+    let before = held.fencing_token().expect("a fencing token");
+    assert!(before > released, "tokens {released} then {before}");
+
+    tokio::task::block_in_place(restart).expect("restart the server");
+    let back = Instant::now();
+
+    // Answered again: while the holder's guard says it holds, nobody else
+    // gets the key.
+    let taken = loop {
+        match other.try_lock("fence-restart").await {
+            Ok(taken) => break taken,
+            Err(e) if back.elapsed() < within => {
+                println!("not answering yet: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("no answer {within:?} after the restart: {e}"),
+        }
+    };
+    if let Some(taken) = &taken {
+        assert!(
+            held.is_lost(),
+            "the key was granted again while its holder still held it"
+        );
+        println!("the restart ended the holder's session");
+        assert!(taken.fencing_token().expect("a token") > before);
+    }
+    println!(
+        "holder {} after the restart",
+        if held.is_lost() { "lost" } else { "held" }
+    );
+    drop(taken);
+    if !held.is_lost() {
+        held.release().await.unwrap();
+    }
+    let next = other
+        .lock_with("fence-restart", LockOptions::new().wait(within))
+        .await
+        .expect("the held key after the restart");
+    let next_token = next.fencing_token().expect("a fencing token");
+    assert!(
+        next_token > before,
+        "the next owner's token {next_token} is not above {before}, the token given before the restart"
+    );
+    let fresh = other.lock("fence-restart-fresh").await.unwrap();
+    let fresh_token = fresh.fencing_token().expect("a fencing token");
+    assert!(
+        fresh_token > next_token && fresh_token > before,
+        "a new key's token {fresh_token} is not above {before} and {next_token}"
+    );
+    println!("tokens: {released}, {before} before the restart; {next_token}, {fresh_token} after");
+    next.release().await.unwrap();
     fresh.release().await.unwrap();
 }

@@ -492,7 +492,7 @@ async fn holder_paused(t: Topology) {
 /// helpers' waiters alike: a holder's TTL stays between 20 and 30 s, and
 /// every other fallback timer is as long (see the helper's `waiters`), so a
 /// waiter granted within a fraction of it was woken by the release.
-const LONG: Duration = Duration::from_secs(30);
+const LONG: Duration = dlock_testkit::HANDOFF_FALLBACKS;
 
 /// 16 waiters in 4 processes (4 tasks each) queue for one key; each holds
 /// it 50 ms. Every grant must follow the previous release promptly (well

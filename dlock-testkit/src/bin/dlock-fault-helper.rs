@@ -203,7 +203,7 @@ async fn hold(args: &[String]) -> Result<(), String> {
 
 /// Every fallback timer of the waiters test, set long: a waiter that is
 /// granted promptly was woken by the release.
-const LONG: Duration = Duration::from_secs(30);
+const LONG: Duration = dlock_testkit::HANDOFF_FALLBACKS;
 
 async fn waiters(args: &[String]) -> Result<(), String> {
     let [url, key, tasks, hold, holds] = args else {

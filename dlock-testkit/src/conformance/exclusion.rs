@@ -139,6 +139,13 @@ pub async fn queued_waiters_get_an_expired_lock(h: &Harness) {
     let key = h.key("expired-queue");
     let lease = Duration::from_millis(400);
     let holder = h.locker().await;
+    // Every client is made first: a new session's setup is no part of the
+    // waits, and the impatient waiter's must end well inside the lease.
+    let impatient = h.locker().await;
+    let mut patient_lockers = Vec::new();
+    for _ in 0..3 {
+        patient_lockers.push(h.locker().await);
+    }
     let guard = must(
         h,
         "lock with a fixed lease",
@@ -147,18 +154,18 @@ pub async fn queued_waiters_get_an_expired_lock(h: &Harness) {
     let sent = Instant::now();
     guard.leak();
     let impatient = tokio::spawn({
-        let (locker, key) = (h.locker().await, key.clone());
+        let key = key.clone();
         async move {
-            locker
-                .lock_with(&key, LockOptions::new().wait(Duration::from_millis(100)))
+            impatient
+                .lock_with(&key, LockOptions::new().wait(lease / 4))
                 .await
                 .map(drop)
         }
     });
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    tokio::time::sleep(lease / 20).await;
     let mut patient_waiters = Vec::new();
-    for _ in 0..3 {
-        let (locker, key) = (h.locker().await, key.clone());
+    for locker in patient_lockers {
+        let key = key.clone();
         patient_waiters.push(tokio::spawn(async move {
             let guard = locker.lock_with(&key, patient()).await?;
             let at = Instant::now();

@@ -34,9 +34,9 @@ pub use scope::*;
 pub const CHECK_LIMIT: Duration = Duration::from_secs(120);
 
 /// A wait limit long enough for any healthy backend on a loaded machine,
-/// and far shorter than the default watchdog lease (30 s): a lock acquired
+/// and a third of the default watchdog lease (30 s): a lock acquired
 /// within it was released, not expired.
-const PATIENCE: Duration = Duration::from_secs(10);
+const PATIENCE: Duration = Duration::from_secs(dlock_core::DEFAULT_WATCHDOG_LEASE.as_secs() / 3);
 
 /// Makes a new, independent client of the backend under test.
 pub type ClientFactory =
