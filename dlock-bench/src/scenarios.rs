@@ -163,9 +163,6 @@ pub(crate) async fn run_all(target: &Target, quick: bool, only: &Only) -> Vec<Ro
     if only.wants("reentrant") {
         rows.push(reentrant(target, 100_000 / scale).await);
     }
-    if only.wants("held") {
-        rows.push(held(target, 10_000 / scale).await);
-    }
     if only.wants("retained") {
         // A round trip of a millisecond (etcd, ZooKeeper) makes 100,000
         // tasks minutes a run; 10,000 still show a byte per task.
@@ -176,6 +173,9 @@ pub(crate) async fn run_all(target: &Target, quick: bool, only: &Only) -> Vec<Ro
         for release in [Release::Explicit, Release::Drop] {
             rows.push(retained(target, retained_tasks / scale, release).await);
         }
+    }
+    if only.wants("held") {
+        rows.push(held(target, 10_000 / scale).await);
     }
     for peer in peers {
         rows.extend(lock_scenarios(target, peer, serial_ops, scale, only).await);
@@ -673,13 +673,25 @@ async fn held(target: &Target, locks: usize) -> Row {
         guards.extend(t.await.expect("task"));
     }
     let acquired_in = start.elapsed();
-    let before = counting.renewals();
     // Counted here on every server (no timing is reported past this
     // point); what the count itself keeps on the heap is left out.
     let _pass = target.counting_pass();
     let heap_at_count = crate::alloc::live_bytes();
     let requests = target.count_requests();
     let counting_heap = crate::alloc::live_bytes() - heap_at_count;
+    // The window starts and ends with no renewal on its way, so that it
+    // counts whole renewals (a pipeline of 10,000 commands takes a while).
+    let settled = || async {
+        for _ in 0..10_000 {
+            if counting.renewals_answered() == counting.renewals() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("a renewal did not come back within 10 s");
+    };
+    settled().await;
+    let (renewals_before, requests_before) = (counting.renewals(), requests.so_far());
     // Two watchdog ticks (a third of the lease each). The heap is sampled
     // meanwhile and its lowest reading kept: what the held locks cost, not
     // the buffers of a renewal batch in flight.
@@ -689,9 +701,12 @@ async fn held(target: &Target, locks: usize) -> Row {
         tokio::time::sleep(Duration::from_millis(10)).await;
         heap = heap.min(crate::alloc::live_bytes());
     }
+    settled().await;
     let heap_per_lock = (heap - heap_before - counting_heap) as f64 / locks as f64;
-    let ticks_renewals = counting.renewals() - before;
-    let server_requests = requests.per_op(ticks_renewals.max(1) as u64);
+    let ticks_renewals = counting.renewals() - renewals_before;
+    let server_requests = requests_before
+        .zip(requests.so_far())
+        .map(|(before, after)| (after - before) as f64 / ticks_renewals.max(1) as f64);
     let lost = guards.iter().filter(|g| g.is_lost()).count();
     drop(guards);
     // Settled before the next scenario: its requests are not these

@@ -10,6 +10,13 @@ use dlock_redis::{redis, RedisBackend};
 use dlock_testkit::fixture::{free_port, RedisServer};
 use tokio::time::Instant;
 
+/// Five Redis servers, for Redlock.
+fn five_nodes() -> Vec<RedisServer> {
+    (0..5)
+        .map(|_| RedisServer::start().expect("redis-server"))
+        .collect()
+}
+
 fn redlock_url(servers: &[RedisServer]) -> String {
     let hosts: Vec<String> = servers.iter().map(RedisServer::host_port).collect();
     format!("redis+redlock://{}", hosts.join(","))
@@ -24,9 +31,7 @@ async fn locker(url: &str) -> Locker {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_grants_with_two_of_five_down_and_refuses_with_three() {
-    let mut servers: Vec<RedisServer> = (0..5)
-        .map(|_| RedisServer::start().expect("redis-server"))
-        .collect();
+    let mut servers = five_nodes();
     let url = redlock_url(&servers);
     let (a, b) = (locker(&url).await, locker(&url).await);
 
@@ -133,9 +138,7 @@ async fn evalsha_calls(server: &RedisServer) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_behind_a_bare_majority_does_not_spin() {
-    let mut servers: Vec<RedisServer> = (0..5)
-        .map(|_| RedisServer::start().expect("redis-server"))
-        .collect();
+    let mut servers = five_nodes();
     let url = redlock_url(&servers);
     let (holder, waiter) = (locker(&url).await, locker(&url).await);
     servers[3].process().kill();
@@ -173,9 +176,7 @@ async fn has_key(server: &RedisServer, key: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redlock_round_cancelled_half_way_leaves_no_key_on_any_node() {
-    let mut servers: Vec<RedisServer> = (0..5)
-        .map(|_| RedisServer::start().expect("redis-server"))
-        .collect();
+    let mut servers = five_nodes();
     let url = redlock_url(&servers);
     let (a, b) = (locker(&url).await, locker(&url).await);
     // Connected to every node first: the round's requests then wait in the

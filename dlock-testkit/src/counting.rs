@@ -38,6 +38,7 @@ pub struct CountingBackend {
     acquires: AtomicUsize,
     releases: AtomicUsize,
     renewals: AtomicUsize,
+    renewals_answered: AtomicUsize,
     in_flight: Arc<AtomicUsize>,
     max_in_flight: Arc<AtomicUsize>,
 }
@@ -50,6 +51,7 @@ impl CountingBackend {
             acquires: AtomicUsize::new(0),
             releases: AtomicUsize::new(0),
             renewals: AtomicUsize::new(0),
+            renewals_answered: AtomicUsize::new(0),
             in_flight: Arc::default(),
             max_in_flight: Arc::default(),
         }
@@ -68,6 +70,12 @@ impl CountingBackend {
     /// Calls of `renew` so far (one per watchdog tick with locks to renew).
     pub fn renewals(&self) -> usize {
         self.renewals.load(Ordering::SeqCst)
+    }
+
+    /// Calls of `renew` that have returned so far: while fewer than
+    /// [`renewals`](Self::renewals), a renewal is on its way.
+    pub fn renewals_answered(&self) -> usize {
+        self.renewals_answered.load(Ordering::SeqCst)
     }
 
     /// The most `acquire` calls that were in progress at the same time.
@@ -117,7 +125,12 @@ impl Backend for CountingBackend {
 
     fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>> {
         self.renewals.fetch_add(1, Ordering::SeqCst);
-        self.inner.renew(locks)
+        let renew = self.inner.renew(locks);
+        Box::pin(async move {
+            let outcome = renew.await;
+            self.renewals_answered.fetch_add(1, Ordering::SeqCst);
+            outcome
+        })
     }
 
     fn check_servers(&self) -> BoxFuture<'_, Result<()>> {
