@@ -94,10 +94,11 @@ fn scenario(subject: &dyn Lockable, name: String) -> String {
 pub(crate) struct Only(Option<Vec<String>>);
 
 impl Only {
-    const NAMES: [&str; 8] = [
+    const NAMES: [&str; 9] = [
         "serial",
         "distinct",
         "contended",
+        "contended-clients",
         "contended-4x8",
         "reentrant",
         "held",
@@ -117,11 +118,11 @@ impl Only {
         }
         let only = Only(Some(names));
         if only.wants("peers")
-            && !["serial", "distinct", "contended"]
+            && !["serial", "distinct", "contended", "contended-clients"]
                 .iter()
                 .any(|n| only.wants(n))
         {
-            return Err("`peers` runs the peers through serial, distinct or contended: name one of them too".into());
+            return Err("`peers` runs the peers through serial, distinct, contended or contended-clients: name one of them too".into());
         }
         Ok(only)
     }
@@ -149,6 +150,10 @@ pub(crate) async fn run_all(target: &Target, quick: bool, only: &Only) -> Vec<Ro
         .collect();
     warm_up(target, &sides, serial_ops / 2).await;
     let mut rows = lock_scenarios(target, dlock, serial_ops, scale, only).await;
+    if only.wants("contended-clients") {
+        let dlock = || async { Arc::new(Dlock(target.locker(None).await)) as Arc<dyn Lockable> };
+        rows.push(contended_clients(target, dlock, 50 / scale).await);
+    }
     if only.wants("contended-4x8") {
         let row = counted(target, None, || async {
             match crate::multiproc::contended(target, 4, 8, 100 / scale).await {
@@ -177,10 +182,74 @@ pub(crate) async fn run_all(target: &Target, quick: bool, only: &Only) -> Vec<Ro
     if only.wants("held") {
         rows.push(held(target, 10_000 / scale).await);
     }
-    for peer in peers {
+    for (kind, peer) in peers.into_iter().enumerate() {
         rows.extend(lock_scenarios(target, peer, serial_ops, scale, only).await);
+        if only.wants("contended-clients") {
+            let peer = || async { crate::peers::of(target).await.swap_remove(kind) };
+            rows.push(contended_clients(target, peer, 50 / scale).await);
+        }
     }
     rows
+}
+
+/// The independent clients of `contended-clients`.
+const CLIENTS: usize = 16;
+
+/// Pairs of lock + unlock each client of `contended-clients` runs first.
+const CLIENT_WARM_UP: usize = 20;
+
+/// One client per task, each with its own connections and session, as
+/// separate processes would have: task `i` locks through client `i`.
+struct PerTask(Vec<Arc<dyn Lockable>>);
+
+impl Lockable for PerTask {
+    fn label(&self) -> &str {
+        self.0[0].label()
+    }
+
+    fn lock<'a>(&'a self, task: usize, key: &'a str) -> BoxFuture<'a, Unlock<'a>> {
+        self.0[task % self.0.len()].lock(task, key)
+    }
+
+    fn redis_commands(&self) -> &'static [&'static str] {
+        self.0[0].redis_commands()
+    }
+
+    fn settle(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            for client in &self.0 {
+                client.settle().await;
+            }
+        })
+    }
+}
+
+/// `contended-clients-16`: [`CLIENTS`] independent clients made by `make`
+/// (dlock's, or a peer's), one task each, on one key: what 16 processes
+/// contending look like, without the processes. Each client is warmed
+/// first, alike.
+async fn contended_clients<F, Fut>(target: &Target, make: F, per_task: usize) -> Row
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Arc<dyn Lockable>>,
+{
+    let mut clients = Vec::with_capacity(CLIENTS);
+    for _ in 0..CLIENTS {
+        clients.push(make().await);
+    }
+    for client in &clients {
+        for _ in 0..CLIENT_WARM_UP {
+            client.lock(0, "bench:warm").await.unlock().await;
+        }
+        client.settle().await;
+    }
+    let clients: Arc<dyn Lockable> = Arc::new(PerTask(clients));
+    let name = format!("contended-clients-{CLIENTS}");
+    let row = counted(target, Some(&*clients), || async {
+        Some(contended(target, clients.clone(), &name, CLIENTS, per_task).await)
+    })
+    .await;
+    row.expect("a contended row")
 }
 
 /// Scenarios 1–3 for dlock or a peer, those `only` names.
@@ -212,7 +281,7 @@ async fn lock_scenarios(
     if only.wants("contended") {
         rows.extend(
             counted(target, side, || async {
-                Some(contended(target, subject.clone(), 16, 100 / scale).await)
+                Some(contended(target, subject.clone(), "contended-16", 16, 100 / scale).await)
             })
             .await,
         );
@@ -554,6 +623,7 @@ impl Contention {
 async fn contended(
     target: &Target,
     subject: Arc<dyn Lockable>,
+    name: &str,
     tasks: usize,
     per_task: usize,
 ) -> Row {
@@ -599,7 +669,7 @@ async fn contended(
     contention.owner_changes = changes.load(Ordering::SeqCst);
     contention.overlaps = detector.overlaps();
     contention.row(
-        scenario(&*subject, format!("contended-{tasks}")),
+        scenario(&*subject, name.to_owned()),
         target,
         ops,
         elapsed,
