@@ -17,7 +17,8 @@
 //! 3. `contended-16`: 16 tasks on one key, lock → short critical section →
 //!    release (throughput, wait p50/p99/max, owner changes, overlaps);
 //! 4. `contended-4x8`: the same across 4 OS processes of this binary with 8
-//!    tasks each (server backends only);
+//!    tasks each (server backends only), and `contended-clients-16`: 16
+//!    independent clients in this process, one task each;
 //! 5. `reentrant`: re-locking a key inside the scope that holds it (no I/O);
 //! 6. `held-N`: N locks held at once under the watchdog: heap bytes per held
 //!    lock, and the renewal requests per watchdog tick;
@@ -381,7 +382,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "--json" => args.json = it.next().ok_or("--json needs a file")?,
             "-h" | "--help" => {
-                return Err("usage: dlock-bench [--backend all|memory,redis,redlock,etcd,zk] [--quick] [--runs N] [--only serial,distinct,contended,contended-4x8,reentrant,held,retained,peers] [--json FILE]".into())
+                return Err("usage: dlock-bench [--backend all|memory,redis,redlock,etcd,zk] [--quick] [--runs N] [--only serial,distinct,contended,contended-clients,contended-4x8,reentrant,held,retained,peers] [--json FILE]".into())
             }
             other => return Err(format!("unknown argument `{other}`")),
         }
