@@ -148,7 +148,7 @@ pub(crate) async fn run_all(target: &Target, quick: bool, only: &Only) -> Vec<Ro
     let sides: Vec<&dyn Lockable> = std::iter::once(&*dlock)
         .chain(peers.iter().map(|p| &**p))
         .collect();
-    warm_up(target, &sides, serial_ops / 2).await;
+    warm_up(&sides, target.raw.as_deref(), serial_ops / 2).await;
     let mut rows = lock_scenarios(target, dlock, serial_ops, scale, only).await;
     if only.wants("contended-clients") {
         let dlock = || async { Arc::new(Dlock(target.locker(None).await)) as Arc<dyn Lockable> };
@@ -237,12 +237,8 @@ where
     for _ in 0..CLIENTS {
         clients.push(make().await);
     }
-    for client in &clients {
-        for _ in 0..CLIENT_WARM_UP {
-            client.lock(0, "bench:warm").await.unlock().await;
-        }
-        client.settle().await;
-    }
+    let sides: Vec<&dyn Lockable> = clients.iter().map(|c| &**c).collect();
+    warm_up(&sides, None, CLIENT_WARM_UP).await;
     let clients: Arc<dyn Lockable> = Arc::new(PerTask(clients));
     let name = format!("contended-clients-{CLIENTS}");
     let row = counted(target, Some(&*clients), || async {
@@ -324,13 +320,13 @@ where
 /// is several times slower until its JIT has warmed up, and a client's
 /// first requests set up connections and caches; either would otherwise
 /// count against whichever is measured first.
-async fn warm_up(target: &Target, sides: &[&dyn Lockable], ops: usize) {
+async fn warm_up(sides: &[&dyn Lockable], raw: Option<&crate::raw::Raw>, ops: usize) {
     let token = Token::generate().to_string();
     for _ in 0..ops {
         for side in sides {
             side.lock(0, "bench:warm").await.unlock().await;
         }
-        if let Some(raw) = &target.raw {
+        if let Some(raw) = raw {
             raw.lock_unlock("bench-raw-warm", &token).await;
         }
     }
@@ -374,9 +370,12 @@ impl Side {
     {
         // Redis's server time on the side's own commands (a counting pass
         // reads none: its `INFO`s would count as requests).
-        let usec = || match target.in_counting_pass() {
-            true => None,
-            false => target.redis_server_usec(commands),
+        let usec = || {
+            if target.in_counting_pass() {
+                None
+            } else {
+                target.redis_server_usec(commands)
+            }
         };
         let usec_before = usec();
         let requests = target.count_requests();

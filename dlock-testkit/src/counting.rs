@@ -72,8 +72,9 @@ impl CountingBackend {
         self.renewals.load(Ordering::SeqCst)
     }
 
-    /// Calls of `renew` that have returned so far: while fewer than
-    /// [`renewals`](Self::renewals), a renewal is on its way.
+    /// Calls of `renew` that have returned (or whose future was dropped)
+    /// so far: while fewer than [`renewals`](Self::renewals), a renewal is
+    /// on its way.
     pub fn renewals_answered(&self) -> usize {
         self.renewals_answered.load(Ordering::SeqCst)
     }
@@ -126,14 +127,23 @@ impl Backend for CountingBackend {
     fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>> {
         self.renewals.fetch_add(1, Ordering::SeqCst);
         let renew = self.inner.renew(locks);
+        let answered = Answered(&self.renewals_answered);
         Box::pin(async move {
-            let outcome = renew.await;
-            self.renewals_answered.fetch_add(1, Ordering::SeqCst);
-            outcome
+            let _answered = answered;
+            renew.await
         })
     }
 
     fn check_servers(&self) -> BoxFuture<'_, Result<()>> {
         self.inner.check_servers()
+    }
+}
+
+/// Counts a renewal as answered when dropped: returned or abandoned.
+struct Answered<'a>(&'a AtomicUsize);
+
+impl Drop for Answered<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use dlock_core::{LockError, LockOptions, LockerBuilder};
 
-use super::{must, patient, Harness};
+use super::{free, must, patient, taken, Harness};
 
 /// Bad keys and options give typed errors, never a panic; extreme but valid
 /// options work.
@@ -96,31 +96,37 @@ pub async fn awkward_keys_are_distinct_locks(h: &Harness) {
     let (a, b) = (h.locker().await, h.locker().await);
     let mut guards = Vec::new();
     for key in &keys {
-        let g = must(h, "try_lock an awkward key", a.try_lock(key).await);
-        assert!(
-            g.is_some(),
-            "[{}] key {key:?} collided with another key",
-            h.name
-        );
+        let g = free(
+            h,
+            "try_lock an awkward key",
+            &a,
+            key,
+            &format!("key {key:?} collided with another key"),
+        )
+        .await;
         guards.push(g);
     }
     for key in &keys {
-        let other = must(
+        taken(
             h,
             "try_lock an awkward key held elsewhere",
-            b.try_lock(key).await,
-        );
-        assert!(
-            other.is_none(),
-            "[{}] key {key:?} was not exclusive",
-            h.name
-        );
+            &b,
+            key,
+            &format!("key {key:?} was not exclusive"),
+        )
+        .await;
     }
-    for g in guards.into_iter().flatten() {
+    for g in guards {
         must(h, "release an awkward key", g.release().await);
     }
     for key in &keys {
-        let again = must(h, "try_lock after release", b.try_lock(key).await);
-        assert!(again.is_some(), "[{}] key {key:?} not released", h.name);
+        let _again = free(
+            h,
+            "try_lock after release",
+            &b,
+            key,
+            &format!("key {key:?} not released"),
+        )
+        .await;
     }
 }

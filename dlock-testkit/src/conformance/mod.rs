@@ -13,7 +13,7 @@ use std::{any::Any, fmt, future::Future, sync::Arc, time::Duration};
 
 use dlock_core::{
     backend::{Backend, BoxFuture, Capabilities},
-    LockOptions, Locker, LockerBuilder, Token,
+    LockGuard, LockOptions, Locker, LockerBuilder, Token,
 };
 
 mod cancel;
@@ -252,6 +252,20 @@ fn must<T>(h: &Harness, what: &str, result: dlock_core::Result<T>) -> T {
         Ok(v) => v,
         Err(e) => panic!("[{}] {what}: unexpected error: {e}", h.name),
     }
+}
+
+/// `try_lock` through `locker` finds `key` held elsewhere; panics with
+/// `why` if it gets it (or with `what` on an error).
+async fn taken(h: &Harness, what: &str, locker: &Locker, key: &str, why: &str) {
+    let got = must(h, what, locker.try_lock(key).await);
+    assert!(got.is_none(), "[{}] {why}", h.name);
+}
+
+/// `try_lock` through `locker` gets `key`, and returns its guard; panics
+/// with `why` if the key is held (or with `what` on an error).
+async fn free(h: &Harness, what: &str, locker: &Locker, key: &str, why: &str) -> LockGuard {
+    let got = must(h, what, locker.try_lock(key).await);
+    got.unwrap_or_else(|| panic!("[{}] {why}", h.name))
 }
 
 fn patient() -> LockOptions {

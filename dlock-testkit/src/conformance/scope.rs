@@ -12,7 +12,7 @@ use dlock_core::{
 };
 use futures_util::{stream::FuturesUnordered, StreamExt};
 
-use super::{must, patient, Harness, PATIENCE};
+use super::{must, patient, taken, Harness, PATIENCE};
 use crate::{CountingBackend, OverlapDetector};
 
 /// How long a lock that must not be granted is waited for.
@@ -82,12 +82,14 @@ pub async fn reentry_inside_a_scope_asks_the_server_once(h: &Harness) {
     let last = inner.pop().expect("eight guards");
     drop(inner);
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let probe = must(h, "probe while re-entered", other.try_lock(&key).await);
-    assert!(
-        probe.is_none(),
-        "[{}] lock released while a re-entered guard lived",
-        h.name
-    );
+    taken(
+        h,
+        "probe while re-entered",
+        &other,
+        &key,
+        "lock released while a re-entered guard lived",
+    )
+    .await;
     assert_eq!(
         counting.releases(),
         0,
@@ -175,12 +177,14 @@ pub async fn lock_outside_a_scope_is_not_reentrant(h: &Harness) {
     let locker = h.locker().await;
     let held = must(h, "lock", locker.lock_with(&key, patient()).await);
     assert!(!locker.is_held_in_scope(&key));
-    let again = must(h, "try_lock outside a scope", locker.try_lock(&key).await);
-    assert!(
-        again.is_none(),
-        "[{}] a lock outside any scope re-entered",
-        h.name
-    );
+    taken(
+        h,
+        "try_lock outside a scope",
+        &locker,
+        &key,
+        "a lock outside any scope re-entered",
+    )
+    .await;
     let waited = locker.lock_with(&key, briefly()).await;
     assert!(
         matches!(waited, Err(LockError::Timeout { .. })),
@@ -189,12 +193,14 @@ pub async fn lock_outside_a_scope_is_not_reentrant(h: &Harness) {
     );
     let inside = held.scope(async { locker.is_held_in_scope(&key) }).await;
     assert!(inside, "[{}] the scope did not hold its key", h.name);
-    let after = must(h, "try_lock after the scope", locker.try_lock(&key).await);
-    assert!(
-        after.is_none(),
-        "[{}] code after the scope re-entered",
-        h.name
-    );
+    taken(
+        h,
+        "try_lock after the scope",
+        &locker,
+        &key,
+        "code after the scope re-entered",
+    )
+    .await;
     must(h, "release", held.release().await);
     let next = must(
         h,
@@ -354,12 +360,14 @@ pub async fn work_outside_the_scope_contends(h: &Harness) {
             held.release().await.map(|()| reentered)
         }
     });
-    let acquirer = must(h, "try_lock by the acquirer", locker.try_lock(&key).await);
-    assert!(
-        acquirer.is_none(),
-        "[{}] the acquiring task re-entered a guard it had moved away",
-        h.name
-    );
+    taken(
+        h,
+        "try_lock by the acquirer",
+        &locker,
+        &key,
+        "the acquiring task re-entered a guard it had moved away",
+    )
+    .await;
     let _ = go.send(());
     let reentered = worker.await.expect("worker panicked");
     assert!(
