@@ -12,17 +12,17 @@ use dlock_core::{
     },
     LockError, LockKey, Result, Token,
 };
-use futures_util::future::{join_all, select_all};
+use futures_util::future::join_all;
 use redis::{RedisError, RedisResult};
 use tokio::{
-    sync::{OwnedSemaphorePermit, Semaphore},
+    sync::{Notify, OwnedSemaphorePermit, Semaphore},
     time::Instant,
 };
 
 use crate::{
     config::RedisConfig,
     keys::{names, Names},
-    node::{Attempt, Node},
+    node::{Attempt, Node, Place},
 };
 
 const NAME: &str = "redis";
@@ -227,46 +227,54 @@ impl RedisBackend {
         F: Fn(&'n Node) -> Fut,
         Fut: std::future::Future<Output = RedisResult<T>> + 'n,
     {
-        let bounded = |node| {
-            let step = step(node);
-            async move {
-                match timeout {
-                    Some(t) => tokio::time::timeout(t, step)
-                        .await
-                        .unwrap_or_else(|_| Err(timed_out())),
-                    None => step.await,
-                }
-            }
-        };
         match &self.inner.nodes[..] {
             // One node (not Redlock): no join to allocate and poll.
-            [node] => vec![bounded(node).await],
-            nodes => join_all(nodes.iter().map(bounded)).await,
+            [node] => vec![bounded(timeout, step(node)).await],
+            nodes => join_all(nodes.iter().map(|node| bounded(timeout, step(node)))).await,
         }
     }
 
-    /// One acquire attempt on every node at once.
-    async fn attempt(&self, names: &Names, token: &str, lease: Duration) -> Result<Round> {
+    /// One acquire attempt on every node at once. A waiter (`place` other
+    /// than [`Place::None`]) that is refused keeps its place in the key's
+    /// line on every node.
+    async fn attempt(
+        &self,
+        names: &Names,
+        token: &str,
+        lease: Duration,
+        place: Place,
+    ) -> Result<Round> {
         let lease_ms = lease.as_millis().max(1) as u64;
         let fence = !self.inner.redlock;
         let timeout = self.node_timeout(lease);
         let sent = Instant::now();
         let answers = self
-            .on_every_node(timeout, |node| node.acquire(names, token, lease_ms, fence))
+            .on_every_node(timeout, |node| {
+                node.acquire(names, token, lease_ms, fence, place, lease_ms)
+            })
             .await;
         let mut won = 0;
         let mut fence_value = 0;
-        let mut held = Vec::new();
+        let mut not_our_turn = 0;
+        // Per node that refused: how long until it may grant.
+        let mut frees_in = Vec::new();
+        let mut give_back = Vec::new();
         let mut first_error = None;
-        for answer in answers {
+        for (i, answer) in answers.into_iter().enumerate() {
             match answer {
                 Ok(Attempt::Acquired(f)) => {
                     won += 1;
                     fence_value = f;
+                    give_back.push(i);
                 }
-                Ok(Attempt::Held(ttl)) => held.push(ttl),
+                Ok(Attempt::Held(ttl)) => frees_in.push(ttl),
+                Ok(Attempt::NotOurTurn(lapses)) => {
+                    not_our_turn += 1;
+                    frees_in.push(Some(lapses));
+                }
                 Err(e) => {
                     first_error.get_or_insert(e);
+                    give_back.push(i);
                 }
             }
         }
@@ -282,18 +290,22 @@ impl RedisBackend {
                 }));
             }
         }
-        if won > 0 || first_error.is_some() {
+        if !give_back.is_empty() {
             // A partial grant, or replies that never came: give back what we
-            // may hold on every node (release is owner-only, so this is safe
-            // where we hold nothing). Awaited, not spawned: the next attempt
-            // uses the same token, and a late release would delete it.
-            // Each node's connection runs the release after the acquire it
-            // may still be working on. Only a majority we held is announced.
-            let _ = self
-                .release_names(names, token, won >= self.inner.quorum, timeout)
-                .await;
+            // may hold there (release is owner-only, so this is safe where
+            // we hold nothing), keeping our place in line. Awaited, not
+            // spawned: the next attempt uses the same token, and a late
+            // release would delete it. Each node's connection runs the
+            // release after the acquire it may still be working on.
+            let giving = give_back.iter().map(|&i| {
+                bounded(
+                    timeout,
+                    self.inner.nodes[i].release(names, token, place, lease_ms),
+                )
+            });
+            let _ = join_all(giving).await;
         }
-        let answered = won + held.len();
+        let answered = won + frees_in.len();
         if answered < self.inner.quorum {
             // Without a majority answering, nobody can be granted the lock:
             // say so, instead of waiting as if someone held it.
@@ -308,18 +320,20 @@ impl RedisBackend {
                 ),
             ))));
         }
-        if won > 0 && held.len() < self.inner.quorum {
-            // A split vote: other contenders hold the rest just as briefly.
-            // Try again after a short random delay, as Redlock prescribes,
-            // rather than after their TTL.
+        if won >= self.inner.quorum || (won > 0 && not_our_turn > 0) {
+            // Too slow a round, or nodes that disagree on who is first in
+            // line (a ticket that has not reached every node yet): the
+            // round that follows finds every ticket on every node. Try
+            // again after a short random delay, as Redlock prescribes.
             return Ok(Round::Held { retry_in: jitter() });
         }
-        // The lock frees up when enough holders' TTLs run out for a majority.
-        held.sort_by_key(|ttl| ttl.unwrap_or(u64::MAX));
+        // The lock frees up when enough holders' TTLs run out for a
+        // majority; a release before that wakes us if we are first in line.
+        frees_in.sort_by_key(|ttl| ttl.unwrap_or(u64::MAX));
         let needed = self.inner.quorum.saturating_sub(won).max(1);
-        let retry_in = held
+        let retry_in = frees_in
             .get(needed - 1)
-            .or(held.last())
+            .or(frees_in.last())
             .copied()
             .flatten()
             .map(Duration::from_millis)
@@ -327,15 +341,15 @@ impl RedisBackend {
         Ok(Round::Held { retry_in })
     }
 
+    /// Releases `token` on every node, and takes it out of the key's line.
     async fn release_names(
         &self,
         names: &Names,
         token: &str,
-        publish: bool,
         timeout: Option<Duration>,
     ) -> Result<ReleaseOutcome> {
         let answers = self
-            .on_every_node(timeout, |node| node.release(names, token, publish))
+            .on_every_node(timeout, |node| node.release(names, token, Place::None, 0))
             .await;
         // The token held the lock only if it held a majority: a stale
         // guard's leftover key on a node or two is not the lock.
@@ -358,50 +372,52 @@ impl RedisBackend {
     async fn acquire_waiting(&self, req: &AcquireRequest<'_>) -> Result<Option<Acquired>> {
         let names = names(&self.inner.prefix, req.key);
         let token = req.token.to_string();
+        if req.wait == Wait::No {
+            // One attempt, which does not queue.
+            return match self.attempt(&names, &token, req.lease, Place::None).await? {
+                Round::Won(acquired) => Ok(Some(acquired)),
+                Round::Held { .. } => Ok(None),
+            };
+        }
         let deadline = req.wait.deadline();
+        // This process's waiters for the key queue here, first come first
+        // served, and only the first of them stands in the key's line on
+        // the servers: a release wakes one contender per process, and a
+        // task that locks again at once queues behind the waiters already
+        // there.
+        let Some(_turn) = self.local_turn(&names.lock, deadline).await else {
+            return Ok(None);
+        };
+        let place = if self.inner.redlock {
+            Place::At(unix_micros())
+        } else {
+            Place::Last
+        };
+        // A ticket lapses one lease after its last refresh: a waiter that
+        // crashed holds up the line for at most that long.
+        let refresh = req.lease / 3;
+        let wake = Arc::new(Notify::new());
         let mut watches = Vec::new();
         let mut subscribed = false;
         // Fallback polling, only while no release channel can be watched.
         let mut poll = Duration::from_millis(20);
         let mut failing_since: Option<Instant> = None;
-        let mut turn = None;
-        if req.wait != Wait::No && self.has_local_waiters(&names.lock) {
-            // Others in this process already wait for the key: queue behind
-            // them instead of barging in. Otherwise a task that releases and
-            // locks again at once wins every time against the waiter its
-            // release is waking.
-            match self.local_turn(&names.lock, deadline).await {
-                Some(permit) => turn = Some(permit),
-                None => return Ok(None),
-            }
-        }
         loop {
-            let round = self.attempt(&names, &token, req.lease).await;
+            let round = self.attempt(&names, &token, req.lease, place).await;
             let now = Instant::now();
             let sleep = match round {
                 Ok(Round::Won(acquired)) => return Ok(Some(acquired)),
-                Ok(Round::Held { .. }) | Err(_) if req.wait == Wait::No => {
-                    return round.map(|_| None);
-                }
                 Ok(Round::Held { retry_in }) => {
                     failing_since = None;
-                    if turn.is_none() {
-                        // Queue behind this process's other waiters for the
-                        // key: only one of them contends with the servers.
-                        match self.local_turn(&names.lock, deadline).await {
-                            Some(permit) => turn = Some(permit),
-                            None => return Ok(None),
-                        }
-                        continue;
-                    }
                     if !subscribed {
                         // Subscribe, then check again at once: a release
                         // between the attempt and the subscription would
                         // otherwise be missed.
                         subscribed = true;
-                        watches = self.watch_all(&names.channel).await;
+                        watches = self.watch_all(&names.channel, &token, &wake).await;
                         continue;
                     }
+                    let retry_in = retry_in.min(refresh);
                     if watches.is_empty() {
                         // Nothing to be woken by: poll with backoff, and try
                         // to subscribe again next time.
@@ -426,35 +442,18 @@ impl RedisBackend {
                 }
             };
             let until = match deadline {
-                Some(d) if d <= now => return Ok(None),
+                Some(d) if d <= now => {
+                    // Out of line, so that nobody waits for our turn.
+                    let _ = self.release_names(&names, &token, self.node_timeout(req.lease)).await;
+                    return Ok(None);
+                }
                 Some(d) => d.min(now + sleep),
                 None => now + sleep,
             };
-            if watches.is_empty() {
-                tokio::time::sleep_until(until).await;
-            } else {
-                let woken = select_all(watches.iter().map(|w| Box::pin(w.notified())));
-                tokio::select! {
-                    _ = woken => {}
-                    _ = tokio::time::sleep_until(until) => {}
-                }
+            tokio::select! {
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep_until(until) => {}
             }
-        }
-    }
-
-    /// Whether a task of this process waits for `lock` (or holds the turn
-    /// to wait for it on the servers).
-    fn has_local_waiters(&self, lock: &str) -> bool {
-        let mut local = self.inner.local.lock().unwrap_or_else(|e| e.into_inner());
-        match local.get(lock) {
-            // Only the map holds the queue: its last waiter went away
-            // (a dropped future) without cleaning up. Forget it.
-            Some(queue) if Arc::strong_count(queue) == 1 => {
-                local.remove(lock);
-                false
-            }
-            Some(_) => true,
-            None => false,
         }
     }
 
@@ -484,11 +483,17 @@ impl RedisBackend {
         })
     }
 
-    /// Watches `channel` on every node that can be reached; a node whose
-    /// subscription fails is covered by the TTL bound.
-    async fn watch_all(&self, channel: &str) -> Vec<crate::subscriber::Watch> {
+    /// Registers `wake` for the releases that name `token` on every node
+    /// that can be reached; a node whose subscription fails is covered by
+    /// the TTL bound and the ticket refresh.
+    async fn watch_all(
+        &self,
+        channel: &str,
+        token: &str,
+        wake: &Arc<Notify>,
+    ) -> Vec<crate::subscriber::Watch> {
         let within = self.inner.subscribe_timeout;
-        self.on_every_node(Some(within), |node| node.watch(channel))
+        self.on_every_node(Some(within), |node| node.watch(channel, token, wake))
             .await
             .into_iter()
             .filter_map(|w| {
@@ -497,6 +502,27 @@ impl RedisBackend {
             })
             .collect()
     }
+}
+
+/// `step`, bounded by `timeout` if there is one.
+async fn bounded<T>(
+    timeout: Option<Duration>,
+    step: impl std::future::Future<Output = RedisResult<T>>,
+) -> RedisResult<T> {
+    match timeout {
+        Some(t) => tokio::time::timeout(t, step)
+            .await
+            .unwrap_or_else(|_| Err(timed_out())),
+        None => step.await,
+    }
+}
+
+/// The wall clock in µs: a Redlock waiter's place in line, the same on
+/// every node.
+fn unix_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// A random delay of 10 to 60 ms.
@@ -587,7 +613,7 @@ impl Backend for RedisBackend {
         Box::pin(async move {
             let names = names(&self.inner.prefix, key);
             let timeout = self.inner.redlock.then_some(REDLOCK_NODE_TIMEOUT_MAX);
-            self.release_names(&names, &token.to_string(), true, timeout)
+            self.release_names(&names, &token.to_string(), timeout)
                 .await
         })
     }

@@ -1,5 +1,5 @@
-//! The Redis names of one lock: its key, its fencing counter and its release
-//! channel, all in one hash slot.
+//! The Redis names of one lock: its key, its fencing counter, its release
+//! channel and its waiting line, all in one hash slot.
 
 use dlock_core::LockKey;
 
@@ -13,13 +13,18 @@ pub(crate) struct Names {
     /// clock when missing, so that tokens keep growing across idle periods
     /// (see `scripts.rs`).
     pub(crate) fence: String,
-    /// Where a release is published.
+    /// Where a release is published: the message is the token of the
+    /// first waiter in line.
     pub(crate) channel: String,
+    /// The waiting line: tickets scored by place (see `scripts.rs`).
+    pub(crate) queue: String,
+    /// When each ticket in line lapses unless its waiter refreshes it.
+    pub(crate) tickets: String,
 }
 
 /// The names of `key` under `prefix`.
 ///
-/// The escaped key is the hash tag (`{...}`), so the three names share a
+/// The escaped key is the hash tag (`{...}`), so every name shares a
 /// slot on Redis Cluster. Escaping `%`, `{` and `}` keeps the tag intact
 /// whatever the key contains, and is one-to-one, so two keys never share a
 /// lock. Everything else (spaces, unicode, NUL) is stored as it is: Redis
@@ -49,6 +54,8 @@ pub(crate) fn names(prefix: &str, key: &LockKey) -> Names {
     Names {
         fence: with_suffix(":fence"),
         channel: with_suffix(":released"),
+        queue: with_suffix(":queue"),
+        tickets: with_suffix(":tickets"),
         lock,
     }
 }
@@ -74,6 +81,8 @@ mod tests {
         assert_eq!(hash_tag(&n.lock), "order:%7B42%7D");
         assert_eq!(hash_tag(&n.fence), hash_tag(&n.lock));
         assert_eq!(hash_tag(&n.channel), hash_tag(&n.lock));
+        assert_eq!(hash_tag(&n.queue), hash_tag(&n.lock));
+        assert_eq!(hash_tag(&n.tickets), hash_tag(&n.lock));
     }
 
     #[test]

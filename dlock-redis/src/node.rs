@@ -22,6 +22,32 @@ pub(crate) enum Attempt {
     /// Another token holds it, for this many more milliseconds (`None` when
     /// the key has no TTL: someone wrote it without dlock).
     Held(Option<u64>),
+    /// It is free, but another waiter is first in line, whose ticket lapses
+    /// in this many milliseconds unless that waiter refreshes it.
+    NotOurTurn(u64),
+}
+
+/// Where an attempt stands in the key's line of waiters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Place {
+    /// A single attempt: it does not queue.
+    None,
+    /// Last in line, placed by the server's clock (one node).
+    Last,
+    /// At this score, the same on every node (Redlock: the waiter's clock
+    /// in µs when it started waiting, so that every node orders the line
+    /// alike).
+    At(u64),
+}
+
+impl Place {
+    fn arg(self) -> String {
+        match self {
+            Place::None => String::new(),
+            Place::Last => "0".to_owned(),
+            Place::At(score) => score.max(1).to_string(),
+        }
+    }
 }
 
 /// Logs a warning when the node may evict keys under memory pressure: its
@@ -100,41 +126,59 @@ impl Node {
         })
     }
 
+    /// One acquire attempt; one that is refused takes (or refreshes) its
+    /// ticket at `place`, lapsing after `ticket_ms`.
     pub(crate) async fn acquire(
         &self,
         names: &Names,
         token: &str,
         lease_ms: u64,
         fence: bool,
+        place: Place,
+        ticket_ms: u64,
     ) -> RedisResult<Attempt> {
-        let (won, value): (i64, i64) = scripts()
+        let (status, value): (i64, i64) = scripts()
             .acquire
             .key(&names.lock)
             .key(&names.fence)
+            .key(&names.queue)
+            .key(&names.tickets)
             .arg(token)
             .arg(lease_ms)
             .arg(if fence { "1" } else { "0" })
+            .arg(&names.channel)
+            .arg(place.arg())
+            .arg(ticket_ms)
             .invoke_async(&mut self.conn.clone())
             .await?;
-        Ok(if won == 1 {
-            Attempt::Acquired(u64::try_from(value).unwrap_or(0))
-        } else {
-            Attempt::Held(u64::try_from(value).ok())
+        Ok(match status {
+            1 => Attempt::Acquired(u64::try_from(value).unwrap_or(0)),
+            2 => Attempt::NotOurTurn(u64::try_from(value).unwrap_or(0)),
+            _ => Attempt::Held(u64::try_from(value).ok()),
         })
     }
 
+    /// Releases the lock if `token` holds it. With `Place::None` the token
+    /// also leaves the line (a release, or a wait given up); otherwise it
+    /// stays in line at `place` (a Redlock grant given back). Either way,
+    /// the first waiter in line is told when the lock is free.
     pub(crate) async fn release(
         &self,
         names: &Names,
         token: &str,
-        publish: bool,
+        place: Place,
+        ticket_ms: u64,
     ) -> RedisResult<bool> {
         let released: i64 = scripts()
             .release
             .key(&names.lock)
+            .key(&names.fence)
+            .key(&names.queue)
+            .key(&names.tickets)
             .arg(token)
             .arg(&names.channel)
-            .arg(if publish { "1" } else { "0" })
+            .arg(place.arg())
+            .arg(ticket_ms)
             .invoke_async(&mut self.conn.clone())
             .await?;
         Ok(released == 1)
@@ -186,7 +230,14 @@ impl Node {
         self.conn.clone()
     }
 
-    pub(crate) async fn watch(&self, channel: &str) -> Result<Watch, RedisError> {
-        self.subscriber.watch(channel).await
+    /// Wakes `wake` whenever a release on `channel` names `token` first in
+    /// line (and when the subscription had to be made again).
+    pub(crate) async fn watch(
+        &self,
+        channel: &str,
+        token: &str,
+        wake: &std::sync::Arc<tokio::sync::Notify>,
+    ) -> Result<Watch, RedisError> {
+        self.subscriber.watch(channel, token, wake).await
     }
 }

@@ -10,12 +10,88 @@ use std::sync::OnceLock;
 
 use redis::Script;
 
+/// The waiting line shared by the acquire and release scripts.
+///
+/// KEYS[3] orders the tickets (a sorted set scored by place in line) and
+/// KEYS[4] holds when each ticket lapses (a sorted set scored by server
+/// time in ms). Both carry the longest ticket's lifetime as their TTL, so a
+/// line whose waiters all went away leaves nothing behind.
+macro_rules! queue_lua {
+    () => {
+        r"
+local function clock()
+  local t = redis.call('TIME')
+  local us = t[1] * 1000000 + t[2]
+  return us, math.floor(us / 1000)
+end
+-- Drops tickets that were not refreshed in time: their waiter crashed or
+-- was cut off. A stale ticket blocks the line for at most its lifetime.
+local function prune(now)
+  local stale = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, 100)
+  if #stale > 0 then
+    redis.call('ZREM', KEYS[3], unpack(stale))
+    redis.call('ZREM', KEYS[4], unpack(stale))
+  end
+  return #stale
+end
+-- The first live ticket and when it lapses, or nil.
+local function first_in_line(now)
+  prune(now)
+  for _ = 1, 8 do
+    local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    if not first then return nil end
+    local lapses = redis.call('ZSCORE', KEYS[4], first)
+    if lapses then return first, tonumber(lapses) end
+    redis.call('ZREM', KEYS[3], first)
+  end
+  return nil
+end
+-- Puts `token` in line (or refreshes its ticket). `place` is the score
+-- the client chose ('0': the server's clock, after the last ticket).
+local function enqueue(token, place, ticket_ms, now_us, now)
+  if not redis.call('ZSCORE', KEYS[3], token) then
+    local score = place
+    if place == '0' then
+      score = now_us
+      local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
+      if last and tonumber(last) >= score then score = tonumber(last) + 1 end
+    end
+    redis.call('ZADD', KEYS[3], score, token)
+  end
+  local ms = tonumber(ticket_ms)
+  redis.call('ZADD', KEYS[4], now + ms, token)
+  for i = 3, 4 do
+    if redis.call('PTTL', KEYS[i]) < ms then redis.call('PEXPIRE', KEYS[i], ms) end
+  end
+end
+-- Tells the first waiter in line, by its token, that the lock is free.
+local function wake_first(channel, except)
+  if redis.call('EXISTS', KEYS[1]) == 1 then return end
+  local _, now = clock()
+  local first = first_in_line(now)
+  if first and first ~= except then redis.call('PUBLISH', channel, first) end
+end
+"
+    };
+}
+
 /// Acquire in one round trip.
 ///
-/// KEYS: lock, fence counter. ARGV: token, lease in ms, "1" to count a
-/// fencing token. Returns `{1, fence}` when the token holds the lock (newly,
-/// or again after a reply was lost), else `{0, pttl}`. With fencing asked
-/// for, the fence is never 0.
+/// KEYS: lock, fence counter, line, ticket lapses. ARGV: token, lease in
+/// ms, "1" to count a fencing token, release channel, place in line (""
+/// for a single attempt that does not queue, "0" for the server to place
+/// it last, or a score), ticket lifetime in ms.
+///
+/// Returns `{1, fence}` when the token holds the lock (newly, or again
+/// after a reply was lost); `{0, pttl}` when another token holds it; `{2,
+/// ms}` when it is free but another waiter is first in line, whose ticket
+/// lapses in `ms`. With fencing asked for, the fence is never 0.
+///
+/// The lock is granted only to the first waiter in line, or to anyone
+/// when nobody waits; a waiter that is refused gets (or refreshes) its
+/// ticket in the same run. The common case, a free key with nobody in
+/// line and a live counter, costs four commands inside the script
+/// (`EXISTS`, `SET NX PX`, `INCR`, `PEXPIRE`).
 ///
 /// # The fence counter, and why its tokens only grow
 ///
@@ -37,10 +113,9 @@ use redis::Script;
 ///   `T'` exceeds every token issued before, as long as the server's clock
 ///   does not go backwards (a restart without persistence, or a failover
 ///   to a replica, included: the seed comes from the clock, not the data).
-///
-/// The common case, a free key with a live counter, costs three commands
-/// inside the script (`SET NX PX`, `INCR`, `PEXPIRE`).
-const ACQUIRE: &str = r"
+const ACQUIRE: &str = concat!(
+    queue_lua!(),
+    r"
 local function fence()
   local value = redis.call('INCR', KEYS[2])
   if value == 1 then
@@ -51,14 +126,21 @@ local function fence()
   redis.call('PEXPIRE', KEYS[2], 2 * ARGV[2])
   return value
 end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+local function granted()
   if ARGV[3] == '1' then
     return {1, fence()}
   end
   return {1, 0}
 end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local token = ARGV[1]
+if redis.call('EXISTS', KEYS[3]) == 0 and redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
+  return granted()
+end
+local holder = redis.call('GET', KEYS[1])
+if holder == token then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('ZREM', KEYS[3], token)
+  redis.call('ZREM', KEYS[4], token)
   if ARGV[3] == '1' then
     local value = tonumber(redis.call('GET', KEYS[2]))
     if value then
@@ -69,26 +151,62 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   end
   return {1, 0}
 end
+local now_us, now = clock()
+if not holder then
+  local pruned = prune(now)
+  local first, lapses = first_in_line(now)
+  if not first or first == token then
+    redis.call('ZREM', KEYS[3], token)
+    redis.call('ZREM', KEYS[4], token)
+    redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
+    return granted()
+  end
+  if ARGV[5] ~= '' then enqueue(token, ARGV[5], ARGV[6], now_us, now) end
+  -- Tickets that lapsed were just dropped: the first waiter now may not
+  -- know that its turn has come.
+  if pruned > 0 then redis.call('PUBLISH', ARGV[4], first) end
+  return {2, math.max(lapses - now, 0)}
+end
+if ARGV[5] ~= '' then enqueue(token, ARGV[5], ARGV[6], now_us, now) end
 return {0, redis.call('PTTL', KEYS[1])}
-";
+"
+);
 
-/// Release if the token holds the lock, and publish it on the channel.
+/// Release, or give back a grant and stay in line.
 ///
-/// KEYS: lock. ARGV: token, channel, "1" to publish. A Redlock round that
-/// won too few nodes gives them back without publishing: nobody was
-/// waiting for a lock that was never held, and waking the waiters (itself
-/// included) would make them spin.
-/// Returns 1 if released, else 0.
-const RELEASE: &str = r"
+/// KEYS: as [`ACQUIRE`] (the fence counter is not touched). ARGV: token, release channel, place in line ("" to leave
+/// the line: a release or a cancelled wait; otherwise the waiter's place,
+/// as in [`ACQUIRE`]), ticket lifetime in ms.
+///
+/// When the lock is free afterwards, the first waiter in line is told by
+/// a message carrying its token, so that one waiter wakes, not all. A
+/// give-back does not wake its own waiter. Returns 1 if the token held the
+/// lock, else 0.
+const RELEASE: &str = concat!(
+    queue_lua!(),
+    r"
+local released = 0
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  if ARGV[3] == '1' then
-    redis.call('PUBLISH', ARGV[2], '')
-  end
-  return 1
+  released = 1
 end
-return 0
-";
+if ARGV[3] == '' then
+  local left = 0
+  if redis.call('EXISTS', KEYS[3]) == 1 then
+    left = redis.call('ZREM', KEYS[3], ARGV[1])
+    redis.call('ZREM', KEYS[4], ARGV[1])
+  end
+  if released + left > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
+    wake_first(ARGV[2], nil)
+  end
+else
+  local now_us, now = clock()
+  enqueue(ARGV[1], ARGV[3], ARGV[4], now_us, now)
+  wake_first(ARGV[2], ARGV[1])
+end
+return released
+"
+);
 
 /// Extend the lease if the token holds the lock, and the fence counter's
 /// life with it (see [`ACQUIRE`]; a key without a counter, as on Redlock,
@@ -142,9 +260,14 @@ mod tests {
             .acquire
             .key("dlock:{k}")
             .key("dlock:{k}:fence")
+            .key("dlock:{k}:queue")
+            .key("dlock:{k}:tickets")
             .arg(token)
             .arg(10_000)
             .arg("1")
+            .arg("dlock:{k}:released")
+            .arg("0")
+            .arg(10_000)
             .invoke_async(conn)
             .await
             .expect("acquire script")

@@ -1,6 +1,12 @@
 //! One pub/sub connection per node, shared by every waiter of the backend,
 //! with reference-counted subscriptions.
 //!
+//! A release names the first waiter in line (its token is the message), so
+//! a release wakes that one waiter, wherever it runs, and no other. A
+//! waiter registers its token and its own wake-up; a Redlock waiter
+//! registers the same wake-up on every node, so that releases on five nodes
+//! still wake it as one.
+//!
 //! A manager task owns the connection. Subscribe and unsubscribe commands
 //! reach it through one ordered queue, so an unsubscribe sent when the last
 //! waiter of a channel leaves can never overtake a later subscribe. If the
@@ -28,9 +34,32 @@ struct Channels {
     watched: HashMap<String, Watched>,
 }
 
+/// The waiters of one channel, by token.
+#[derive(Default)]
 struct Watched {
-    waiters: usize,
-    wake: Arc<Notify>,
+    waiters: HashMap<String, Arc<Notify>>,
+}
+
+impl Watched {
+    /// Wakes the waiter a message names, or every waiter for an empty
+    /// message (a release by a client that does not name the next waiter).
+    fn wake(&self, payload: &[u8]) {
+        if payload.is_empty() {
+            self.wake_all();
+        } else if let Some(wake) = std::str::from_utf8(payload)
+            .ok()
+            .and_then(|token| self.waiters.get(token))
+        {
+            wake.notify_one();
+        }
+    }
+
+    fn wake_all(&self) {
+        for wake in self.waiters.values() {
+            // A permit: the waiter may be mid-attempt, and sleep next.
+            wake.notify_one();
+        }
+    }
 }
 
 /// The shared subscriber of one node.
@@ -62,28 +91,27 @@ impl Subscriber {
         Subscriber { channels, commands }
     }
 
-    /// Starts watching `channel`; returns once the server confirmed the
-    /// subscription, so that a release published after this returns wakes
-    /// the watch.
-    pub(crate) async fn watch(&self, channel: &str) -> Result<Watch, RedisError> {
-        let wake = {
-            let mut channels = lock(&self.channels);
-            let watched = channels
-                .watched
-                .entry(channel.to_owned())
-                .or_insert_with(|| Watched {
-                    waiters: 0,
-                    wake: Arc::new(Notify::new()),
-                });
-            watched.waiters += 1;
-            watched.wake.clone()
-        };
-        // From here on, dropping the watch gives the waiter count back.
+    /// Starts waking `wake` for the messages on `channel` that name
+    /// `token`; returns once the server confirmed the subscription, so that
+    /// a release published after this returns is seen.
+    pub(crate) async fn watch(
+        &self,
+        channel: &str,
+        token: &str,
+        wake: &Arc<Notify>,
+    ) -> Result<Watch, RedisError> {
+        lock(&self.channels)
+            .watched
+            .entry(channel.to_owned())
+            .or_default()
+            .waiters
+            .insert(token.to_owned(), wake.clone());
+        // From here on, dropping the watch unregisters it.
         let watch = Watch {
             channels: self.channels.clone(),
             commands: self.commands.clone(),
             channel: channel.to_owned(),
-            wake,
+            token: token.to_owned(),
         };
         // SUBSCRIBE is idempotent on the server: each waiter asks, and is
         // answered once its own request (and all before it) took effect.
@@ -100,20 +128,12 @@ fn closed() -> RedisError {
     RedisError::from((redis::ErrorKind::Io, "the pub/sub manager has stopped"))
 }
 
-/// A waiter's interest in one channel.
+/// A waiter's registration on one channel; unregisters when dropped.
 pub(crate) struct Watch {
     channels: Arc<Mutex<Channels>>,
     commands: mpsc::UnboundedSender<Command>,
     channel: String,
-    wake: Arc<Notify>,
-}
-
-impl Watch {
-    /// Completes when a release was published on the channel (or the
-    /// connection was re-established). One waiter is woken per message.
-    pub(crate) async fn notified(&self) {
-        self.wake.notified().await;
-    }
+    token: String,
 }
 
 impl Drop for Watch {
@@ -122,16 +142,12 @@ impl Drop for Watch {
         let Some(watched) = channels.watched.get_mut(&self.channel) else {
             return;
         };
-        watched.waiters -= 1;
-        if watched.waiters == 0 {
+        watched.waiters.remove(&self.token);
+        if watched.waiters.is_empty() {
             channels.watched.remove(&self.channel);
             let _ = self
                 .commands
                 .send(Command::Unsubscribe(self.channel.clone()));
-        } else {
-            // This waiter may have taken a wake-up meant for the channel;
-            // pass it on. At worst another waiter checks once for nothing.
-            watched.wake.notify_one();
         }
     }
 }
@@ -190,13 +206,15 @@ async fn manage(
                         Some(message) => {
                             let channel = message.get_channel_name();
                             if let Some(watched) = lock(&channels).watched.get(channel) {
-                                watched.wake.notify_one();
+                                watched.wake(message.get_payload_bytes());
                             }
                         }
                         None => break,
                     },
                     _ = ping.tick() => {
-                        let pong = tokio::time::timeout(within, sink.ping::<String>()).await;
+                        // A subscribed RESP2 connection answers `PING` with
+                        // `["pong", ""]`, not `PONG`: take any reply as alive.
+                        let pong = tokio::time::timeout(within, sink.ping::<redis::Value>()).await;
                         if !matches!(pong, Ok(Ok(_))) {
                             break;
                         }
@@ -251,8 +269,6 @@ async fn connect(
 
 fn wake_all(channels: &Mutex<Channels>) {
     for watched in lock(channels).watched.values() {
-        // Waiters asleep now, and one that is mid-attempt and sleeps next.
-        watched.wake.notify_waiters();
-        watched.wake.notify_one();
+        watched.wake_all();
     }
 }
