@@ -444,7 +444,9 @@ impl RedisBackend {
             let until = match deadline {
                 Some(d) if d <= now => {
                     // Out of line, so that nobody waits for our turn.
-                    let _ = self.release_names(&names, &token, self.node_timeout(req.lease)).await;
+                    let _ = self
+                        .release_names(&names, &token, self.node_timeout(req.lease))
+                        .await;
                     return Ok(None);
                 }
                 Some(d) => d.min(now + sleep),

@@ -19,8 +19,10 @@ use crate::{
 pub(crate) enum Attempt {
     /// Our token holds the lock; the fencing counter's value.
     Acquired(u64),
-    /// Another token holds it, for this many more milliseconds (`None` when
-    /// the key has no TTL: someone wrote it without dlock).
+    /// Another token holds it: worth checking again in this many
+    /// milliseconds, when its lease ends or the first waiter's ticket
+    /// lapses (`None` when the key has no TTL and nobody else waits:
+    /// someone wrote it without dlock).
     Held(Option<u64>),
     /// It is free, but another waiter is first in line, whose ticket lapses
     /// in this many milliseconds unless that waiter refreshes it.

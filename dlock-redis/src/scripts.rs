@@ -83,7 +83,8 @@ end
 /// it last, or a score), ticket lifetime in ms.
 ///
 /// Returns `{1, fence}` when the token holds the lock (newly, or again
-/// after a reply was lost); `{0, pttl}` when another token holds it; `{2,
+/// after a reply was lost); `{0, ms}` when another token holds it, for
+/// `ms` more (or the first waiter's ticket lapses sooner); `{2,
 /// ms}` when it is free but another waiter is first in line, whose ticket
 /// lapses in `ms`. With fencing asked for, the fence is never 0.
 ///
@@ -168,7 +169,15 @@ if not holder then
   return {2, math.max(lapses - now, 0)}
 end
 if ARGV[5] ~= '' then enqueue(token, ARGV[5], ARGV[6], now_us, now) end
-return {0, redis.call('PTTL', KEYS[1])}
+-- Check again when the holder's lease ends, or sooner when the first
+-- waiter's ticket lapses: the release will name that waiter, and if it
+-- crashed, nobody else would be told.
+local ttl = redis.call('PTTL', KEYS[1])
+local first, lapses = first_in_line(now)
+if first and first ~= token and (ttl < 0 or lapses - now < ttl) then
+  ttl = math.max(lapses - now, 0)
+end
+return {0, ttl}
 "
 );
 

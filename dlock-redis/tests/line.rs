@@ -1,0 +1,338 @@
+//! The waiting line on the servers, against real `redis-server` processes:
+//! first come first served across clients, one waiter woken per release,
+//! wake-ups that are never lost, and a line that a crashed or departed
+//! waiter does not hold up.
+
+use std::{
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use dlock_core::{LockError, LockOptions, Locker};
+use dlock_redis::{redis, RedisBackend, RedisConfig};
+use dlock_testkit::fixture::RedisServer;
+use tokio::time::Instant;
+
+fn redlock_url(servers: &[RedisServer]) -> String {
+    let hosts: Vec<String> = servers.iter().map(RedisServer::host_port).collect();
+    format!("redis+redlock://{}", hosts.join(","))
+}
+
+/// A client of its own (its own connections), as another process would be,
+/// whose every fallback timer is long: the waiter's poll without pub/sub
+/// and, through `lease`, the holder's TTL and the ticket's refresh.
+async fn client(url: &str, lease: Duration) -> Locker {
+    let config = RedisConfig::from_url(url)
+        .expect("url")
+        .with_unwatched_poll(Duration::from_secs(60));
+    let backend = RedisBackend::connect_with(config).await.expect("connect");
+    Locker::builder(backend)
+        .watchdog_lease(lease)
+        .build()
+        .expect("locker")
+}
+
+async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(server.url())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect")
+}
+
+/// How many tickets the line of `key` holds on `server`.
+async fn in_line(server: &RedisServer, key: &str) -> u64 {
+    redis::cmd("ZCARD")
+        .arg(format!("dlock:{{{key}}}:queue"))
+        .query_async(&mut raw(server).await)
+        .await
+        .expect("ZCARD")
+}
+
+/// Waits until the line of `key` holds `n` tickets on `server`.
+async fn until_in_line(server: &RedisServer, key: &str, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while in_line(server, key).await != n {
+        assert!(Instant::now() < deadline, "the line never held {n} tickets");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The ids of `server`'s pub/sub connections.
+async fn pubsub_clients(server: &RedisServer) -> Vec<String> {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut raw(server).await)
+        .await
+        .expect("CLIENT LIST");
+    list.lines()
+        .filter_map(|l| l.split(' ').next()?.strip_prefix("id="))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiters_subscription_stays_up_past_its_keepalive_ping() {
+    let server = RedisServer::start().expect("redis-server");
+    let (holder, waiter) = (
+        client(&server.url(), Duration::from_secs(30)).await,
+        client(&server.url(), Duration::from_secs(30)).await,
+    );
+    let guard = holder.lock("kept").await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let guard = waiter.lock("kept").await.unwrap();
+        guard.release().await.unwrap();
+    });
+    until_in_line(&server, "kept", 1).await;
+    let before = pubsub_clients(&server).await;
+    // The keepalive pings every 5 s: past two of them.
+    tokio::time::sleep(Duration::from_millis(11_000)).await;
+    let after = pubsub_clients(&server).await;
+    assert_eq!(
+        before, after,
+        "the pub/sub connection was replaced while its waiter waited"
+    );
+    guard.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter was not woken")
+        .unwrap();
+}
+
+/// 16 clients take turns on one key; every wait must end well before the
+/// shortest fallback timer (the pub/sub keepalive's 5 s; the tickets are
+/// refreshed every 20 s and the TTLs are 60 s), so a lost wake-up fails it.
+async fn check_no_wake_up_is_lost(url: &str) {
+    const CLIENTS: usize = 16;
+    const ROUNDS: usize = 25;
+    let lease = Duration::from_secs(60);
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        clients.push(client(url, lease).await);
+    }
+    let longest = Arc::new(Mutex::new(Duration::ZERO));
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|locker| {
+            let longest = longest.clone();
+            tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let asked = Instant::now();
+                    let guard = locker
+                        .lock_with("lost", LockOptions::new().wait(Duration::from_secs(30)))
+                        .await
+                        .expect("lock");
+                    let waited = asked.elapsed();
+                    {
+                        let mut longest = longest.lock().unwrap();
+                        *longest = (*longest).max(waited);
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    guard.release().await.expect("release");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let longest = *longest.lock().unwrap();
+    println!("longest wait of {CLIENTS} clients x {ROUNDS} rounds: {longest:?}");
+    assert!(
+        longest < Duration::from_secs(4),
+        "a waiter slept {longest:?}: a release did not wake the waiter it named"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_wake_up_is_lost_on_one_node_with_every_fallback_long() {
+    let server = RedisServer::start().expect("redis-server");
+    check_no_wake_up_is_lost(&server.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_wake_up_is_lost_on_redlock_with_every_fallback_long() {
+    let servers: Vec<RedisServer> = (0..5)
+        .map(|_| RedisServer::start().expect("redis-server"))
+        .collect();
+    check_no_wake_up_is_lost(&redlock_url(&servers)).await;
+}
+
+/// Three clients: `a` holds, `b` then `c` queue, `a` locks again as it
+/// releases. First come first served across clients: b, c, a.
+async fn check_first_come_first_served(url: &str, queued: impl Fn() -> QueueProbe) {
+    let lease = Duration::from_secs(30);
+    let (a, b, c) = (
+        client(url, lease).await,
+        client(url, lease).await,
+        client(url, lease).await,
+    );
+    let order = Arc::new(Mutex::new(Vec::new()));
+    for round in 0..5 {
+        order.lock().unwrap().clear();
+        let held = a.lock("fifo").await.unwrap();
+        let wait = |locker: &Locker, name: &'static str| {
+            let (locker, order) = (locker.clone(), order.clone());
+            tokio::spawn(async move {
+                let guard = locker
+                    .lock_with("fifo", LockOptions::new().wait(Duration::from_secs(10)))
+                    .await
+                    .unwrap();
+                order.lock().unwrap().push(name);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                guard.release().await.unwrap();
+            })
+        };
+        let waiting_b = wait(&b, "b");
+        queued().until(1).await;
+        let waiting_c = wait(&c, "c");
+        queued().until(2).await;
+        held.release().await.unwrap();
+        let again = a
+            .lock_with("fifo", LockOptions::new().wait(Duration::from_secs(10)))
+            .await
+            .unwrap();
+        order.lock().unwrap().push("a");
+        again.release().await.unwrap();
+        waiting_b.await.unwrap();
+        waiting_c.await.unwrap();
+        assert_eq!(
+            *order.lock().unwrap(),
+            ["b", "c", "a"],
+            "round {round}: not first come first served"
+        );
+    }
+}
+
+/// Waits for the line of "fifo" on one server.
+struct QueueProbe(String);
+
+impl QueueProbe {
+    async fn until(self, n: u64) {
+        let server_url = self.0;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut conn = redis::Client::open(server_url)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        loop {
+            let len: u64 = redis::cmd("ZCARD")
+                .arg("dlock:{fifo}:queue")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            if len == n {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the line never held {n} tickets");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_are_served_first_come_first_served_on_one_node() {
+    let server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    check_first_come_first_served(&server.url(), || QueueProbe(url.clone())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_are_served_first_come_first_served_on_redlock() {
+    let servers: Vec<RedisServer> = (0..5)
+        .map(|_| RedisServer::start().expect("redis-server"))
+        .collect();
+    // Every node holds the whole line once a waiter has tried once; the
+    // last node's is as good a probe as any.
+    let url = servers[4].url();
+    check_first_come_first_served(&redlock_url(&servers), || QueueProbe(url.clone())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_waiter_holds_up_the_line_for_at_most_its_lease() {
+    let server = RedisServer::start().expect("redis-server");
+    let lease = Duration::from_secs(2);
+    let (holder, crashed, next) = (
+        client(&server.url(), Duration::from_secs(30)).await,
+        client(&server.url(), lease).await,
+        client(&server.url(), Duration::from_secs(30)).await,
+    );
+    let guard = holder.lock("crash").await.unwrap();
+    // A waiter that stops, as a killed process does: never polled again,
+    // never dropped, so it neither refreshes its ticket nor leaves.
+    let mut stuck = Box::pin(crashed.lock("crash"));
+    tokio::select! {
+        result = &mut stuck => panic!("granted while held: {:?}", result.map(|_| ())),
+        () = until_in_line(&server, "crash", 1) => {}
+    }
+    let crashed_at = Instant::now();
+    std::mem::forget(stuck);
+    let waiting = tokio::spawn(async move {
+        let guard = next
+            .lock_with("crash", LockOptions::new().wait(Duration::from_secs(20)))
+            .await
+            .unwrap();
+        let at = Instant::now();
+        guard.release().await.unwrap();
+        at
+    });
+    until_in_line(&server, "crash", 2).await;
+    guard.release().await.unwrap();
+    let granted_at = waiting.await.unwrap();
+    let after = granted_at - crashed_at;
+    println!("granted {after:?} after the waiter ahead crashed (its lease {lease:?})");
+    // Its ticket lapses one lease after its last refresh, which was before
+    // `crashed_at`; the next attempt then finds it gone.
+    assert!(
+        after < lease + Duration::from_millis(1500),
+        "the crashed waiter held up the line for {after:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_gives_up_leaves_the_line_at_once() {
+    let server = RedisServer::start().expect("redis-server");
+    let lease = Duration::from_secs(30);
+    let (holder, quitter, next) = (
+        client(&server.url(), lease).await,
+        client(&server.url(), lease).await,
+        client(&server.url(), lease).await,
+    );
+    let guard = holder.lock("quit").await.unwrap();
+    // One gives up at its wait limit, one is dropped half-way.
+    let limited = quitter
+        .lock_with("quit", LockOptions::new().wait(Duration::from_millis(300)))
+        .await;
+    assert!(
+        matches!(limited, Err(LockError::Timeout { .. })),
+        "{limited:?}"
+    );
+    tokio::time::timeout(Duration::from_secs(10), quitter.wait_for_releases())
+        .await
+        .expect("the timed-out wait's release did not settle");
+    assert_eq!(
+        in_line(&server, "quit").await,
+        0,
+        "a waiter that timed out kept its ticket"
+    );
+    let mut dropped = Box::pin(quitter.lock("quit"));
+    tokio::select! {
+        result = &mut dropped => panic!("granted while held: {:?}", result.map(|_| ())),
+        () = until_in_line(&server, "quit", 1) => {}
+    }
+    drop(dropped);
+    tokio::time::timeout(Duration::from_secs(10), quitter.wait_for_releases())
+        .await
+        .expect("the cancelled wait's release did not settle");
+    assert_eq!(
+        in_line(&server, "quit").await,
+        0,
+        "a dropped waiter kept its ticket"
+    );
+    guard.release().await.unwrap();
+    let taken = next.try_lock("quit").await.unwrap();
+    assert!(taken.is_some(), "the departed waiters held up the line");
+}
