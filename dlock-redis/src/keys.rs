@@ -1,25 +1,67 @@
 //! The Redis names of one lock: its key, its fencing counter, its release
 //! channel and its waiting line, all in one hash slot.
 
-use dlock_core::LockKey;
+use std::{fmt, io::Write};
 
-/// The names one lock uses on the server.
+use dlock_core::LockKey;
+use redis::{RedisWrite, ToRedisArgs};
+
+/// The names one lock uses on the server: its key, and the names made
+/// from it by a suffix, written straight into a command's arguments.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Names {
     /// Holds the owner token, with the lease as its TTL.
     pub(crate) lock: String,
+}
+
+impl Names {
     /// Counts acquisitions: the fencing token. Lives twice the lease past
     /// the last acquisition or renewal, and is seeded from the server's
     /// clock when missing, so that tokens keep growing across idle periods
     /// (see `scripts.rs`).
-    pub(crate) fence: String,
+    pub(crate) fn fence(&self) -> Suffixed<'_> {
+        Suffixed(&self.lock, ":fence")
+    }
+
     /// Where a release is published: the message is the token of the
     /// first waiter in line.
-    pub(crate) channel: String,
+    pub(crate) fn channel(&self) -> Suffixed<'_> {
+        Suffixed(&self.lock, ":released")
+    }
+
     /// The waiting line: tickets scored by place (see `scripts.rs`).
-    pub(crate) queue: String,
+    pub(crate) fn queue(&self) -> Suffixed<'_> {
+        Suffixed(&self.lock, ":queue")
+    }
+
     /// When each ticket in line lapses unless its waiter refreshes it.
-    pub(crate) tickets: String,
+    pub(crate) fn tickets(&self) -> Suffixed<'_> {
+        Suffixed(&self.lock, ":tickets")
+    }
+}
+
+/// A lock's name with a suffix: one command argument, with no string of
+/// its own.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Suffixed<'a>(&'a str, &'static str);
+
+impl fmt::Display for Suffixed<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)?;
+        f.write_str(self.1)
+    }
+}
+
+impl ToRedisArgs for Suffixed<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + RedisWrite,
+    {
+        let mut arg = out.writer_for_next_arg();
+        // Writing to a command's buffer cannot fail.
+        let _ = arg.write_all(self.0.as_bytes());
+        let _ = arg.write_all(self.1.as_bytes());
+    }
 }
 
 /// The names of `key` under `prefix`.
@@ -45,19 +87,7 @@ pub(crate) fn names(prefix: &str, key: &LockKey) -> Names {
         }
     }
     lock.push('}');
-    let with_suffix = |suffix: &str| {
-        let mut name = String::with_capacity(lock.len() + suffix.len());
-        name.push_str(&lock);
-        name.push_str(suffix);
-        name
-    };
-    Names {
-        fence: with_suffix(":fence"),
-        channel: with_suffix(":released"),
-        queue: with_suffix(":queue"),
-        tickets: with_suffix(":tickets"),
-        lock,
-    }
+    Names { lock }
 }
 
 #[cfg(test)]
@@ -79,10 +109,16 @@ mod tests {
     fn all_names_share_the_hash_tag() {
         let n = names("dlock", &LockKey::new("order:{42}").unwrap());
         assert_eq!(hash_tag(&n.lock), "order:%7B42%7D");
-        assert_eq!(hash_tag(&n.fence), hash_tag(&n.lock));
-        assert_eq!(hash_tag(&n.channel), hash_tag(&n.lock));
-        assert_eq!(hash_tag(&n.queue), hash_tag(&n.lock));
-        assert_eq!(hash_tag(&n.tickets), hash_tag(&n.lock));
+        for other in [n.fence(), n.channel(), n.queue(), n.tickets()] {
+            assert_eq!(hash_tag(&other.to_string()), hash_tag(&n.lock));
+        }
+    }
+
+    #[test]
+    fn a_suffixed_name_is_one_argument_with_the_suffix() {
+        let n = names("dlock", &LockKey::new("k").unwrap());
+        assert_eq!(n.queue().to_redis_args(), [b"dlock:{k}:queue".to_vec()]);
+        assert_eq!(n.fence().to_string(), "dlock:{k}:fence");
     }
 
     #[test]

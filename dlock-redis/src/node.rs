@@ -42,12 +42,16 @@ pub(crate) enum Place {
     At(u64),
 }
 
-impl Place {
-    fn arg(self) -> String {
-        match self {
-            Place::None => String::new(),
-            Place::Last => "0".to_owned(),
-            Place::At(score) => score.max(1).to_string(),
+/// The script's argument: "" for none, "0" for last, else the score.
+impl redis::ToRedisArgs for Place {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        match *self {
+            Place::None => out.write_arg(b""),
+            Place::Last => out.write_arg(b"0"),
+            Place::At(score) => out.write_arg_fmt(score.max(1)),
         }
     }
 }
@@ -128,6 +132,28 @@ impl Node {
         })
     }
 
+    /// Runs `script` with `keys` and `args` in one `EVALSHA`, loading the
+    /// script first if the node lost it (a restart, `SCRIPT FLUSH`). One
+    /// command buffer, rather than a vector per argument.
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        script: &redis::Script,
+        keys: usize,
+        args: impl FnOnce(&mut redis::Cmd),
+    ) -> RedisResult<T> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(keys);
+        args(&mut cmd);
+        let mut conn = self.conn.clone();
+        match cmd.query_async(&mut conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                script.load_async(&mut conn).await?;
+                cmd.query_async(&mut conn).await
+            }
+            answer => answer,
+        }
+    }
+
     /// One acquire attempt; one that is refused takes (or refreshes) its
     /// ticket at `place`, lapsing after `ticket_ms`.
     pub(crate) async fn acquire(
@@ -139,19 +165,19 @@ impl Node {
         place: Place,
         ticket_ms: u64,
     ) -> RedisResult<Attempt> {
-        let (status, value): (i64, i64) = scripts()
-            .acquire
-            .key(&names.lock)
-            .key(&names.fence)
-            .key(&names.queue)
-            .key(&names.tickets)
-            .arg(token)
-            .arg(lease_ms)
-            .arg(if fence { "1" } else { "0" })
-            .arg(&names.channel)
-            .arg(place.arg())
-            .arg(ticket_ms)
-            .invoke_async(&mut self.conn.clone())
+        let (status, value): (i64, i64) = self
+            .run(&scripts().acquire, 4, |cmd| {
+                cmd.arg(&names.lock)
+                    .arg(names.fence())
+                    .arg(names.queue())
+                    .arg(names.tickets())
+                    .arg(token)
+                    .arg(lease_ms)
+                    .arg(if fence { "1" } else { "0" })
+                    .arg(names.channel())
+                    .arg(place)
+                    .arg(ticket_ms);
+            })
             .await?;
         Ok(match status {
             1 => Attempt::Acquired(u64::try_from(value).unwrap_or(0)),
@@ -171,17 +197,17 @@ impl Node {
         place: Place,
         ticket_ms: u64,
     ) -> RedisResult<bool> {
-        let released: i64 = scripts()
-            .release
-            .key(&names.lock)
-            .key(&names.fence)
-            .key(&names.queue)
-            .key(&names.tickets)
-            .arg(token)
-            .arg(&names.channel)
-            .arg(place.arg())
-            .arg(ticket_ms)
-            .invoke_async(&mut self.conn.clone())
+        let released: i64 = self
+            .run(&scripts().release, 4, |cmd| {
+                cmd.arg(&names.lock)
+                    .arg(names.fence())
+                    .arg(names.queue())
+                    .arg(names.tickets())
+                    .arg(token)
+                    .arg(names.channel())
+                    .arg(place)
+                    .arg(ticket_ms);
+            })
             .await?;
         Ok(released == 1)
     }
@@ -201,7 +227,7 @@ impl Node {
                     .arg(script.get_hash())
                     .arg(2)
                     .arg(&names.lock)
-                    .arg(&names.fence)
+                    .arg(names.fence())
                     .arg(*token)
                     .arg(*lease);
             }

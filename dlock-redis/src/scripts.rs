@@ -92,7 +92,8 @@ end
 /// when nobody waits; a waiter that is refused gets (or refreshes) its
 /// ticket in the same run. The common case, a free key with nobody in
 /// line and a live counter, costs four commands inside the script
-/// (`EXISTS`, `SET NX PX`, `INCR`, `PEXPIRE`).
+/// (`EXISTS`, `SET NX PX`, `INCR`, `PEXPIRE`), and defines none of the
+/// line's functions.
 ///
 /// # The fence counter, and why its tokens only grow
 ///
@@ -115,8 +116,10 @@ end
 ///   does not go backwards (a restart without persistence, or a failover
 ///   to a replica, included: the seed comes from the clock, not the data).
 const ACQUIRE: &str = concat!(
-    queue_lua!(),
+    // The common case first, before the line's functions are defined: a
+    // free key with nobody in line.
     r"
+local token = ARGV[1]
 local function fence()
   local value = redis.call('INCR', KEYS[2])
   if value == 1 then
@@ -127,16 +130,15 @@ local function fence()
   redis.call('PEXPIRE', KEYS[2], 2 * ARGV[2])
   return value
 end
-local function granted()
+if redis.call('EXISTS', KEYS[3]) == 0 and redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
   if ARGV[3] == '1' then
     return {1, fence()}
   end
   return {1, 0}
 end
-local token = ARGV[1]
-if redis.call('EXISTS', KEYS[3]) == 0 and redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
-  return granted()
-end
+",
+    queue_lua!(),
+    r"
 local holder = redis.call('GET', KEYS[1])
 if holder == token then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -160,7 +162,10 @@ if not holder then
     redis.call('ZREM', KEYS[3], token)
     redis.call('ZREM', KEYS[4], token)
     redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
-    return granted()
+    if ARGV[3] == '1' then
+      return {1, fence()}
+    end
+    return {1, 0}
   end
   if ARGV[5] ~= '' then enqueue(token, ARGV[5], ARGV[6], now_us, now) end
   -- Tickets that lapsed were just dropped: the first waiter now may not
@@ -192,20 +197,23 @@ return {0, ttl}
 /// give-back does not wake its own waiter. Returns 1 if the token held the
 /// lock, else 0.
 const RELEASE: &str = concat!(
-    queue_lua!(),
+    // The common case first: a release with nobody in line.
     r"
 local released = 0
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   released = 1
 end
+if ARGV[3] == '' and redis.call('EXISTS', KEYS[3]) == 0 then
+  return released
+end
+",
+    queue_lua!(),
+    r"
 if ARGV[3] == '' then
-  local left = 0
-  if redis.call('EXISTS', KEYS[3]) == 1 then
-    left = redis.call('ZREM', KEYS[3], ARGV[1])
-    redis.call('ZREM', KEYS[4], ARGV[1])
-  end
-  if released + left > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
+  local left = redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  if released + left > 0 then
     wake_first(ARGV[2], nil)
   end
 else
