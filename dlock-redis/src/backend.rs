@@ -432,15 +432,16 @@ impl RedisBackend {
         // served, and only the first of them stands in the key's line on
         // the servers: a release wakes one contender per process, and a
         // task that locks again at once queues behind the waiters already
-        // there.
-        let Some(_turn) = self.local_turn(&names.lock, deadline).await else {
-            return Ok(None);
-        };
-        let place = if self.inner.redlock {
-            Place::At(unix_micros())
-        } else {
-            Place::Last
-        };
+        // there. Without local waiters, the first attempt goes straight to
+        // the servers, and stands in line only if it is refused.
+        let mut turn = None;
+        if self.has_local_waiters(&names.lock) {
+            match self.local_turn(&names.lock, deadline).await {
+                Some(permit) => turn = Some(permit),
+                None => return Ok(None),
+            }
+        }
+        let mut place = Place::None;
         // A ticket lapses one lease after its last refresh: a waiter that
         // crashed holds up the line for at most that long.
         let refresh = req.lease / 3;
@@ -457,10 +458,24 @@ impl RedisBackend {
                 Ok(Round::Won(acquired)) => return Ok(Some(acquired)),
                 Ok(Round::Held { retry_in }) => {
                     failing_since = None;
+                    if place == Place::None {
+                        // Take this process's turn, then stand in line.
+                        if turn.is_none() {
+                            match self.local_turn(&names.lock, deadline).await {
+                                Some(permit) => turn = Some(permit),
+                                None => return Ok(None),
+                            }
+                        }
+                        place = if self.inner.redlock {
+                            Place::At(unix_micros())
+                        } else {
+                            Place::Last
+                        };
+                    }
                     if !subscribed {
-                        // Subscribe, then check again at once: a release
-                        // between the attempt and the subscription would
-                        // otherwise be missed.
+                        // Subscribe, then check again at once (in line):
+                        // a release between the attempt and the
+                        // subscription would otherwise be missed.
                         subscribed = true;
                         watches = self
                             .watch_all(&names.channel().to_string(), &token, &wake)
@@ -506,6 +521,22 @@ impl RedisBackend {
                 _ = wake.notified() => {}
                 _ = tokio::time::sleep_until(until) => {}
             }
+        }
+    }
+
+    /// Whether a task of this process waits for `lock` (or holds the turn
+    /// to wait for it on the servers).
+    fn has_local_waiters(&self, lock: &str) -> bool {
+        let mut local = self.inner.local.lock().unwrap_or_else(|e| e.into_inner());
+        match local.get(lock) {
+            // Only the map holds the queue: its last waiter went away
+            // (a dropped future) without cleaning up. Forget it.
+            Some(queue) if Arc::strong_count(queue) == 1 => {
+                local.remove(lock);
+                false
+            }
+            Some(_) => true,
+            None => false,
         }
     }
 
