@@ -132,17 +132,23 @@ impl Node {
         })
     }
 
-    /// Runs `script` with `keys` and `args` in one `EVALSHA`, loading the
-    /// script first if the node lost it (a restart, `SCRIPT FLUSH`). One
-    /// command buffer, rather than a vector per argument.
+    /// Runs `script` on a lock's names (KEYS: lock, fence counter, line,
+    /// ticket lapses) and `args` in one `EVALSHA`, loading the script first
+    /// if the node lost it (a restart, `SCRIPT FLUSH`). One command buffer,
+    /// rather than a vector per argument.
     async fn run<T: redis::FromRedisValue>(
         &self,
         script: &redis::Script,
-        keys: usize,
+        names: &Names,
         args: impl FnOnce(&mut redis::Cmd),
     ) -> RedisResult<T> {
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(keys);
+        cmd.arg(script.get_hash())
+            .arg(4)
+            .arg(&names.lock)
+            .arg(names.fence())
+            .arg(names.queue())
+            .arg(names.tickets());
         args(&mut cmd);
         let mut conn = self.conn.clone();
         match cmd.query_async(&mut conn).await {
@@ -166,12 +172,8 @@ impl Node {
         ticket_ms: u64,
     ) -> RedisResult<Attempt> {
         let (status, value): (i64, i64) = self
-            .run(&scripts().acquire, 4, |cmd| {
-                cmd.arg(&names.lock)
-                    .arg(names.fence())
-                    .arg(names.queue())
-                    .arg(names.tickets())
-                    .arg(token)
+            .run(&scripts().acquire, names, |cmd| {
+                cmd.arg(token)
                     .arg(lease_ms)
                     .arg(if fence { "1" } else { "0" })
                     .arg(names.channel())
@@ -198,12 +200,8 @@ impl Node {
         ticket_ms: u64,
     ) -> RedisResult<bool> {
         let released: i64 = self
-            .run(&scripts().release, 4, |cmd| {
-                cmd.arg(&names.lock)
-                    .arg(names.fence())
-                    .arg(names.queue())
-                    .arg(names.tickets())
-                    .arg(token)
+            .run(&scripts().release, names, |cmd| {
+                cmd.arg(token)
                     .arg(names.channel())
                     .arg(place)
                     .arg(ticket_ms);

@@ -7,12 +7,15 @@
 //! registers the same wake-up on every node, so that releases on five nodes
 //! still wake it as one.
 //!
-//! A manager task owns the connection. Subscribe and unsubscribe commands
-//! reach it through one ordered queue, so an unsubscribe sent when the last
-//! waiter of a channel leaves can never overtake a later subscribe. If the
-//! connection drops, the task reconnects, subscribes again to every channel
-//! still watched, and wakes all waiters to check again (they may have
-//! missed a release meanwhile).
+//! A manager task owns the connection and is the only one to subscribe and
+//! unsubscribe. A channel stays subscribed for a while after its last
+//! waiter left ([`LINGER`]): on a contended key the next waiter comes at
+//! once, and finds the subscription live without a round trip. The manager
+//! unsubscribes an idle channel only after taking it out of the table, so
+//! a waiter either finds it live or asks for it again. If the connection
+//! drops, the task reconnects, subscribes again to every channel still
+//! watched, and wakes all waiters to check again (they may have missed a
+//! release meanwhile).
 
 use std::{
     collections::HashMap,
@@ -26,8 +29,10 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 enum Command {
     Subscribe(String, oneshot::Sender<Result<(), RedisError>>),
-    Unsubscribe(String),
 }
+
+/// How long a channel stays subscribed after its last waiter left.
+const LINGER: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
 struct Channels {
@@ -38,6 +43,10 @@ struct Channels {
 #[derive(Default)]
 struct Watched {
     waiters: HashMap<String, Arc<Notify>>,
+    /// Subscribed on the current connection, as the server confirmed.
+    live: bool,
+    /// Since when nobody waits on it.
+    idle_since: Option<tokio::time::Instant>,
 }
 
 impl Watched {
@@ -100,19 +109,23 @@ impl Subscriber {
         token: &str,
         wake: &Arc<Notify>,
     ) -> Result<Watch, RedisError> {
-        lock(&self.channels)
-            .watched
-            .entry(channel.to_owned())
-            .or_default()
-            .waiters
-            .insert(token.to_owned(), wake.clone());
+        let live = {
+            let mut channels = lock(&self.channels);
+            let watched = channels.watched.entry(channel.to_owned()).or_default();
+            watched.waiters.insert(token.to_owned(), wake.clone());
+            watched.idle_since = None;
+            watched.live
+        };
         // From here on, dropping the watch unregisters it.
         let watch = Watch {
             channels: self.channels.clone(),
-            commands: self.commands.clone(),
             channel: channel.to_owned(),
             token: token.to_owned(),
         };
+        if live {
+            // Subscribed already, and it stays so while we are registered.
+            return Ok(watch);
+        }
         // SUBSCRIBE is idempotent on the server: each waiter asks, and is
         // answered once its own request (and all before it) took effect.
         let (reply, confirmed) = oneshot::channel();
@@ -131,7 +144,6 @@ fn closed() -> RedisError {
 /// A waiter's registration on one channel; unregisters when dropped.
 pub(crate) struct Watch {
     channels: Arc<Mutex<Channels>>,
-    commands: mpsc::UnboundedSender<Command>,
     channel: String,
     token: String,
 }
@@ -144,10 +156,8 @@ impl Drop for Watch {
         };
         watched.waiters.remove(&self.token);
         if watched.waiters.is_empty() {
-            channels.watched.remove(&self.channel);
-            let _ = self
-                .commands
-                .send(Command::Unsubscribe(self.channel.clone()));
+            // The manager unsubscribes it once it has lingered.
+            watched.idle_since = Some(tokio::time::Instant::now());
         }
     }
 }
@@ -179,25 +189,25 @@ async fn manage(
             let within = timeouts.response;
             let mut ping = tokio::time::interval(PING_EVERY);
             ping.tick().await;
+            let mut sweep = tokio::time::interval(LINGER);
+            sweep.tick().await;
             loop {
                 tokio::select! {
                     command = queue.recv() => match command {
                         Some(Command::Subscribe(channel, reply)) => {
                             match tokio::time::timeout(within, sink.subscribe(&channel)).await {
                                 Ok(answer) => {
+                                    if answer.is_ok() {
+                                        if let Some(watched) = lock(&channels).watched.get_mut(&channel) {
+                                            watched.live = true;
+                                        }
+                                    }
                                     let _ = reply.send(answer);
                                 }
                                 Err(_) => {
                                     let _ = reply.send(Err(closed()));
                                     break;
                                 }
-                            }
-                        }
-                        Some(Command::Unsubscribe(channel)) => {
-                            // Unless someone started watching it again meanwhile.
-                            let unwatched = !lock(&channels).watched.contains_key(&channel);
-                            if unwatched && tokio::time::timeout(within, sink.unsubscribe(&channel)).await.is_err() {
-                                break;
                             }
                         }
                         None => return,
@@ -211,6 +221,21 @@ async fn manage(
                         }
                         None => break,
                     },
+                    _ = sweep.tick() => {
+                        // Out of the table first: a waiter that comes now
+                        // asks for the subscription again, after this.
+                        let idle = take_idle(&channels);
+                        let mut answered = true;
+                        for channel in idle {
+                            answered = tokio::time::timeout(within, sink.unsubscribe(&channel)).await.is_ok();
+                            if !answered {
+                                break;
+                            }
+                        }
+                        if !answered {
+                            break;
+                        }
+                    }
                     _ = ping.tick() => {
                         // A subscribed RESP2 connection answers `PING` with
                         // `["pong", ""]`, not `PONG`: take any reply as alive.
@@ -223,6 +248,9 @@ async fn manage(
             }
             tracing::warn!("dlock redis pub/sub connection lost; reconnecting");
         }
+        for watched in lock(&channels).watched.values_mut() {
+            watched.live = false;
+        }
         // Serve commands with errors until the next try, so that waiters
         // fall back to their bounded retries instead of hanging.
         let retry = tokio::time::sleep(backoff);
@@ -234,7 +262,6 @@ async fn manage(
                     Some(Command::Subscribe(_, reply)) => {
                         let _ = reply.send(Err(closed()));
                     }
-                    Some(Command::Unsubscribe(_)) => {}
                     None => return,
                 },
             }
@@ -255,6 +282,8 @@ async fn connect(
         Ok(Ok(pubsub)) => pubsub.split(),
         _ => return None,
     };
+    // Channels nobody waits on are not worth subscribing again.
+    drop(take_idle_now(channels));
     let names: Vec<String> = lock(channels).watched.keys().cloned().collect();
     // One channel per command: the server answers each channel separately,
     // and one answer must confirm exactly one request.
@@ -263,8 +292,42 @@ async fn connect(
         if !matches!(answer, Ok(Ok(()))) {
             return None;
         }
+        if let Some(watched) = lock(channels).watched.get_mut(&name) {
+            watched.live = true;
+        }
     }
     Some((sink, stream))
+}
+
+/// Takes the channels that nobody has waited on for [`LINGER`] out of the
+/// table.
+fn take_idle(channels: &Mutex<Channels>) -> Vec<String> {
+    let now = tokio::time::Instant::now();
+    take(channels, |idle_since| {
+        now.duration_since(idle_since) >= LINGER
+    })
+}
+
+/// Takes every channel nobody waits on out of the table.
+fn take_idle_now(channels: &Mutex<Channels>) -> Vec<String> {
+    take(channels, |_| true)
+}
+
+fn take(
+    channels: &Mutex<Channels>,
+    lingered: impl Fn(tokio::time::Instant) -> bool,
+) -> Vec<String> {
+    let mut channels = lock(channels);
+    let idle: Vec<String> = channels
+        .watched
+        .iter()
+        .filter(|(_, w)| w.waiters.is_empty() && w.idle_since.is_some_and(&lingered))
+        .map(|(name, _)| name.clone())
+        .collect();
+    for name in &idle {
+        channels.watched.remove(name);
+    }
+    idle
 }
 
 fn wake_all(channels: &Mutex<Channels>) {

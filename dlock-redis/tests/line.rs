@@ -336,3 +336,40 @@ async fn a_waiter_that_gives_up_leaves_the_line_at_once() {
     let taken = next.try_lock("quit").await.unwrap();
     assert!(taken.is_some(), "the departed waiters held up the line");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_channel_is_unsubscribed_after_lingering() {
+    let server = RedisServer::start().expect("redis-server");
+    let lease = Duration::from_secs(30);
+    let (holder, waiter) = (
+        client(&server.url(), lease).await,
+        client(&server.url(), lease).await,
+    );
+    let guard = holder.lock("linger").await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let guard = waiter.lock("linger").await.unwrap();
+        guard.release().await.unwrap();
+        waiter
+    });
+    until_in_line(&server, "linger", 1).await;
+    let channels = || async {
+        let names: Vec<String> = redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .query_async(&mut raw(&server).await)
+            .await
+            .expect("PUBSUB CHANNELS");
+        names
+    };
+    assert_eq!(channels().await, ["dlock:{linger}:released"]);
+    guard.release().await.unwrap();
+    let _waiter = waiting.await.unwrap();
+    // Kept for a second after its last waiter left, then given up.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !channels().await.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the channel stayed subscribed with nobody waiting"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
