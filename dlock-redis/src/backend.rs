@@ -432,15 +432,12 @@ impl RedisBackend {
         // served, and only the first of them stands in the key's line on
         // the servers: a release wakes one contender per process, and a
         // task that locks again at once queues behind the waiters already
-        // there. Without local waiters, the first attempt goes straight to
-        // the servers, and stands in line only if it is refused.
+        // there. An uncontended first attempt goes straight to the servers,
+        // and stands in line only if it is refused.
+        let channel = names.channel().to_string();
+        let contended = self.has_local_waiters(&names.lock)
+            || self.inner.nodes.iter().any(|n| n.is_watched(&channel));
         let mut turn = None;
-        if self.has_local_waiters(&names.lock) {
-            match self.local_turn(&names.lock, deadline).await {
-                Some(permit) => turn = Some(permit),
-                None => return Ok(None),
-            }
-        }
         let mut place = Place::None;
         // A ticket lapses one lease after its last refresh: a waiter that
         // crashed holds up the line for at most that long.
@@ -448,6 +445,18 @@ impl RedisBackend {
         let wake = Arc::new(Notify::new());
         let mut watches = Vec::new();
         let mut subscribed = false;
+        if contended {
+            // Others wait here, or did a moment ago (the key's channel is
+            // still subscribed): take our turn, and stand in line (with
+            // the subscription made first) from the first attempt.
+            match self.local_turn(&names.lock, deadline).await {
+                Some(permit) => turn = Some(permit),
+                None => return Ok(None),
+            }
+            place = self.line_place();
+            subscribed = true;
+            watches = self.watch_all(&channel, &token, &wake).await;
+        }
         // Fallback polling, only while no release channel can be watched.
         let mut poll = Duration::from_millis(20);
         let mut failing_since: Option<Instant> = None;
@@ -466,20 +475,14 @@ impl RedisBackend {
                                 None => return Ok(None),
                             }
                         }
-                        place = if self.inner.redlock {
-                            Place::At(unix_micros())
-                        } else {
-                            Place::Last
-                        };
+                        place = self.line_place();
                     }
                     if !subscribed {
                         // Subscribe, then check again at once (in line):
                         // a release between the attempt and the
                         // subscription would otherwise be missed.
                         subscribed = true;
-                        watches = self
-                            .watch_all(&names.channel().to_string(), &token, &wake)
-                            .await;
+                        watches = self.watch_all(&channel, &token, &wake).await;
                         continue;
                     }
                     let retry_in = retry_in.min(refresh);
@@ -521,6 +524,16 @@ impl RedisBackend {
                 _ = wake.notified() => {}
                 _ = tokio::time::sleep_until(until) => {}
             }
+        }
+    }
+
+    /// A waiter's place in line: by the node's clock on one node, by the
+    /// waiter's on Redlock (see the type's docs).
+    fn line_place(&self) -> Place {
+        if self.inner.redlock {
+            Place::At(unix_micros())
+        } else {
+            Place::Last
         }
     }
 

@@ -256,6 +256,12 @@ impl Node {
         self.conn.clone()
     }
 
+    /// Whether `channel` is subscribed now: the key has, or had a moment
+    /// ago, a waiter in this process.
+    pub(crate) fn is_watched(&self, channel: &str) -> bool {
+        self.subscriber.is_live(channel)
+    }
+
     /// Wakes `wake` whenever a release on `channel` names `token` first in
     /// line (and when the subscription had to be made again).
     pub(crate) async fn watch(

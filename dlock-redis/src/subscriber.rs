@@ -100,6 +100,15 @@ impl Subscriber {
         Subscriber { channels, commands }
     }
 
+    /// Whether `channel` is subscribed now: someone waits on it, or did
+    /// within the last [`LINGER`].
+    pub(crate) fn is_live(&self, channel: &str) -> bool {
+        lock(&self.channels)
+            .watched
+            .get(channel)
+            .is_some_and(|w| w.live)
+    }
+
     /// Starts waking `wake` for the messages on `channel` that name
     /// `token`; returns once the server confirmed the subscription, so that
     /// a release published after this returns is seen.
