@@ -434,9 +434,15 @@ impl RedisBackend {
         // task that locks again at once queues behind the waiters already
         // there. An uncontended first attempt goes straight to the servers,
         // and stands in line only if it is refused.
-        let channel = names.channel().to_string();
-        let contended = self.has_local_waiters(&names.lock)
-            || self.inner.nodes.iter().any(|n| n.is_watched(&channel));
+        let contended = self.has_local_waiters(&names.lock) || {
+            // Named only where some channel is watched at all: this runs
+            // before every uncontended attempt.
+            let nodes = &self.inner.nodes;
+            nodes.iter().any(Node::watches_any) && {
+                let channel = names.channel().to_string();
+                nodes.iter().any(|n| n.is_watched(&channel))
+            }
+        };
         let mut turn = None;
         let mut place = Place::None;
         // A ticket lapses one lease after its last refresh: a waiter that
@@ -455,7 +461,9 @@ impl RedisBackend {
             }
             place = self.line_place();
             subscribed = true;
-            watches = self.watch_all(&channel, &token, &wake).await;
+            watches = self
+                .watch_all(&names.channel().to_string(), &token, &wake)
+                .await;
         }
         // Fallback polling, only while no release channel can be watched.
         let mut poll = Duration::from_millis(20);
@@ -482,7 +490,9 @@ impl RedisBackend {
                         // a release between the attempt and the
                         // subscription would otherwise be missed.
                         subscribed = true;
-                        watches = self.watch_all(&channel, &token, &wake).await;
+                        watches = self
+                            .watch_all(&names.channel().to_string(), &token, &wake)
+                            .await;
                         continue;
                     }
                     let retry_in = retry_in.min(refresh);

@@ -175,10 +175,10 @@ impl Node {
             .run(&scripts().acquire, names, |cmd| {
                 cmd.arg(token)
                     .arg(lease_ms)
-                    .arg(if fence { "1" } else { "0" })
-                    .arg(names.channel())
-                    .arg(place)
-                    .arg(ticket_ms);
+                    .arg(if fence { "1" } else { "0" });
+                if place != Place::None {
+                    cmd.arg(names.channel()).arg(place).arg(ticket_ms);
+                }
             })
             .await?;
         Ok(match status {
@@ -254,6 +254,11 @@ impl Node {
     /// A handle on the node's multiplexed connection.
     pub(crate) fn connection(&self) -> ConnectionManager {
         self.conn.clone()
+    }
+
+    /// Whether any channel is subscribed now.
+    pub(crate) fn watches_any(&self) -> bool {
+        self.subscriber.watches_any()
     }
 
     /// Whether `channel` is subscribed now: the key has, or had a moment

@@ -78,9 +78,11 @@ end
 /// Acquire in one round trip.
 ///
 /// KEYS: lock, fence counter, line, ticket lapses. ARGV: token, lease in
-/// ms, "1" to count a fencing token, release channel, place in line (""
-/// for a single attempt that does not queue, "0" for the server to place
-/// it last, or a score), ticket lifetime in ms.
+/// ms, "1" to count a fencing token, and for an attempt that queues if
+/// refused: release channel, place in line ("0" for the server to place it
+/// last, or a score), ticket lifetime in ms. (An attempt that does not
+/// queue leaves the last three out: fewer arguments for the server to
+/// take in on the common path.)
 ///
 /// Returns `{1, fence}` when the token holds the lock (newly, or again
 /// after a reply was lost); `{0, ms}` when another token holds it, for
@@ -167,13 +169,13 @@ if not holder then
     end
     return {1, 0}
   end
-  if ARGV[5] ~= '' then enqueue(token, ARGV[5], ARGV[6], now_us, now) end
+  if ARGV[5] then enqueue(token, ARGV[5], ARGV[6], now_us, now) end
   -- Tickets that lapsed were just dropped: the first waiter now may not
   -- know that its turn has come.
-  if pruned > 0 then redis.call('PUBLISH', ARGV[4], first) end
+  if pruned > 0 and ARGV[4] then redis.call('PUBLISH', ARGV[4], first) end
   return {2, math.max(lapses - now, 0)}
 end
-if ARGV[5] ~= '' then enqueue(token, ARGV[5], ARGV[6], now_us, now) end
+if ARGV[5] then enqueue(token, ARGV[5], ARGV[6], now_us, now) end
 -- Check again when the holder's lease ends, or sooner when the first
 -- waiter's ticket lapses: the release will name that waiter, and if it
 -- crashed, nobody else would be told.

@@ -100,6 +100,11 @@ impl Subscriber {
         Subscriber { channels, commands }
     }
 
+    /// Whether any channel is subscribed (or being subscribed) now.
+    pub(crate) fn watches_any(&self) -> bool {
+        !lock(&self.channels).watched.is_empty()
+    }
+
     /// Whether `channel` is subscribed now: someone waits on it, or did
     /// within the last [`LINGER`].
     pub(crate) fn is_live(&self, channel: &str) -> bool {
