@@ -158,7 +158,6 @@ if holder == token then
 end
 local now_us, now = clock()
 if not holder then
-  local pruned = prune(now)
   local first, lapses = first_in_line(now)
   if not first or first == token then
     redis.call('ZREM', KEYS[3], token)
@@ -169,10 +168,15 @@ if not holder then
     end
     return {1, 0}
   end
-  if ARGV[5] then enqueue(token, ARGV[5], ARGV[6], now_us, now) end
-  -- Tickets that lapsed were just dropped: the first waiter now may not
-  -- know that its turn has come.
-  if pruned > 0 and ARGV[4] then redis.call('PUBLISH', ARGV[4], first) end
+  if ARGV[5] then
+    enqueue(token, ARGV[5], ARGV[6], now_us, now)
+    -- The lock is free here and the first waiter has not taken it: tell
+    -- it again. It may not know that its turn has come (the tickets ahead
+    -- of it lapsed just now, or the release that named it reached it
+    -- while its ticket was missing here), and a waiter behind it must not
+    -- wait on it for a whole lease.
+    redis.call('PUBLISH', ARGV[4], first)
+  end
   return {2, math.max(lapses - now, 0)}
 end
 if ARGV[5] then enqueue(token, ARGV[5], ARGV[6], now_us, now) end
@@ -275,21 +279,78 @@ mod tests {
     use dlock_testkit::fixture::RedisServer;
 
     async fn acquire(conn: &mut redis::aio::MultiplexedConnection, token: &str) -> (i64, i64) {
+        acquire_queued(conn, token, true).await
+    }
+
+    /// An attempt that stands in line if refused (`queue`), or one that
+    /// does not (a single attempt: the last three arguments left out).
+    async fn acquire_queued(
+        conn: &mut redis::aio::MultiplexedConnection,
+        token: &str,
+        queue: bool,
+    ) -> (i64, i64) {
+        let mut call = scripts().acquire.key("dlock:{k}");
+        call.key("dlock:{k}:fence")
+            .key("dlock:{k}:queue")
+            .key("dlock:{k}:tickets")
+            .arg(token)
+            .arg(10_000)
+            .arg("1");
+        if queue {
+            call.arg("dlock:{k}:released").arg("0").arg(10_000);
+        }
+        call.invoke_async(conn).await.expect("acquire script")
+    }
+
+    async fn release(conn: &mut redis::aio::MultiplexedConnection, token: &str) -> i64 {
         scripts()
-            .acquire
+            .release
             .key("dlock:{k}")
             .key("dlock:{k}:fence")
             .key("dlock:{k}:queue")
             .key("dlock:{k}:tickets")
             .arg(token)
-            .arg(10_000)
-            .arg("1")
             .arg("dlock:{k}:released")
-            .arg("0")
-            .arg(10_000)
+            .arg("")
+            .arg(0)
             .invoke_async(conn)
             .await
-            .expect("acquire script")
+            .expect("release script")
+    }
+
+    /// First come, first served, at the script: once someone waits, a free
+    /// lock goes to the first in line and to nobody else, whether or not
+    /// the one asking queues.
+    #[tokio::test]
+    async fn a_free_lock_goes_only_to_the_first_in_line() {
+        let server = RedisServer::start().expect("redis-server");
+        let client = redis::Client::open(server.url()).expect("url");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        assert_eq!(acquire(&mut conn, "holder").await.0, 1);
+        assert_eq!(acquire(&mut conn, "first").await.0, 0, "held: first queues");
+        assert_eq!(
+            acquire(&mut conn, "second").await.0,
+            0,
+            "held: second queues"
+        );
+        assert_eq!(release(&mut conn, "holder").await, 1);
+        for (token, queue) in [("second", true), ("newcomer", false), ("newcomer", true)] {
+            let (status, _) = acquire_queued(&mut conn, token, queue).await;
+            assert_eq!(
+                status, 2,
+                "{token} took the lock ahead of the first in line"
+            );
+        }
+        assert_eq!(
+            acquire(&mut conn, "first").await.0,
+            1,
+            "the first in line is refused"
+        );
+        assert_eq!(release(&mut conn, "first").await, 1);
+        assert_eq!(acquire(&mut conn, "second").await.0, 1, "then the second");
     }
 
     /// The branch for a token that holds the lock already (its first reply
