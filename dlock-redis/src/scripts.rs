@@ -12,8 +12,8 @@ use redis::Script;
 
 /// The waiting line shared by the acquire and release scripts.
 ///
-/// KEYS[3] orders the tickets (a sorted set scored by place in line) and
-/// KEYS[4] holds when each ticket lapses (a sorted set scored by server
+/// `KEYS[3]` orders the tickets (a sorted set scored by place in line) and
+/// `KEYS[4]` holds when each ticket lapses (a sorted set scored by server
 /// time in ms). Both carry the longest ticket's lifetime as their TTL, so a
 /// line whose waiters all went away leaves nothing behind.
 macro_rules! queue_lua {
@@ -289,26 +289,25 @@ mod tests {
         token: &str,
         queue: bool,
     ) -> (i64, i64) {
-        let mut call = scripts().acquire.key("dlock:{k}");
-        call.key("dlock:{k}:fence")
-            .key("dlock:{k}:queue")
-            .key("dlock:{k}:tickets")
-            .arg(token)
-            .arg(10_000)
-            .arg("1");
+        let mut call = on_key(&scripts().acquire);
+        call.arg(token).arg(10_000).arg("1");
         if queue {
             call.arg("dlock:{k}:released").arg("0").arg(10_000);
         }
         call.invoke_async(conn).await.expect("acquire script")
     }
 
-    async fn release(conn: &mut redis::aio::MultiplexedConnection, token: &str) -> i64 {
-        scripts()
-            .release
-            .key("dlock:{k}")
-            .key("dlock:{k}:fence")
+    /// `script` on the names of key `k`.
+    fn on_key(script: &Script) -> redis::ScriptInvocation<'_> {
+        let mut call = script.key("dlock:{k}");
+        call.key("dlock:{k}:fence")
             .key("dlock:{k}:queue")
-            .key("dlock:{k}:tickets")
+            .key("dlock:{k}:tickets");
+        call
+    }
+
+    async fn release(conn: &mut redis::aio::MultiplexedConnection, token: &str) -> i64 {
+        on_key(&scripts().release)
             .arg(token)
             .arg("dlock:{k}:released")
             .arg("")
