@@ -12,7 +12,7 @@ use dlock_core::{
     },
     LockError, LockKey, Result, Token,
 };
-use futures_util::future::join_all;
+use futures_util::{future::join_all, stream::FuturesUnordered, StreamExt};
 use redis::{RedisError, RedisResult};
 use tokio::{
     sync::{Notify, OwnedSemaphorePermit, Semaphore},
@@ -296,11 +296,41 @@ impl RedisBackend {
         let fence = !self.inner.redlock;
         let timeout = self.node_timeout(lease);
         let sent = Instant::now();
-        let answers = self
-            .on_every_node(timeout, |node| {
-                node.acquire(names, token, lease_ms, fence, place, lease_ms)
-            })
-            .await;
+        let quorum = self.inner.quorum;
+        let answers = match &self.inner.nodes[..] {
+            [node] => {
+                let step = node.acquire(names, token, lease_ms, fence, place, lease_ms);
+                vec![bounded(timeout, step).await]
+            }
+            nodes => {
+                // Stop listening once a majority granted: the slower nodes'
+                // answers cannot undo a won round. A late grant there is
+                // ours, and a late refusal leaves our ticket; the release
+                // (sent to every node) clears both.
+                let mut pending: FuturesUnordered<_> = nodes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, node)| async move {
+                        let step = node.acquire(names, token, lease_ms, fence, place, lease_ms);
+                        (i, bounded(timeout, step).await)
+                    })
+                    .collect();
+                let mut answers: Vec<Option<RedisResult<Attempt>>> =
+                    nodes.iter().map(|_| None).collect();
+                let mut granted = 0;
+                while let Some((i, answer)) = pending.next().await {
+                    granted += usize::from(matches!(answer, Ok(Attempt::Acquired(_))));
+                    answers[i] = Some(answer);
+                    if granted >= quorum && within_validity(sent, lease) {
+                        return Ok(Round::Won(Acquired::new(sent)));
+                    }
+                }
+                answers
+                    .into_iter()
+                    .map(|a| a.unwrap_or_else(|| Err(timed_out())))
+                    .collect()
+            }
+        };
         let mut won = 0;
         let mut fence_value = 0;
         let mut not_our_turn = 0;
@@ -326,17 +356,13 @@ impl RedisBackend {
                 }
             }
         }
-        if won >= self.inner.quorum {
-            // Redlock's validity: time left after the round and the drift.
-            let drift = lease / 100 + Duration::from_millis(2);
-            if sent.elapsed() + drift < lease {
-                let acquired = Acquired::new(sent);
-                return Ok(Round::Won(if fence {
-                    acquired.with_fence(fence_value)
-                } else {
-                    acquired
-                }));
-            }
+        if won >= quorum && within_validity(sent, lease) {
+            let acquired = Acquired::new(sent);
+            return Ok(Round::Won(if fence {
+                acquired.with_fence(fence_value)
+            } else {
+                acquired
+            }));
         }
         if !give_back.is_empty() {
             // A partial grant, or replies that never came: give back what we
@@ -608,6 +634,13 @@ impl RedisBackend {
             })
             .collect()
     }
+}
+
+/// Redlock's validity: whether time is left on a lease whose round was
+/// sent at `sent`, after the round and the clock drift.
+fn within_validity(sent: Instant, lease: Duration) -> bool {
+    let drift = lease / 100 + Duration::from_millis(2);
+    sent.elapsed() + drift < lease
 }
 
 /// `step`, bounded by `timeout` if there is one.
