@@ -349,3 +349,44 @@ async fn a_task_that_locks_again_at_once_queues_behind_the_waiter_it_woke() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_won_before_the_slow_nodes_answer_leaves_no_key_after_its_release() {
+    let mut servers = five_nodes();
+    let url = redlock_url(&servers);
+    let (a, b) = (locker(&url).await, locker(&url).await);
+    // Connected to every node first: requests to the paused nodes then
+    // wait in their sockets, to run when they resume.
+    a.lock("warm").await.unwrap().release().await.unwrap();
+    for server in &mut servers[3..] {
+        server.process().pause().unwrap();
+    }
+    let guard = a
+        .lock_with("slow", LockOptions::new().wait(Duration::from_secs(10)))
+        .await
+        .expect("a majority of three answers");
+    assert!(
+        b.try_lock("slow").await.unwrap().is_none(),
+        "granted twice with two nodes paused"
+    );
+    guard.release().await.unwrap();
+    for server in &mut servers[3..] {
+        server.process().resume().unwrap();
+    }
+    tokio::time::timeout(Duration::from_secs(10), a.wait_for_releases())
+        .await
+        .expect("the releases did not settle");
+    // The paused nodes granted the round late, then ran its release.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for (i, server) in servers.iter().enumerate() {
+        while has_key(server, "slow").await {
+            assert!(
+                Instant::now() < deadline,
+                "node {i} keeps the key of a released lock"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let taken = b.try_lock("slow").await.unwrap();
+    assert!(taken.is_some(), "the key stayed taken after the release");
+}
