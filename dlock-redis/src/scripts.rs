@@ -297,6 +297,14 @@ mod tests {
         call.invoke_async(conn).await.expect("acquire script")
     }
 
+    async fn connect(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(server.url())
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect")
+    }
+
     /// `script` on the names of key `k`.
     fn on_key(script: &Script) -> redis::ScriptInvocation<'_> {
         let mut call = script.key("dlock:{k}");
@@ -323,11 +331,7 @@ mod tests {
     #[tokio::test]
     async fn a_free_lock_goes_only_to_the_first_in_line() {
         let server = RedisServer::start().expect("redis-server");
-        let client = redis::Client::open(server.url()).expect("url");
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect");
+        let mut conn = connect(&server).await;
         assert_eq!(acquire(&mut conn, "holder").await.0, 1);
         assert_eq!(acquire(&mut conn, "first").await.0, 0, "held: first queues");
         assert_eq!(
@@ -358,11 +362,7 @@ mod tests {
     #[tokio::test]
     async fn re_acquiring_without_a_counter_gives_a_greater_fence() {
         let server = RedisServer::start().expect("redis-server");
-        let client = redis::Client::open(server.url()).expect("url");
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect");
+        let mut conn = connect(&server).await;
         let (won, first) = acquire(&mut conn, "t1").await;
         assert_eq!(won, 1);
         let _: () = redis::cmd("DEL")

@@ -26,11 +26,8 @@ fn single_node() -> Harness {
 }
 
 fn redlock_of_five() -> Harness {
-    let servers: Vec<RedisServer> = (0..5)
-        .map(|_| RedisServer::start().expect("start redis-server"))
-        .collect();
-    let hosts: Vec<String> = servers.iter().map(RedisServer::host_port).collect();
-    let url = format!("redis+redlock://{}", hosts.join(","));
+    let servers = RedisServer::start_many(5).expect("start redis-server");
+    let url = RedisServer::redlock_url(&servers);
     harness("redlock", servers, url)
 }
 

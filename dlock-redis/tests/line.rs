@@ -1,5 +1,5 @@
 //! The waiting line on the servers, against real `redis-server` processes:
-//! first come first served across clients, one waiter woken per release,
+//! a free lock waits for the first in line, whichever client asks, one waiter woken per release,
 //! wake-ups that are never lost, and a line that a crashed or departed
 //! waiter does not hold up.
 
@@ -12,11 +12,6 @@ use dlock_core::{LockError, LockOptions, Locker};
 use dlock_redis::{redis, RedisBackend, RedisConfig};
 use dlock_testkit::fixture::RedisServer;
 use tokio::time::Instant;
-
-fn redlock_url(servers: &[RedisServer]) -> String {
-    let hosts: Vec<String> = servers.iter().map(RedisServer::host_port).collect();
-    format!("redis+redlock://{}", hosts.join(","))
-}
 
 /// A client of its own (its own connections), as another process would be,
 /// whose every fallback timer is long: the waiter's poll without pub/sub
@@ -154,101 +149,79 @@ async fn no_wake_up_is_lost_on_one_node_with_every_fallback_long() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_wake_up_is_lost_on_redlock_with_every_fallback_long() {
-    let servers: Vec<RedisServer> = (0..5)
-        .map(|_| RedisServer::start().expect("redis-server"))
-        .collect();
-    check_no_wake_up_is_lost(&redlock_url(&servers)).await;
+    let servers = RedisServer::start_many(5).expect("redis-server");
+    check_no_wake_up_is_lost(&RedisServer::redlock_url(&servers)).await;
 }
 
-/// Three clients: `a` holds, `b` then `c` queue, `a` locks again as it
-/// releases. First come first served across clients: b, c, a.
-async fn check_first_come_first_served(url: &str, queued: impl Fn() -> QueueProbe) {
+/// A waiter first in line on every node that never acts (a ticket put
+/// there by hand): once the holder releases, the free lock is refused to
+/// every client that asks later, whether with one attempt or waiting, and
+/// goes to the next client as soon as that ticket leaves the line.
+/// Deterministic, unlike a race between a woken waiter and a releaser.
+async fn check_a_free_lock_waits_for_the_first_in_line(url: &str, servers: &[RedisServer]) {
     let lease = Duration::from_secs(30);
-    let (a, b, c) = (
-        client(url, lease).await,
-        client(url, lease).await,
-        client(url, lease).await,
+    let (holder, later) = (client(url, lease).await, client(url, lease).await);
+    let guard = holder.lock("fifo").await.unwrap();
+    for server in servers {
+        let mut conn = raw(server).await;
+        let _: () = redis::pipe()
+            .cmd("ZADD")
+            .arg("dlock:{fifo}:queue")
+            .arg(1)
+            .arg("first")
+            .cmd("ZADD")
+            .arg("dlock:{fifo}:tickets")
+            .arg(u64::MAX / 2)
+            .arg("first")
+            .query_async(&mut conn)
+            .await
+            .expect("ZADD");
+    }
+    guard.release().await.unwrap();
+    assert!(
+        later.try_lock("fifo").await.unwrap().is_none(),
+        "a single attempt took the lock ahead of the first in line"
     );
-    let order = Arc::new(Mutex::new(Vec::new()));
-    for round in 0..5 {
-        order.lock().unwrap().clear();
-        let held = a.lock("fifo").await.unwrap();
-        let wait = |locker: &Locker, name: &'static str| {
-            let (locker, order) = (locker.clone(), order.clone());
-            tokio::spawn(async move {
-                let guard = locker
-                    .lock_with("fifo", LockOptions::new().wait(Duration::from_secs(10)))
-                    .await
-                    .unwrap();
-                order.lock().unwrap().push(name);
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                guard.release().await.unwrap();
-            })
-        };
-        let waiting_b = wait(&b, "b");
-        queued().until(1).await;
-        let waiting_c = wait(&c, "c");
-        queued().until(2).await;
-        held.release().await.unwrap();
-        let again = a
-            .lock_with("fifo", LockOptions::new().wait(Duration::from_secs(10)))
+    let waited = later
+        .lock_with("fifo", LockOptions::new().wait(Duration::from_millis(500)))
+        .await;
+    assert!(
+        matches!(waited, Err(LockError::Timeout { .. })),
+        "a waiter took the lock ahead of the first in line: {:?}",
+        waited.map(|_| ())
+    );
+    for server in servers {
+        let mut conn = raw(server).await;
+        let _: () = redis::pipe()
+            .cmd("ZREM")
+            .arg("dlock:{fifo}:queue")
+            .arg("first")
+            .cmd("ZREM")
+            .arg("dlock:{fifo}:tickets")
+            .arg("first")
+            .query_async(&mut conn)
             .await
-            .unwrap();
-        order.lock().unwrap().push("a");
-        again.release().await.unwrap();
-        waiting_b.await.unwrap();
-        waiting_c.await.unwrap();
-        assert_eq!(
-            *order.lock().unwrap(),
-            ["b", "c", "a"],
-            "round {round}: not first come first served"
-        );
+            .expect("ZREM");
     }
-}
-
-/// Waits for the line of "fifo" on one server.
-struct QueueProbe(String);
-
-impl QueueProbe {
-    async fn until(self, n: u64) {
-        let server_url = self.0;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut conn = redis::Client::open(server_url)
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
-        loop {
-            let len: u64 = redis::cmd("ZCARD")
-                .arg("dlock:{fifo}:queue")
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            if len == n {
-                return;
-            }
-            assert!(Instant::now() < deadline, "the line never held {n} tickets");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
+    let taken = later.try_lock("fifo").await.unwrap();
+    assert!(
+        taken.is_some(),
+        "the lock stayed refused with nobody in line"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clients_are_served_first_come_first_served_on_one_node() {
+async fn a_free_lock_waits_for_the_first_in_line_on_one_node() {
     let server = RedisServer::start().expect("redis-server");
-    let url = server.url();
-    check_first_come_first_served(&server.url(), || QueueProbe(url.clone())).await;
+    check_a_free_lock_waits_for_the_first_in_line(&server.url(), std::slice::from_ref(&server))
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clients_are_served_first_come_first_served_on_redlock() {
-    let servers: Vec<RedisServer> = (0..5)
-        .map(|_| RedisServer::start().expect("redis-server"))
-        .collect();
-    // Every node holds the whole line once a waiter has tried once; the
-    // last node's is as good a probe as any.
-    let url = servers[4].url();
-    check_first_come_first_served(&redlock_url(&servers), || QueueProbe(url.clone())).await;
+async fn a_free_lock_waits_for_the_first_in_line_on_redlock() {
+    let servers = RedisServer::start_many(5).expect("redis-server");
+    check_a_free_lock_waits_for_the_first_in_line(&RedisServer::redlock_url(&servers), &servers)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -292,6 +265,14 @@ async fn a_crashed_waiter_holds_up_the_line_for_at_most_its_lease() {
     );
 }
 
+/// Once `quitter`'s releases settled, nobody stands in the line of "quit".
+async fn assert_left_the_line(quitter: &Locker, server: &RedisServer, who: &str) {
+    tokio::time::timeout(Duration::from_secs(10), quitter.wait_for_releases())
+        .await
+        .unwrap_or_else(|_| panic!("the release of {who} did not settle"));
+    assert_eq!(in_line(server, "quit").await, 0, "{who} kept its ticket");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_that_gives_up_leaves_the_line_at_once() {
     let server = RedisServer::start().expect("redis-server");
@@ -310,28 +291,14 @@ async fn a_waiter_that_gives_up_leaves_the_line_at_once() {
         matches!(limited, Err(LockError::Timeout { .. })),
         "{limited:?}"
     );
-    tokio::time::timeout(Duration::from_secs(10), quitter.wait_for_releases())
-        .await
-        .expect("the timed-out wait's release did not settle");
-    assert_eq!(
-        in_line(&server, "quit").await,
-        0,
-        "a waiter that timed out kept its ticket"
-    );
+    assert_left_the_line(&quitter, &server, "a waiter that timed out").await;
     let mut dropped = Box::pin(quitter.lock("quit"));
     tokio::select! {
         result = &mut dropped => panic!("granted while held: {:?}", result.map(|_| ())),
         () = until_in_line(&server, "quit", 1) => {}
     }
     drop(dropped);
-    tokio::time::timeout(Duration::from_secs(10), quitter.wait_for_releases())
-        .await
-        .expect("the cancelled wait's release did not settle");
-    assert_eq!(
-        in_line(&server, "quit").await,
-        0,
-        "a dropped waiter kept its ticket"
-    );
+    assert_left_the_line(&quitter, &server, "a dropped waiter").await;
     guard.release().await.unwrap();
     let taken = next.try_lock("quit").await.unwrap();
     assert!(taken.is_some(), "the departed waiters held up the line");

@@ -12,14 +12,11 @@ use tokio::time::Instant;
 
 /// Five Redis servers, for Redlock.
 fn five_nodes() -> Vec<RedisServer> {
-    (0..5)
-        .map(|_| RedisServer::start().expect("redis-server"))
-        .collect()
+    RedisServer::start_many(5).expect("redis-server")
 }
 
 fn redlock_url(servers: &[RedisServer]) -> String {
-    let hosts: Vec<String> = servers.iter().map(RedisServer::host_port).collect();
-    format!("redis+redlock://{}", hosts.join(","))
+    RedisServer::redlock_url(servers)
 }
 
 async fn locker(url: &str) -> Locker {

@@ -146,13 +146,10 @@ fn redis() -> Topology {
 }
 
 fn redlock() -> Topology {
-    let servers: Vec<RedisServer> = (0..5)
-        .map(|_| RedisServer::start().expect("redis-server"))
-        .collect();
-    let hosts: Vec<String> = servers.iter().map(RedisServer::host_port).collect();
+    let servers = RedisServer::start_many(5).expect("redis-server");
     Topology {
         name: "redlock",
-        url: format!("redis+redlock://{}", hosts.join(",")),
+        url: RedisServer::redlock_url(&servers),
         lease: Duration::from_secs(1),
         fencing: false,
         // The processes' woken contenders split the votes, give them back
