@@ -43,29 +43,35 @@ const UNKNOWN_TTL_RECHECK: Duration = Duration::from_millis(500);
 ///
 /// # How it locks
 ///
-/// - **Acquire** is one round trip per node: a Lua script grants the lock
-///   when it is free and nobody waits (or the caller is first in line),
-///   counting a fencing token; otherwise it puts the caller in the key's
-///   line, or refreshes its ticket there, and answers how long until it is
-///   worth checking again.
+/// - **Acquire** is one round trip per node: a Lua script takes a free
+///   key, counting a fencing token (Redlock's first attempt, which counts
+///   none, is a plain `SET NX PX`); otherwise it puts the caller in the
+///   key's line, or refreshes its ticket there, and answers how long until
+///   it is worth checking again.
 /// - **First come, first served, across processes.** Each key has a line
-///   on the server: tickets in a sorted set, ordered by place. The lock is
-///   granted only to the first live ticket, so a client that releases and
-///   locks again at once queues behind the waiters already there, in any
-///   process. Within one process, waiters for a key queue locally first and
-///   only the first of them stands in the server's line: a process holds
-///   at most one ticket per key.
-/// - **One waiter woken per release.** The release names the first waiter
-///   in line in its pub/sub message, and only that waiter, wherever it
-///   runs, is woken; it subscribes before its last check, so the message
-///   cannot slip between the two. There is no fixed-interval polling.
+///   on the server: tickets in a sorted set, ordered by place. A release
+///   that finds someone in line does not free the key: it hands the lock
+///   to the first live ticket (the key names that waiter until its ticket
+///   lapses), so a client that releases and locks again at once queues
+///   behind the waiters already there, in any process, and a free key can
+///   be taken without reading the line. Within one process, waiters for a
+///   key queue locally first and only the first of them stands in the
+///   server's line: a process holds at most one ticket per key.
+/// - **One waiter woken per release.** The release names the waiter it
+///   handed the lock to in its pub/sub message, and only that waiter,
+///   wherever it runs, is woken; it subscribes before its last check, so
+///   the message cannot slip between the two. There is no fixed-interval
+///   polling.
 /// - **A departed waiter leaves, a crashed one lapses.** A waiter that
-///   gives up, or whose future is dropped, takes its ticket out (and wakes
-///   the next if the lock is free). A ticket lapses one lease after its
-///   waiter last refreshed it (at every attempt, and at least every third
-///   of its lease), and the waiters behind check again when the first
-///   ticket lapses: a crashed waiter holds up the line for at most its
-///   lease. The line's keys expire with their last ticket.
+///   gives up, or whose future is dropped, takes its ticket out (and
+///   passes the lock on if it had been handed to it). A ticket lapses one
+///   lease after its waiter last refreshed it (at every attempt, and at
+///   least every third of its lease), and a lock handed to a waiter lasts
+///   only as long as its ticket: a crashed waiter holds up the line for at
+///   most its lease. The line's keys expire with their last ticket. Only a
+///   crash leaves a key free with waiters in line (a holder's lease, or a
+///   handed lock, that ran out); whoever asks next takes it, and the
+///   release after that serves the line in order again.
 /// - **Release and renewal** compare the token in a Lua script. The
 ///   watchdog renews every held lock of a locker in one pipelined round
 ///   trip per node and tick.

@@ -20,12 +20,12 @@ pub(crate) enum Attempt {
     /// Our token holds the lock; the fencing counter's value.
     Acquired(u64),
     /// Another token holds it: worth checking again in this many
-    /// milliseconds, when its lease ends or the first waiter's ticket
-    /// lapses (`None` when the key has no TTL and nobody else waits:
-    /// someone wrote it without dlock).
+    /// milliseconds, when its lease ends (`None` when the key has no TTL:
+    /// someone wrote it without dlock, or an attempt that does not queue
+    /// was refused, which does not ask how long).
     Held(Option<u64>),
-    /// It is free, but another waiter is first in line, whose ticket lapses
-    /// in this many milliseconds unless that waiter refreshes it.
+    /// A release handed it to another waiter, the first in line, who has
+    /// this many milliseconds left to take it.
     NotOurTurn(u64),
 }
 
@@ -162,6 +162,10 @@ impl Node {
 
     /// One acquire attempt; one that is refused takes (or refreshes) its
     /// ticket at `place`, lapsing after `ticket_ms`.
+    ///
+    /// An attempt that neither queues nor counts a fence (Redlock's first)
+    /// is a plain `SET NX PX`: a free key may be taken by anyone (see
+    /// the acquire script), and the server spares a script run.
     pub(crate) async fn acquire(
         &self,
         names: &Names,
@@ -171,6 +175,20 @@ impl Node {
         place: Place,
         ticket_ms: u64,
     ) -> RedisResult<Attempt> {
+        if place == Place::None && !fence {
+            let set: Option<String> = redis::cmd("SET")
+                .arg(&names.lock)
+                .arg(token)
+                .arg("NX")
+                .arg("PX")
+                .arg(lease_ms)
+                .query_async(&mut self.conn.clone())
+                .await?;
+            return Ok(match set {
+                Some(_) => Attempt::Acquired(0),
+                None => Attempt::Held(None),
+            });
+        }
         let (status, value): (i64, i64) = self
             .run(&scripts().acquire, names, |cmd| {
                 cmd.arg(token)
@@ -191,7 +209,8 @@ impl Node {
     /// Releases the lock if `token` holds it. With `Place::None` the token
     /// also leaves the line (a release, or a wait given up); otherwise it
     /// stays in line at `place` (a Redlock grant given back). Either way,
-    /// the first waiter in line is told when the lock is free.
+    /// a lock left free is handed to the first waiter in line, who is
+    /// told.
     pub(crate) async fn release(
         &self,
         names: &Names,

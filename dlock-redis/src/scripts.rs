@@ -64,12 +64,19 @@ local function enqueue(token, place, ticket_ms, now_us, now)
     if redis.call('PTTL', KEYS[i]) < ms then redis.call('PEXPIRE', KEYS[i], ms) end
   end
 end
--- Tells the first waiter in line, by its token, that the lock is free.
-local function wake_first(channel, except)
-  if redis.call('EXISTS', KEYS[1]) == 1 then return end
+-- Hands a free lock to the first live waiter in line (if any but
+-- `except`): the key holds 'next:' and that waiter's token until its
+-- ticket lapses, so nobody else can take it, and the message naming it
+-- wakes that one waiter. Only that token takes a handed lock, with a new
+-- fence. Returns whether the lock was handed on.
+local function hand_first(channel, except)
   local _, now = clock()
-  local first = first_in_line(now)
-  if first and first ~= except then redis.call('PUBLISH', channel, first) end
+  local first, lapses = first_in_line(now)
+  if not first or first == except then return false end
+  local ms = math.max(1, math.min(lapses - now, 86400000))
+  redis.call('SET', KEYS[1], 'next:' .. first, 'PX', ms)
+  redis.call('PUBLISH', channel, first)
+  return true
 end
 "
     };
@@ -84,18 +91,25 @@ end
 /// queue leaves the last three out: fewer arguments for the server to
 /// take in on the common path.)
 ///
-/// Returns `{1, fence}` when the token holds the lock (newly, or again
-/// after a reply was lost); `{0, ms}` when another token holds it, for
-/// `ms` more (or the first waiter's ticket lapses sooner); `{2,
-/// ms}` when it is free but another waiter is first in line, whose ticket
-/// lapses in `ms`. With fencing asked for, the fence is never 0.
+/// Returns `{1, fence}` when the token holds the lock (newly, taken from a
+/// release that handed it over, or again after a reply was lost); `{0,
+/// ms}` when another token holds it, for `ms` more; `{2, ms}` when a
+/// release handed it to another waiter, who has `ms` left to take it. With
+/// fencing asked for, the fence is never 0.
 ///
-/// The lock is granted only to the first waiter in line, or to anyone
-/// when nobody waits; a waiter that is refused gets (or refreshes) its
-/// ticket in the same run. The common case, a free key with nobody in
-/// line and a live counter, costs four commands inside the script
-/// (`EXISTS`, `SET NX PX`, `INCR`, `PEXPIRE`), and defines none of the
-/// line's functions.
+/// A free key goes to whoever asks first: the key is never free while a
+/// live waiter stands in line, because a release hands the lock to the
+/// first waiter (the key then holds `next:` and that waiter's token until
+/// its ticket lapses). Only a crash frees a key with waiters in line: a
+/// holder's lease or a handed waiter's ticket that runs out. The next
+/// attempt then takes it, whoever makes it, and the release after that
+/// serves the line in order again. A waiter that is refused gets (or
+/// refreshes) its ticket in the same run.
+///
+/// The common case, a free key and a live counter, costs three commands
+/// inside the script (`SET NX PX`, `INCR`, `PEXPIRE`), and defines none of
+/// the line's functions. Redlock, which counts no fence, sends a plain
+/// `SET NX PX` instead (see `Node::acquire`).
 ///
 /// # The fence counter, and why its tokens only grow
 ///
@@ -119,7 +133,9 @@ end
 ///   to a replica, included: the seed comes from the clock, not the data).
 const ACQUIRE: &str = concat!(
     // The common case first, before the line's functions are defined: a
-    // free key with nobody in line.
+    // free key. Nobody is passed over by taking it, because the key is
+    // never free while a live waiter stands in line: a release hands it
+    // to the first waiter (see `hand_first`).
     r"
 local token = ARGV[1]
 local function fence()
@@ -132,17 +148,25 @@ local function fence()
   redis.call('PEXPIRE', KEYS[2], 2 * ARGV[2])
   return value
 end
-if redis.call('EXISTS', KEYS[3]) == 0 and redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
+local function granted(in_line)
+  if in_line then
+    redis.call('ZREM', KEYS[3], token)
+    redis.call('ZREM', KEYS[4], token)
+  end
   if ARGV[3] == '1' then
     return {1, fence()}
   end
   return {1, 0}
+end
+if redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
+  return granted(ARGV[5])
 end
 ",
     queue_lua!(),
     r"
 local holder = redis.call('GET', KEYS[1])
 if holder == token then
+  -- Ours already: the reply to the attempt that won it was lost.
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   redis.call('ZREM', KEYS[3], token)
   redis.call('ZREM', KEYS[4], token)
@@ -156,34 +180,26 @@ if holder == token then
   end
   return {1, 0}
 end
-local now_us, now = clock()
-if not holder then
-  local first, lapses = first_in_line(now)
-  if not first or first == token then
-    redis.call('ZREM', KEYS[3], token)
-    redis.call('ZREM', KEYS[4], token)
-    redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
-    if ARGV[3] == '1' then
-      return {1, fence()}
-    end
-    return {1, 0}
-  end
-  if ARGV[5] then
-    enqueue(token, ARGV[5], ARGV[6], now_us, now)
-    -- The lock is free here and the first waiter has not taken it: tell
-    -- it again. It may not know that its turn has come (the tickets ahead
-    -- of it lapsed just now, or the release that named it reached it
-    -- while its ticket was missing here), and a waiter behind it must not
-    -- wait on it for a whole lease.
-    redis.call('PUBLISH', ARGV[4], first)
-  end
-  return {2, math.max(lapses - now, 0)}
+if holder == 'next:' .. token then
+  -- Handed to us by a release: take it, with a new fence.
+  redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
+  return granted(true)
 end
+local now_us, now = clock()
 if ARGV[5] then enqueue(token, ARGV[5], ARGV[6], now_us, now) end
--- Check again when the holder's lease ends, or sooner when the first
--- waiter's ticket lapses: the release will name that waiter, and if it
--- crashed, nobody else would be told.
 local ttl = redis.call('PTTL', KEYS[1])
+if string.sub(holder, 1, 5) == 'next:' then
+  -- Handed to another waiter, who may not know yet: tell it again (the
+  -- message that named it may have reached it while its ticket was
+  -- missing here, or not at all), so that nobody behind it waits out its
+  -- ticket for a wake-up it missed.
+  if ARGV[5] then redis.call('PUBLISH', ARGV[4], string.sub(holder, 6)) end
+  return {2, math.max(ttl, 0)}
+end
+-- Check again when the holder's lease ends, or sooner when the first
+-- waiter's ticket lapses: a release hands the lock to that waiter and
+-- wakes only it, and if it crashed, the lock it was handed frees up when
+-- its ticket lapses, with nobody told.
 local first, lapses = first_in_line(now)
 if first and first ~= token and (ttl < 0 or lapses - now < ttl) then
   ttl = math.max(lapses - now, 0)
@@ -194,38 +210,45 @@ return {0, ttl}
 
 /// Release, or give back a grant and stay in line.
 ///
-/// KEYS: as [`ACQUIRE`] (the fence counter is not touched). ARGV: token, release channel, place in line ("" to leave
-/// the line: a release or a cancelled wait; otherwise the waiter's place,
-/// as in [`ACQUIRE`]), ticket lifetime in ms.
+/// KEYS: as [`ACQUIRE`] (the fence counter is not touched). ARGV: token,
+/// release channel, place in line ("" to leave the line: a release or a
+/// cancelled wait; otherwise the waiter's place, as in [`ACQUIRE`]),
+/// ticket lifetime in ms.
 ///
-/// When the lock is free afterwards, the first waiter in line is told by
-/// a message carrying its token, so that one waiter wakes, not all. A
-/// give-back does not wake its own waiter. Returns 1 if the token held the
-/// lock, else 0.
+/// When the lock is free afterwards and someone waits, the lock is handed
+/// to the first waiter in line, and a message carrying its token wakes
+/// that one waiter. A waiter that gives up while the lock is handed to it
+/// passes it on the same way. A give-back (Redlock) does not hand the lock
+/// to its own waiter. Returns 1 if the token held the lock, else 0.
 const RELEASE: &str = concat!(
     // The common case first: a release with nobody in line.
     r"
-local released = 0
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  released = 1
-end
+local holder = redis.call('GET', KEYS[1])
 if ARGV[3] == '' and redis.call('EXISTS', KEYS[3]) == 0 then
-  return released
+  if holder == ARGV[1] then
+    redis.call('DEL', KEYS[1])
+    return 1
+  end
+  return 0
 end
 ",
     queue_lua!(),
     r"
+local released = 0
+if holder == ARGV[1] then
+  released = 1
+  redis.call('DEL', KEYS[1])
+elseif holder == 'next:' .. ARGV[1] then
+  redis.call('DEL', KEYS[1])
+end
 if ARGV[3] == '' then
-  local left = redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[3], ARGV[1])
   redis.call('ZREM', KEYS[4], ARGV[1])
-  if released + left > 0 then
-    wake_first(ARGV[2], nil)
-  end
+  if redis.call('EXISTS', KEYS[1]) == 0 then hand_first(ARGV[2], nil) end
 else
   local now_us, now = clock()
   enqueue(ARGV[1], ARGV[3], ARGV[4], now_us, now)
-  wake_first(ARGV[2], ARGV[1])
+  if redis.call('EXISTS', KEYS[1]) == 0 then hand_first(ARGV[2], ARGV[1]) end
 end
 return released
 "
@@ -325,14 +348,16 @@ mod tests {
             .expect("release script")
     }
 
-    /// First come, first served, at the script: once someone waits, a free
-    /// lock goes to the first in line and to nobody else, whether or not
-    /// the one asking queues.
+    /// First come, first served, at the script: a release that finds
+    /// waiters hands the lock to the first in line, with a fence above
+    /// the last, and to nobody else, whether or not the one asking queues
+    /// (a plain `SET NX`, as Redlock's first attempt sends, included).
     #[tokio::test]
-    async fn a_free_lock_goes_only_to_the_first_in_line() {
+    async fn a_released_lock_goes_only_to_the_first_in_line() {
         let server = RedisServer::start().expect("redis-server");
         let mut conn = connect(&server).await;
-        assert_eq!(acquire(&mut conn, "holder").await.0, 1);
+        let (won, holder_fence) = acquire(&mut conn, "holder").await;
+        assert_eq!(won, 1);
         assert_eq!(acquire(&mut conn, "first").await.0, 0, "held: first queues");
         assert_eq!(
             acquire(&mut conn, "second").await.0,
@@ -347,13 +372,50 @@ mod tests {
                 "{token} took the lock ahead of the first in line"
             );
         }
-        assert_eq!(
-            acquire(&mut conn, "first").await.0,
-            1,
-            "the first in line is refused"
+        let set: Option<String> = redis::cmd("SET")
+            .arg("dlock:{k}")
+            .arg("plain")
+            .arg("NX")
+            .arg("PX")
+            .arg(10_000)
+            .query_async(&mut conn)
+            .await
+            .expect("SET");
+        assert_eq!(set, None, "a plain SET NX took a handed lock");
+        let (won, first_fence) = acquire(&mut conn, "first").await;
+        assert_eq!(won, 1, "the first in line is refused");
+        assert!(
+            first_fence > holder_fence,
+            "a handed lock's fence {first_fence} after {holder_fence}"
         );
         assert_eq!(release(&mut conn, "first").await, 1);
         assert_eq!(acquire(&mut conn, "second").await.0, 1, "then the second");
+    }
+
+    /// A waiter that gives up while the lock is handed to it passes the
+    /// lock on to the next in line, and a lock released with nobody left
+    /// in line is free.
+    #[tokio::test]
+    async fn a_handed_lock_given_up_passes_to_the_next() {
+        let server = RedisServer::start().expect("redis-server");
+        let mut conn = connect(&server).await;
+        assert_eq!(acquire(&mut conn, "holder").await.0, 1);
+        assert_eq!(acquire(&mut conn, "first").await.0, 0);
+        assert_eq!(acquire(&mut conn, "second").await.0, 0);
+        assert_eq!(release(&mut conn, "holder").await, 1);
+        assert_eq!(
+            release(&mut conn, "first").await,
+            0,
+            "a handed lock not yet taken is not held"
+        );
+        assert_eq!(acquire_queued(&mut conn, "newcomer", false).await.0, 2);
+        assert_eq!(acquire(&mut conn, "second").await.0, 1, "passed on");
+        assert_eq!(release(&mut conn, "second").await, 1);
+        assert_eq!(
+            acquire_queued(&mut conn, "newcomer", false).await.0,
+            1,
+            "free once nobody waits"
+        );
     }
 
     /// The branch for a token that holds the lock already (its first reply

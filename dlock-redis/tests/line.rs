@@ -154,16 +154,21 @@ async fn no_wake_up_is_lost_on_redlock_with_every_fallback_long() {
 }
 
 /// A waiter first in line on every node that never acts (a ticket put
-/// there by hand): once the holder releases, the free lock is refused to
-/// every client that asks later, whether with one attempt or waiting, and
-/// goes to the next client as soon as that ticket leaves the line.
-/// Deterministic, unlike a race between a woken waiter and a releaser.
-async fn check_a_free_lock_waits_for_the_first_in_line(url: &str, servers: &[RedisServer]) {
+/// there by hand, lapsing in 3 s): the holder's release hands the lock to
+/// it, and the lock is refused to every client that asks later, whether
+/// with one attempt or waiting, until that ticket lapses; then the next
+/// waiter takes it. Deterministic, unlike a race between a woken waiter
+/// and a releaser.
+async fn check_a_released_lock_goes_to_the_first_in_line(url: &str, servers: &[RedisServer]) {
     let lease = Duration::from_secs(30);
+    let ticket = Duration::from_secs(3);
     let (holder, later) = (client(url, lease).await, client(url, lease).await);
     let guard = holder.lock("fifo").await.unwrap();
+    let placed = Instant::now();
     for server in servers {
         let mut conn = raw(server).await;
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+        let lapses_ms = secs * 1000 + micros / 1000 + ticket.as_millis() as u64;
         let _: () = redis::pipe()
             .cmd("ZADD")
             .arg("dlock:{fifo}:queue")
@@ -171,13 +176,25 @@ async fn check_a_free_lock_waits_for_the_first_in_line(url: &str, servers: &[Red
             .arg("first")
             .cmd("ZADD")
             .arg("dlock:{fifo}:tickets")
-            .arg(u64::MAX / 2)
+            .arg(lapses_ms)
             .arg("first")
             .query_async(&mut conn)
             .await
             .expect("ZADD");
     }
     guard.release().await.unwrap();
+    for server in servers {
+        let held: Option<String> = redis::cmd("GET")
+            .arg("dlock:{fifo}")
+            .query_async(&mut raw(server).await)
+            .await
+            .unwrap();
+        assert_eq!(
+            held.as_deref(),
+            Some("next:first"),
+            "the release did not hand the lock to the first in line"
+        );
+    }
     assert!(
         later.try_lock("fifo").await.unwrap().is_none(),
         "a single attempt took the lock ahead of the first in line"
@@ -190,37 +207,33 @@ async fn check_a_free_lock_waits_for_the_first_in_line(url: &str, servers: &[Red
         "a waiter took the lock ahead of the first in line: {:?}",
         waited.map(|_| ())
     );
-    for server in servers {
-        let mut conn = raw(server).await;
-        let _: () = redis::pipe()
-            .cmd("ZREM")
-            .arg("dlock:{fifo}:queue")
-            .arg("first")
-            .cmd("ZREM")
-            .arg("dlock:{fifo}:tickets")
-            .arg("first")
-            .query_async(&mut conn)
-            .await
-            .expect("ZREM");
-    }
-    let taken = later.try_lock("fifo").await.unwrap();
+    let taken = later
+        .lock_with("fifo", LockOptions::new().wait(Duration::from_secs(10)))
+        .await
+        .expect("the lock stayed refused after the first ticket lapsed");
+    let after = placed.elapsed();
     assert!(
-        taken.is_some(),
-        "the lock stayed refused with nobody in line"
+        after >= ticket - Duration::from_millis(50),
+        "taken {after:?} after the first ticket was placed, before it lapsed"
     );
+    assert!(
+        after < ticket + Duration::from_secs(2),
+        "taken only {after:?} after the first ticket was placed"
+    );
+    taken.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_free_lock_waits_for_the_first_in_line_on_one_node() {
+async fn a_released_lock_goes_to_the_first_in_line_on_one_node() {
     let server = RedisServer::start().expect("redis-server");
-    check_a_free_lock_waits_for_the_first_in_line(&server.url(), std::slice::from_ref(&server))
+    check_a_released_lock_goes_to_the_first_in_line(&server.url(), std::slice::from_ref(&server))
         .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_free_lock_waits_for_the_first_in_line_on_redlock() {
+async fn a_released_lock_goes_to_the_first_in_line_on_redlock() {
     let servers = RedisServer::start_many(5).expect("redis-server");
-    check_a_free_lock_waits_for_the_first_in_line(&RedisServer::redlock_url(&servers), &servers)
+    check_a_released_lock_goes_to_the_first_in_line(&RedisServer::redlock_url(&servers), &servers)
         .await;
 }
 
