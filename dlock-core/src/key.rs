@@ -8,7 +8,8 @@ use crate::error::{LockError, Result};
 ///
 /// Any non-empty UTF-8 string of at most [`LockKey::MAX_LEN`] bytes is a
 /// valid key. Characters a server cannot store as-is (`/` and `..` in
-/// ZooKeeper paths, control characters) are escaped by the backend, so two
+/// ZooKeeper paths, control characters) are escaped by the backend, through
+/// the one codec [`LockKey::escape_into`], so two
 /// different keys never name the same lock.
 ///
 /// # Examples
@@ -77,6 +78,73 @@ impl Borrow<str> for LockKey {
     }
 }
 
+impl LockKey {
+    /// Appends the key to `out` with every character for which `escape`
+    /// is true, and every `%`, percent-encoded: each of the character's
+    /// UTF-8 bytes as `%` and two uppercase hex digits.
+    ///
+    /// This is the one key codec every backend uses, each with the set of
+    /// characters its server cannot take as they are. Because `%` is always
+    /// escaped, the encoding is one-to-one whatever the set: two different
+    /// keys never share a lock. A backend's set is part of its on-server
+    /// format, and must never change: a key's name on the server would
+    /// change with it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::LockKey;
+    ///
+    /// let key = LockKey::new("order/{42}%").unwrap();
+    /// let mut name = String::from("locks/");
+    /// key.escape_into(&mut name, |c| c == '/');
+    /// assert_eq!(name, "locks/order%2F{42}%25");
+    ///
+    /// // Everything but ASCII letters and digits, byte by byte:
+    /// let mut strict = String::new();
+    /// LockKey::new("é-1").unwrap().escape_into(&mut strict, |c| !c.is_ascii_alphanumeric());
+    /// assert_eq!(strict, "%C3%A9%2D1");
+    /// ```
+    pub fn escape_into(&self, out: &mut String, escape: impl Fn(char) -> bool) {
+        const HEX: &[u8; 16] = b"0123456789ABCDEF";
+        let key = self.as_str();
+        out.reserve(key.len());
+        // Runs of characters kept as they are are copied whole.
+        let mut kept = 0;
+        for (at, c) in key.char_indices() {
+            if c != '%' && !escape(c) {
+                continue;
+            }
+            out.push_str(&key[kept..at]);
+            let mut utf8 = [0u8; 4];
+            for &b in c.encode_utf8(&mut utf8).as_bytes() {
+                out.push('%');
+                out.push(char::from(HEX[usize::from(b >> 4)]));
+                out.push(char::from(HEX[usize::from(b & 0xF)]));
+            }
+            kept = at + c.len_utf8();
+        }
+        out.push_str(&key[kept..]);
+    }
+
+    /// The key escaped as [`escape_into`](LockKey::escape_into) does, as a
+    /// new string.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::LockKey;
+    ///
+    /// let key = LockKey::new("a/b").unwrap();
+    /// assert_eq!(key.escaped(|c| c == '/'), "a%2Fb");
+    /// ```
+    pub fn escaped(&self, escape: impl Fn(char) -> bool) -> String {
+        let mut out = String::new();
+        self.escape_into(&mut out, escape);
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,6 +167,41 @@ mod tests {
     fn accepts_keys_backends_must_escape() {
         for key in ["a/b", "..", ".", "nul\0byte", "ключ", "🔒"] {
             assert_eq!(LockKey::new(key).unwrap().as_str(), key);
+        }
+    }
+
+    /// Decodes what `escape_into` wrote: the test of one-to-one.
+    fn unescape(s: &str) -> String {
+        let bytes = s.as_bytes();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i] == b'%' {
+                out.push(u8::from_str_radix(&s[i + 1..i + 3], 16).unwrap());
+                i += 3;
+            } else {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn escaping_round_trips_under_every_set() {
+        let sets: [fn(char) -> bool; 4] = [
+            |_| false,
+            |c| c == '/',
+            |c| !c.is_ascii_alphanumeric(),
+            |_| true,
+        ];
+        for key in ["a", "%", "%25", "a/b", "ключ", "🔒/%", "nul\0byte", "{x}"] {
+            for escape in sets {
+                let escaped = LockKey::new(key).unwrap().escaped(escape);
+                assert_eq!(unescape(&escaped), key, "{key} -> {escaped}");
+                let left = |c: char| c != '%' && !c.is_ascii_hexdigit() && escape(c);
+                assert!(!escaped.chars().any(left), "{key} -> {escaped}");
+            }
         }
     }
 }

@@ -74,18 +74,10 @@ impl ToRedisArgs for Suffixed<'_> {
 pub(crate) fn names(prefix: &str, key: &LockKey) -> Names {
     // Built by hand, not with `format!`: this runs twice per lock and
     // release, and formatting was a visible share of the client's time.
-    let key = key.as_str();
-    let mut lock = String::with_capacity(prefix.len() + key.len() + 3);
+    let mut lock = String::with_capacity(prefix.len() + key.as_str().len() + 3);
     lock.push_str(prefix);
     lock.push_str(":{");
-    for c in key.chars() {
-        match c {
-            '%' => lock.push_str("%25"),
-            '{' => lock.push_str("%7B"),
-            '}' => lock.push_str("%7D"),
-            c => lock.push(c),
-        }
-    }
+    key.escape_into(&mut lock, |c| c == '{' || c == '}');
     lock.push('}');
     Names { lock }
 }
@@ -119,6 +111,27 @@ mod tests {
         let n = names("dlock", &LockKey::new("k").unwrap());
         assert_eq!(n.queue().to_redis_args(), [b"dlock:{k}:queue".to_vec()]);
         assert_eq!(n.fence().to_string(), "dlock:{k}:fence");
+    }
+
+    /// The names keys had before the codec moved into core: a key's name
+    /// on the server must never change.
+    #[test]
+    fn names_are_byte_for_byte_the_same_as_before() {
+        for (key, name) in [
+            ("order:42", "dlock:{order:42}"),
+            ("a/b", "dlock:{a/b}"),
+            ("a%b", "dlock:{a%25b}"),
+            ("{x}", "dlock:{%7Bx%7D}"),
+            ("ключ", "dlock:{ключ}"),
+            ("tab\there", "dlock:{tab\there}"),
+            ("nul\0", "dlock:{nul\0}"),
+            ("\u{85}", "dlock:{\u{85}}"),
+            ("..", "dlock:{..}"),
+            ("a b", "dlock:{a b}"),
+            ("🔒", "dlock:{🔒}"),
+        ] {
+            assert_eq!(lock(key), name, "{key:?}");
+        }
     }
 
     #[test]
