@@ -480,7 +480,8 @@ impl RedisBackend {
         // A ticket lapses one lease after its last refresh: a waiter that
         // crashed holds up the line for at most that long.
         let refresh = req.lease / 3;
-        let wake = Arc::new(Notify::new());
+        // Made at the first subscription: an uncontended lock needs none.
+        let mut wake: Option<Arc<Notify>> = None;
         let mut watches = Vec::new();
         let mut subscribed = false;
         if contended {
@@ -494,7 +495,7 @@ impl RedisBackend {
             place = self.line_place();
             subscribed = true;
             watches = self
-                .watch_all(&names.channel().to_string(), &token, &wake)
+                .watch_all(&names.channel().to_string(), &token, woken(&mut wake))
                 .await;
         }
         // Fallback polling, only while no release channel can be watched.
@@ -523,7 +524,7 @@ impl RedisBackend {
                         // subscription would otherwise be missed.
                         subscribed = true;
                         watches = self
-                            .watch_all(&names.channel().to_string(), &token, &wake)
+                            .watch_all(&names.channel().to_string(), &token, woken(&mut wake))
                             .await;
                         continue;
                     }
@@ -562,9 +563,12 @@ impl RedisBackend {
                 Some(d) => d.min(now + sleep),
                 None => now + sleep,
             };
-            tokio::select! {
-                _ = wake.notified() => {}
-                _ = tokio::time::sleep_until(until) => {}
+            match &wake {
+                Some(wake) => tokio::select! {
+                    _ = wake.notified() => {}
+                    _ = tokio::time::sleep_until(until) => {}
+                },
+                None => tokio::time::sleep_until(until).await,
             }
         }
     }
@@ -640,6 +644,11 @@ impl RedisBackend {
             })
             .collect()
     }
+}
+
+/// The waiter's wake-up, made the first time it is asked for.
+fn woken(wake: &mut Option<Arc<Notify>>) -> &Arc<Notify> {
+    wake.get_or_insert_with(|| Arc::new(Notify::new()))
 }
 
 /// Redlock's validity: whether time is left on a lease whose round was

@@ -132,23 +132,28 @@ impl Node {
         })
     }
 
-    /// Runs `script` on a lock's names (KEYS: lock, fence counter, line,
-    /// ticket lapses) and `args` in one `EVALSHA`, loading the script first
+    /// Runs `script` on a lock's names (KEYS: lock, fence counter, and
+    /// with `line` the line and ticket lapses) and `args` in one `EVALSHA`, loading the script first
     /// if the node lost it (a restart, `SCRIPT FLUSH`). One command buffer,
     /// rather than a vector per argument.
     async fn run<T: redis::FromRedisValue>(
         &self,
         script: &redis::Script,
         names: &Names,
+        line: bool,
         args: impl FnOnce(&mut redis::Cmd),
     ) -> RedisResult<T> {
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash())
-            .arg(4)
-            .arg(&names.lock)
-            .arg(names.fence())
-            .arg(names.queue())
-            .arg(names.tickets());
+        cmd.arg(script.get_hash());
+        if line {
+            cmd.arg(4)
+                .arg(&names.lock)
+                .arg(names.fence())
+                .arg(names.queue())
+                .arg(names.tickets());
+        } else {
+            cmd.arg(2).arg(&names.lock).arg(names.fence());
+        }
         args(&mut cmd);
         let mut conn = self.conn.clone();
         match cmd.query_async(&mut conn).await {
@@ -190,7 +195,7 @@ impl Node {
             });
         }
         let (status, value): (i64, i64) = self
-            .run(&scripts().acquire, names, |cmd| {
+            .run(&scripts().acquire, names, place != Place::None, |cmd| {
                 cmd.arg(token)
                     .arg(lease_ms)
                     .arg(if fence { "1" } else { "0" });
@@ -219,7 +224,7 @@ impl Node {
         ticket_ms: u64,
     ) -> RedisResult<bool> {
         let released: i64 = self
-            .run(&scripts().release, names, |cmd| {
+            .run(&scripts().release, names, true, |cmd| {
                 cmd.arg(token)
                     .arg(names.channel())
                     .arg(place)

@@ -87,9 +87,10 @@ end
 /// KEYS: lock, fence counter, line, ticket lapses. ARGV: token, lease in
 /// ms, "1" to count a fencing token, and for an attempt that queues if
 /// refused: release channel, place in line ("0" for the server to place it
-/// last, or a score), ticket lifetime in ms. (An attempt that does not
-/// queue leaves the last three out: fewer arguments for the server to
-/// take in on the common path.)
+/// last, or a score), ticket lifetime in ms. An attempt that does not
+/// queue leaves the last three arguments and the last two keys out: it
+/// never touches the line (its token cannot be in it yet), and the server
+/// takes in less on the common path.
 ///
 /// Returns `{1, fence}` when the token holds the lock (newly, taken from a
 /// release that handed it over, or again after a reply was lost); `{0,
@@ -148,10 +149,15 @@ local function fence()
   redis.call('PEXPIRE', KEYS[2], 2 * ARGV[2])
   return value
 end
+-- `in_line`: the token may have a ticket, to take out; if others still
+-- wait, the lock's value is marked (see `RELEASE`).
 local function granted(in_line)
   if in_line then
     redis.call('ZREM', KEYS[3], token)
     redis.call('ZREM', KEYS[4], token)
+    if redis.call('EXISTS', KEYS[3]) == 1 then
+      redis.call('SET', KEYS[1], token .. '+', 'KEEPTTL')
+    end
   end
   if ARGV[3] == '1' then
     return {1, fence()}
@@ -165,11 +171,13 @@ end
     queue_lua!(),
     r"
 local holder = redis.call('GET', KEYS[1])
-if holder == token then
+if holder == token or holder == token .. '+' then
   -- Ours already: the reply to the attempt that won it was lost.
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('ZREM', KEYS[3], token)
-  redis.call('ZREM', KEYS[4], token)
+  if ARGV[5] then
+    redis.call('ZREM', KEYS[3], token)
+    redis.call('ZREM', KEYS[4], token)
+  end
   if ARGV[3] == '1' then
     local value = tonumber(redis.call('GET', KEYS[2]))
     if value then
@@ -185,15 +193,27 @@ if holder == 'next:' .. token then
   redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
   return granted(true)
 end
-local now_us, now = clock()
-if ARGV[5] then enqueue(token, ARGV[5], ARGV[6], now_us, now) end
 local ttl = redis.call('PTTL', KEYS[1])
-if string.sub(holder, 1, 5) == 'next:' then
+if not ARGV[5] then
+  -- An attempt that does not queue: it names the lock and the counter
+  -- only, and never touches the line.
+  if string.sub(holder, 1, 5) == 'next:' then return {2, math.max(ttl, 0)} end
+  return {0, ttl}
+end
+local now_us, now = clock()
+enqueue(token, ARGV[5], ARGV[6], now_us, now)
+local handed = string.sub(holder, 1, 5) == 'next:'
+if not handed and string.sub(holder, -1) ~= '+' then
+  -- Someone waits now: mark the holder's value, so that its release
+  -- hands the lock on.
+  redis.call('SET', KEYS[1], holder .. '+', 'KEEPTTL')
+end
+if handed then
   -- Handed to another waiter, who may not know yet: tell it again (the
   -- message that named it may have reached it while its ticket was
   -- missing here, or not at all), so that nobody behind it waits out its
   -- ticket for a wake-up it missed.
-  if ARGV[5] then redis.call('PUBLISH', ARGV[4], string.sub(holder, 6)) end
+  redis.call('PUBLISH', ARGV[4], string.sub(holder, 6))
   return {2, math.max(ttl, 0)}
 end
 -- Check again when the holder's lease ends, or sooner when the first
@@ -215,27 +235,32 @@ return {0, ttl}
 /// cancelled wait; otherwise the waiter's place, as in [`ACQUIRE`]),
 /// ticket lifetime in ms.
 ///
+/// A holder's value is marked (its token and `+`) once someone stands in
+/// line behind it, so a release that finds its token unmarked knows that
+/// nobody waits without reading the line: two commands, `GET` and `DEL`,
+/// as a release without a line. (The mark is set by every queued attempt
+/// that finds it missing, so even a holder that took a key freed by a
+/// crash is marked at the next attempt of a waiter.)
+///
 /// When the lock is free afterwards and someone waits, the lock is handed
 /// to the first waiter in line, and a message carrying its token wakes
 /// that one waiter. A waiter that gives up while the lock is handed to it
 /// passes it on the same way. A give-back (Redlock) does not hand the lock
 /// to its own waiter. Returns 1 if the token held the lock, else 0.
 const RELEASE: &str = concat!(
-    // The common case first: a release with nobody in line.
+    // The common case first: a holder's release with nobody in line (its
+    // value is unmarked).
     r"
 local holder = redis.call('GET', KEYS[1])
-if ARGV[3] == '' and redis.call('EXISTS', KEYS[3]) == 0 then
-  if holder == ARGV[1] then
-    redis.call('DEL', KEYS[1])
-    return 1
-  end
-  return 0
+if ARGV[3] == '' and holder == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
 end
 ",
     queue_lua!(),
     r"
 local released = 0
-if holder == ARGV[1] then
+if holder == ARGV[1] or holder == ARGV[1] .. '+' then
   released = 1
   redis.call('DEL', KEYS[1])
 elseif holder == 'next:' .. ARGV[1] then
@@ -254,14 +279,16 @@ return released
 "
 );
 
-/// Extend the lease if the token holds the lock, and the fence counter's
+/// Extend the lease if the token holds the lock (its value marked or not,
+/// see [`RELEASE`]), and the fence counter's
 /// life with it (see [`ACQUIRE`]; a key without a counter, as on Redlock,
 /// is left so).
 ///
 /// KEYS: lock, fence counter. ARGV: token, lease in ms. Returns 1 if
 /// renewed, else 0.
 const RENEW: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] or holder == ARGV[1] .. '+' then
   redis.call('PEXPIRE', KEYS[2], 2 * ARGV[2])
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
@@ -306,13 +333,21 @@ mod tests {
     }
 
     /// An attempt that stands in line if refused (`queue`), or one that
-    /// does not (a single attempt: the last three arguments left out).
+    /// does not (a single attempt: the line's two keys and the last three
+    /// arguments left out, as the backend sends it).
     async fn acquire_queued(
         conn: &mut redis::aio::MultiplexedConnection,
         token: &str,
         queue: bool,
     ) -> (i64, i64) {
-        let mut call = on_key(&scripts().acquire);
+        let script = &scripts().acquire;
+        let mut call = if queue {
+            on_key(script)
+        } else {
+            let mut call = script.key("dlock:{k}");
+            call.key("dlock:{k}:fence");
+            call
+        };
         call.arg(token).arg(10_000).arg("1");
         if queue {
             call.arg("dlock:{k}:released").arg("0").arg(10_000);

@@ -182,6 +182,16 @@ async fn check_a_released_lock_goes_to_the_first_in_line(url: &str, servers: &[R
             .await
             .expect("ZADD");
     }
+    // A waiter that gives up: its attempt in line marks the holder's key
+    // as waited for, as every waiter's does.
+    let gave_up = later
+        .lock_with("fifo", LockOptions::new().wait(Duration::from_millis(200)))
+        .await;
+    assert!(
+        matches!(gave_up, Err(LockError::Timeout { .. })),
+        "granted while held: {:?}",
+        gave_up.map(|_| ())
+    );
     guard.release().await.unwrap();
     for server in servers {
         let held: Option<String> = redis::cmd("GET")
