@@ -88,7 +88,7 @@ impl ZkConfig {
                     ))
                 }
             };
-            *setting = parse_duration(value).ok_or_else(|| {
+            *setting = dlock_core::backend::parse_url_duration(value).ok_or_else(|| {
                 invalid(
                     url,
                     &format!("`{value}` is not a duration like 500ms or 10s"),
@@ -126,19 +126,6 @@ impl ZkConfig {
     pub fn connect_timeout(&self) -> Duration {
         self.connect_timeout
     }
-}
-
-fn parse_duration(text: &str) -> Option<Duration> {
-    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit())?);
-    let number: u64 = number.parse().ok()?;
-    match unit {
-        "ms" => Some(Duration::from_millis(number)),
-        "s" => Some(Duration::from_secs(number)),
-        _ => None,
-    }
-    // ZooKeeper negotiates down anything above its maximum (40 s by
-    // default); an hour is far beyond any sane setting.
-    .filter(|d| !d.is_zero() && *d <= Duration::from_secs(3600))
 }
 
 #[cfg(test)]

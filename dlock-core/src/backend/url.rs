@@ -1,7 +1,34 @@
 //! URL helpers every backend's `from_url` shares: keeping passwords out of
 //! what is printed, and reading percent-encoded user names and passwords.
 
-use std::borrow::Cow;
+use std::{borrow::Cow, time::Duration};
+
+/// A duration in a URL's query (`session_timeout=10s`): whole
+/// milliseconds (`ms`) or seconds (`s`), above zero and at most an hour.
+/// `None` for anything else.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::backend::parse_url_duration;
+/// use std::time::Duration;
+///
+/// assert_eq!(parse_url_duration("750ms"), Some(Duration::from_millis(750)));
+/// assert_eq!(parse_url_duration("10s"), Some(Duration::from_secs(10)));
+/// assert_eq!(parse_url_duration("0s"), None);
+/// assert_eq!(parse_url_duration("10"), None);
+/// ```
+pub fn parse_url_duration(text: &str) -> Option<Duration> {
+    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit())?);
+    let number: u64 = number.parse().ok()?;
+    match unit {
+        "ms" => Some(Duration::from_millis(number)),
+        "s" => Some(Duration::from_secs(number)),
+        _ => None,
+    }
+    // Session timeouts beyond an hour are no sane setting.
+    .filter(|d| !d.is_zero() && *d <= Duration::from_secs(3600))
+}
 
 /// `url` with the password of its user info replaced by `***`, for
 /// errors, `Debug` output and traces. A URL without a password is returned
