@@ -102,16 +102,15 @@ pub async fn crashed_holder_with_watchdog(h: &Harness) {
     take_over_from_crashed(h, &key, &b, crashed, lease / 3, lease).await;
 }
 
-/// A holder whose whole client dies (its runtime shuts down, taking its
-/// connections, its watchdog and its pending release along) lets others in
-/// after its lease (or session timeout), not before: its last renewal or
-/// ping came at most a third of it before the crash, so the lock must stay
-/// held for at least half of it. Needs the multi-thread runtime.
-pub async fn crashed_client_lets_others_in_after_its_lease(h: &Harness) {
-    let key = h.key("crash-client");
+/// A client that holds `key` with a short watchdog lease, on a runtime of
+/// its own that then shuts down (taking its watchdog, its keepalives and
+/// its pending release along). With `close`, its guard is dropped after
+/// that, closing its connections, as a killed process's are; otherwise it
+/// is leaked with them open, as a paused process's stay. Returns when the
+/// client stopped, and the lease it had.
+fn stop_a_holder(h: &Harness, key: &str, close: bool) -> (Instant, Duration) {
     let lease = Duration::from_millis(900);
-    let b = h.locker().await;
-    let crashed = tokio::task::block_in_place(|| {
+    let stopped = tokio::task::block_in_place(|| {
         std::thread::scope(|scope| {
             let holder = scope.spawn(|| {
                 let runtime = tokio::runtime::Builder::new_current_thread()
@@ -120,22 +119,67 @@ pub async fn crashed_client_lets_others_in_after_its_lease(h: &Harness) {
                     .expect("a runtime for the holder");
                 let guard = runtime.block_on(async {
                     let a = h.locker_with(|b| b.watchdog_lease(lease)).await;
-                    let guard = must(h, "lock", a.lock_with(&key, patient()).await);
+                    let guard = must(h, "lock", a.lock_with(key, patient()).await);
                     // Let the watchdog renew once.
                     tokio::time::sleep(lease / 2).await;
                     guard
                 });
                 drop(runtime);
-                let crashed = Instant::now();
-                // Its release has no runtime left to run on.
-                drop(guard);
-                crashed
+                let stopped = Instant::now();
+                if close {
+                    // Its release has no runtime left to run on.
+                    drop(guard);
+                } else {
+                    std::mem::forget(guard);
+                }
+                stopped
             });
             holder.join().expect("the holder thread panicked")
         })
     });
+    (stopped, lease)
+}
+
+/// A holder whose whole client dies (its runtime shuts down, and its
+/// connections close) lets others in after its lease (or session
+/// timeout), not before: its last renewal or ping came at most a third of
+/// it before the crash, so the lock must stay held for at least half of
+/// it. On a server that ends a client's locks with its connection
+/// ([`Harness::disconnect_releases`]), it lets others in at once instead.
+/// Needs the multi-thread runtime.
+pub async fn crashed_client_lets_others_in_after_its_lease(h: &Harness) {
+    let key = h.key("crash-client");
+    let b = h.locker().await;
+    let (crashed, lease) = stop_a_holder(h, &key, true);
     let outlives = h.session.unwrap_or(lease);
+    if h.disconnect_releases {
+        let next = must(
+            h,
+            "lock after the crash",
+            b.lock_with(&key, patient()).await,
+        );
+        let after = crashed.elapsed();
+        assert!(
+            after < outlives / 2,
+            "[{}] a crashed client's closed connection kept its lock for {after:?}",
+            h.name
+        );
+        drop(next);
+        return;
+    }
     take_over_from_crashed(h, &key, &b, crashed, outlives / 2, outlives).await;
+}
+
+/// A holder whose client stops with its connections still open (a paused
+/// or wedged process: no watchdog, no keepalive, no release, and no
+/// connection closed for the server to notice) lets others in after its
+/// lease (or session timeout), not before. Needs the multi-thread runtime.
+pub async fn stopped_client_lets_others_in_after_its_lease(h: &Harness) {
+    let key = h.key("stopped-client");
+    let b = h.locker().await;
+    let (stopped, lease) = stop_a_holder(h, &key, false);
+    let outlives = h.session.unwrap_or(lease);
+    take_over_from_crashed(h, &key, &b, stopped, outlives / 2, outlives).await;
 }
 
 /// The watchdog keeps a lock well past its lease while the guard lives.

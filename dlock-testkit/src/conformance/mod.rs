@@ -65,6 +65,7 @@ pub struct Harness {
     factory: ClientFactory,
     prefix: String,
     session: Option<Duration>,
+    pub(crate) disconnect_releases: bool,
     keep: Vec<Box<dyn Any + Send + Sync>>,
 }
 
@@ -89,6 +90,7 @@ impl Harness {
             factory: Arc::new(move || Box::pin(factory())),
             prefix: format!("dlock-test/{}", Token::generate()),
             session: None,
+            disconnect_releases: false,
             keep: Vec::new(),
         }
     }
@@ -105,6 +107,16 @@ impl Harness {
     /// lease. Without it, they last the watchdog lease.
     pub fn session_timeout(mut self, timeout: Duration) -> Harness {
         self.session = Some(timeout);
+        self
+    }
+
+    /// Says that the server ends a client's locks the moment its
+    /// connection closes (PostgreSQL's session locks): a client whose
+    /// runtime shut down lets others in at once, not after its lease. A
+    /// client that stopped with its connections open still holds its locks
+    /// for its lease or session timeout.
+    pub fn disconnect_releases(mut self) -> Harness {
+        self.disconnect_releases = true;
         self
     }
 
@@ -209,6 +221,7 @@ macro_rules! conformance_tests {
             crashed_holder_with_fixed_lease,
             crashed_holder_with_watchdog,
             crashed_client_lets_others_in_after_its_lease,
+            stopped_client_lets_others_in_after_its_lease,
             watchdog_keeps_lock_past_its_lease,
             fixed_lease_reports_lost_before_others_acquire,
             renewal_that_finds_another_owner_reports_lost,

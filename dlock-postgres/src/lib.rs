@@ -1,0 +1,9 @@
+#![doc = include_str!("../README.md")]
+
+mod backend;
+mod config;
+
+pub use backend::PgBackend;
+pub use config::PgConfig;
+/// The driver, for [`PgConfig::from_options`].
+pub use sqlx;

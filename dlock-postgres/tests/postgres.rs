@@ -1,0 +1,166 @@
+//! PostgreSQL-specific properties, against a real server: an attempt
+//! dropped while the server works on it leaves no lock behind, one
+//! session holds 10,000 locks, and bad input or a bad server is a typed
+//! error, in bounded time.
+
+use std::time::Duration;
+
+use dlock_core::{BackendExt, LockError, LockOptions, Locker};
+use dlock_postgres::PgBackend;
+use dlock_testkit::fixture::{PostgresServer, POSTGRES_PASSWORD};
+use tokio::time::Instant;
+
+async fn locker(url: &str) -> Locker {
+    PgBackend::connect(url)
+        .await
+        .expect("connect to PostgreSQL")
+        .into_locker()
+}
+
+/// The server processes of the sessions that `application_name = 'dlock'`
+/// opened, from a connection of our own.
+async fn dlock_sessions(url: &str) -> Vec<i32> {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+    sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = 'dlock' ORDER BY pid",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .expect("pg_stat_activity")
+}
+
+fn signal(pid: i32, signal: i32) {
+    // SAFETY: kill has no memory preconditions; a stale PID is an error
+    // code, checked below.
+    let rc = unsafe { libc::kill(pid, signal) };
+    assert_eq!(rc, 0, "kill({pid}, {signal})");
+}
+
+/// An uncontended attempt dropped after it was sent, and before the server
+/// answered: the server grants the lock to the holder session once it
+/// reads the statement, and nobody would ever release it. The backend
+/// unlocks it after the answer; the key is free at once for another
+/// client. Made deterministic by pausing the session's server process
+/// while the attempt is in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_lock_dropped_in_flight_leaves_no_lock() {
+    let server = PostgresServer::start().expect("start PostgreSQL");
+    let a = locker(&server.url()).await;
+    // The attempt's statement is prepared on the session once, so that
+    // the one dropped below is sent whole.
+    a.try_lock("warm-up")
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let sessions = dlock_sessions(&server.url()).await;
+    assert_eq!(sessions.len(), 1, "one holder session: {sessions:?}");
+    signal(sessions[0], libc::SIGSTOP);
+    let attempt = tokio::time::timeout(Duration::from_millis(300), a.try_lock("in-flight")).await;
+    signal(sessions[0], libc::SIGCONT);
+    assert!(attempt.is_err(), "the paused server answered: {attempt:?}");
+    let b = locker(&server.url()).await;
+    let started = Instant::now();
+    let taken = b
+        .lock_with("in-flight", LockOptions::new().wait(Duration::from_secs(5)))
+        .await
+        .expect("the dropped attempt's lock was never released");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    taken.release().await.unwrap();
+}
+
+/// One session holds 10,000 locks at once, each exclusive, and gives them
+/// all back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_session_holds_ten_thousand_locks() {
+    let server = PostgresServer::start().expect("start PostgreSQL");
+    let (a, b) = (locker(&server.url()).await, locker(&server.url()).await);
+    let mut guards = Vec::with_capacity(10_000);
+    for i in 0..10_000 {
+        let guard = a.try_lock(format!("many:{i}")).await.unwrap();
+        guards.push(guard.unwrap_or_else(|| panic!("many:{i} was refused")));
+    }
+    assert_eq!(
+        dlock_sessions(&server.url()).await.len(),
+        2,
+        "one session each"
+    );
+    for i in [0, 4_999, 9_999] {
+        assert!(b.try_lock(format!("many:{i}")).await.unwrap().is_none());
+    }
+    assert!(guards.iter().all(|g| !g.is_lost()));
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+    for i in [0, 4_999, 9_999] {
+        assert!(b.try_lock(format!("many:{i}")).await.unwrap().is_some());
+    }
+}
+
+/// Wrong password, missing database, nothing listening, and a server that
+/// speaks another protocol: each a typed error, within the connect
+/// timeout, with no panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_servers_and_logins_are_typed_errors() {
+    let server = PostgresServer::start().expect("start PostgreSQL");
+    let port = server
+        .url()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    // Accepts connections and answers garbage.
+    let other = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let other_port = other.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = other.accept().await {
+            use tokio::io::AsyncWriteExt;
+            let _ = stream.write_all(b"-ERR not a database\r\n").await;
+        }
+    });
+    let closed = dlock_testkit::fixture::free_port().unwrap();
+    let cases = [
+        (
+            "wrong password",
+            format!("postgres://postgres:wrong@127.0.0.1:{port}/postgres"),
+        ),
+        (
+            "missing database",
+            format!("postgres://postgres:{POSTGRES_PASSWORD}@127.0.0.1:{port}/nope"),
+        ),
+        (
+            "nothing listening",
+            format!("postgres://postgres@127.0.0.1:{closed}/postgres"),
+        ),
+        (
+            "another protocol",
+            format!("postgres://postgres@127.0.0.1:{other_port}/postgres"),
+        ),
+    ];
+    for (what, url) in cases {
+        let url = format!("{url}?connect_timeout=2s");
+        let started = Instant::now();
+        let answer = PgBackend::connect(&url).await;
+        assert!(
+            matches!(answer, Err(LockError::Backend { .. })),
+            "{what}: {:?}",
+            answer.map(drop)
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "{what} took {:?}",
+            started.elapsed()
+        );
+        let message = answer.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            !message.contains(POSTGRES_PASSWORD),
+            "{what} printed the password: {message}"
+        );
+    }
+}
