@@ -163,13 +163,60 @@ impl Live<'_> {
                 .session
                 .holders
                 .renewed(self.sent, self.session.timeout),
-            Err(sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_)) => {
+            Err(e) if ends_the_session(e) => {
                 self.session.holders.expire();
                 *self.conn = None;
             }
             Err(_) => {}
         }
         answer
+    }
+}
+
+/// Whether `e` means the session is gone: the connection failed, or the
+/// server ended it (SQLSTATE class 08, connection exception, or 57,
+/// operator intervention: a shutdown, `pg_terminate_backend`, the idle
+/// session timeout).
+fn ends_the_session(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(e) => e
+            .code()
+            .is_some_and(|code| code.starts_with("08") || code.starts_with("57")),
+        _ => false,
+    }
+}
+
+/// Retries a step whose session ended (a server restart, a cut
+/// connection) on a new one, with backoff, until the wait limit, or for
+/// the connect timeout when there is none.
+struct Retry {
+    give_up: Option<Instant>,
+    backoff: Duration,
+}
+
+impl Retry {
+    fn new(wait: Wait, connect_timeout: Duration) -> Retry {
+        Retry {
+            give_up: match wait {
+                Wait::Forever => None,
+                wait => wait.deadline(),
+            }
+            .or_else(|| Some(Instant::now() + connect_timeout)),
+            backoff: Duration::from_millis(50),
+        }
+    }
+
+    /// Sleeps before the next try, or gives `error` back if none is left.
+    async fn after(&mut self, error: LockError) -> Result<()> {
+        let now = Instant::now();
+        if self.give_up.is_some_and(|g| now + self.backoff >= g) {
+            return Err(error);
+        }
+        tracing::debug!(%error, "dlock postgres session ended; trying a new one");
+        tokio::time::sleep(self.backoff).await;
+        self.backoff = (self.backoff * 2).min(Duration::from_millis(500));
+        Ok(())
     }
 }
 
@@ -398,23 +445,42 @@ impl PgBackend {
             self.sweep_local(id);
             return Ok(None);
         };
-        let holder = self.holder().await?;
-        let mut undo = UnlockOnDrop {
-            session: Some(holder.clone()),
-            id,
-            turn: Some(turn),
-        };
-        let mut live = holder.live().await.map_err(backend_error)?;
-        let sent = live.sent;
-        let answer = sqlx::query_scalar(self.inner.try_lock.as_str())
-            .bind(id)
-            .fetch_one(live.conn())
+        let mut retry = Retry::new(req.wait, self.inner.config.connect_timeout());
+        let mut turn = turn;
+        let (holder, sent, fence, turn) = loop {
+            let holder = match self.holder().await {
+                Ok(holder) => holder,
+                Err(e) => {
+                    retry.after(e).await?;
+                    continue;
+                }
+            };
+            let mut undo = UnlockOnDrop {
+                session: Some(holder.clone()),
+                id,
+                turn: Some(turn),
+            };
+            let answer = async {
+                let mut live = holder.live().await?;
+                let sent = live.sent;
+                let answer = sqlx::query_scalar::<_, Option<i64>>(self.inner.try_lock.as_str())
+                    .bind(id)
+                    .fetch_one(live.conn())
+                    .await;
+                live.done(answer).map(|fence| (sent, fence))
+            }
             .await;
-        let answer: std::result::Result<Option<i64>, _> = live.done(answer);
-        // Answered: nothing to undo.
-        undo.session = None;
-        let turn = undo.turn.take().expect("the turn is ours until answered");
-        let fence = answer.map_err(backend_error)?;
+            // Answered (or never sent): nothing to undo.
+            undo.session = None;
+            turn = undo.turn.take().expect("the turn is ours until answered");
+            match answer {
+                Ok((sent, fence)) => break (holder, sent, fence, turn),
+                // The session ended (the server restarted, the connection
+                // was cut): its locks went with it; try on a new one.
+                Err(e) if !holder.is_usable() => retry.after(backend_error(e)).await?,
+                Err(e) => return Err(backend_error(e)),
+            }
+        };
         if let Some(fence) = fence {
             return self.granted(req, holder, id, turn, None, sent, fence);
         }

@@ -164,3 +164,100 @@ async fn bad_servers_and_logins_are_typed_errors() {
         );
     }
 }
+
+/// A server restart (SIGKILL, then crash recovery on the same data) ends
+/// every session, and their locks go at once: every guard on them reports
+/// lost at its session's next ping, within a third of the session timeout
+/// (the window in which the server has already let the key go, as after a
+/// Redis restart without persistence), and fencing tokens keep growing (the
+/// sequence is data the server keeps), so the next owner's token is above
+/// every earlier one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_loses_every_guard_and_keeps_fencing() {
+    let mut server = PostgresServer::start().expect("start PostgreSQL");
+    let session = Duration::from_secs(3);
+    let url = format!("{}?session_timeout=3s", server.url());
+    let (holder, other) = (locker(&url).await, locker(&url).await);
+    let held = holder.lock("restart").await.unwrap();
+    let bystander = holder.lock("restart-bystander").await.unwrap();
+    let before = held.fencing_token().unwrap();
+    tokio::task::block_in_place(|| server.restart()).expect("restart PostgreSQL");
+    let restarted = Instant::now();
+    let next = other
+        .lock_with("restart", LockOptions::new().wait(Duration::from_secs(30)))
+        .await
+        .expect("the key after the restart");
+    assert!(next.fencing_token().unwrap() > before, "fencing went back");
+    for guard in [&held, &bystander] {
+        let learnt = tokio::time::timeout(session, guard.lost()).await;
+        assert!(learnt.is_ok(), "a guard outlived its session's server");
+    }
+    let after = restarted.elapsed();
+    println!("every guard lost {after:?} after the restart");
+    assert!(after <= session / 3 + Duration::from_secs(1), "{after:?}");
+    next.release().await.unwrap();
+}
+
+/// Ends the session that holds an abandoned token: both guards on it are
+/// lost, the key goes within the session timeout (at once here: the
+/// connection closes), and later locks use a new session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandon_gives_up_the_session() {
+    let server = PostgresServer::start().expect("start PostgreSQL");
+    let url = format!("{}?session_timeout=2s", server.url());
+    let backend = PgBackend::connect(&url).await.unwrap();
+    let holder = backend.clone().into_locker();
+    let other = locker(&url).await;
+    dlock_testkit::session_faults::check_abandon_gives_up_the_session(
+        &backend,
+        &holder,
+        &other,
+        Duration::from_secs(2),
+    )
+    .await;
+}
+
+/// A connection cut under a held lock (a proxy that resets it, as a
+/// restarted connection pooler or load balancer does): the server ends the
+/// session and gives the key to the next client at once. The cut client's
+/// guard learns it at its session's next ping, within a third of the
+/// session timeout; meanwhile the next owner's fencing token is greater,
+/// so a store that checks tokens refuses the cut client's late writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_connection_hands_the_key_on_and_the_guard_learns_it() {
+    let server = PostgresServer::start().expect("start PostgreSQL");
+    let proxy = dlock_testkit::fixture::TcpProxy::start(server.host_port().parse().unwrap())
+        .await
+        .unwrap();
+    let session = Duration::from_secs(3);
+    let through_proxy = format!(
+        "postgres://postgres:{POSTGRES_PASSWORD}@127.0.0.1:{}/postgres?session_timeout=3s",
+        proxy.port()
+    );
+    let cut = locker(&through_proxy).await;
+    let other = locker(&format!("{}?session_timeout=3s", server.url())).await;
+    let guard = cut.lock("cut").await.unwrap();
+    let cut_fence = guard.fencing_token().unwrap();
+    proxy.block();
+    let blocked = Instant::now();
+    let next = other
+        .lock_with("cut", LockOptions::new().wait(Duration::from_secs(5)))
+        .await
+        .expect("the server kept a cut session's lock");
+    assert!(next.fencing_token().unwrap() > cut_fence);
+    let learnt = tokio::time::timeout(session, guard.lost())
+        .await
+        .map(|_| blocked.elapsed());
+    println!(
+        "key handed on {:?} after the cut; the cut guard learnt it after {learnt:?}",
+        blocked.elapsed()
+    );
+    assert!(
+        learnt
+            .as_ref()
+            .is_ok_and(|after| *after <= session / 3 + Duration::from_millis(700)),
+        "the cut guard did not learn it was lost within a third of its session: {learnt:?}"
+    );
+    assert!(guard.release().await.is_err(), "a lost guard released");
+    next.release().await.unwrap();
+}

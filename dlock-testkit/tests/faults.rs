@@ -46,7 +46,7 @@ use std::{path::Path, process::Stdio, time::Duration};
 use dlock_core::{LockError, LockOptions, Locker};
 use dlock_testkit::{
     conformance,
-    fixture::{free_port, EtcdServer, RedisServer, ZooKeeperServer},
+    fixture::{free_port, EtcdServer, PostgresServer, RedisServer, ZooKeeperServer},
     monotonic_ns, FencedStore, Harness, HoldLog,
 };
 use tokio::{
@@ -64,6 +64,9 @@ struct Topology {
     url: String,
     lease: Duration,
     fencing: bool,
+    /// The server ends a client's locks when its connection closes
+    /// (PostgreSQL): a killed holder's lock passes on at once.
+    disconnect_releases: bool,
     /// Requests per handoff (per node for Redlock) that the handoff test
     /// allows, counted by the servers: a release and the next waiter's few
     /// steps, measured at about 0.7 of this. A herd (every waiter trying at
@@ -137,6 +140,7 @@ fn redis() -> Topology {
         url: server.url(),
         lease: Duration::from_secs(1),
         fencing: true,
+        disconnect_releases: false,
         // The release, one attempt per process with a waiter (a process's
         // waiters queue locally: one is woken), and the woken one's
         // subscription: about 7.
@@ -152,6 +156,7 @@ fn redlock() -> Topology {
         url: RedisServer::redlock_url(&servers),
         lease: Duration::from_secs(1),
         fencing: false,
+        disconnect_releases: false,
         // The processes' woken contenders split the votes, give them back
         // and retry after a random delay: 12 to 15 per node. A queue across
         // processes is to bring this to the single node's.
@@ -169,6 +174,7 @@ fn etcd(members: usize) -> Topology {
         // The session TTL (etcd's shortest here is 1 s).
         lease: Duration::from_secs(2),
         fencing: true,
+        disconnect_releases: false,
         // Each waiter watches only the key ahead of it: about 2.
         handoff_requests: 4.0,
         servers: Box::new(servers),
@@ -189,9 +195,33 @@ fn zookeeper(servers: usize) -> Topology {
         ),
         lease: Duration::from_secs(timeout),
         fencing: true,
+        disconnect_releases: false,
         // Each waiter watches only the node ahead of it: about 2.5.
         handoff_requests: 4.0,
         servers: Box::new(servers),
+    }
+}
+
+impl Servers for PostgresServer {
+    fn count_requests(&self) -> Box<dyn Fn() -> u64 + '_> {
+        let count = self.count_statements().expect("log_statement");
+        Box::new(move || count().expect("the server's log"))
+    }
+}
+
+fn postgres() -> Topology {
+    let server = PostgresServer::start().expect("PostgreSQL");
+    Topology {
+        name: "postgres",
+        url: format!("{}?session_timeout=2s", server.url()),
+        // The session timeout: a paused holder's session ends after it.
+        lease: Duration::from_secs(2),
+        fencing: true,
+        disconnect_releases: true,
+        // The release, the next waiter's token, and the releaser's own
+        // attempt if it locks again: the server's queue wakes one waiter.
+        handoff_requests: 4.0,
+        servers: Box::new(server),
     }
 }
 
@@ -357,6 +387,17 @@ async fn holder_killed(t: Topology) {
         "[{}] a killed holder's lock passed on after {after:?} (lease {:?})",
         t.name, t.lease
     );
+    if t.disconnect_releases {
+        // The kill closed its connections, and the server gave the lock to
+        // the waiter first in line at once.
+        assert!(
+            after < t.lease / 2,
+            "[{}] a killed holder's closed connection kept its lock {after:?}",
+            t.name
+        );
+        drop(next);
+        return;
+    }
     // Its last renewal was about a third of the lease before the kill (a
     // late tick makes it earlier): half the lease is a safe lower bound.
     assert!(
@@ -619,6 +660,7 @@ per_topology! {
     etcd_3 => etcd(3),
     zookeeper_1 => zookeeper(1),
     zookeeper_3 => zookeeper(3),
+    postgres_1 => postgres(),
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -653,6 +695,11 @@ async fn malformed_urls_are_typed_errors() {
         "zk://h",
         "zk://h:1/a/../b",
         "zk://h:1?session_timeout=forever",
+        "postgres://h:port/db",
+        "postgres://h:1/db?session_timeout=forever",
+        "postgres://h:1/db?max_waiters=0",
+        "postgres://h:1/db?lock_prefix=Not-An-Identifier",
+        "postgresql://h:1/db?sslmode=sometimes",
     ] {
         let result = tokio::time::timeout(Duration::from_secs(5), dlock_testkit::connect(url))
             .await
@@ -706,6 +753,7 @@ async fn unreachable_ports_are_backend_errors() {
             "zk://127.0.0.1:{}?session_timeout=2s&connect_timeout=3s",
             ports[0]
         ),
+        format!("postgres://u@127.0.0.1:{}/db?connect_timeout=3s", ports[0]),
     ] {
         expect_backend_error(&url).await;
     }
@@ -722,6 +770,7 @@ async fn a_port_that_speaks_another_protocol_is_a_backend_error() {
             "zk://{}?session_timeout=2s&connect_timeout=3s",
             redis.host_port()
         ),
+        format!("postgres://u@{}/db?connect_timeout=3s", redis.host_port()),
     ] {
         expect_backend_error(&url).await;
     }
@@ -732,6 +781,7 @@ async fn a_port_that_speaks_another_protocol_is_a_backend_error() {
             format!("redis://127.0.0.1:{port}/"),
             format!("etcd://127.0.0.1:{port}"),
             format!("zk://127.0.0.1:{port}?session_timeout=2s&connect_timeout=3s"),
+            format!("postgres://u@127.0.0.1:{port}/db?connect_timeout=3s"),
         ] {
             expect_backend_error(&url).await;
         }
