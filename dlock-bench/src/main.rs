@@ -48,7 +48,7 @@ use std::{io::Write as _, process::ExitCode, time::Duration};
 
 use dlock_core::{Locker, MemoryBackend};
 use dlock_redis::redis;
-use dlock_testkit::fixture::{EtcdServer, RedisServer, ZooKeeperServer};
+use dlock_testkit::fixture::{EtcdServer, PostgresServer, RedisServer, ZooKeeperServer};
 
 use crate::{raw::Raw, report::Row};
 
@@ -75,6 +75,7 @@ enum Servers {
     Redis(Vec<RedisServer>, std::sync::Mutex<Vec<redis::Connection>>),
     Etcd(EtcdServer),
     Zk(ZooKeeperServer),
+    Postgres(PostgresServer),
 }
 
 impl Servers {
@@ -139,6 +140,8 @@ pub(crate) enum RequestCount<'a> {
     /// etcd's gRPC messages received, or ZooKeeper's packets received: the
     /// servers' own totals, read before and after.
     Totals(&'a Servers, u64),
+    /// PostgreSQL: the statements in the server's log (`log_statement`).
+    Statements(dlock_testkit::fixture::StatementCount<'a>),
 }
 
 impl RequestCount<'_> {
@@ -151,6 +154,7 @@ impl RequestCount<'_> {
                 .map(|m| m.commands().ok())
                 .sum::<Option<u64>>(),
             RequestCount::Totals(servers, before) => totals(servers)?.checked_sub(*before),
+            RequestCount::Statements(count) => count.so_far().ok(),
         }
     }
 
@@ -165,7 +169,7 @@ fn totals(servers: &Servers) -> Option<u64> {
     match servers {
         Servers::Etcd(server) => Some(server.grpc_requests().ok()?.values().sum()),
         Servers::Zk(server) => server.packets_received().ok(),
-        Servers::None | Servers::Redis(..) => None,
+        Servers::None | Servers::Redis(..) | Servers::Postgres(_) => None,
     }
 }
 
@@ -219,6 +223,17 @@ impl Target {
                     counting: Default::default(),
                 }
             }
+            "postgres" => {
+                let server = PostgresServer::start().map_err(fixture)?;
+                Target {
+                    name: "postgres",
+                    raw: Some(std::sync::Arc::new(Raw::postgres(&server.url()).await)),
+                    url: Some(server.url()),
+                    memory: None,
+                    servers: Servers::Postgres(server),
+                    counting: Default::default(),
+                }
+            }
             "zk" => {
                 let server = ZooKeeperServer::start().map_err(fixture)?;
                 Target {
@@ -232,7 +247,7 @@ impl Target {
             }
             other => {
                 return Err(format!(
-                    "unknown backend `{other}`: memory, redis, redlock, etcd, zk or all"
+                    "unknown backend `{other}`: memory, redis, redlock, etcd, zk, postgres or all"
                 ))
             }
         })
@@ -256,6 +271,12 @@ impl Target {
                     .expect("MONITOR");
                 RequestCount::Monitors(monitors)
             }
+            Servers::Postgres(server) => {
+                if !self.counting.load(std::sync::atomic::Ordering::SeqCst) {
+                    return RequestCount::None;
+                }
+                RequestCount::Statements(server.count_statements().expect("log_statement"))
+            }
             servers => match totals(servers) {
                 Some(before) => RequestCount::Totals(servers, before),
                 None => RequestCount::None,
@@ -267,7 +288,7 @@ impl Target {
     /// once timed and once more, under [`counting_pass`](Self::counting_pass),
     /// for its counts (Redis).
     pub(crate) fn counts_apart(&self) -> bool {
-        matches!(self.servers, Servers::Redis(..))
+        matches!(self.servers, Servers::Redis(..) | Servers::Postgres(_))
     }
 
     /// While the returned guard lives, [`count_requests`](Self::count_requests)
@@ -302,6 +323,7 @@ impl Target {
         match &self.servers {
             Servers::Etcd(server) => Some(server.endpoint()),
             Servers::Zk(server) => Some(server.endpoint()),
+            Servers::Postgres(server) => Some(server.url()),
             _ => None,
         }
     }
@@ -388,7 +410,7 @@ fn parse_args() -> Result<Args, String> {
         }
     }
     if args.backends == ["all"] {
-        args.backends = ["memory", "redis", "redlock", "etcd", "zk"]
+        args.backends = ["memory", "redis", "redlock", "etcd", "zk", "postgres"]
             .map(str::to_owned)
             .to_vec();
     }

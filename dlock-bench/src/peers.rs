@@ -26,6 +26,7 @@ pub(crate) async fn of(target: &Target) -> Vec<Arc<dyn Lockable>> {
     match target.name {
         "etcd" => vec![Arc::new(EtcdLockApi::connect(&endpoint).await)],
         "zookeeper" => vec![Arc::new(ZkRecipe::connect(&endpoint).await)],
+        "postgres" => vec![Arc::new(SqlxAdvisoryLock::connect(&endpoint).await)],
         _ => Vec::new(),
     }
 }
@@ -141,6 +142,55 @@ impl Lockable for ZkRecipe {
                 .expect("options");
             let lock = self.0.lock(prefix, b"", options).await.expect("zk lock");
             Unlock(Box::pin(async move { drop(lock) }))
+        })
+    }
+}
+
+/// sqlx's `PgAdvisoryLock`, as its documentation uses it: a connection
+/// from a pool (sqlx's default of 10), `acquire` (a blocking
+/// `pg_advisory_lock` on it), and `release_now` (`pg_advisory_unlock`),
+/// which gives the connection back to the pool.
+///
+/// A guard borrows its `PgAdvisoryLock`, so each key's lock is made once
+/// and kept for the run (the bench names a few dozen keys).
+struct SqlxAdvisoryLock(
+    sqlx::PgPool,
+    std::sync::Mutex<std::collections::HashMap<String, &'static sqlx::postgres::PgAdvisoryLock>>,
+);
+
+impl SqlxAdvisoryLock {
+    async fn connect(url: &str) -> SqlxAdvisoryLock {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(10)
+            .connect(url)
+            .await
+            .expect("postgres pool");
+        SqlxAdvisoryLock(pool, Default::default())
+    }
+}
+
+impl Lockable for SqlxAdvisoryLock {
+    fn label(&self) -> &str {
+        "sqlx PgAdvisoryLock"
+    }
+
+    fn lock<'a>(&'a self, _task: usize, key: &'a str) -> BoxFuture<'a, Unlock<'a>> {
+        Box::pin(async move {
+            let lock: &'static sqlx::postgres::PgAdvisoryLock = *self
+                .1
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(key.to_owned())
+                .or_insert_with(|| {
+                    Box::leak(Box::new(sqlx::postgres::PgAdvisoryLock::with_key(
+                        sqlx::postgres::PgAdvisoryLockKey::BigInt(crate::raw::advisory_id(key)),
+                    )))
+                });
+            let conn = self.0.acquire().await.expect("a pooled connection");
+            let guard = lock.acquire(conn).await.expect("pg_advisory_lock");
+            Unlock(Box::pin(async move {
+                guard.release_now().await.expect("pg_advisory_unlock");
+            }))
         })
     }
 }

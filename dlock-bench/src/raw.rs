@@ -22,6 +22,9 @@ pub(crate) enum Raw {
     /// The parent is of the kind dlock uses, so that both pay for its
     /// reaping alike.
     Zk(Arc<zookeeper_client::Client>),
+    /// `pg_try_advisory_lock` + `pg_advisory_unlock` on one connection, as
+    /// dlock takes uncontended locks on one session.
+    Postgres(tokio::sync::Mutex<sqlx::PgConnection>),
 }
 
 const COMPARE_AND_DELETE: &str = r"
@@ -62,6 +65,13 @@ impl Raw {
             .with_acls(zookeeper_client::Acls::anyone_all());
         let _ = client.create("/raw", b"", &options).await;
         Raw::Zk(Arc::new(client))
+    }
+
+    pub(crate) async fn postgres(url: &str) -> Raw {
+        use sqlx::Connection;
+        Raw::Postgres(tokio::sync::Mutex::new(
+            sqlx::PgConnection::connect(url).await.expect("postgres"),
+        ))
     }
 
     /// Locks and unlocks `key` once.
@@ -111,6 +121,27 @@ impl Raw {
                 let delete = client.txn(delete).await.expect("txn delete");
                 assert!(delete.succeeded(), "raw unlock of a key not ours");
             }
+            Raw::Postgres(conn) => {
+                let id = advisory_id(key);
+                let mut conn = conn.lock().await;
+                let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+                    .bind(id)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .expect("pg_try_advisory_lock");
+                assert!(locked, "raw lock on a held key");
+                // Another task may use the connection in between, as
+                // dlock's session serves every task between lock and unlock.
+                drop(conn);
+                let _ = token;
+                let mut conn = conn_lock(self).await;
+                let unlocked: bool = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
+                    .bind(id)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .expect("pg_advisory_unlock");
+                assert!(unlocked, "raw unlock of a key not ours");
+            }
             Raw::Zk(client) => {
                 use zookeeper_client::{Acls, CreateMode, Error, MultiWriteResult};
                 let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
@@ -146,4 +177,21 @@ impl Raw {
             }
         }
     }
+}
+
+async fn conn_lock(raw: &Raw) -> tokio::sync::MutexGuard<'_, sqlx::PgConnection> {
+    match raw {
+        Raw::Postgres(conn) => conn.lock().await,
+        _ => unreachable!("a PostgreSQL floor"),
+    }
+}
+
+/// A 64-bit advisory lock id for `key` (any stable hash will do for the
+/// floor and the peer).
+pub(crate) fn advisory_id(key: &str) -> i64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.bytes() {
+        hash = (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash as i64
 }

@@ -45,8 +45,10 @@ fn backend_error(e: impl std::error::Error + Send + Sync + 'static) -> LockError
 ///   meet an application's own advisory locks by accident. Two keys whose
 ///   identifiers collide contend as if they were one: a collision costs a
 ///   wait, never exclusion.
-/// - **One session holds every uncontended lock.** An acquire is one round
-///   trip on the holder session: `pg_try_advisory_lock`, and in the same
+/// - **A few sessions hold every uncontended lock.** Each key belongs to
+///   one of `holder_sessions` holder sessions (4 by default), by its
+///   identifier, so that tasks on different keys do not wait for one
+///   connection. An acquire is one round trip on the key's holder session: `pg_try_advisory_lock`, and in the same
 ///   statement the next value of the fencing sequence when it is granted.
 ///   Release is `pg_advisory_unlock` on the session that holds the lock.
 ///   One session holds any number of locks (the server's shared lock
@@ -100,12 +102,13 @@ pub struct PgBackend {
 
 struct Inner {
     config: PgConfig,
-    /// `SELECT nextval('{prefix}_fence')`.
-    sequence: String,
+    /// `nextval('{prefix}_fence')`.
+    fence_expr: String,
     /// The uncontended acquire: the lock, and the fence when granted.
     try_lock: String,
-    /// The session that takes uncontended locks; replaced once it ends.
-    holder: tokio::sync::Mutex<Option<Arc<Session>>>,
+    /// The sessions that take uncontended locks, a key's always the same
+    /// one (by its identifier); each replaced once it ends.
+    holders: Vec<tokio::sync::Mutex<Option<Arc<Session>>>>,
     /// Waiter sessions that hold nothing, ready for the next wait.
     idle: Mutex<Vec<Arc<Session>>>,
     /// Bounds the waiter sessions.
@@ -361,18 +364,20 @@ impl PgBackend {
         let backend = PgBackend {
             inner: Arc::new(Inner {
                 waiters: Arc::new(Semaphore::new(config.max_waiters())),
-                sequence: format!("SELECT nextval('{sequence}')"),
+                fence_expr: format!("nextval('{sequence}')"),
                 try_lock: format!(
                     "SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('{sequence}') END"
                 ),
-                config,
-                holder: tokio::sync::Mutex::new(None),
+                holders: (0..config.holder_sessions())
+                    .map(|_| tokio::sync::Mutex::new(None))
+                    .collect(),
                 idle: Mutex::new(Vec::new()),
                 owned: Mutex::new(HashMap::new()),
                 local: Mutex::new(HashMap::new()),
+                config,
             }),
         };
-        let holder = backend.holder().await?;
+        let holder = backend.holder(0).await?;
         let create = format!("CREATE SEQUENCE IF NOT EXISTS {sequence}");
         let created = match holder.live().await {
             Ok(mut live) => {
@@ -392,9 +397,12 @@ impl PgBackend {
         Ok(backend)
     }
 
-    /// The holder session, opened again if it ended.
-    async fn holder(&self) -> Result<Arc<Session>> {
-        let mut holder = self.inner.holder.lock().await;
+    /// The holder session of lock `id`, opened again if it ended.
+    async fn holder(&self, id: i64) -> Result<Arc<Session>> {
+        let slots = &self.inner.holders;
+        let mut holder = slots[(id as u64 % slots.len() as u64) as usize]
+            .lock()
+            .await;
         if let Some(session) = holder.as_ref().filter(|s| s.is_usable()) {
             return Ok(session.clone());
         }
@@ -448,7 +456,7 @@ impl PgBackend {
         let mut retry = Retry::new(req.wait, self.inner.config.connect_timeout());
         let mut turn = turn;
         let (holder, sent, fence, turn) = loop {
-            let holder = match self.holder().await {
+            let holder = match self.holder(id).await {
                 Ok(holder) => holder,
                 Err(e) => {
                     retry.after(e).await?;
@@ -522,21 +530,30 @@ impl PgBackend {
                 .as_millis()
                 .max(1),
         };
+        // One round trip: the wait, then (a statement of its own, so only
+        // after the grant) the token, and how long the server took since
+        // it received the query. Our send time plus that is no later than
+        // the server's: the lease counts from there, and the server counts
+        // the session's idle time from the query's end, later still.
         let wait = format!(
-            "SET lock_timeout = {lock_timeout}; SELECT pg_advisory_lock({id}); SET lock_timeout = 0"
+            "SET lock_timeout = {lock_timeout}; SELECT pg_advisory_lock({id}); \
+             SELECT {}, (extract(epoch FROM clock_timestamp() - statement_timestamp()) \
+             * 1000000)::bigint; SET lock_timeout = 0",
+            self.inner.fence_expr
         );
         let waited = match session.live().await {
             Ok(mut live) => {
-                let answer = live.conn().execute(wait.as_str()).await;
-                live.done(answer)
+                let sent = live.sent;
+                let answer = live.conn().fetch_all(wait.as_str()).await;
+                live.done(answer).map(|rows| (sent, rows))
             }
             Err(e) => Err(e),
         };
-        match waited {
-            Ok(_) => {}
+        let (sent, rows) = match waited {
+            Ok(answer) => answer,
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(LOCK_NOT_AVAILABLE) => {
                 // Not granted: the session is as it was, ready for another
-                // wait (its `lock_timeout` is reset at the next one).
+                // wait (its `lock_timeout` is set again at the next one).
                 abandon.session = None;
                 self.put_idle(session);
                 drop(turn);
@@ -544,16 +561,13 @@ impl PgBackend {
                 return Ok(None);
             }
             Err(e) => return Err(backend_error(e)),
-        }
-        // The token, taken after the grant on the session that holds it;
-        // its send time starts the lease: the server counts the session's
-        // idle time from this statement's end.
-        let mut live = session.live().await.map_err(backend_error)?;
-        let sent = live.sent;
-        let answer = sqlx::query_scalar(self.inner.sequence.as_str())
-            .fetch_one(live.conn())
-            .await;
-        let fence: i64 = live.done(answer).map_err(backend_error)?;
+        };
+        let granted = rows
+            .last()
+            .ok_or_else(|| sqlx::Error::RowNotFound)
+            .and_then(|row| Ok((row.try_get::<i64, _>(0)?, row.try_get::<i64, _>(1)?)));
+        let (fence, waited_us) = granted.map_err(backend_error)?;
+        let sent = sent + Duration::from_micros(u64::try_from(waited_us).unwrap_or(0));
         abandon.session = None;
         self.granted(req, session, id, turn, Some(slot), sent, fence)
     }
@@ -725,7 +739,7 @@ impl Drop for EndOnDrop {
         };
         runtime.spawn(async move {
             let pid = session.pid;
-            let ended = match backend.holder().await {
+            let ended = match backend.holder(i64::from(pid)).await {
                 Ok(holder) => match holder.live().await {
                     Ok(mut live) => {
                         let answer = sqlx::query("SELECT pg_terminate_backend($1)")
@@ -803,7 +817,7 @@ impl Backend for PgBackend {
     /// A statement on the holder session (opening one if it ended).
     fn check_servers(&self) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
-            let holder = self.holder().await?;
+            let holder = self.holder(0).await?;
             let mut live = holder.live().await.map_err(backend_error)?;
             let answer = live.conn().ping().await;
             live.done(answer).map_err(backend_error)

@@ -23,6 +23,9 @@ use sqlx::postgres::PgConnectOptions;
 /// - `connect_timeout` (default `5s`): how long opening a session may take.
 /// - `max_waiters` (default `16`): how many sessions may wait on the server
 ///   at once (one per key that tasks of this process wait for).
+/// - `holder_sessions` (default `4`): how many sessions take uncontended
+///   locks, each key always on the same one; more let more tasks on
+///   different keys lock at once.
 /// - `lock_prefix` (default `dlock`): the namespace of this application's
 ///   locks, hashed into every lock's 64-bit identifier, and the name of the
 ///   fencing sequence (`{prefix}_fence`). Letters, digits and `_`, starting
@@ -47,6 +50,7 @@ pub struct PgConfig {
     session_timeout: Duration,
     connect_timeout: Duration,
     max_waiters: usize,
+    holder_sessions: usize,
     lock_prefix: String,
 }
 
@@ -75,6 +79,7 @@ impl PgConfig {
             session_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
             max_waiters: 16,
+            holder_sessions: 4,
             lock_prefix: "dlock".to_owned(),
         };
         let mut driver = Vec::new();
@@ -98,6 +103,15 @@ impl PgConfig {
                         .filter(|n| (1..=1000).contains(n))
                         .ok_or_else(|| {
                             invalid(url, &format!("`max_waiters={value}` is not 1 to 1000"))
+                        })?;
+                }
+                "holder_sessions" => {
+                    config.holder_sessions = value
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=64).contains(n))
+                        .ok_or_else(|| {
+                            invalid(url, &format!("`holder_sessions={value}` is not 1 to 64"))
                         })?;
                 }
                 "lock_prefix" => {
@@ -151,6 +165,11 @@ impl PgConfig {
         self.max_waiters
     }
 
+    /// How many sessions take uncontended locks.
+    pub fn holder_sessions(&self) -> usize {
+        self.holder_sessions
+    }
+
     /// The namespace of this application's locks.
     pub fn lock_prefix(&self) -> &str {
         &self.lock_prefix
@@ -174,6 +193,7 @@ impl PgConfig {
             session_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
             max_waiters: 16,
+            holder_sessions: 4,
             lock_prefix: "dlock".to_owned(),
         }
     }
@@ -214,6 +234,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!((c.max_waiters(), c.lock_prefix()), (3, "app_1"));
+        assert_eq!(c.holder_sessions(), 4);
         assert_eq!(c.session_timeout(), Duration::from_secs(10));
     }
 
@@ -223,6 +244,7 @@ mod tests {
             "redis://h:1",
             "postgres://h:1/d?session_timeout=10",
             "postgres://h:1/d?max_waiters=0",
+            "postgres://h:1/d?holder_sessions=0",
             "postgres://h:1/d?lock_prefix=Bad-Name",
             "postgres://h:notaport/d",
             "postgres://h:1/d?sslmode=sometimes",

@@ -46,7 +46,7 @@ fn signal(pid: i32, signal: i32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_try_lock_dropped_in_flight_leaves_no_lock() {
     let server = PostgresServer::start().expect("start PostgreSQL");
-    let a = locker(&server.url()).await;
+    let a = locker(&format!("{}?holder_sessions=1", server.url())).await;
     // The attempt's statement is prepared on the session once, so that
     // the one dropped below is sent whole.
     a.try_lock("warm-up")
@@ -72,8 +72,8 @@ async fn a_try_lock_dropped_in_flight_leaves_no_lock() {
     taken.release().await.unwrap();
 }
 
-/// One session holds 10,000 locks at once, each exclusive, and gives them
-/// all back.
+/// A few sessions (4 holder sessions per client) hold 10,000 locks at
+/// once, each exclusive, and give them all back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_session_holds_ten_thousand_locks() {
     let server = PostgresServer::start().expect("start PostgreSQL");
@@ -83,10 +83,10 @@ async fn one_session_holds_ten_thousand_locks() {
         let guard = a.try_lock(format!("many:{i}")).await.unwrap();
         guards.push(guard.unwrap_or_else(|| panic!("many:{i} was refused")));
     }
-    assert_eq!(
-        dlock_sessions(&server.url()).await.len(),
-        2,
-        "one session each"
+    let sessions = dlock_sessions(&server.url()).await.len();
+    assert!(
+        sessions <= 8,
+        "{sessions} sessions: more than 4 holder sessions each"
     );
     for i in [0, 4_999, 9_999] {
         assert!(b.try_lock(format!("many:{i}")).await.unwrap().is_none());
@@ -204,7 +204,8 @@ async fn a_restart_loses_every_guard_and_keeps_fencing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abandon_gives_up_the_session() {
     let server = PostgresServer::start().expect("start PostgreSQL");
-    let url = format!("{}?session_timeout=2s", server.url());
+    // One holder session, so that both guards are on the session given up.
+    let url = format!("{}?session_timeout=2s&holder_sessions=1", server.url());
     let backend = PgBackend::connect(&url).await.unwrap();
     let holder = backend.clone().into_locker();
     let other = locker(&url).await;
