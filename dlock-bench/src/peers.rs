@@ -176,7 +176,7 @@ impl Lockable for SqlxAdvisoryLock {
 
     fn lock<'a>(&'a self, _task: usize, key: &'a str) -> BoxFuture<'a, Unlock<'a>> {
         Box::pin(async move {
-            let lock: &'static sqlx::postgres::PgAdvisoryLock = *self
+            let lock = *self
                 .1
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
