@@ -22,9 +22,10 @@ pub(crate) enum Raw {
     /// The parent is of the kind dlock uses, so that both pay for its
     /// reaping alike.
     Zk(Arc<zookeeper_client::Client>),
-    /// `pg_try_advisory_lock` + `pg_advisory_unlock` on one connection, as
-    /// dlock takes uncontended locks on one session.
-    Postgres(tokio::sync::Mutex<sqlx::PgConnection>),
+    /// `pg_try_advisory_lock` + `pg_advisory_unlock` on one of 4
+    /// connections by key, as dlock takes uncontended locks on its 4
+    /// holder sessions.
+    Postgres(Vec<tokio::sync::Mutex<sqlx::PgConnection>>),
 }
 
 const COMPARE_AND_DELETE: &str = r"
@@ -69,9 +70,13 @@ impl Raw {
 
     pub(crate) async fn postgres(url: &str) -> Raw {
         use sqlx::Connection;
-        Raw::Postgres(tokio::sync::Mutex::new(
-            sqlx::PgConnection::connect(url).await.expect("postgres"),
-        ))
+        let mut conns = Vec::new();
+        for _ in 0..4 {
+            conns.push(tokio::sync::Mutex::new(
+                sqlx::PgConnection::connect(url).await.expect("postgres"),
+            ));
+        }
+        Raw::Postgres(conns)
     }
 
     /// Locks and unlocks `key` once.
@@ -121,8 +126,9 @@ impl Raw {
                 let delete = client.txn(delete).await.expect("txn delete");
                 assert!(delete.succeeded(), "raw unlock of a key not ours");
             }
-            Raw::Postgres(conn) => {
+            Raw::Postgres(conns) => {
                 let id = advisory_id(key);
+                let conn = &conns[(id as u64 % conns.len() as u64) as usize];
                 let mut conn = conn.lock().await;
                 let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
                     .bind(id)
@@ -134,7 +140,9 @@ impl Raw {
                 // dlock's session serves every task between lock and unlock.
                 drop(conn);
                 let _ = token;
-                let mut conn = conn_lock(self).await;
+                let mut conn = conns[(id as u64 % conns.len() as u64) as usize]
+                    .lock()
+                    .await;
                 let unlocked: bool = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
                     .bind(id)
                     .fetch_one(&mut *conn)
@@ -176,13 +184,6 @@ impl Raw {
                     .expect("delete");
             }
         }
-    }
-}
-
-async fn conn_lock(raw: &Raw) -> tokio::sync::MutexGuard<'_, sqlx::PgConnection> {
-    match raw {
-        Raw::Postgres(conn) => conn.lock().await,
-        _ => unreachable!("a PostgreSQL floor"),
     }
 }
 

@@ -25,6 +25,10 @@ use crate::config::{lock_id, PgConfig};
 
 const NAME: &str = "postgres";
 
+/// How long a key counts as contended after an attempt at it was refused:
+/// its next waits skip the try on the holder session.
+const CONTENDED_FOR: Duration = Duration::from_secs(1);
+
 /// SQLSTATE `lock_not_available`: a wait that ran into `lock_timeout`.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
 
@@ -54,7 +58,8 @@ fn backend_error(e: impl std::error::Error + Send + Sync + 'static) -> LockError
 ///   One session holds any number of locks (the server's shared lock
 ///   table bounds them: `max_locks_per_transaction × max_connections`).
 /// - **Waiting is done by the server, first come, first served.** An
-///   attempt that is refused takes a waiter session (at most
+///   attempt that is refused (or any wait for a key refused in the last
+///   second, which skips the try) takes a waiter session (at most
 ///   `max_waiters`, reused) and blocks in `pg_advisory_lock` there, with
 ///   the wait limit as `lock_timeout`. The server grants waiters in the
 ///   order they came, and the waiter session then holds the lock until its
@@ -117,6 +122,8 @@ struct Inner {
     owned: Mutex<HashMap<Token, Owned>>,
     /// This process's turn per lock identifier.
     local: Mutex<HashMap<i64, Arc<Semaphore>>>,
+    /// When an attempt at each identifier was last refused.
+    contended: Mutex<HashMap<i64, Instant>>,
 }
 
 /// A lock this process holds.
@@ -374,6 +381,7 @@ impl PgBackend {
                 idle: Mutex::new(Vec::new()),
                 owned: Mutex::new(HashMap::new()),
                 local: Mutex::new(HashMap::new()),
+                contended: Mutex::new(HashMap::new()),
                 config,
             }),
         };
@@ -453,6 +461,11 @@ impl PgBackend {
             self.sweep_local(id);
             return Ok(None);
         };
+        if req.wait != Wait::No && self.recently_contended(id) {
+            // Refused a moment ago: the try would most likely be refused
+            // again, so wait on the server at once (one statement less).
+            return self.wait_on_server(req, id, turn).await;
+        }
         let mut retry = Retry::new(req.wait, self.inner.config.connect_timeout());
         let mut turn = turn;
         let (holder, sent, fence, turn) = loop {
@@ -492,10 +505,28 @@ impl PgBackend {
         if let Some(fence) = fence {
             return self.granted(req, holder, id, turn, None, sent, fence);
         }
+        self.mark_contended(id);
         if req.wait == Wait::No {
             return Ok(None);
         }
         self.wait_on_server(req, id, turn).await
+    }
+
+    /// Whether an attempt at `id` was refused within [`CONTENDED_FOR`].
+    fn recently_contended(&self, id: i64) -> bool {
+        lock(&self.inner.contended)
+            .get(&id)
+            .is_some_and(|at| at.elapsed() < CONTENDED_FOR)
+    }
+
+    /// Remembers that an attempt at `id` was refused now; forgets keys
+    /// not refused for a while once there are many.
+    fn mark_contended(&self, id: i64) {
+        let mut contended = lock(&self.inner.contended);
+        if contended.len() >= 1024 {
+            contended.retain(|_, at| at.elapsed() < CONTENDED_FOR);
+        }
+        contended.insert(id, Instant::now());
     }
 
     /// Blocks in `pg_advisory_lock` on a waiter session until the server

@@ -5,7 +5,7 @@ use dlock_core::{BackendExt, LockError, Locker, MemoryBackend};
 
 /// The URLs `--backend` accepts, for usage messages.
 pub const URLS: &str =
-    "memory (default), redis://HOST:PORT, redis+redlock://H1:P1,H2:P2,H3:P3, etcd://HOST:PORT/PREFIX, zk://HOST:PORT/PATH";
+    "memory (default), redis://HOST:PORT, redis+redlock://H1:P1,H2:P2,H3:P3, etcd://HOST:PORT/PREFIX, zk://HOST:PORT/PATH, postgres://USER:PASSWORD@HOST:PORT/DB";
 
 /// A [`Locker`] on the backend `url` names; `None` or `"memory"` is the
 /// in-process backend (locks shared by this process only).
@@ -13,8 +13,9 @@ pub const URLS: &str =
 /// This is the one place the examples pick a backend: an application
 /// depends on the backend crate it uses and calls its `connect`, as here.
 /// Each backend is a cargo feature of the examples: `redis` and `zk` are on
-/// by default, `etcd` is not (its client's build needs `protoc`); a URL
-/// of a backend left out is an error that names the feature.
+/// by default, `etcd` (its client's build needs `protoc`) and `postgres`
+/// are not; a URL of a backend left out is an error that names the
+/// feature.
 ///
 /// # Errors
 ///
@@ -40,6 +41,7 @@ pub async fn locker(url: Option<&str>) -> Result<Locker, LockError> {
         Some("redis" | "redis+redlock") => redis(url).await,
         Some("etcd") => etcd(url).await,
         Some("zk") => zk(url).await,
+        Some("postgres" | "postgresql") => postgres(url).await,
         _ => Err(LockError::InvalidOptions {
             reason: format!("`{url}` names no backend; use one of: {URLS}"),
         }),
@@ -102,4 +104,15 @@ async fn zk(_url: &str) -> Result<Locker, LockError> {
 /// ```
 pub fn is_in_process(url: Option<&str>) -> bool {
     url.is_none_or(|url| url == "memory")
+}
+
+#[cfg(feature = "postgres")]
+async fn postgres(url: &str) -> Result<Locker, LockError> {
+    Ok(dlock_postgres::PgBackend::connect(url).await?.into_locker())
+}
+
+/// Without feature `postgres` (off by default).
+#[cfg(not(feature = "postgres"))]
+async fn postgres(_url: &str) -> Result<Locker, LockError> {
+    Err(feature_off("postgres"))
 }

@@ -111,6 +111,23 @@ fn several_processes_share_the_stock_through_etcd() {
 }
 
 #[test]
+#[cfg(feature = "postgres")]
+fn several_processes_share_the_stock_through_postgres() {
+    let server = dlock_testkit::fixture::PostgresServer::start().expect("postgres");
+    let out = demo(&[
+        "--processes",
+        "2",
+        "--requests",
+        "200",
+        "--stock",
+        "120",
+        "--backend",
+        &server.url(),
+    ]);
+    check_both_runs(&out, 120);
+}
+
+#[test]
 fn processes_without_a_lock_server_are_refused_with_a_reason() {
     let out = demo(&["--processes", "2"]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
