@@ -93,10 +93,8 @@ fn several_processes_share_the_stock_through_redis() {
     );
 }
 
-#[test]
-fn several_processes_share_the_stock_through_etcd() {
-    let server = EtcdServer::start().expect("etcd");
-    let url = format!("etcd://{}/stock-demo", server.endpoint());
+/// Two processes selling a stock of 120 to 200 requests through `url`.
+fn two_processes_share_the_stock(url: &str) {
     let out = demo(&[
         "--processes",
         "2",
@@ -105,26 +103,22 @@ fn several_processes_share_the_stock_through_etcd() {
         "--stock",
         "120",
         "--backend",
-        &url,
+        url,
     ]);
     check_both_runs(&out, 120);
+}
+
+#[test]
+fn several_processes_share_the_stock_through_etcd() {
+    let server = EtcdServer::start().expect("etcd");
+    two_processes_share_the_stock(&format!("etcd://{}/stock-demo", server.endpoint()));
 }
 
 #[test]
 #[cfg(feature = "postgres")]
 fn several_processes_share_the_stock_through_postgres() {
     let server = dlock_testkit::fixture::PostgresServer::start().expect("postgres");
-    let out = demo(&[
-        "--processes",
-        "2",
-        "--requests",
-        "200",
-        "--stock",
-        "120",
-        "--backend",
-        &server.url(),
-    ]);
-    check_both_runs(&out, 120);
+    two_processes_share_the_stock(&server.url());
 }
 
 #[test]
