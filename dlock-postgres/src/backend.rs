@@ -130,6 +130,11 @@ struct Inner {
 struct Owned {
     session: Arc<Session>,
     id: i64,
+    /// Held by the release in progress: a second release of the same token
+    /// (a fixed lease's end and the caller's at once) runs after the first
+    /// finished, and finds the lock gone, rather than unlocking a session
+    /// that may hold the key again by then for someone else.
+    releasing: Arc<tokio::sync::Mutex<()>>,
     _turn: OwnedSemaphorePermit,
     /// The waiter slot of a lock held on a waiter session.
     _slot: Option<OwnedSemaphorePermit>,
@@ -628,6 +633,7 @@ impl PgBackend {
             Owned {
                 session: session.clone(),
                 id,
+                releasing: Arc::default(),
                 _turn: turn,
                 _slot: slot,
             },
@@ -668,6 +674,14 @@ impl PgBackend {
     /// lock is forgotten only once the server answered: a release cut off
     /// half-way is sent again by core, and finds it still there.
     async fn unlock(&self, token: &Token) -> Result<ReleaseOutcome> {
+        let Some(releasing) = lock(&self.inner.owned)
+            .get(token)
+            .map(|o| o.releasing.clone())
+        else {
+            return Ok(ReleaseOutcome::NotHeld);
+        };
+        let _one_at_a_time = releasing.lock().await;
+        // Read again: a release that ran first has forgotten it.
         let Some((session, id)) = lock(&self.inner.owned)
             .get(token)
             .map(|o| (o.session.clone(), o.id))
