@@ -202,6 +202,15 @@ fn ends_the_session(e: &sqlx::Error) -> bool {
     }
 }
 
+/// Why a wait on the server gave no answer.
+enum WaitFailed {
+    /// Its session ended (or none could be opened): worth waiting again on
+    /// a new one, with the turn at the key given back.
+    SessionEnded(LockError, OwnedSemaphorePermit),
+    /// Anything else: the caller's error.
+    Other(LockError),
+}
+
 /// Retries a step whose session ended (a server restart, a cut
 /// connection) on a new one, with backoff, until the wait limit, or for
 /// the connect timeout when there is none.
@@ -466,14 +475,45 @@ impl PgBackend {
             self.sweep_local(id);
             return Ok(None);
         };
-        if req.wait != Wait::No && self.recently_contended(id) {
-            // Refused a moment ago: the try would most likely be refused
-            // again, so wait on the server at once (one statement less).
-            return self.wait_on_server(req, id, turn).await;
-        }
         let mut retry = Retry::new(req.wait, self.inner.config.connect_timeout());
         let mut turn = turn;
-        let (holder, sent, fence, turn) = loop {
+        loop {
+            // Refused a moment ago: the try would most likely be refused
+            // again, so wait on the server at once (one statement less).
+            if req.wait == Wait::No || !self.recently_contended(id) {
+                let (holder, sent, fence, back) = self.try_on_holder(id, turn, &mut retry).await?;
+                if let Some(fence) = fence {
+                    return self.granted(req, holder, id, back, None, sent, fence);
+                }
+                turn = back;
+                self.mark_contended(id);
+                if req.wait == Wait::No {
+                    return Ok(None);
+                }
+            }
+            match self.wait_on_server(req, id, turn).await {
+                Ok(outcome) => return Ok(outcome),
+                // The waiter session ended (a server restart, a cut
+                // connection): wait again on a new one, within the limit.
+                Err(WaitFailed::SessionEnded(error, back)) => {
+                    retry.after(error).await?;
+                    turn = back;
+                }
+                Err(WaitFailed::Other(error)) => return Err(error),
+            }
+        }
+    }
+
+    /// One uncontended attempt on `id`'s holder session, on a new session
+    /// if it ended (within `retry`): the session, when the attempt was sent,
+    /// the fence if granted, and the turn back.
+    async fn try_on_holder(
+        &self,
+        id: i64,
+        mut turn: OwnedSemaphorePermit,
+        retry: &mut Retry,
+    ) -> Result<(Arc<Session>, Instant, Option<i64>, OwnedSemaphorePermit)> {
+        loop {
             let holder = match self.holder(id).await {
                 Ok(holder) => holder,
                 Err(e) => {
@@ -500,21 +540,13 @@ impl PgBackend {
             undo.session = None;
             turn = undo.turn.take().expect("the turn is ours until answered");
             match answer {
-                Ok((sent, fence)) => break (holder, sent, fence, turn),
+                Ok((sent, fence)) => return Ok((holder, sent, fence, turn)),
                 // The session ended (the server restarted, the connection
                 // was cut): its locks went with it; try on a new one.
                 Err(e) if !holder.is_usable() => retry.after(backend_error(e)).await?,
                 Err(e) => return Err(backend_error(e)),
             }
-        };
-        if let Some(fence) = fence {
-            return self.granted(req, holder, id, turn, None, sent, fence);
         }
-        self.mark_contended(id);
-        if req.wait == Wait::No {
-            return Ok(None);
-        }
-        self.wait_on_server(req, id, turn).await
     }
 
     /// Whether an attempt at `id` was refused within [`CONTENDED_FOR`].
@@ -541,7 +573,7 @@ impl PgBackend {
         req: &AcquireRequest<'_>,
         id: i64,
         turn: OwnedSemaphorePermit,
-    ) -> Result<Option<Acquired>> {
+    ) -> std::result::Result<Option<Acquired>, WaitFailed> {
         let deadline = req.wait.deadline();
         let slot = self.inner.waiters.clone();
         let slot = match deadline {
@@ -551,8 +583,11 @@ impl PgBackend {
             },
             None => slot.acquire_owned().await,
         }
-        .map_err(backend_error)?;
-        let session = self.waiter_session().await?;
+        .map_err(|e| WaitFailed::Other(backend_error(e)))?;
+        let session = match self.waiter_session().await {
+            Ok(session) => session,
+            Err(error) => return Err(WaitFailed::SessionEnded(error, turn)),
+        };
         // Ends the session if this future is dropped mid-wait: the server
         // may grant the lock to it at any moment, and nobody would release.
         let mut abandon = EndOnDrop {
@@ -596,16 +631,20 @@ impl PgBackend {
                 self.sweep_local(id);
                 return Ok(None);
             }
-            Err(e) => return Err(backend_error(e)),
+            Err(e) if !session.is_usable() => {
+                return Err(WaitFailed::SessionEnded(backend_error(e), turn))
+            }
+            Err(e) => return Err(WaitFailed::Other(backend_error(e))),
         };
         let granted = rows
             .last()
             .ok_or_else(|| sqlx::Error::RowNotFound)
             .and_then(|row| Ok((row.try_get::<i64, _>(0)?, row.try_get::<i64, _>(1)?)));
-        let (fence, waited_us) = granted.map_err(backend_error)?;
+        let (fence, waited_us) = granted.map_err(|e| WaitFailed::Other(backend_error(e)))?;
         let sent = sent + Duration::from_micros(u64::try_from(waited_us).unwrap_or(0));
         abandon.session = None;
         self.granted(req, session, id, turn, Some(slot), sent, fence)
+            .map_err(WaitFailed::Other)
     }
 
     #[allow(clippy::too_many_arguments)]

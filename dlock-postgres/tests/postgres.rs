@@ -262,3 +262,33 @@ async fn a_cut_connection_hands_the_key_on_and_the_guard_learns_it() {
     assert!(guard.release().await.is_err(), "a lost guard released");
     next.release().await.unwrap();
 }
+
+/// A waiter whose wait the server cut short by restarting waits again on
+/// a new session, within its wait limit, and gets the key (its holder's
+/// session went with the restart), with a token above the holder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_outlives_a_server_restart() {
+    let mut server = PostgresServer::start().expect("start PostgreSQL");
+    let url = format!("{}?session_timeout=3s", server.url());
+    let (holder, waiter) = (locker(&url).await, locker(&url).await);
+    let held = holder.lock("restart-wait").await.unwrap();
+    let before = held.fencing_token().unwrap();
+    let waiting = tokio::spawn(async move {
+        waiter
+            .lock_with(
+                "restart-wait",
+                LockOptions::new().wait(Duration::from_secs(30)),
+            )
+            .await
+            .map(|guard| guard.fencing_token())
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "granted while held");
+    tokio::task::block_in_place(|| server.restart()).expect("restart PostgreSQL");
+    let token = waiting
+        .await
+        .unwrap()
+        .expect("the wait ended in an error at the restart");
+    assert!(token.unwrap() > before, "fencing went back");
+    drop(held);
+}
