@@ -3,10 +3,8 @@
 
 use std::{str::FromStr, time::Duration};
 
-use dlock_core::{
-    backend::{parse_url_duration, redact_url},
-    LockError,
-};
+use dlock_core::{backend::redact_url, LockError};
+use dlock_sql::{fnv1a, SqlSettings};
 use sqlx::postgres::PgConnectOptions;
 
 /// Where and how to connect.
@@ -47,11 +45,7 @@ use sqlx::postgres::PgConnectOptions;
 #[derive(Debug, Clone)]
 pub struct PgConfig {
     options: PgConnectOptions,
-    session_timeout: Duration,
-    connect_timeout: Duration,
-    max_waiters: usize,
-    holder_sessions: usize,
-    lock_prefix: String,
+    settings: SqlSettings,
 }
 
 fn invalid(url: &str, why: &str) -> LockError {
@@ -73,76 +67,14 @@ impl PgConfig {
                 "expected `postgres://user:password@host:port/database`",
             ));
         }
-        let (base, query) = url.split_once('?').unwrap_or((url, ""));
-        let mut config = PgConfig {
-            options: PgConnectOptions::new(),
-            session_timeout: Duration::from_secs(10),
-            connect_timeout: Duration::from_secs(5),
-            max_waiters: 16,
-            holder_sessions: 4,
-            lock_prefix: "dlock".to_owned(),
-        };
-        let mut driver = Vec::new();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let duration = || {
-                parse_url_duration(value).ok_or_else(|| {
-                    invalid(
-                        url,
-                        &format!("`{name}={value}` is not a duration like 500ms or 10s"),
-                    )
-                })
-            };
-            match name {
-                "session_timeout" => config.session_timeout = duration()?,
-                "connect_timeout" => config.connect_timeout = duration()?,
-                "max_waiters" => {
-                    config.max_waiters = value
-                        .parse()
-                        .ok()
-                        .filter(|n| (1..=1000).contains(n))
-                        .ok_or_else(|| {
-                            invalid(url, &format!("`max_waiters={value}` is not 1 to 1000"))
-                        })?;
-                }
-                "holder_sessions" => {
-                    config.holder_sessions = value
-                        .parse()
-                        .ok()
-                        .filter(|n| (1..=64).contains(n))
-                        .ok_or_else(|| {
-                            invalid(url, &format!("`holder_sessions={value}` is not 1 to 64"))
-                        })?;
-                }
-                "lock_prefix" => {
-                    let valid = value.len() <= 50
-                        && value.starts_with(|c: char| c.is_ascii_lowercase())
-                        && value
-                            .chars()
-                            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-                    if !valid {
-                        return Err(invalid(
-                            url,
-                            &format!(
-                                "`lock_prefix={value}` must be lowercase letters, digits and `_`, \
-                                 starting with a letter, at most 50 long"
-                            ),
-                        ));
-                    }
-                    config.lock_prefix = value.to_owned();
-                }
-                _ => driver.push(pair),
-            }
-        }
-        let driver_url = if driver.is_empty() {
-            base.to_owned()
-        } else {
-            format!("{base}?{}", driver.join("&"))
-        };
-        config.options = PgConnectOptions::from_str(&driver_url)
+        let mut settings = SqlSettings::default();
+        let driver_url = settings
+            .take_params(url)
+            .map_err(|why| invalid(url, &why))?;
+        let options = PgConnectOptions::from_str(&driver_url)
             .map_err(|e| invalid(url, &e.to_string()))?
             .application_name("dlock");
-        Ok(config)
+        Ok(PgConfig { options, settings })
     }
 
     /// The driver's connection options.
@@ -150,29 +82,24 @@ impl PgConfig {
         &self.options
     }
 
-    /// How long a holder that stopped answering keeps its locks.
-    pub fn session_timeout(&self) -> Duration {
-        self.session_timeout
+    /// dlock's settings: the session timeout, the sessions, the prefix.
+    pub fn settings(&self) -> &SqlSettings {
+        &self.settings
     }
 
-    /// How long opening a session may take.
-    pub fn connect_timeout(&self) -> Duration {
-        self.connect_timeout
+    /// How long a holder that stopped answering keeps its locks.
+    pub fn session_timeout(&self) -> Duration {
+        self.settings.session_timeout()
     }
 
     /// How many sessions may wait on the server at once.
     pub fn max_waiters(&self) -> usize {
-        self.max_waiters
-    }
-
-    /// How many sessions take uncontended locks.
-    pub fn holder_sessions(&self) -> usize {
-        self.holder_sessions
+        self.settings.max_waiters()
     }
 
     /// The namespace of this application's locks.
     pub fn lock_prefix(&self) -> &str {
-        &self.lock_prefix
+        self.settings.lock_prefix()
     }
 
     /// Builds a config from the driver's options, with the defaults for
@@ -190,53 +117,27 @@ impl PgConfig {
     pub fn from_options(options: PgConnectOptions) -> PgConfig {
         PgConfig {
             options,
-            session_timeout: Duration::from_secs(10),
-            connect_timeout: Duration::from_secs(5),
-            max_waiters: 16,
-            holder_sessions: 4,
-            lock_prefix: "dlock".to_owned(),
+            settings: SqlSettings::default(),
         }
     }
 
-    /// Sets how long a holder that stopped answering keeps its locks.
+    /// Sets how long a holder that stopped answering keeps its locks (at
+    /// least 100 ms).
     pub fn with_session_timeout(mut self, timeout: Duration) -> Self {
-        self.session_timeout = timeout.max(Duration::from_millis(100));
+        self.settings.set_session_timeout(timeout);
         self
     }
 }
 
-/// A lock's 64-bit advisory lock identifier: FNV-1a over the prefix, a 0
-/// byte and the key. Stable across processes, versions and platforms.
-///
-/// Two keys that hash alike share one server lock: they contend as if they
-/// were one key (a wait that was not needed), and are never both held, so a
-/// collision costs throughput, never exclusion. With `n` keys in use at
-/// once the chance of any collision is about `n² / 2⁶⁵`.
+/// A lock's 64-bit advisory lock identifier: FNV-1a of the prefix and the
+/// key (see [`dlock_sql::fnv1a`] for what a collision costs).
 pub(crate) fn lock_id(prefix: &str, key: &str) -> i64 {
-    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let mut hash = OFFSET;
-    for &b in prefix.as_bytes().iter().chain(&[0]).chain(key.as_bytes()) {
-        hash ^= u64::from(b);
-        hash = hash.wrapping_mul(PRIME);
-    }
-    hash as i64
+    fnv1a(prefix, key) as i64
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parameters_are_ours_or_the_drivers() {
-        let c = PgConfig::from_url(
-            "postgres://u:p@h:5/d?max_waiters=3&sslmode=disable&lock_prefix=app_1",
-        )
-        .unwrap();
-        assert_eq!((c.max_waiters(), c.lock_prefix()), (3, "app_1"));
-        assert_eq!(c.holder_sessions(), 4);
-        assert_eq!(c.session_timeout(), Duration::from_secs(10));
-    }
 
     #[test]
     fn bad_urls_are_typed_errors() {

@@ -1,0 +1,905 @@
+//! `SqlBackend`: the `Backend` trait over a database's session-level
+//! named locks, whatever the server, through a [`Dialect`].
+
+use std::{
+    collections::HashMap,
+    fmt,
+    sync::{Arc, Mutex, MutexGuard, Weak},
+    time::Duration,
+};
+
+use dlock_core::{
+    backend::{
+        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, LeaseKind, ReleaseOutcome,
+        RenewOutcome, RenewRequest, SessionHolders, Wait,
+    },
+    LockError, LockKey, LostReason, Result, Token,
+};
+use tokio::{
+    sync::{OwnedSemaphorePermit, Semaphore},
+    time::Instant,
+};
+
+use crate::{Dialect, Granted};
+
+/// How long a key counts as contended after an attempt at it was refused:
+/// its next waits skip the try on the holder session.
+const CONTENDED_FOR: Duration = Duration::from_secs(1);
+
+/// A database lock server, through dialect `D`: see the backend crates
+/// (`dlock-postgres`, `dlock-mysql`) for how each server locks.
+///
+/// - **A few sessions hold every uncontended lock.** Each key belongs to
+///   one of `holder_sessions` holder sessions, by its identifier, so that
+///   tasks on different keys do not wait for one connection. An acquire is
+///   one round trip on the key's holder session: the attempt, and the
+///   fencing token when it is granted. Release is one statement on the
+///   session that holds the lock.
+/// - **Waiting is done by the server, first come, first served.** An
+///   attempt that is refused (or any wait for a key refused in the last
+///   second, which skips the try) takes a waiter session (at most
+///   `max_waiters`, reused) and blocks on the server there, with the wait
+///   limit as the statement's timeout; nothing polls. The waiter session
+///   then holds the lock until its release. A wait that is dropped ends its
+///   session from another one, so a grant that arrives after the caller
+///   left cannot outlive it; an attempt dropped in flight is unlocked after
+///   it.
+/// - **Within one process**, tasks that lock the same key queue locally
+///   first: a session's locks are reentrant on the server, and two scopes
+///   must never both hold a key through one session.
+/// - **Crashes and pauses.** A killed holder's connection closes and its
+///   locks go at once. A paused one's sessions are ended by the server
+///   after `session_timeout` idle; every session here is kept busy with one
+///   ping per third of it (any statement counts), and each guard's lease
+///   counts from the last statement its session answered, so a guard
+///   reports lost before the server can grant its lock to another client.
+/// - **Fixed leases** are ended by this process; if it dies first, its
+///   connection closes.
+///
+/// # Examples
+///
+/// Built by a backend crate, for example `dlock_postgres::PgBackend`.
+///
+/// ```ignore
+/// let backend: SqlBackend<PgDialect> = SqlBackend::connect(dialect).await?;
+/// ```
+pub struct SqlBackend<D: Dialect> {
+    inner: Arc<Inner<D>>,
+}
+
+impl<D: Dialect> Clone for SqlBackend<D> {
+    fn clone(&self) -> Self {
+        SqlBackend {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+struct Inner<D: Dialect> {
+    dialect: Arc<D>,
+    /// The sessions that take uncontended locks, a key's always the same
+    /// one (by its identifier); each replaced once it ends.
+    holders: Vec<tokio::sync::Mutex<Option<Arc<Session<D>>>>>,
+    /// Waiter sessions that hold nothing, ready for the next wait.
+    idle: Mutex<Vec<Arc<Session<D>>>>,
+    /// Bounds the waiter sessions.
+    waiters: Arc<Semaphore>,
+    /// Every held lock, by token.
+    owned: Mutex<HashMap<Token, Owned<D>>>,
+    /// This process's turn per lock identifier.
+    local: Mutex<HashMap<D::Id, Arc<Semaphore>>>,
+    /// When an attempt at each identifier was last refused.
+    contended: Mutex<HashMap<D::Id, Instant>>,
+}
+
+/// A lock this process holds.
+struct Owned<D: Dialect> {
+    session: Arc<Session<D>>,
+    id: D::Id,
+    /// Held by the release in progress: a second release of the same token
+    /// (a fixed lease's end and the caller's at once) runs after the first
+    /// finished, and finds the lock gone, rather than unlocking a session
+    /// that may hold the key again by then for someone else.
+    releasing: Arc<tokio::sync::Mutex<()>>,
+    _turn: OwnedSemaphorePermit,
+    /// The waiter slot of a lock held on a waiter session.
+    slot: Option<OwnedSemaphorePermit>,
+}
+
+/// One server session: its connection, the server's identifier of it, and
+/// the guards whose locks it holds.
+struct Session<D: Dialect> {
+    dialect: Arc<D>,
+    /// `None` once the session ended: its connection is closed, and the
+    /// server has released (or, if it cannot be reached, will release at
+    /// its idle timeout) every lock it held.
+    conn: tokio::sync::Mutex<Option<D::Conn>>,
+    server_id: u64,
+    timeout: Duration,
+    holders: SessionHolders<()>,
+}
+
+/// One statement's hold on a session's connection.
+struct Live<'s, D: Dialect> {
+    conn: tokio::sync::MutexGuard<'s, Option<D::Conn>>,
+    sent: Instant,
+    session: &'s Session<D>,
+}
+
+impl<D: Dialect> Live<'_, D> {
+    fn conn(&mut self) -> &mut D::Conn {
+        self.conn
+            .as_mut()
+            .expect("a live session has its connection")
+    }
+
+    /// Takes the statement's answer: a success proves the session alive
+    /// when the statement was sent, which renews every guard on it; a
+    /// failure of the connection ends the session and loses them.
+    fn done<T>(
+        mut self,
+        answer: std::result::Result<T, sqlx::Error>,
+    ) -> std::result::Result<T, sqlx::Error> {
+        match &answer {
+            Ok(_) => self
+                .session
+                .holders
+                .renewed(self.sent, self.session.timeout),
+            Err(e) if self.session.dialect.ends_the_session(e) => {
+                self.session.holders.expire();
+                *self.conn = None;
+            }
+            Err(_) => {}
+        }
+        answer
+    }
+}
+
+/// Why a wait on the server gave no answer.
+enum WaitFailed {
+    /// Its session ended (or none could be opened): worth waiting again on
+    /// a new one, with the turn at the key given back.
+    SessionEnded(LockError, OwnedSemaphorePermit),
+    /// Anything else: the caller's error.
+    Other(LockError),
+}
+
+/// Retries a step whose session ended (a server restart, a cut
+/// connection) on a new one, with backoff, until the wait limit, or for
+/// the connect timeout when there is none.
+struct Retry {
+    give_up: Option<Instant>,
+    backoff: Duration,
+}
+
+impl Retry {
+    fn new(wait: Wait, connect_timeout: Duration) -> Retry {
+        Retry {
+            give_up: match wait {
+                Wait::Forever => None,
+                wait => wait.deadline(),
+            }
+            .or_else(|| Some(Instant::now() + connect_timeout)),
+            backoff: Duration::from_millis(50),
+        }
+    }
+
+    /// Sleeps before the next try, or gives `error` back if none is left.
+    async fn after(&mut self, error: LockError) -> Result<()> {
+        let now = Instant::now();
+        if self.give_up.is_some_and(|g| now + self.backoff >= g) {
+            return Err(error);
+        }
+        tracing::debug!(%error, "dlock database session ended; trying a new one");
+        tokio::time::sleep(self.backoff).await;
+        self.backoff = (self.backoff * 2).min(Duration::from_millis(500));
+        Ok(())
+    }
+}
+
+impl<D: Dialect> fmt::Debug for SqlBackend<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlBackend")
+            .field("server", &D::NAME)
+            .field("prefix", &self.inner.dialect.settings().lock_prefix())
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn backend_error<D: Dialect>(e: impl std::error::Error + Send + Sync + 'static) -> LockError {
+    LockError::backend(D::NAME, e)
+}
+
+impl<D: Dialect> Session<D> {
+    /// Opens a session, with the server's idle timeout set.
+    async fn open(dialect: &Arc<D>) -> Result<Arc<Session<D>>> {
+        let settings = dialect.settings();
+        let timeout = settings.session_timeout();
+        let (conn, server_id) =
+            match tokio::time::timeout(settings.connect_timeout(), dialect.open()).await {
+                Ok(Ok(opened)) => opened,
+                Ok(Err(e)) => return Err(backend_error::<D>(e)),
+                Err(_) => {
+                    return Err(backend_error::<D>(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "no {} session within the connect timeout ({:?})",
+                            D::NAME,
+                            settings.connect_timeout()
+                        ),
+                    )))
+                }
+            };
+        let session = Arc::new(Session {
+            dialect: dialect.clone(),
+            conn: tokio::sync::Mutex::new(Some(conn)),
+            server_id,
+            timeout,
+            holders: SessionHolders::new(Instant::now()),
+        });
+        tokio::spawn(keep_alive(Arc::downgrade(&session)));
+        Ok(session)
+    }
+
+    /// The session's connection, for one statement, and the time it is
+    /// sent; `None` if the session ended. Pass the statement's answer to
+    /// [`Live::done`].
+    async fn live(&self) -> std::result::Result<Live<'_, D>, sqlx::Error> {
+        let conn = self.conn.lock().await;
+        if conn.is_none() || self.holders.is_expired() {
+            return Err(sqlx::Error::PoolClosed);
+        }
+        Ok(Live {
+            conn,
+            sent: Instant::now(),
+            session: self,
+        })
+    }
+
+    /// Ends the session: every guard on it is lost, and its connection is
+    /// closed once no statement runs on it (a waiter's blocked statement
+    /// is ended from another session, see `EndOnDrop`).
+    fn end(self: &Arc<Self>) {
+        self.holders.expire();
+        let session = self.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                session.conn.lock().await.take();
+            });
+        }
+    }
+
+    fn is_usable(&self) -> bool {
+        !self.holders.is_expired()
+    }
+}
+
+/// Pings the session once a third of its timeout has passed without a
+/// statement, so that the server never finds it idle for the timeout
+/// while this process runs. Ends with the session.
+async fn keep_alive<D: Dialect>(session: Weak<Session<D>>) {
+    loop {
+        let Some(s) = session.upgrade() else { return };
+        if s.holders.is_expired() {
+            return;
+        }
+        let tick = s.timeout / 3;
+        let quiet_since = s.holders.renewed_at();
+        drop(s);
+        tokio::time::sleep_until(quiet_since + tick).await;
+        let Some(s) = session.upgrade() else { return };
+        if s.holders.renewed_at() > quiet_since {
+            continue;
+        }
+        let pinged = match s.live().await {
+            Ok(mut live) => {
+                let answer = s.dialect.ping(live.conn()).await;
+                live.done(answer)
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(error) = pinged {
+            tracing::debug!(%error, session = s.server_id, "dlock {} session ended", D::NAME);
+            s.end();
+            return;
+        }
+    }
+}
+
+impl<D: Dialect> SqlBackend<D> {
+    /// Connects through `dialect`: opens the first holder session and
+    /// creates what the dialect needs on the server.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] if no session opens within the connect
+    /// timeout, the login is refused, or the setup fails.
+    pub async fn connect(dialect: D) -> Result<SqlBackend<D>> {
+        let settings = dialect.settings();
+        let backend = SqlBackend {
+            inner: Arc::new(Inner {
+                waiters: Arc::new(Semaphore::new(settings.max_waiters())),
+                holders: (0..settings.holder_sessions())
+                    .map(|_| tokio::sync::Mutex::new(None))
+                    .collect(),
+                idle: Mutex::new(Vec::new()),
+                owned: Mutex::new(HashMap::new()),
+                local: Mutex::new(HashMap::new()),
+                contended: Mutex::new(HashMap::new()),
+                dialect: Arc::new(dialect),
+            }),
+        };
+        let holder = backend.holder_at(0).await?;
+        let set_up = match holder.live().await {
+            Ok(mut live) => {
+                let answer = backend.inner.dialect.setup(live.conn()).await;
+                live.done(answer)
+            }
+            Err(e) => Err(e),
+        };
+        set_up.map_err(backend_error::<D>)?;
+        Ok(backend)
+    }
+
+    /// The dialect this backend speaks.
+    pub fn dialect(&self) -> &D {
+        &self.inner.dialect
+    }
+
+    /// The holder session of lock `id`, opened again if it ended.
+    async fn holder(&self, id: &D::Id) -> Result<Arc<Session<D>>> {
+        self.holder_at(self.inner.dialect.shard(id)).await
+    }
+
+    async fn holder_at(&self, shard: u64) -> Result<Arc<Session<D>>> {
+        let slots = &self.inner.holders;
+        let mut holder = slots[(shard % slots.len() as u64) as usize].lock().await;
+        if let Some(session) = holder.as_ref().filter(|s| s.is_usable()) {
+            return Ok(session.clone());
+        }
+        let session = Session::open(&self.inner.dialect).await?;
+        *holder = Some(session.clone());
+        Ok(session)
+    }
+
+    /// A waiter session that holds nothing: an idle one, or a new one.
+    async fn waiter_session(&self) -> Result<Arc<Session<D>>> {
+        loop {
+            let Some(session) = lock(&self.inner.idle).pop() else {
+                return Session::open(&self.inner.dialect).await;
+            };
+            if session.is_usable() {
+                return Ok(session);
+            }
+        }
+    }
+
+    /// This process's turn at `id`; `None` if `wait` ran out first.
+    async fn local_turn(&self, id: &D::Id, wait: Wait) -> Option<OwnedSemaphorePermit> {
+        let queue = lock(&self.inner.local)
+            .entry(id.clone())
+            .or_insert_with(|| Arc::new(Semaphore::new(1)))
+            .clone();
+        match wait {
+            Wait::No => queue.try_acquire_owned().ok(),
+            Wait::Until(deadline) => tokio::time::timeout_at(deadline, queue.acquire_owned())
+                .await
+                .ok()?
+                .ok(),
+            Wait::Forever => queue.acquire_owned().await.ok(),
+        }
+    }
+
+    /// Forgets the turn queue of `id` once nobody uses it.
+    fn sweep_local(&self, id: &D::Id) {
+        let mut local = lock(&self.inner.local);
+        if local.get(id).is_some_and(|q| Arc::strong_count(q) == 1) {
+            local.remove(id);
+        }
+    }
+
+    async fn acquire_inner(&self, req: &AcquireRequest<'_>) -> Result<Option<Acquired>> {
+        let id = self.inner.dialect.lock_id(req.key);
+        let Some(turn) = self.local_turn(&id, req.wait).await else {
+            self.sweep_local(&id);
+            return Ok(None);
+        };
+        let mut retry = Retry::new(req.wait, self.inner.dialect.settings().connect_timeout());
+        let mut turn = turn;
+        loop {
+            // Refused a moment ago: the try would most likely be refused
+            // again, so wait on the server at once (one statement less).
+            if req.wait == Wait::No || !self.recently_contended(&id) {
+                let (holder, sent, fence, back) = self.try_on_holder(&id, turn, &mut retry).await?;
+                if let Some(fence) = fence {
+                    return self.granted(req, holder, id, back, None, sent, fence);
+                }
+                turn = back;
+                self.mark_contended(&id);
+                if req.wait == Wait::No {
+                    return Ok(None);
+                }
+            }
+            match self.wait_on_server(req, &id, turn).await {
+                Ok(outcome) => return Ok(outcome),
+                // The waiter session ended (a server restart, a cut
+                // connection): wait again on a new one, within the limit.
+                Err(WaitFailed::SessionEnded(error, back)) => {
+                    retry.after(error).await?;
+                    turn = back;
+                }
+                Err(WaitFailed::Other(error)) => return Err(error),
+            }
+        }
+    }
+
+    /// One uncontended attempt on `id`'s holder session, on a new session
+    /// if it ended (within `retry`): the session, when the attempt was sent,
+    /// the fence if granted, and the turn back.
+    async fn try_on_holder(
+        &self,
+        id: &D::Id,
+        mut turn: OwnedSemaphorePermit,
+        retry: &mut Retry,
+    ) -> Result<(Arc<Session<D>>, Instant, Option<i64>, OwnedSemaphorePermit)> {
+        loop {
+            let holder = match self.holder(id).await {
+                Ok(holder) => holder,
+                Err(e) => {
+                    retry.after(e).await?;
+                    continue;
+                }
+            };
+            let mut undo = UnlockOnDrop {
+                session: Some(holder.clone()),
+                id: id.clone(),
+                turn: Some(turn),
+            };
+            let answer = async {
+                let mut live = holder.live().await?;
+                let sent = live.sent;
+                let answer = self.inner.dialect.try_lock(live.conn(), id).await;
+                live.done(answer).map(|fence| (sent, fence))
+            }
+            .await;
+            match answer {
+                Ok((sent, fence)) => {
+                    // Answered: nothing to undo.
+                    undo.session = None;
+                    let turn = undo.turn.take().expect("the turn is ours until answered");
+                    return Ok((holder, sent, fence, turn));
+                }
+                // The session ended (the server restarted, the connection
+                // was cut): its locks went with it; try on a new one.
+                Err(e) if !holder.is_usable() => {
+                    undo.session = None;
+                    turn = undo.turn.take().expect("the turn is ours until answered");
+                    retry.after(backend_error::<D>(e)).await?;
+                }
+                // Any other failure may have come after the grant (the
+                // token could not be taken): `undo` unlocks on its way out.
+                Err(e) => return Err(backend_error::<D>(e)),
+            }
+        }
+    }
+
+    /// Whether an attempt at `id` was refused within [`CONTENDED_FOR`].
+    fn recently_contended(&self, id: &D::Id) -> bool {
+        lock(&self.inner.contended)
+            .get(id)
+            .is_some_and(|at| at.elapsed() < CONTENDED_FOR)
+    }
+
+    /// Remembers that an attempt at `id` was refused now; forgets keys
+    /// not refused for a while once there are many.
+    fn mark_contended(&self, id: &D::Id) {
+        let mut contended = lock(&self.inner.contended);
+        if contended.len() >= 1024 {
+            contended.retain(|_, at| at.elapsed() < CONTENDED_FOR);
+        }
+        contended.insert(id.clone(), Instant::now());
+    }
+
+    /// Blocks on a waiter session until the server grants the lock or the
+    /// wait limit passes.
+    async fn wait_on_server(
+        &self,
+        req: &AcquireRequest<'_>,
+        id: &D::Id,
+        turn: OwnedSemaphorePermit,
+    ) -> std::result::Result<Option<Acquired>, WaitFailed> {
+        let deadline = req.wait.deadline();
+        let slot = self.inner.waiters.clone();
+        let slot = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, slot.acquire_owned()).await {
+                Ok(slot) => slot,
+                Err(_) => return Ok(None),
+            },
+            None => slot.acquire_owned().await,
+        }
+        .map_err(|e| WaitFailed::Other(backend_error::<D>(e)))?;
+        let session = match self.waiter_session().await {
+            Ok(session) => session,
+            Err(error) => return Err(WaitFailed::SessionEnded(error, turn)),
+        };
+        // Ends the session if this future is dropped mid-wait (or the wait
+        // fails in a way that may follow a grant): the server may grant
+        // the lock to it at any moment, and nobody would release.
+        let mut abandon = EndOnDrop {
+            backend: self.clone(),
+            session: Some(session.clone()),
+        };
+        let limit = deadline.map(|d| {
+            d.saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1))
+        });
+        let waited = match session.live().await {
+            Ok(mut live) => {
+                let sent = live.sent;
+                let answer = self.inner.dialect.wait(live.conn(), id, limit).await;
+                live.done(answer).map(|granted| (sent, granted))
+            }
+            Err(e) => Err(e),
+        };
+        match waited {
+            Ok((sent, Some(Granted { fence, took }))) => {
+                // The statement's send time plus the server's time on it is
+                // no later than the server's end of it, where its idle
+                // clock starts: the lease counts from there.
+                abandon.session = None;
+                self.granted(
+                    req,
+                    session,
+                    id.clone(),
+                    turn,
+                    Some(slot),
+                    sent + took,
+                    fence,
+                )
+                .map_err(WaitFailed::Other)
+            }
+            Ok((_, None)) => {
+                // Not granted: the session is as it was, ready for another
+                // wait.
+                abandon.session = None;
+                self.put_idle(session);
+                drop(turn);
+                self.sweep_local(id);
+                Ok(None)
+            }
+            Err(e) if !session.is_usable() => {
+                Err(WaitFailed::SessionEnded(backend_error::<D>(e), turn))
+            }
+            Err(e) => Err(WaitFailed::Other(backend_error::<D>(e))),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn granted(
+        &self,
+        req: &AcquireRequest<'_>,
+        session: Arc<Session<D>>,
+        id: D::Id,
+        turn: OwnedSemaphorePermit,
+        slot: Option<OwnedSemaphorePermit>,
+        sent: Instant,
+        fence: i64,
+    ) -> Result<Option<Acquired>> {
+        let fixed_end = (req.lease_kind == LeaseKind::Fixed).then(|| sent + req.lease);
+        let Some(confirmed_at) = session
+            .holders
+            .hold(*req.token, req.loss.clone(), fixed_end, ())
+        else {
+            return Err(backend_error::<D>(std::io::Error::other(
+                "the session ended as the lock was granted",
+            )));
+        };
+        lock(&self.inner.owned).insert(
+            *req.token,
+            Owned {
+                session: session.clone(),
+                id,
+                releasing: Arc::default(),
+                _turn: turn,
+                slot,
+            },
+        );
+        let alive_at = confirmed_at.max(sent);
+        let acquired = Acquired::new(sent)
+            .with_fence(u64::try_from(fence).unwrap_or(0))
+            .kept_alive_by_backend();
+        Ok(Some(match fixed_end {
+            None => acquired.with_lease_from(alive_at, session.timeout),
+            Some(ends) => {
+                // Session locks have no TTL: end the lease here.
+                let (backend, token) = (self.clone(), *req.token);
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(ends).await;
+                    let _ = backend.unlock(&token).await;
+                });
+                if alive_at + session.timeout < ends {
+                    acquired.with_lease_from(alive_at, session.timeout)
+                } else {
+                    acquired.with_lease_from(sent, req.lease)
+                }
+            }
+        }))
+    }
+
+    /// Returns a waiter session that holds nothing to the idle ones.
+    fn put_idle(&self, session: Arc<Session<D>>) {
+        if session.is_usable() {
+            let mut idle = lock(&self.inner.idle);
+            if idle.len() < self.inner.dialect.settings().max_waiters() {
+                idle.push(session);
+            }
+        }
+    }
+
+    /// Releases the lock `token` holds, on the session that holds it. The
+    /// lock is forgotten only once the server answered: a release cut off
+    /// half-way is sent again by core, and finds it still there.
+    async fn unlock(&self, token: &Token) -> Result<ReleaseOutcome> {
+        let Some(releasing) = lock(&self.inner.owned)
+            .get(token)
+            .map(|o| o.releasing.clone())
+        else {
+            return Ok(ReleaseOutcome::NotHeld);
+        };
+        let _one_at_a_time = releasing.lock().await;
+        // Read again: a release that ran first has forgotten it.
+        let Some((session, id)) = lock(&self.inner.owned)
+            .get(token)
+            .map(|o| (o.session.clone(), o.id.clone()))
+        else {
+            return Ok(ReleaseOutcome::NotHeld);
+        };
+        let released = if session.is_usable() {
+            let unlocked = match session.live().await {
+                Ok(mut live) => {
+                    let answer = self.inner.dialect.unlock(live.conn(), &id).await;
+                    live.done(answer)
+                }
+                Err(e) => Err(e),
+            };
+            match unlocked {
+                Ok(released) => released,
+                // The session ended meanwhile: its locks went with it.
+                Err(_) if !session.is_usable() => false,
+                Err(e) => return Err(backend_error::<D>(e)),
+            }
+        } else {
+            // The session ended, and its locks with it; its guards were told.
+            false
+        };
+        let owned = lock(&self.inner.owned).remove(token);
+        session.holders.forget(token, LostReason::NotHeld);
+        let on_waiter_session = owned.as_ref().is_some_and(|o| o.slot.is_some());
+        drop(owned);
+        self.sweep_local(&id);
+        if on_waiter_session {
+            self.put_idle(session);
+        }
+        Ok(if released {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        })
+    }
+}
+
+/// Undoes an uncontended attempt on the holder session that was dropped
+/// before its answer was read (or failed after the grant): the server may
+/// have granted the lock to the session, with nobody to release it. Keeps
+/// this process's turn at the key until the unlock ran after the attempt
+/// (the session runs one statement at a time, in order), so no other
+/// task's grant of the same key on that session is undone instead.
+struct UnlockOnDrop<D: Dialect> {
+    session: Option<Arc<Session<D>>>,
+    id: D::Id,
+    turn: Option<OwnedSemaphorePermit>,
+}
+
+impl<D: Dialect> Drop for UnlockOnDrop<D> {
+    fn drop(&mut self) {
+        let (Some(session), Some(turn)) = (self.session.take(), self.turn.take()) else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to send it from: end the session instead, when
+            // it is dropped with its connection.
+            session.holders.expire();
+            return;
+        };
+        let id = self.id.clone();
+        runtime.spawn(async move {
+            if let Ok(mut live) = session.live().await {
+                let answer = session.dialect.unlock(live.conn(), &id).await;
+                if live.done(answer).is_err() && session.is_usable() {
+                    session.end();
+                }
+            }
+            drop(turn);
+        });
+    }
+}
+
+/// Ends a waiter session whose wait was dropped: from another session (the
+/// dropped statement may still hold its connection), and the connection
+/// goes with the session.
+struct EndOnDrop<D: Dialect> {
+    backend: SqlBackend<D>,
+    session: Option<Arc<Session<D>>>,
+}
+
+impl<D: Dialect> Drop for EndOnDrop<D> {
+    fn drop(&mut self) {
+        let Some(session) = self.session.take() else {
+            return;
+        };
+        session.end();
+        let backend = self.backend.clone();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            let server_id = session.server_id;
+            let ended = match backend.holder_at(server_id).await {
+                Ok(holder) => match holder.live().await {
+                    Ok(mut live) => {
+                        let answer = holder.dialect.end_session(live.conn(), server_id).await;
+                        live.done(answer).map_err(backend_error::<D>)
+                    }
+                    Err(e) => Err(backend_error::<D>(e)),
+                },
+                Err(e) => Err(e),
+            };
+            if let Err(error) = ended {
+                // Its connection still closes when the session is dropped,
+                // and the server ends the session when it notices.
+                tracing::debug!(%error, server_id, "dlock {} could not end an abandoned wait", D::NAME);
+            }
+        });
+    }
+}
+
+impl<D: Dialect> Backend for SqlBackend<D> {
+    fn name(&self) -> &'static str {
+        D::NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new()
+            .fencing(true)
+            .fifo(true)
+            .session_leases(true)
+    }
+
+    fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>> {
+        Box::pin(async move { self.acquire_inner(&req).await })
+    }
+
+    fn release<'a>(
+        &'a self,
+        _key: &'a LockKey,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
+        Box::pin(async move { self.unlock(token).await })
+    }
+
+    /// Ends the session that holds the token's lock: the server releases
+    /// every lock on it at once. The other guards on it are lost, and later
+    /// acquisitions open a new session.
+    fn abandon<'a>(&'a self, _key: &'a LockKey, token: &'a Token) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            let Some(owned) = lock(&self.inner.owned).remove(token) else {
+                return;
+            };
+            owned.session.end();
+            let id = owned.id.clone();
+            drop(owned);
+            self.sweep_local(&id);
+        })
+    }
+
+    fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>> {
+        // Locks live on sessions that their keepalive renews.
+        Box::pin(async move {
+            let owned = lock(&self.inner.owned);
+            Ok(locks
+                .iter()
+                .map(|l| match owned.get(&l.token) {
+                    Some(o) if o.session.is_usable() => RenewOutcome::Renewed,
+                    _ => RenewOutcome::NotHeld,
+                })
+                .collect())
+        })
+    }
+
+    /// A statement on the first holder session (opening one if it ended).
+    fn check_servers(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            let holder = self.holder_at(0).await?;
+            let mut live = holder.live().await.map_err(backend_error::<D>)?;
+            let answer = self.inner.dialect.ping(live.conn()).await;
+            live.done(answer).map_err(backend_error::<D>)
+        })
+    }
+}
+
+/// Implements [`Backend`] for a newtype around a [`SqlBackend`], by
+/// passing every call on to it: how a backend crate names its own type.
+///
+/// # Examples
+///
+/// ```ignore
+/// pub struct PgBackend(SqlBackend<PgDialect>);
+/// dlock_sql::forward_backend!(PgBackend);
+/// ```
+#[macro_export]
+macro_rules! forward_backend {
+    ($name:ty) => {
+        impl $crate::__private::Backend for $name {
+            fn name(&self) -> &'static str {
+                self.0.name()
+            }
+
+            fn capabilities(&self) -> $crate::__private::Capabilities {
+                self.0.capabilities()
+            }
+
+            fn acquire<'a>(
+                &'a self,
+                req: $crate::__private::AcquireRequest<'a>,
+            ) -> $crate::__private::BoxFuture<
+                'a,
+                $crate::__private::Result<Option<$crate::__private::Acquired>>,
+            > {
+                self.0.acquire(req)
+            }
+
+            fn release<'a>(
+                &'a self,
+                key: &'a $crate::__private::LockKey,
+                token: &'a $crate::__private::Token,
+            ) -> $crate::__private::BoxFuture<
+                'a,
+                $crate::__private::Result<$crate::__private::ReleaseOutcome>,
+            > {
+                self.0.release(key, token)
+            }
+
+            /// Ends the session that holds the token's lock: the server
+            /// releases every lock on it at once. The other guards on it
+            /// are lost, and later acquisitions open a new session.
+            fn abandon<'a>(
+                &'a self,
+                key: &'a $crate::__private::LockKey,
+                token: &'a $crate::__private::Token,
+            ) -> $crate::__private::BoxFuture<'a, ()> {
+                self.0.abandon(key, token)
+            }
+
+            fn renew<'a>(
+                &'a self,
+                locks: &'a [$crate::__private::RenewRequest],
+            ) -> $crate::__private::BoxFuture<
+                'a,
+                $crate::__private::Result<Vec<$crate::__private::RenewOutcome>>,
+            > {
+                self.0.renew(locks)
+            }
+
+            /// A statement on a holder session (opening one if it ended).
+            fn check_servers(
+                &self,
+            ) -> $crate::__private::BoxFuture<'_, $crate::__private::Result<()>> {
+                self.0.check_servers()
+            }
+        }
+    };
+}

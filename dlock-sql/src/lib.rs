@@ -1,0 +1,22 @@
+#![doc = include_str!("../README.md")]
+
+mod backend;
+mod dialect;
+mod settings;
+
+pub use backend::SqlBackend;
+pub use dialect::{Dialect, Granted};
+pub use settings::{fnv1a, SqlSettings};
+/// The driver the dialects speak through.
+pub use sqlx;
+
+#[doc(hidden)]
+pub mod __private {
+    pub use dlock_core::{
+        backend::{
+            AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, ReleaseOutcome,
+            RenewOutcome, RenewRequest,
+        },
+        LockKey, Result, Token,
+    };
+}

@@ -1,0 +1,208 @@
+//! `SqlSettings`: dlock's own URL parameters, the same on every database.
+
+use std::time::Duration;
+
+use dlock_core::backend::parse_url_duration;
+
+/// The settings every database backend shares, read from its URL's query.
+///
+/// | parameter | default | meaning |
+/// |---|---|---|
+/// | `session_timeout` | `10s` | how long a holder that stopped answering keeps its locks: the server ends a session idle for that long, and with it every lock it holds |
+/// | `connect_timeout` | `5s` | how long opening a session may take |
+/// | `max_waiters` | `16` | how many sessions may wait on the server at once (1 to 1000) |
+/// | `holder_sessions` | `4` | how many sessions take uncontended locks, each key always on the same one (1 to 64) |
+/// | `lock_prefix` | `dlock` | the namespace of this application's locks, and the name stem of the fencing object: lowercase letters, digits and `_`, starting with a letter, at most 50 long |
+///
+/// # Examples
+///
+/// ```
+/// use dlock_sql::SqlSettings;
+/// use std::time::Duration;
+///
+/// let mut settings = SqlSettings::default();
+/// let driver = settings.take_params("postgres://h/db?session_timeout=4s&sslmode=prefer")?;
+/// assert_eq!(driver, "postgres://h/db?sslmode=prefer");
+/// assert_eq!(settings.session_timeout(), Duration::from_secs(4));
+/// # Ok::<(), String>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct SqlSettings {
+    session_timeout: Duration,
+    connect_timeout: Duration,
+    max_waiters: usize,
+    holder_sessions: usize,
+    lock_prefix: String,
+}
+
+impl Default for SqlSettings {
+    fn default() -> Self {
+        SqlSettings {
+            session_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            max_waiters: 16,
+            holder_sessions: 4,
+            lock_prefix: "dlock".to_owned(),
+        }
+    }
+}
+
+impl SqlSettings {
+    /// Reads dlock's parameters from `url`'s query, and returns the URL
+    /// with only the driver's parameters left.
+    ///
+    /// # Errors
+    ///
+    /// Why a parameter of dlock's is malformed.
+    pub fn take_params(&mut self, url: &str) -> Result<String, String> {
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let mut driver = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if !self.take_param(name, value)? {
+                driver.push(pair);
+            }
+        }
+        Ok(if driver.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", driver.join("&"))
+        })
+    }
+
+    /// Takes one parameter: `Ok(true)` if it is dlock's, `Ok(false)` if it
+    /// is the driver's.
+    fn take_param(&mut self, name: &str, value: &str) -> Result<bool, String> {
+        let duration = || {
+            parse_url_duration(value)
+                .ok_or_else(|| format!("`{name}={value}` is not a duration like 500ms or 10s"))
+        };
+        let count = |range: std::ops::RangeInclusive<usize>| {
+            value
+                .parse()
+                .ok()
+                .filter(|n| range.contains(n))
+                .ok_or_else(|| {
+                    format!(
+                        "`{name}={value}` is not {} to {}",
+                        range.start(),
+                        range.end()
+                    )
+                })
+        };
+        match name {
+            "session_timeout" => self.session_timeout = duration()?.max(Duration::from_millis(100)),
+            "connect_timeout" => self.connect_timeout = duration()?,
+            "max_waiters" => self.max_waiters = count(1..=1000)?,
+            "holder_sessions" => self.holder_sessions = count(1..=64)?,
+            "lock_prefix" => {
+                let valid = value.len() <= 50
+                    && value.starts_with(|c: char| c.is_ascii_lowercase())
+                    && value
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+                if !valid {
+                    return Err(format!(
+                        "`lock_prefix={value}` must be lowercase letters, digits and `_`, \
+                         starting with a letter, at most 50 long"
+                    ));
+                }
+                self.lock_prefix = value.to_owned();
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// How long a holder that stopped answering keeps its locks.
+    pub fn session_timeout(&self) -> Duration {
+        self.session_timeout
+    }
+
+    /// How long opening a session may take.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// How many sessions may wait on the server at once.
+    pub fn max_waiters(&self) -> usize {
+        self.max_waiters
+    }
+
+    /// How many sessions take uncontended locks.
+    pub fn holder_sessions(&self) -> usize {
+        self.holder_sessions
+    }
+
+    /// The namespace of this application's locks.
+    pub fn lock_prefix(&self) -> &str {
+        &self.lock_prefix
+    }
+
+    /// Sets how long a holder that stopped answering keeps its locks (at
+    /// least 100 ms).
+    pub fn set_session_timeout(&mut self, timeout: Duration) {
+        self.session_timeout = timeout.max(Duration::from_millis(100));
+    }
+}
+
+/// FNV-1a, 64 bits, over the prefix, a 0 byte and the key: a lock's
+/// identifier, stable across processes, versions and platforms.
+///
+/// Two keys that hash alike share one server lock: they contend as if they
+/// were one key (a wait that was not needed), and are never both held, so a
+/// collision costs throughput, never exclusion. With `n` keys in use at
+/// once the chance of any collision is about `n² / 2⁶⁵`.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(dlock_sql::fnv1a("", ""), 0xaf63_bd4c_8601_b7df);
+/// assert_ne!(dlock_sql::fnv1a("a", ""), dlock_sql::fnv1a("", "a"));
+/// ```
+pub fn fnv1a(prefix: &str, key: &str) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut hash = OFFSET;
+    for &b in prefix.as_bytes().iter().chain(&[0]).chain(key.as_bytes()) {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(PRIME);
+    }
+    hash
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_are_ours_or_the_drivers() {
+        let mut s = SqlSettings::default();
+        let driver = s
+            .take_params("x://u:p@h:5/d?max_waiters=3&sslmode=disable&lock_prefix=app_1")
+            .unwrap();
+        assert_eq!(driver, "x://u:p@h:5/d?sslmode=disable");
+        assert_eq!((s.max_waiters(), s.lock_prefix()), (3, "app_1"));
+        assert_eq!(s.holder_sessions(), 4);
+        assert_eq!(s.session_timeout(), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn bad_parameters_say_why() {
+        for query in [
+            "session_timeout=10",
+            "max_waiters=0",
+            "max_waiters=1001",
+            "holder_sessions=0",
+            "lock_prefix=Bad-Name",
+            "lock_prefix=",
+            "connect_timeout=soon",
+        ] {
+            let err = SqlSettings::default()
+                .take_params(&format!("x://h/d?{query}"))
+                .unwrap_err();
+            let name = query.split('=').next().unwrap();
+            assert!(err.contains(name), "{query}: {err}");
+        }
+    }
+}
