@@ -6,7 +6,7 @@ use std::sync::Arc;
 use dlock_core::{backend::Backend, LockError};
 
 /// A new client of the backend `url` names: `redis://`,
-/// `redis+redlock://`, `etcd://`, `zk://` or `postgres://`.
+/// `redis+redlock://`, `etcd://`, `zk://`, `postgres://` or `mysql://`.
 ///
 /// # Errors
 ///
@@ -29,11 +29,12 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Backend>, LockError> {
         "etcd" => Arc::new(dlock_etcd::EtcdBackend::connect(url).await?),
         "zk" => Arc::new(dlock_zk::ZkBackend::connect(url).await?),
         "postgres" | "postgresql" => Arc::new(dlock_postgres::PgBackend::connect(url).await?),
+        "mysql" | "mariadb" => Arc::new(dlock_mysql::MySqlBackend::connect(url).await?),
         _ => {
             return Err(LockError::InvalidOptions {
                 reason: format!(
-                    "`{url}`: expected a redis://, redis+redlock://, etcd://, zk:// or \
-                     postgres:// URL"
+                    "`{url}`: expected a redis://, redis+redlock://, etcd://, zk://, \
+                     postgres:// or mysql:// URL"
                 ),
             })
         }

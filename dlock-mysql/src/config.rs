@@ -1,0 +1,293 @@
+//! `MySqlConfig`: the server, the session timeout, the lock prefix and the
+//! fencing source, from one URL.
+
+use std::{str::FromStr, time::Duration};
+
+use dlock_core::{backend::redact_url, LockError, LockKey};
+use dlock_sql::{fnv1a, SqlSettings};
+use sqlx::mysql::MySqlConnectOptions;
+
+/// Where fencing tokens come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceSource {
+    /// A sequence (`CREATE SEQUENCE`, MariaDB 10.3 and later): taken in the
+    /// acquire's own statement, cached by the server, no row written.
+    Sequence,
+    /// A counter row, `UPDATE … SET v = LAST_INSERT_ID(v + 1)`, for servers
+    /// without sequences (MySQL): one committed row update per grant.
+    Row,
+    /// Whatever `{prefix}_fence` already is on the server; if it is
+    /// missing, a sequence on MariaDB and a counter row on MySQL.
+    Auto,
+}
+
+/// Where and how to connect.
+///
+/// Usually made by [`MySqlConfig::from_url`] from a URL,
+/// `mysql://user:password@host:port/database` (MariaDB too), with these
+/// query parameters of dlock's own (every other parameter, such as
+/// `ssl-mode`, goes to the driver):
+///
+/// - `session_timeout` (default `10s`): how long a holder that stopped
+///   answering keeps its locks. The server ends a session idle for that
+///   long (`wait_timeout`, in whole seconds: rounded up, so the server
+///   keeps a paused holder's locks up to a second longer than its guard
+///   believes it holds them, never shorter); dlock keeps its sessions busy
+///   with one ping per third of it.
+/// - `connect_timeout` (default `5s`), `max_waiters` (default `16`),
+///   `holder_sessions` (default `4`): as for every database, see
+///   [`SqlSettings`].
+/// - `lock_prefix` (default `dlock`): the namespace of this application's
+///   lock names, and the fencing object's name stem (`{prefix}_fence`), at
+///   most 46 long.
+/// - `fence` (default `auto`): `sequence`, `row` or `auto`, see
+///   [`FenceSource`].
+///
+/// # Examples
+///
+/// ```
+/// use dlock_mysql::{FenceSource, MySqlConfig};
+/// use std::time::Duration;
+///
+/// let config = MySqlConfig::from_url(
+///     "mysql://app:secret@db:3306/orders?session_timeout=4s&fence=row",
+/// )?;
+/// assert_eq!(config.session_timeout(), Duration::from_secs(4));
+/// assert_eq!(config.fence(), FenceSource::Row);
+/// # Ok::<(), dlock_core::LockError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct MySqlConfig {
+    options: MySqlConnectOptions,
+    settings: SqlSettings,
+    fence: FenceSource,
+}
+
+fn invalid(url: &str, why: &str) -> LockError {
+    LockError::InvalidOptions {
+        reason: format!("bad MySQL URL `{}`: {why}", redact_url(url)),
+    }
+}
+
+/// The longest lock name MySQL takes.
+const MAX_NAME: usize = 64;
+/// `#` and 16 hex digits: the tail of a name too long to keep whole.
+const HASH_TAIL: usize = 17;
+/// The longest prefix that leaves room for `:` and the hash tail.
+const MAX_PREFIX: usize = MAX_NAME - 1 - HASH_TAIL;
+
+impl MySqlConfig {
+    /// Parses a `mysql://` (or `mariadb://`) URL.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`] naming what is wrong.
+    pub fn from_url(url: &str) -> Result<MySqlConfig, LockError> {
+        let driver_url = if let Some(rest) = url.strip_prefix("mariadb://") {
+            format!("mysql://{rest}")
+        } else if url.starts_with("mysql://") {
+            url.to_owned()
+        } else {
+            return Err(invalid(
+                url,
+                "expected `mysql://user:password@host:port/database`",
+            ));
+        };
+        let mut fence = FenceSource::Auto;
+        let (base, query) = driver_url.split_once('?').unwrap_or((&driver_url, ""));
+        let mut rest = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("fence", value)) => {
+                    fence = match value {
+                        "sequence" => FenceSource::Sequence,
+                        "row" => FenceSource::Row,
+                        "auto" => FenceSource::Auto,
+                        _ => {
+                            return Err(invalid(
+                                url,
+                                &format!("`fence={value}` is not sequence, row or auto"),
+                            ))
+                        }
+                    }
+                }
+                _ => rest.push(pair),
+            }
+        }
+        let driver_url = if rest.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", rest.join("&"))
+        };
+        let mut settings = SqlSettings::default();
+        let driver_url = settings
+            .take_params(&driver_url)
+            .map_err(|why| invalid(url, &why))?;
+        if settings.lock_prefix().len() > MAX_PREFIX {
+            return Err(invalid(
+                url,
+                &format!("`lock_prefix` is longer than {MAX_PREFIX}"),
+            ));
+        }
+        let options =
+            MySqlConnectOptions::from_str(&driver_url).map_err(|e| invalid(url, &e.to_string()))?;
+        Ok(MySqlConfig {
+            options,
+            settings,
+            fence,
+        })
+    }
+
+    /// Builds a config from the driver's options, with the defaults for
+    /// the rest.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_mysql::{sqlx::mysql::MySqlConnectOptions, MySqlConfig};
+    ///
+    /// let options = MySqlConnectOptions::new().host("127.0.0.1").username("app");
+    /// let config = MySqlConfig::from_options(options);
+    /// assert_eq!(config.max_waiters(), 16);
+    /// ```
+    pub fn from_options(options: MySqlConnectOptions) -> MySqlConfig {
+        MySqlConfig {
+            options,
+            settings: SqlSettings::default(),
+            fence: FenceSource::Auto,
+        }
+    }
+
+    /// Sets how long a holder that stopped answering keeps its locks (at
+    /// least 100 ms; the server's own timeout is this rounded up to whole
+    /// seconds).
+    pub fn with_session_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.set_session_timeout(timeout);
+        self
+    }
+
+    /// Sets where fencing tokens come from.
+    pub fn with_fence(mut self, fence: FenceSource) -> Self {
+        self.fence = fence;
+        self
+    }
+
+    /// The driver's connection options.
+    pub fn connect_options(&self) -> &MySqlConnectOptions {
+        &self.options
+    }
+
+    /// dlock's settings: the session timeout, the sessions, the prefix.
+    pub fn settings(&self) -> &SqlSettings {
+        &self.settings
+    }
+
+    /// How long a holder that stopped answering keeps its locks.
+    pub fn session_timeout(&self) -> Duration {
+        self.settings.session_timeout()
+    }
+
+    /// How many sessions may wait on the server at once.
+    pub fn max_waiters(&self) -> usize {
+        self.settings.max_waiters()
+    }
+
+    /// The namespace of this application's locks.
+    pub fn lock_prefix(&self) -> &str {
+        self.settings.lock_prefix()
+    }
+
+    /// Where fencing tokens come from.
+    pub fn fence(&self) -> FenceSource {
+        self.fence
+    }
+}
+
+/// A key's `GET_LOCK` name: `{prefix}:` and the key, with every character
+/// but lowercase ASCII letters, digits and `-_.:/` escaped (so that names,
+/// which the server compares without case, keep keys apart that differ
+/// only in case). A name longer than MySQL's 64 characters keeps its first
+/// part and ends in `#` and 16 hex digits of FNV-1a over the prefix and
+/// the key: such keys share a lock only if their hashes collide, which
+/// costs a wait, never exclusion (`#` is always escaped in whole names, so
+/// the two forms never meet).
+pub(crate) fn lock_name(prefix: &str, key: &LockKey) -> String {
+    let mut name = String::with_capacity(MAX_NAME);
+    name.push_str(prefix);
+    name.push(':');
+    key.escape_into(&mut name, |c| {
+        !(c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.' | ':' | '/'))
+    });
+    if name.len() > MAX_NAME {
+        // The escaped name is ASCII: every byte is a character boundary.
+        name.truncate(MAX_NAME - HASH_TAIL);
+        name.push_str(&format!("#{:016x}", fnv1a(prefix, key.as_str())));
+    }
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_are_ours_or_the_drivers() {
+        let c = MySqlConfig::from_url(
+            "mariadb://u:p@h:5/d?max_waiters=3&ssl-mode=disabled&fence=sequence&lock_prefix=app_1",
+        )
+        .unwrap();
+        assert_eq!((c.max_waiters(), c.lock_prefix()), (3, "app_1"));
+        assert_eq!(c.fence(), FenceSource::Sequence);
+        assert_eq!(c.connect_options().get_database(), Some("d"));
+    }
+
+    #[test]
+    fn bad_urls_are_typed_errors() {
+        for url in [
+            "postgres://h:1/d",
+            "mysql://h:1/d?session_timeout=10",
+            "mysql://h:1/d?fence=table",
+            "mysql://h:1/d?max_waiters=0",
+            "mysql://h:1/d?lock_prefix=Bad-Name",
+            "mysql://h:1/d?lock_prefix=aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+            "mysql://h:notaport/d",
+            "mysql://h:1/d?ssl-mode=sometimes",
+        ] {
+            assert!(
+                matches!(
+                    MySqlConfig::from_url(url),
+                    Err(LockError::InvalidOptions { .. })
+                ),
+                "{url}"
+            );
+        }
+    }
+
+    fn name(key: &str) -> String {
+        lock_name("dlock", &LockKey::new(key).unwrap())
+    }
+
+    #[test]
+    fn names_keep_keys_apart_that_differ_in_case() {
+        assert_eq!(name("order:42/a-b_c.d"), "dlock:order:42/a-b_c.d");
+        assert_eq!(name("Order:42"), "dlock:%4Frder:42");
+        assert_eq!(name("a#b %"), "dlock:a%23b%20%25");
+        assert_ne!(name("A").to_lowercase(), name("a").to_lowercase());
+    }
+
+    #[test]
+    fn long_keys_end_in_a_hash_within_64_characters() {
+        let long = "k".repeat(200);
+        let (a, b) = (name(&long), name(&format!("{long}x")));
+        assert_eq!((a.len(), b.len()), (64, 64));
+        assert_ne!(a, b);
+        assert!(
+            a.starts_with("dlock:kkkk") && a.as_bytes()[47] == b'#',
+            "{a}"
+        );
+        let exact = name(&"k".repeat(58));
+        assert_eq!((exact.len(), exact.contains('#')), (64, false));
+        let widest = lock_name(&"p".repeat(MAX_PREFIX), &LockKey::new(&long).unwrap());
+        assert_eq!(widest.len(), 64);
+    }
+}

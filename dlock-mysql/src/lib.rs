@@ -1,0 +1,9 @@
+#![doc = include_str!("../README.md")]
+
+mod backend;
+mod config;
+
+pub use backend::MySqlBackend;
+pub use config::{FenceSource, MySqlConfig};
+/// The driver, for [`MySqlConfig::from_options`].
+pub use sqlx;

@@ -1,0 +1,42 @@
+//! The whole conformance suite against a real MariaDB server, twice: with
+//! fencing tokens from a sequence (MariaDB's default), and from the
+//! counter row that MySQL servers use. One server per check, and every
+//! client a new `MySqlBackend` with sessions of its own.
+
+use std::{sync::Arc, time::Duration};
+
+use dlock_core::backend::Backend;
+use dlock_mysql::MySqlBackend;
+use dlock_testkit::{fixture::MariaDbServer, Harness};
+
+/// The session timeout is short, so that crashed clients let others in
+/// quickly (the server's `wait_timeout` is whole seconds).
+fn server(fence: &str) -> Harness {
+    let server = MariaDbServer::start().expect("start MariaDB");
+    let session = Duration::from_secs(2);
+    let url = format!(
+        "{}?session_timeout={}ms&fence={fence}",
+        server.url(),
+        session.as_millis()
+    );
+    Harness::new("mysql", move || {
+        let url = url.clone();
+        async move {
+            let client: Arc<dyn Backend> = Arc::new(MySqlBackend::connect(&url).await?);
+            Ok(client)
+        }
+    })
+    .session_timeout(session)
+    .disconnect_releases()
+    .keep_alive(server)
+}
+
+mod sequence {
+    use super::server;
+    dlock_testkit::conformance_tests!(server("sequence"));
+}
+
+mod row {
+    use super::server;
+    dlock_testkit::conformance_tests!(server("row"));
+}
