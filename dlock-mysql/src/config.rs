@@ -7,18 +7,21 @@ use dlock_core::{backend::redact_url, LockError, LockKey};
 use dlock_sql::{fnv1a, SqlSettings};
 use sqlx::mysql::MySqlConnectOptions;
 
-/// Where fencing tokens come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Whether grants carry fencing tokens, and from where.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FenceSource {
-    /// A sequence (`CREATE SEQUENCE`, MariaDB 10.3 and later): taken in the
-    /// acquire's own statement, cached by the server, no row written.
-    Sequence,
-    /// A counter row, `UPDATE … SET v = LAST_INSERT_ID(v + 1)`, for servers
-    /// without sequences (MySQL): one committed row update per grant.
+    /// Counter rows, `{prefix}_fence`, one per shard of the lock names:
+    /// the grant's request also runs `UPDATE … SET v = LAST_INSERT_ID(v +
+    /// 1)` on its key's row, a committed write that survives a server
+    /// crash (with InnoDB's default `innodb_flush_log_at_trx_commit = 1`).
+    /// It costs one durable commit per grant.
+    #[default]
     Row,
-    /// Whatever `{prefix}_fence` already is on the server; if it is
-    /// missing, a sequence on MariaDB and a counter row on MySQL.
-    Auto,
+    /// No fencing tokens: grants write nothing, and guards carry no token
+    /// ([`Capabilities::has_fencing`](dlock_core::backend::Capabilities::has_fencing)
+    /// is false). For locks whose holders write nowhere a token could be
+    /// checked.
+    Off,
 }
 
 /// Where and how to connect.
@@ -40,8 +43,7 @@ pub enum FenceSource {
 /// - `lock_prefix` (default `dlock`): the namespace of this application's
 ///   lock names, and the fencing object's name stem (`{prefix}_fence`), at
 ///   most 46 long.
-/// - `fence` (default `auto`): `sequence`, `row` or `auto`, see
-///   [`FenceSource`].
+/// - `fence` (default `row`): `row` or `off`, see [`FenceSource`].
 ///
 /// # Examples
 ///
@@ -50,10 +52,10 @@ pub enum FenceSource {
 /// use std::time::Duration;
 ///
 /// let config = MySqlConfig::from_url(
-///     "mysql://app:secret@db:3306/orders?session_timeout=4s&fence=row",
+///     "mysql://app:secret@db:3306/orders?session_timeout=4s&fence=off",
 /// )?;
 /// assert_eq!(config.session_timeout(), Duration::from_secs(4));
-/// assert_eq!(config.fence(), FenceSource::Row);
+/// assert_eq!(config.fence(), FenceSource::Off);
 /// # Ok::<(), dlock_core::LockError>(())
 /// ```
 #[derive(Debug, Clone)]
@@ -93,21 +95,17 @@ impl MySqlConfig {
                 "expected `mysql://user:password@host:port/database`",
             ));
         };
-        let mut fence = FenceSource::Auto;
+        let mut fence = FenceSource::Row;
         let (base, query) = driver_url.split_once('?').unwrap_or((&driver_url, ""));
         let mut rest = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             match pair.split_once('=') {
                 Some(("fence", value)) => {
                     fence = match value {
-                        "sequence" => FenceSource::Sequence,
                         "row" => FenceSource::Row,
-                        "auto" => FenceSource::Auto,
+                        "off" => FenceSource::Off,
                         _ => {
-                            return Err(invalid(
-                                url,
-                                &format!("`fence={value}` is not sequence, row or auto"),
-                            ))
+                            return Err(invalid(url, &format!("`fence={value}` is not row or off")))
                         }
                     }
                 }
@@ -154,7 +152,7 @@ impl MySqlConfig {
         MySqlConfig {
             options,
             settings: SqlSettings::default(),
-            fence: FenceSource::Auto,
+            fence: FenceSource::Row,
         }
     }
 
@@ -166,7 +164,7 @@ impl MySqlConfig {
         self
     }
 
-    /// Sets where fencing tokens come from.
+    /// Sets whether grants carry fencing tokens.
     pub fn with_fence(mut self, fence: FenceSource) -> Self {
         self.fence = fence;
         self
@@ -197,7 +195,7 @@ impl MySqlConfig {
         self.settings.lock_prefix()
     }
 
-    /// Where fencing tokens come from.
+    /// Whether grants carry fencing tokens.
     pub fn fence(&self) -> FenceSource {
         self.fence
     }
@@ -233,11 +231,11 @@ mod tests {
     #[test]
     fn parameters_are_ours_or_the_drivers() {
         let c = MySqlConfig::from_url(
-            "mariadb://u:p@h:5/d?max_waiters=3&ssl-mode=disabled&fence=sequence&lock_prefix=app_1",
+            "mariadb://u:p@h:5/d?max_waiters=3&ssl-mode=disabled&fence=off&lock_prefix=app_1",
         )
         .unwrap();
         assert_eq!((c.max_waiters(), c.lock_prefix()), (3, "app_1"));
-        assert_eq!(c.fence(), FenceSource::Sequence);
+        assert_eq!(c.fence(), FenceSource::Off);
         assert_eq!(c.connect_options().get_database(), Some("d"));
     }
 
@@ -246,7 +244,7 @@ mod tests {
         for url in [
             "postgres://h:1/d",
             "mysql://h:1/d?session_timeout=10",
-            "mysql://h:1/d?fence=table",
+            "mysql://h:1/d?fence=sequence",
             "mysql://h:1/d?max_waiters=0",
             "mysql://h:1/d?lock_prefix=Bad-Name",
             "mysql://h:1/d?lock_prefix=aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",

@@ -1,7 +1,7 @@
 //! The whole conformance suite against a real MariaDB server, twice: with
-//! fencing tokens from a sequence (MariaDB's default), and from the
-//! counter row that MySQL servers use. One server per check, and every
-//! client a new `MySqlBackend` with sessions of its own.
+//! fencing tokens from the counter rows (the default), and without them
+//! (`fence=off`). One server per check, and every client a new
+//! `MySqlBackend` with sessions of its own.
 
 use std::{sync::Arc, time::Duration};
 
@@ -31,9 +31,9 @@ fn server(fence: &str) -> Harness {
     .keep_alive(server)
 }
 
-mod sequence {
+mod unfenced {
     use super::server;
-    dlock_testkit::conformance_tests!(server("sequence"));
+    dlock_testkit::conformance_tests!(server("off"));
 }
 
 mod row {

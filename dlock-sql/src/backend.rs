@@ -609,9 +609,10 @@ impl<D: Dialect> SqlBackend<D> {
             },
         );
         let alive_at = confirmed_at.max(sent);
-        let acquired = Acquired::new(sent)
-            .with_fence(u64::try_from(fence).unwrap_or(0))
-            .kept_alive_by_backend();
+        let mut acquired = Acquired::new(sent).kept_alive_by_backend();
+        if self.inner.dialect.fences() {
+            acquired = acquired.with_fence(u64::try_from(fence).unwrap_or(0));
+        }
         Ok(Some(match fixed_end {
             None => acquired.with_lease_from(alive_at, session.timeout),
             Some(ends) => {
@@ -774,7 +775,7 @@ impl<D: Dialect> Backend for SqlBackend<D> {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::new()
-            .fencing(true)
+            .fencing(self.inner.dialect.fences())
             .fifo(true)
             .session_leases(true)
     }

@@ -51,6 +51,13 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// The settings shared by every database.
     fn settings(&self) -> &SqlSettings;
 
+    /// Whether grants carry fencing tokens (the token
+    /// [`try_lock`](Dialect::try_lock) and [`wait`](Dialect::wait) answer
+    /// is ignored otherwise).
+    fn fences(&self) -> bool {
+        true
+    }
+
     /// The server's identifier of `key`, under the lock prefix.
     fn lock_id(&self, key: &LockKey) -> Self::Id;
 

@@ -1,0 +1,365 @@
+//! MySQL-specific properties, against a real MariaDB server: an attempt
+//! dropped while the server works on it leaves no lock behind, one
+//! session holds 10,000 locks, names keep keys apart that the server's
+//! case-blind compare or its 64-character limit would merge, the two
+//! fencing sources never mix, and bad input or a bad server is a typed
+//! error, in bounded time.
+
+use std::time::Duration;
+
+use dlock_core::{BackendExt, LockError, LockOptions, Locker};
+use dlock_mysql::MySqlBackend;
+use dlock_testkit::fixture::{MariaDbServer, MARIADB_PASSWORD};
+use tokio::time::Instant;
+
+async fn locker(url: &str) -> Locker {
+    MySqlBackend::connect(url)
+        .await
+        .expect("connect to MariaDB")
+        .into_locker()
+}
+
+/// The sessions user `dlock` has open, from an admin's connection.
+async fn dlock_sessions(server: &MariaDbServer) -> Vec<i64> {
+    use sqlx::Connection;
+    let mut conn = sqlx::MySqlConnection::connect(&server.admin_url())
+        .await
+        .expect("connect");
+    sqlx::query_scalar(
+        "SELECT CAST(ID AS SIGNED) FROM information_schema.PROCESSLIST \
+         WHERE USER = 'dlock' ORDER BY ID",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .expect("PROCESSLIST")
+}
+
+/// An uncontended attempt dropped after it was sent, and before the server
+/// answered: the server grants the lock to the holder session once it
+/// reads the statement, and nobody would ever release it. The backend
+/// unlocks it after the answer; the key is free at once for another
+/// client. Made deterministic by pausing the server while the attempt is
+/// in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_lock_dropped_in_flight_leaves_no_lock() {
+    let mut server = MariaDbServer::start().expect("start MariaDB");
+    let a = locker(&format!("{}?holder_sessions=1", server.url())).await;
+    // The attempt's statement is prepared on the session once, so that
+    // the one dropped below is sent whole.
+    a.try_lock("warm-up")
+        .await
+        .unwrap()
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let sessions = dlock_sessions(&server).await;
+    assert_eq!(sessions.len(), 1, "one holder session: {sessions:?}");
+    server.process().pause().unwrap();
+    let attempt = tokio::time::timeout(Duration::from_millis(300), a.try_lock("in-flight")).await;
+    server.process().resume().unwrap();
+    assert!(attempt.is_err(), "the paused server answered: {attempt:?}");
+    let b = locker(&server.url()).await;
+    let started = Instant::now();
+    let taken = b
+        .lock_with("in-flight", LockOptions::new().wait(Duration::from_secs(5)))
+        .await
+        .expect("the dropped attempt's lock was never released");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    taken.release().await.unwrap();
+}
+
+/// A few sessions (4 holder sessions per client) hold 10,000 locks at
+/// once, each exclusive, and give them all back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_session_holds_ten_thousand_locks() {
+    let server = MariaDbServer::start().expect("start MariaDB");
+    let (a, b) = (locker(&server.url()).await, locker(&server.url()).await);
+    let mut guards = Vec::with_capacity(10_000);
+    for i in 0..10_000 {
+        let guard = a.try_lock(format!("many:{i}")).await.unwrap();
+        guards.push(guard.unwrap_or_else(|| panic!("many:{i} was refused")));
+    }
+    let sessions = dlock_sessions(&server).await.len();
+    assert!(
+        sessions <= 8,
+        "{sessions} sessions: more than 4 holder sessions each"
+    );
+    for i in [0, 4_999, 9_999] {
+        assert!(b.try_lock(format!("many:{i}")).await.unwrap().is_none());
+    }
+    assert!(guards.iter().all(|g| !g.is_lost()));
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+    for i in [0, 4_999, 9_999] {
+        assert!(b.try_lock(format!("many:{i}")).await.unwrap().is_some());
+    }
+}
+
+/// Wrong password, missing database, nothing listening, and a server that
+/// speaks another protocol: each a typed error, within the connect
+/// timeout, with no panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_servers_and_logins_are_typed_errors() {
+    let server = MariaDbServer::start().expect("start MariaDB");
+    let port = server
+        .url()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    // Accepts connections and answers garbage.
+    let other = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let other_port = other.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = other.accept().await {
+            use tokio::io::AsyncWriteExt;
+            let _ = stream.write_all(b"-ERR not a database\r\n").await;
+        }
+    });
+    let closed = dlock_testkit::fixture::free_port().unwrap();
+    let cases = [
+        (
+            "wrong password",
+            format!("mysql://dlock:wrong@127.0.0.1:{port}/dlock"),
+        ),
+        (
+            "missing database",
+            format!("mysql://dlock:{MARIADB_PASSWORD}@127.0.0.1:{port}/nope"),
+        ),
+        (
+            "nothing listening",
+            format!("mysql://dlock@127.0.0.1:{closed}/dlock"),
+        ),
+        (
+            "another protocol",
+            format!("mysql://dlock@127.0.0.1:{other_port}/dlock"),
+        ),
+    ];
+    for (what, url) in cases {
+        let url = format!("{url}?connect_timeout=2s");
+        let started = Instant::now();
+        let answer = MySqlBackend::connect(&url).await;
+        assert!(
+            matches!(answer, Err(LockError::Backend { .. })),
+            "{what}: {:?}",
+            answer.map(drop)
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "{what} took {:?}",
+            started.elapsed()
+        );
+        let message = answer.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            !message.contains(MARIADB_PASSWORD),
+            "{what} printed the password: {message}"
+        );
+    }
+}
+
+/// A server restart (SIGKILL, then crash recovery on the same data) ends
+/// every session, and their locks go at once: every guard on them reports
+/// lost at its session's next ping, within a third of the session timeout
+/// (the window in which the server has already let the key go, as after a
+/// Redis restart without persistence), and fencing tokens keep growing (the
+/// sequence is data the server keeps), so the next owner's token is above
+/// every earlier one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_loses_every_guard_and_keeps_fencing() {
+    let mut server = MariaDbServer::start().expect("start MariaDB");
+    let session = Duration::from_secs(3);
+    let url = format!("{}?session_timeout=3s", server.url());
+    let (holder, other) = (locker(&url).await, locker(&url).await);
+    let held = holder.lock("restart").await.unwrap();
+    let bystander = holder.lock("restart-bystander").await.unwrap();
+    let before = held.fencing_token().unwrap();
+    tokio::task::block_in_place(|| server.restart()).expect("restart MariaDB");
+    let restarted = Instant::now();
+    let next = other
+        .lock_with("restart", LockOptions::new().wait(Duration::from_secs(30)))
+        .await
+        .expect("the key after the restart");
+    assert!(next.fencing_token().unwrap() > before, "fencing went back");
+    for guard in [&held, &bystander] {
+        let learnt = tokio::time::timeout(session, guard.lost()).await;
+        assert!(learnt.is_ok(), "a guard outlived its session's server");
+    }
+    let after = restarted.elapsed();
+    println!("every guard lost {after:?} after the restart");
+    assert!(after <= session / 3 + Duration::from_secs(1), "{after:?}");
+    next.release().await.unwrap();
+}
+
+/// Ends the session that holds an abandoned token: both guards on it are
+/// lost, the key goes within the session timeout (at once here: the
+/// connection closes), and later locks use a new session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandon_gives_up_the_session() {
+    let server = MariaDbServer::start().expect("start MariaDB");
+    // One holder session, so that both guards are on the session given up.
+    let url = format!("{}?session_timeout=2s&holder_sessions=1", server.url());
+    let backend = MySqlBackend::connect(&url).await.unwrap();
+    let holder = backend.clone().into_locker();
+    let other = locker(&url).await;
+    dlock_testkit::session_faults::check_abandon_gives_up_the_session(
+        &backend,
+        &holder,
+        &other,
+        Duration::from_secs(2),
+    )
+    .await;
+}
+
+/// A connection cut under a held lock (a proxy that resets it, as a
+/// restarted connection pooler or load balancer does): the server ends the
+/// session and gives the key to the next client at once. The cut client's
+/// guard learns it at its session's next ping, within a third of the
+/// session timeout; meanwhile the next owner's fencing token is greater,
+/// so a store that checks tokens refuses the cut client's late writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_connection_hands_the_key_on_and_the_guard_learns_it() {
+    let server = MariaDbServer::start().expect("start MariaDB");
+    let proxy = dlock_testkit::fixture::TcpProxy::start(server.host_port().parse().unwrap())
+        .await
+        .unwrap();
+    let session = Duration::from_secs(3);
+    let through_proxy = format!(
+        "mysql://dlock:{MARIADB_PASSWORD}@127.0.0.1:{}/dlock?session_timeout=3s",
+        proxy.port()
+    );
+    let cut = locker(&through_proxy).await;
+    let other = locker(&format!("{}?session_timeout=3s", server.url())).await;
+    let guard = cut.lock("cut").await.unwrap();
+    let cut_fence = guard.fencing_token().unwrap();
+    proxy.block();
+    let blocked = Instant::now();
+    let next = other
+        .lock_with("cut", LockOptions::new().wait(Duration::from_secs(5)))
+        .await
+        .expect("the server kept a cut session's lock");
+    assert!(next.fencing_token().unwrap() > cut_fence);
+    let learnt = tokio::time::timeout(session, guard.lost())
+        .await
+        .map(|_| blocked.elapsed());
+    println!(
+        "key handed on {:?} after the cut; the cut guard learnt it after {learnt:?}",
+        blocked.elapsed()
+    );
+    assert!(
+        learnt
+            .as_ref()
+            .is_ok_and(|after| *after <= session / 3 + Duration::from_millis(700)),
+        "the cut guard did not learn it was lost within a third of its session: {learnt:?}"
+    );
+    assert!(guard.release().await.is_err(), "a lost guard released");
+    next.release().await.unwrap();
+}
+
+/// A waiter whose wait the server cut short by restarting waits again on
+/// a new session, within its wait limit, and gets the key (its holder's
+/// session went with the restart), with a token above the holder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_outlives_a_server_restart() {
+    let mut server = MariaDbServer::start().expect("start MariaDB");
+    let url = format!("{}?session_timeout=3s", server.url());
+    let (holder, waiter) = (locker(&url).await, locker(&url).await);
+    let held = holder.lock("restart-wait").await.unwrap();
+    let before = held.fencing_token().unwrap();
+    let waiting = tokio::spawn(async move {
+        waiter
+            .lock_with(
+                "restart-wait",
+                LockOptions::new().wait(Duration::from_secs(30)),
+            )
+            .await
+            .map(|guard| guard.fencing_token())
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "granted while held");
+    tokio::task::block_in_place(|| server.restart()).expect("restart MariaDB");
+    let token = waiting
+        .await
+        .unwrap()
+        .expect("the wait ended in an error at the restart");
+    assert!(token.unwrap() > before, "fencing went back");
+    drop(held);
+}
+
+/// Long keys that share their first 64 characters are distinct locks (a
+/// name keeps a hash of the whole key), as are keys that differ only in
+/// case or beyond ASCII: two clients hold each pair at once. (MariaDB 10.11
+/// compares names with case, MySQL without: the unit test of the names
+/// checks that they differ without case too.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_keys_and_case_are_distinct_locks() {
+    let server = MariaDbServer::start().expect("start MariaDB");
+    let (a, b) = (locker(&server.url()).await, locker(&server.url()).await);
+    let long = "k".repeat(100);
+    for (one, other) in [
+        ("Order:1".to_owned(), "order:1".to_owned()),
+        (format!("{long}1"), format!("{long}2")),
+        ("caf\u{e9}".to_owned(), "CAF\u{c9}".to_owned()),
+    ] {
+        let first = a.try_lock(&one).await.unwrap().expect("first key");
+        let second = b.try_lock(&other).await.unwrap();
+        assert!(second.is_some(), "`{one}` and `{other}` share a lock");
+        assert!(
+            b.try_lock(&one).await.unwrap().is_none(),
+            "`{one}` is held twice"
+        );
+        first.release().await.unwrap();
+        second.unwrap().release().await.unwrap();
+    }
+}
+
+/// A key whose counter row is gone (someone emptied the table) gets a
+/// typed error naming the table, never a stale token, and the grant its
+/// request took is undone: the key is free for another client at once,
+/// after a failed attempt and after a failed wait alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_counter_row_is_a_typed_error_and_leaves_no_lock() {
+    use sqlx::Connection;
+    let server = MariaDbServer::start().expect("start MariaDB");
+    let fenced = locker(&server.url()).await;
+    let unfenced = locker(&format!("{}?fence=off", server.url())).await;
+    let mut admin = sqlx::MySqlConnection::connect(&server.admin_url())
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM dlock_fence")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let named = |e: LockError| {
+        let text = format!("{e:?}");
+        assert!(
+            matches!(e, LockError::Backend { .. }) && text.contains("dlock_fence"),
+            "{text}"
+        );
+    };
+    named(fenced.try_lock("gone").await.map(drop).unwrap_err());
+    let free = unfenced
+        .lock_with("gone", LockOptions::new().wait(Duration::from_secs(2)))
+        .await
+        .expect("the failed attempt kept its lock");
+    assert_eq!(free.fencing_token(), None, "fence=off gave a token");
+    // A wait granted on the server, then refused its token.
+    let waiting = tokio::spawn(async move {
+        fenced
+            .lock_with("gone", LockOptions::new().wait(Duration::from_secs(10)))
+            .await
+            .map(drop)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    free.release().await.unwrap();
+    named(waiting.await.unwrap().unwrap_err());
+    let again = unfenced
+        .lock_with("gone", LockOptions::new().wait(Duration::from_secs(2)))
+        .await
+        .expect("the failed wait's session kept the lock");
+    again.release().await.unwrap();
+}
