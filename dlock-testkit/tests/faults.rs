@@ -46,7 +46,7 @@ use std::{path::Path, process::Stdio, time::Duration};
 use dlock_core::{LockError, LockOptions, Locker};
 use dlock_testkit::{
     conformance,
-    fixture::{free_port, EtcdServer, PostgresServer, RedisServer, ZooKeeperServer},
+    fixture::{free_port, EtcdServer, MariaDbServer, PostgresServer, RedisServer, ZooKeeperServer},
     monotonic_ns, FencedStore, Harness, HoldLog,
 };
 use tokio::{
@@ -220,6 +220,28 @@ fn postgres() -> Topology {
         disconnect_releases: true,
         // The release, the next waiter's token, and the releaser's own
         // attempt if it locks again: the server's queue wakes one waiter.
+        handoff_requests: 4.0,
+        servers: Box::new(server),
+    }
+}
+
+impl Servers for MariaDbServer {
+    fn count_requests(&self) -> Box<dyn Fn() -> u64 + '_> {
+        let count = self.count_statements().expect("general_log");
+        Box::new(move || count.so_far().expect("the server's log"))
+    }
+}
+
+fn mysql() -> Topology {
+    let server = MariaDbServer::start().expect("MariaDB");
+    Topology {
+        name: "mysql",
+        url: format!("{}?session_timeout=2s", server.url()),
+        // The session timeout: a paused holder's session ends after it.
+        lease: Duration::from_secs(2),
+        fencing: true,
+        disconnect_releases: true,
+        // As PostgreSQL's: the server's queue wakes one waiter.
         handoff_requests: 4.0,
         servers: Box::new(server),
     }
@@ -661,6 +683,7 @@ per_topology! {
     zookeeper_1 => zookeeper(1),
     zookeeper_3 => zookeeper(3),
     postgres_1 => postgres(),
+    mysql_1 => mysql(),
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -700,6 +723,11 @@ async fn malformed_urls_are_typed_errors() {
         "postgres://h:1/db?max_waiters=0",
         "postgres://h:1/db?lock_prefix=Not-An-Identifier",
         "postgresql://h:1/db?sslmode=sometimes",
+        "mysql://h:port/db",
+        "mysql://h:1/db?session_timeout=forever",
+        "mysql://h:1/db?fence=sequence",
+        "mariadb://h:1/db?lock_prefix=Not-An-Identifier",
+        "mysql://h:1/db?ssl-mode=sometimes",
     ] {
         let result = tokio::time::timeout(Duration::from_secs(5), dlock_testkit::connect(url))
             .await
@@ -754,6 +782,7 @@ async fn unreachable_ports_are_backend_errors() {
             ports[0]
         ),
         format!("postgres://u@127.0.0.1:{}/db?connect_timeout=3s", ports[0]),
+        format!("mysql://u@127.0.0.1:{}/db?connect_timeout=3s", ports[0]),
     ] {
         expect_backend_error(&url).await;
     }
@@ -771,6 +800,7 @@ async fn a_port_that_speaks_another_protocol_is_a_backend_error() {
             redis.host_port()
         ),
         format!("postgres://u@{}/db?connect_timeout=3s", redis.host_port()),
+        format!("mysql://u@{}/db?connect_timeout=3s", redis.host_port()),
     ] {
         expect_backend_error(&url).await;
     }
@@ -782,6 +812,7 @@ async fn a_port_that_speaks_another_protocol_is_a_backend_error() {
             format!("etcd://127.0.0.1:{port}"),
             format!("zk://127.0.0.1:{port}?session_timeout=2s&connect_timeout=3s"),
             format!("postgres://u@127.0.0.1:{port}/db?connect_timeout=3s"),
+            format!("mysql://u@127.0.0.1:{port}/db?connect_timeout=3s"),
         ] {
             expect_backend_error(&url).await;
         }
