@@ -48,7 +48,7 @@ use std::{io::Write as _, process::ExitCode, time::Duration};
 
 use dlock_core::{Locker, MemoryBackend};
 use dlock_redis::redis;
-use dlock_testkit::fixture::{EtcdServer, PostgresServer, RedisServer, ZooKeeperServer};
+use dlock_testkit::fixture::{EtcdServer, MariaDbServer, PostgresServer, RedisServer, ZooKeeperServer};
 
 use crate::{raw::Raw, report::Row};
 
@@ -76,6 +76,7 @@ enum Servers {
     Etcd(EtcdServer),
     Zk(ZooKeeperServer),
     Postgres(PostgresServer),
+    MariaDb(MariaDbServer),
 }
 
 impl Servers {
@@ -169,7 +170,7 @@ fn totals(servers: &Servers) -> Option<u64> {
     match servers {
         Servers::Etcd(server) => Some(server.grpc_requests().ok()?.values().sum()),
         Servers::Zk(server) => server.packets_received().ok(),
-        Servers::None | Servers::Redis(..) | Servers::Postgres(_) => None,
+        Servers::None | Servers::Redis(..) | Servers::Postgres(_) | Servers::MariaDb(_) => None,
     }
 }
 
@@ -234,6 +235,25 @@ impl Target {
                     counting: Default::default(),
                 }
             }
+            // MariaDB: dlock with fencing tokens (a durable counter-row
+            // commit per grant), and without (`fence=off`), against the
+            // same floor.
+            "mysql" | "mysql-unfenced" => {
+                let server = MariaDbServer::start().map_err(fixture)?;
+                let fenced = name == "mysql";
+                Target {
+                    name: if fenced { "mysql" } else { "mysql-unfenced" },
+                    raw: Some(std::sync::Arc::new(Raw::mysql(&server.url()).await)),
+                    url: Some(if fenced {
+                        server.url()
+                    } else {
+                        format!("{}?fence=off", server.url())
+                    }),
+                    memory: None,
+                    servers: Servers::MariaDb(server),
+                    counting: Default::default(),
+                }
+            }
             "zk" => {
                 let server = ZooKeeperServer::start().map_err(fixture)?;
                 Target {
@@ -247,7 +267,8 @@ impl Target {
             }
             other => {
                 return Err(format!(
-                    "unknown backend `{other}`: memory, redis, redlock, etcd, zk, postgres or all"
+                    "unknown backend `{other}`: memory, redis, redlock, etcd, zk, postgres, \
+                     mysql, mysql-unfenced or all"
                 ))
             }
         })
@@ -277,6 +298,12 @@ impl Target {
                 }
                 RequestCount::Statements(server.count_statements().expect("log_statement"))
             }
+            Servers::MariaDb(server) => {
+                if !self.counting.load(std::sync::atomic::Ordering::SeqCst) {
+                    return RequestCount::None;
+                }
+                RequestCount::Statements(server.count_statements().expect("general_log"))
+            }
             servers => match totals(servers) {
                 Some(before) => RequestCount::Totals(servers, before),
                 None => RequestCount::None,
@@ -288,7 +315,10 @@ impl Target {
     /// once timed and once more, under [`counting_pass`](Self::counting_pass),
     /// for its counts (Redis).
     pub(crate) fn counts_apart(&self) -> bool {
-        matches!(self.servers, Servers::Redis(..) | Servers::Postgres(_))
+        matches!(
+            self.servers,
+            Servers::Redis(..) | Servers::Postgres(_) | Servers::MariaDb(_)
+        )
     }
 
     /// While the returned guard lives, [`count_requests`](Self::count_requests)
@@ -404,13 +434,22 @@ fn parse_args() -> Result<Args, String> {
             }
             "--json" => args.json = it.next().ok_or("--json needs a file")?,
             "-h" | "--help" => {
-                return Err("usage: dlock-bench [--backend all|memory,redis,redlock,etcd,zk] [--quick] [--runs N] [--only serial,distinct,contended,contended-clients,contended-4x8,reentrant,held,retained,peers] [--json FILE]".into())
+                return Err("usage: dlock-bench [--backend all|memory,redis,redlock,etcd,zk,postgres,mysql,mysql-unfenced] [--quick] [--runs N] [--only serial,distinct,contended,contended-clients,contended-4x8,reentrant,held,retained,peers] [--json FILE]".into())
             }
             other => return Err(format!("unknown argument `{other}`")),
         }
     }
     if args.backends == ["all"] {
-        args.backends = ["memory", "redis", "redlock", "etcd", "zk", "postgres"]
+        args.backends = [
+            "memory",
+            "redis",
+            "redlock",
+            "etcd",
+            "zk",
+            "postgres",
+            "mysql",
+            "mysql-unfenced",
+        ]
             .map(str::to_owned)
             .to_vec();
     }

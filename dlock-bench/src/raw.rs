@@ -26,6 +26,9 @@ pub(crate) enum Raw {
     /// connections by key, as dlock takes uncontended locks on its 4
     /// holder sessions.
     Postgres(Vec<tokio::sync::Mutex<sqlx::PgConnection>>),
+    /// `GET_LOCK(name, 0)` + `RELEASE_LOCK(name)` on one of 4 connections
+    /// by key, as dlock's 4 holder sessions.
+    MySql(Vec<tokio::sync::Mutex<sqlx::MySqlConnection>>),
 }
 
 const COMPARE_AND_DELETE: &str = r"
@@ -77,6 +80,17 @@ impl Raw {
             ));
         }
         Raw::Postgres(conns)
+    }
+
+    pub(crate) async fn mysql(url: &str) -> Raw {
+        use sqlx::Connection;
+        let mut conns = Vec::new();
+        for _ in 0..4 {
+            conns.push(tokio::sync::Mutex::new(
+                sqlx::MySqlConnection::connect(url).await.expect("mysql"),
+            ));
+        }
+        Raw::MySql(conns)
     }
 
     /// Locks and unlocks `key` once.
@@ -149,6 +163,25 @@ impl Raw {
                     .await
                     .expect("pg_advisory_unlock");
                 assert!(unlocked, "raw unlock of a key not ours");
+            }
+            Raw::MySql(conns) => {
+                let _ = token;
+                let name = format!("raw:{key}");
+                let conn = &conns[(advisory_id(key) as u64 % conns.len() as u64) as usize];
+                let locked: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+                    .bind(&name)
+                    .fetch_one(&mut *conn.lock().await)
+                    .await
+                    .expect("GET_LOCK");
+                assert_eq!(locked, Some(1), "raw lock on a held key");
+                // Another task may use the connection in between, as
+                // dlock's session serves every task between lock and unlock.
+                let unlocked: Option<i64> = sqlx::query_scalar("SELECT RELEASE_LOCK(?)")
+                    .bind(&name)
+                    .fetch_one(&mut *conn.lock().await)
+                    .await
+                    .expect("RELEASE_LOCK");
+                assert_eq!(unlocked, Some(1), "raw unlock of a key not ours");
             }
             Raw::Zk(client) => {
                 use zookeeper_client::{Acls, CreateMode, Error, MultiWriteResult};
