@@ -48,7 +48,9 @@ use std::{io::Write as _, process::ExitCode, time::Duration};
 
 use dlock_core::{Locker, MemoryBackend};
 use dlock_redis::redis;
-use dlock_testkit::fixture::{EtcdServer, MariaDbServer, PostgresServer, RedisServer, ZooKeeperServer};
+use dlock_testkit::fixture::{
+    EtcdServer, MariaDbServer, PostgresServer, RedisServer, ZooKeeperServer,
+};
 
 use crate::{raw::Raw, report::Row};
 
@@ -450,8 +452,8 @@ fn parse_args() -> Result<Args, String> {
             "mysql",
             "mysql-unfenced",
         ]
-            .map(str::to_owned)
-            .to_vec();
+        .map(str::to_owned)
+        .to_vec();
     }
     Ok(args)
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use dlock_core::{BackendExt, LockError, LockOptions, Locker};
 use dlock_mysql::MySqlBackend;
+use dlock_testkit::database_faults;
 use dlock_testkit::fixture::{MariaDbServer, MARIADB_PASSWORD};
 use tokio::time::Instant;
 
@@ -103,24 +104,8 @@ async fn one_session_holds_ten_thousand_locks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_servers_and_logins_are_typed_errors() {
     let server = MariaDbServer::start().expect("start MariaDB");
-    let port = server
-        .url()
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .to_owned();
-    // Accepts connections and answers garbage.
-    let other = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let other_port = other.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = other.accept().await {
-            use tokio::io::AsyncWriteExt;
-            let _ = stream.write_all(b"-ERR not a database\r\n").await;
-        }
-    });
+    let port = server.host_port().rsplit(':').next().unwrap().to_owned();
+    let other_port = database_faults::garbage_speaker().await;
     let closed = dlock_testkit::fixture::free_port().unwrap();
     let cases = [
         (
@@ -140,26 +125,12 @@ async fn bad_servers_and_logins_are_typed_errors() {
             format!("mysql://dlock@127.0.0.1:{other_port}/dlock"),
         ),
     ];
-    for (what, url) in cases {
-        let url = format!("{url}?connect_timeout=2s");
-        let started = Instant::now();
-        let answer = MySqlBackend::connect(&url).await;
-        assert!(
-            matches!(answer, Err(LockError::Backend { .. })),
-            "{what}: {:?}",
-            answer.map(drop)
-        );
-        assert!(
-            started.elapsed() < Duration::from_secs(4),
-            "{what} took {:?}",
-            started.elapsed()
-        );
-        let message = answer.err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(
-            !message.contains(MARIADB_PASSWORD),
-            "{what} printed the password: {message}"
-        );
-    }
+    database_faults::check_bad_servers_are_typed_errors(
+        |url| async move { MySqlBackend::connect(&url).await },
+        &cases,
+        MARIADB_PASSWORD,
+    )
+    .await;
 }
 
 /// A server restart (SIGKILL, then crash recovery on the same data) ends
@@ -172,27 +143,15 @@ async fn bad_servers_and_logins_are_typed_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_loses_every_guard_and_keeps_fencing() {
     let mut server = MariaDbServer::start().expect("start MariaDB");
-    let session = Duration::from_secs(3);
     let url = format!("{}?session_timeout=3s", server.url());
     let (holder, other) = (locker(&url).await, locker(&url).await);
-    let held = holder.lock("restart").await.unwrap();
-    let bystander = holder.lock("restart-bystander").await.unwrap();
-    let before = held.fencing_token().unwrap();
-    tokio::task::block_in_place(|| server.restart()).expect("restart MariaDB");
-    let restarted = Instant::now();
-    let next = other
-        .lock_with("restart", LockOptions::new().wait(Duration::from_secs(30)))
-        .await
-        .expect("the key after the restart");
-    assert!(next.fencing_token().unwrap() > before, "fencing went back");
-    for guard in [&held, &bystander] {
-        let learnt = tokio::time::timeout(session, guard.lost()).await;
-        assert!(learnt.is_ok(), "a guard outlived its session's server");
-    }
-    let after = restarted.elapsed();
-    println!("every guard lost {after:?} after the restart");
-    assert!(after <= session / 3 + Duration::from_secs(1), "{after:?}");
-    next.release().await.unwrap();
+    database_faults::check_restart_loses_every_guard(
+        &holder,
+        &other,
+        Duration::from_secs(3),
+        || server.restart(),
+    )
+    .await;
 }
 
 /// Ends the session that holds an abandoned token: both guards on it are
@@ -227,37 +186,19 @@ async fn a_cut_connection_hands_the_key_on_and_the_guard_learns_it() {
     let proxy = dlock_testkit::fixture::TcpProxy::start(server.host_port().parse().unwrap())
         .await
         .unwrap();
-    let session = Duration::from_secs(3);
     let through_proxy = format!(
         "mysql://dlock:{MARIADB_PASSWORD}@127.0.0.1:{}/dlock?session_timeout=3s",
         proxy.port()
     );
     let cut = locker(&through_proxy).await;
     let other = locker(&format!("{}?session_timeout=3s", server.url())).await;
-    let guard = cut.lock("cut").await.unwrap();
-    let cut_fence = guard.fencing_token().unwrap();
-    proxy.block();
-    let blocked = Instant::now();
-    let next = other
-        .lock_with("cut", LockOptions::new().wait(Duration::from_secs(5)))
-        .await
-        .expect("the server kept a cut session's lock");
-    assert!(next.fencing_token().unwrap() > cut_fence);
-    let learnt = tokio::time::timeout(session, guard.lost())
-        .await
-        .map(|_| blocked.elapsed());
-    println!(
-        "key handed on {:?} after the cut; the cut guard learnt it after {learnt:?}",
-        blocked.elapsed()
-    );
-    assert!(
-        learnt
-            .as_ref()
-            .is_ok_and(|after| *after <= session / 3 + Duration::from_millis(700)),
-        "the cut guard did not learn it was lost within a third of its session: {learnt:?}"
-    );
-    assert!(guard.release().await.is_err(), "a lost guard released");
-    next.release().await.unwrap();
+    database_faults::check_cut_connection_hands_the_key_on(
+        &cut,
+        &other,
+        &proxy,
+        Duration::from_secs(3),
+    )
+    .await;
 }
 
 /// A waiter whose wait the server cut short by restarting waits again on
@@ -268,26 +209,7 @@ async fn a_wait_outlives_a_server_restart() {
     let mut server = MariaDbServer::start().expect("start MariaDB");
     let url = format!("{}?session_timeout=3s", server.url());
     let (holder, waiter) = (locker(&url).await, locker(&url).await);
-    let held = holder.lock("restart-wait").await.unwrap();
-    let before = held.fencing_token().unwrap();
-    let waiting = tokio::spawn(async move {
-        waiter
-            .lock_with(
-                "restart-wait",
-                LockOptions::new().wait(Duration::from_secs(30)),
-            )
-            .await
-            .map(|guard| guard.fencing_token())
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!waiting.is_finished(), "granted while held");
-    tokio::task::block_in_place(|| server.restart()).expect("restart MariaDB");
-    let token = waiting
-        .await
-        .unwrap()
-        .expect("the wait ended in an error at the restart");
-    assert!(token.unwrap() > before, "fencing went back");
-    drop(held);
+    database_faults::check_wait_outlives_a_restart(&holder, waiter, || server.restart()).await;
 }
 
 /// Long keys that share their first 64 characters are distinct locks (a

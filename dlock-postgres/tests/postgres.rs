@@ -5,8 +5,9 @@
 
 use std::time::Duration;
 
-use dlock_core::{BackendExt, LockError, LockOptions, Locker};
+use dlock_core::{BackendExt, LockOptions, Locker};
 use dlock_postgres::PgBackend;
+use dlock_testkit::database_faults;
 use dlock_testkit::fixture::{PostgresServer, POSTGRES_PASSWORD};
 use tokio::time::Instant;
 
@@ -106,24 +107,8 @@ async fn one_session_holds_ten_thousand_locks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_servers_and_logins_are_typed_errors() {
     let server = PostgresServer::start().expect("start PostgreSQL");
-    let port = server
-        .url()
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .to_owned();
-    // Accepts connections and answers garbage.
-    let other = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let other_port = other.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = other.accept().await {
-            use tokio::io::AsyncWriteExt;
-            let _ = stream.write_all(b"-ERR not a database\r\n").await;
-        }
-    });
+    let port = server.host_port().rsplit(':').next().unwrap().to_owned();
+    let other_port = database_faults::garbage_speaker().await;
     let closed = dlock_testkit::fixture::free_port().unwrap();
     let cases = [
         (
@@ -143,26 +128,12 @@ async fn bad_servers_and_logins_are_typed_errors() {
             format!("postgres://postgres@127.0.0.1:{other_port}/postgres"),
         ),
     ];
-    for (what, url) in cases {
-        let url = format!("{url}?connect_timeout=2s");
-        let started = Instant::now();
-        let answer = PgBackend::connect(&url).await;
-        assert!(
-            matches!(answer, Err(LockError::Backend { .. })),
-            "{what}: {:?}",
-            answer.map(drop)
-        );
-        assert!(
-            started.elapsed() < Duration::from_secs(4),
-            "{what} took {:?}",
-            started.elapsed()
-        );
-        let message = answer.err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(
-            !message.contains(POSTGRES_PASSWORD),
-            "{what} printed the password: {message}"
-        );
-    }
+    database_faults::check_bad_servers_are_typed_errors(
+        |url| async move { PgBackend::connect(&url).await },
+        &cases,
+        POSTGRES_PASSWORD,
+    )
+    .await;
 }
 
 /// A server restart (SIGKILL, then crash recovery on the same data) ends
@@ -175,27 +146,15 @@ async fn bad_servers_and_logins_are_typed_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_loses_every_guard_and_keeps_fencing() {
     let mut server = PostgresServer::start().expect("start PostgreSQL");
-    let session = Duration::from_secs(3);
     let url = format!("{}?session_timeout=3s", server.url());
     let (holder, other) = (locker(&url).await, locker(&url).await);
-    let held = holder.lock("restart").await.unwrap();
-    let bystander = holder.lock("restart-bystander").await.unwrap();
-    let before = held.fencing_token().unwrap();
-    tokio::task::block_in_place(|| server.restart()).expect("restart PostgreSQL");
-    let restarted = Instant::now();
-    let next = other
-        .lock_with("restart", LockOptions::new().wait(Duration::from_secs(30)))
-        .await
-        .expect("the key after the restart");
-    assert!(next.fencing_token().unwrap() > before, "fencing went back");
-    for guard in [&held, &bystander] {
-        let learnt = tokio::time::timeout(session, guard.lost()).await;
-        assert!(learnt.is_ok(), "a guard outlived its session's server");
-    }
-    let after = restarted.elapsed();
-    println!("every guard lost {after:?} after the restart");
-    assert!(after <= session / 3 + Duration::from_secs(1), "{after:?}");
-    next.release().await.unwrap();
+    database_faults::check_restart_loses_every_guard(
+        &holder,
+        &other,
+        Duration::from_secs(3),
+        || server.restart(),
+    )
+    .await;
 }
 
 /// Ends the session that holds an abandoned token: both guards on it are
@@ -230,37 +189,19 @@ async fn a_cut_connection_hands_the_key_on_and_the_guard_learns_it() {
     let proxy = dlock_testkit::fixture::TcpProxy::start(server.host_port().parse().unwrap())
         .await
         .unwrap();
-    let session = Duration::from_secs(3);
     let through_proxy = format!(
         "postgres://postgres:{POSTGRES_PASSWORD}@127.0.0.1:{}/postgres?session_timeout=3s",
         proxy.port()
     );
     let cut = locker(&through_proxy).await;
     let other = locker(&format!("{}?session_timeout=3s", server.url())).await;
-    let guard = cut.lock("cut").await.unwrap();
-    let cut_fence = guard.fencing_token().unwrap();
-    proxy.block();
-    let blocked = Instant::now();
-    let next = other
-        .lock_with("cut", LockOptions::new().wait(Duration::from_secs(5)))
-        .await
-        .expect("the server kept a cut session's lock");
-    assert!(next.fencing_token().unwrap() > cut_fence);
-    let learnt = tokio::time::timeout(session, guard.lost())
-        .await
-        .map(|_| blocked.elapsed());
-    println!(
-        "key handed on {:?} after the cut; the cut guard learnt it after {learnt:?}",
-        blocked.elapsed()
-    );
-    assert!(
-        learnt
-            .as_ref()
-            .is_ok_and(|after| *after <= session / 3 + Duration::from_millis(700)),
-        "the cut guard did not learn it was lost within a third of its session: {learnt:?}"
-    );
-    assert!(guard.release().await.is_err(), "a lost guard released");
-    next.release().await.unwrap();
+    database_faults::check_cut_connection_hands_the_key_on(
+        &cut,
+        &other,
+        &proxy,
+        Duration::from_secs(3),
+    )
+    .await;
 }
 
 /// A waiter whose wait the server cut short by restarting waits again on
@@ -271,24 +212,5 @@ async fn a_wait_outlives_a_server_restart() {
     let mut server = PostgresServer::start().expect("start PostgreSQL");
     let url = format!("{}?session_timeout=3s", server.url());
     let (holder, waiter) = (locker(&url).await, locker(&url).await);
-    let held = holder.lock("restart-wait").await.unwrap();
-    let before = held.fencing_token().unwrap();
-    let waiting = tokio::spawn(async move {
-        waiter
-            .lock_with(
-                "restart-wait",
-                LockOptions::new().wait(Duration::from_secs(30)),
-            )
-            .await
-            .map(|guard| guard.fencing_token())
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!waiting.is_finished(), "granted while held");
-    tokio::task::block_in_place(|| server.restart()).expect("restart PostgreSQL");
-    let token = waiting
-        .await
-        .unwrap()
-        .expect("the wait ended in an error at the restart");
-    assert!(token.unwrap() > before, "fencing went back");
-    drop(held);
+    database_faults::check_wait_outlives_a_restart(&holder, waiter, || server.restart()).await;
 }

@@ -60,7 +60,7 @@ const CONTENDED_FOR: Duration = Duration::from_secs(1);
 ///
 /// Built by a backend crate, for example `dlock_postgres::PgBackend`.
 ///
-/// ```ignore
+/// ```text
 /// let backend: SqlBackend<PgDialect> = SqlBackend::connect(dialect).await?;
 /// ```
 pub struct SqlBackend<D: Dialect> {
@@ -837,7 +837,7 @@ impl<D: Dialect> Backend for SqlBackend<D> {
 ///
 /// # Examples
 ///
-/// ```ignore
+/// ```text
 /// pub struct PgBackend(SqlBackend<PgDialect>);
 /// dlock_sql::forward_backend!(PgBackend);
 /// ```

@@ -36,7 +36,7 @@ pub struct Granted {
 ///
 /// A dialect is used through its backend crate:
 ///
-/// ```ignore
+/// ```text
 /// let backend = dlock_sql::SqlBackend::connect(MyDialect::new(url)?).await?;
 /// ```
 pub trait Dialect: Send + Sync + Sized + 'static {

@@ -11,7 +11,7 @@
 //! - [`OverlapDetector`], [`HoldLog`] (across processes) and
 //!   [`CountingBackend`]: the instruments the checks measure with.
 //! - [`session_faults`]: fault checks for backends whose locks live on a
-//!   client session.
+//!   client session; [`database_faults`]: those of the database backends.
 //!
 //! A backend's test file is one line plus its harness:
 //!
@@ -24,6 +24,7 @@ mod captured;
 pub mod conformance;
 mod connect;
 mod counting;
+pub mod database_faults;
 mod detector;
 mod fenced_store;
 pub mod fixture;

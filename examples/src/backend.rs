@@ -5,7 +5,7 @@ use dlock_core::{BackendExt, LockError, Locker, MemoryBackend};
 
 /// The URLs `--backend` accepts, for usage messages.
 pub const URLS: &str =
-    "memory (default), redis://HOST:PORT, redis+redlock://H1:P1,H2:P2,H3:P3, etcd://HOST:PORT/PREFIX, zk://HOST:PORT/PATH, postgres://USER:PASSWORD@HOST:PORT/DB";
+    "memory (default), redis://HOST:PORT, redis+redlock://H1:P1,H2:P2,H3:P3, etcd://HOST:PORT/PREFIX, zk://HOST:PORT/PATH, postgres://USER:PASSWORD@HOST:PORT/DB, mysql://USER:PASSWORD@HOST:PORT/DB";
 
 /// A [`Locker`] on the backend `url` names; `None` or `"memory"` is the
 /// in-process backend (locks shared by this process only).
@@ -13,8 +13,8 @@ pub const URLS: &str =
 /// This is the one place the examples pick a backend: an application
 /// depends on the backend crate it uses and calls its `connect`, as here.
 /// Each backend is a cargo feature of the examples: `redis` and `zk` are on
-/// by default, `etcd` (its client's build needs `protoc`) and `postgres`
-/// are not; a URL of a backend left out is an error that names the
+/// by default, `etcd` (its client's build needs `protoc`), `postgres` and
+/// `mysql` are not; a URL of a backend left out is an error that names the
 /// feature.
 ///
 /// # Errors
@@ -42,6 +42,7 @@ pub async fn locker(url: Option<&str>) -> Result<Locker, LockError> {
         Some("etcd") => etcd(url).await,
         Some("zk") => zk(url).await,
         Some("postgres" | "postgresql") => postgres(url).await,
+        Some("mysql" | "mariadb") => mysql(url).await,
         _ => Err(LockError::InvalidOptions {
             reason: format!("`{url}` names no backend; use one of: {URLS}"),
         }),
@@ -115,4 +116,15 @@ async fn postgres(url: &str) -> Result<Locker, LockError> {
 #[cfg(not(feature = "postgres"))]
 async fn postgres(_url: &str) -> Result<Locker, LockError> {
     Err(feature_off("postgres"))
+}
+
+#[cfg(feature = "mysql")]
+async fn mysql(url: &str) -> Result<Locker, LockError> {
+    Ok(dlock_mysql::MySqlBackend::connect(url).await?.into_locker())
+}
+
+/// Without feature `mysql` (off by default).
+#[cfg(not(feature = "mysql"))]
+async fn mysql(_url: &str) -> Result<Locker, LockError> {
+    Err(feature_off("mysql"))
 }

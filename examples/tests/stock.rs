@@ -122,6 +122,13 @@ fn several_processes_share_the_stock_through_postgres() {
 }
 
 #[test]
+#[cfg(feature = "mysql")]
+fn several_processes_share_the_stock_through_mysql() {
+    let server = dlock_testkit::fixture::MariaDbServer::start().expect("mariadb");
+    two_processes_share_the_stock(&server.url());
+}
+
+#[test]
 fn processes_without_a_lock_server_are_refused_with_a_reason() {
     let out = demo(&["--processes", "2"]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
@@ -131,7 +138,7 @@ fn processes_without_a_lock_server_are_refused_with_a_reason() {
 
 #[test]
 fn a_bad_backend_url_is_a_clear_error() {
-    let out = demo(&["--backend", "mysql://localhost"]);
+    let out = demo(&["--backend", "mongodb://localhost"]);
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("names no backend"), "{err}");
