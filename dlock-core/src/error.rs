@@ -64,6 +64,15 @@ pub enum LockError {
         /// The key that was asked for.
         key: String,
     },
+    /// The backend does not offer this kind of lock (see
+    /// [`Capabilities`](crate::backend::Capabilities)).
+    #[error("the {backend} backend has no {what}")]
+    Unsupported {
+        /// The backend's name.
+        backend: &'static str,
+        /// What it lacks, such as `"read-write locks"`.
+        what: &'static str,
+    },
     /// The key cannot be used as a lock key.
     #[error("invalid lock key {key:?}: {reason}")]
     InvalidKey {

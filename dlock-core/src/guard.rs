@@ -7,7 +7,7 @@ use tokio::{runtime::Handle, time::Instant};
 use tracing::Instrument;
 
 use crate::{
-    backend::ReleaseOutcome,
+    backend::{Mode, ReleaseOutcome},
     error::{LockError, LostReason, Result},
     key::LockKey,
     lease::LeaseState,
@@ -35,6 +35,7 @@ pub enum HoldState {
 pub(crate) struct Hold {
     shared: Arc<Shared>,
     key: LockKey,
+    mode: Mode,
     token: Token,
     fence: Option<u64>,
     lease: Arc<LeaseState>,
@@ -46,9 +47,11 @@ pub(crate) struct Hold {
 }
 
 impl Hold {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         shared: &Arc<Shared>,
         key: LockKey,
+        mode: Mode,
         token: Token,
         fence: Option<u64>,
         lease: Arc<LeaseState>,
@@ -58,7 +61,7 @@ impl Hold {
         let watchdog_id = renewed_by_watchdog.then(|| {
             shared
                 .watchdog
-                .register(key.clone(), token, lease.clone(), &runtime)
+                .register(key.clone(), mode, token, lease.clone(), &runtime)
         });
         let span = tracing::debug_span!(
             parent: None,
@@ -71,6 +74,7 @@ impl Hold {
         Arc::new(Hold {
             shared: shared.clone(),
             key,
+            mode,
             token,
             fence,
             lease,
@@ -84,14 +88,21 @@ impl Hold {
     fn release(&self) -> Release {
         Release {
             key: self.key.clone(),
+            mode: self.mode,
             token: self.token,
             lease: self.lease.length(),
         }
     }
 
-    /// Whether this is a hold of `key` taken through `shared`'s locker.
+    /// Whether this is a plain (exclusive) hold of `key` taken through
+    /// `shared`'s locker: the only kind a scope re-enters.
     pub(crate) fn is_of(&self, shared: &Arc<Shared>, key: &LockKey) -> bool {
-        Arc::ptr_eq(&self.shared, shared) && self.key == *key
+        Arc::ptr_eq(&self.shared, shared) && self.key == *key && self.mode == Mode::Exclusive
+    }
+
+    /// What this hold takes of its key.
+    pub(crate) fn mode(&self) -> Mode {
+        self.mode
     }
 }
 
@@ -233,10 +244,34 @@ impl LockGuard {
         self.hold.key.as_str()
     }
 
+    /// What this guard holds of its key: the whole key, a read or write
+    /// share, or permits.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{backend::Mode, Locker, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// assert_eq!(locker.read("config").await?.mode(), Mode::Read);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn mode(&self) -> Mode {
+        self.hold.mode()
+    }
+
     /// The fencing token of this acquisition: greater than that of every
     /// earlier acquisition of the same key. `None` when the backend, in its
     /// mode, cannot guarantee that (see its docs), rather than a number that
     /// could go backwards.
+    ///
+    /// A writer's token fences like a plain lock's. A reader's is greater
+    /// than every earlier writer's of the key, and a permit's than every
+    /// earlier permit's; since readers and permits hold together, their
+    /// tokens order acquisitions but do not prove that the holder is alone.
     ///
     /// Guards that re-entered a hold share its token.
     pub fn fencing_token(&self) -> Option<u64> {
@@ -337,7 +372,7 @@ impl LockGuard {
             release: release.clone(),
             armed: true,
         };
-        let outcome = release_traced(&*backend, &key, &release.token)
+        let outcome = release_traced(&*backend, &key, release.mode, &release.token)
             .instrument(span.clone())
             .await;
         pending.armed = false;

@@ -8,7 +8,7 @@ use tokio::{runtime::Handle, time::Instant};
 use tracing::Instrument;
 
 use crate::{
-    backend::{AcquireRequest, Backend, LeaseKind, LossReporter, Wait},
+    backend::{AcquireRequest, Backend, LeaseKind, LossReporter, Mode, Wait},
     builder::LockerBuilder,
     error::{LockError, Result},
     guard::{Hold, LockGuard},
@@ -273,8 +273,57 @@ impl Locker {
     /// # }
     /// ```
     pub async fn lock_with(&self, key: impl AsRef<str>, options: LockOptions) -> Result<LockGuard> {
+        self.lock_mode(key, Mode::Exclusive, options).await
+    }
+
+    /// Acquires `mode` of `key` with `options`, waiting within their limit:
+    /// the whole key ([`Mode::Exclusive`], as [`lock_with`](Locker::lock_with)),
+    /// a share of its read-write lock ([`Mode::Read`], [`Mode::Write`]), or
+    /// permits of its semaphore ([`Mode::permits`]). The read-write lock
+    /// and the semaphore of a key are objects of their own, apart from its
+    /// plain lock.
+    ///
+    /// Only plain locks re-enter the scope that holds them: a read or a
+    /// write lock taken again inside its own scope waits for itself (up to
+    /// the wait limit), as `tokio::sync::RwLock` does.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock`](Locker::lock); [`LockError::Unsupported`] if the backend
+    /// lacks the mode (see [`Capabilities`](crate::backend::Capabilities));
+    /// [`LockError::InvalidOptions`] if a semaphore's holders name another
+    /// permit limit than `mode` does.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`lock`](Locker::lock): a dropped wait leaves no
+    /// place in the queue and no permit behind.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{backend::Mode, BackendExt, LockOptions, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let server = MemoryBackend::new();
+    /// let (a, b) = (server.clone().into_locker(), server.into_locker());
+    /// let two = a.lock_mode("api:quota", Mode::permits(2, 3)?, LockOptions::new()).await?;
+    /// let one = b.lock_mode("api:quota", Mode::permits(1, 3)?, LockOptions::new()).await?;
+    /// let none = b.try_lock_mode("api:quota", Mode::permits(1, 3)?, LockOptions::new()).await?;
+    /// assert!(none.is_none()); // 3 of 3 taken
+    /// # drop((two, one));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn lock_mode(
+        &self,
+        key: impl AsRef<str>,
+        mode: Mode,
+        options: LockOptions,
+    ) -> Result<LockGuard> {
         let start = Instant::now();
-        match self.acquire(key.as_ref(), options, false).await? {
+        match self.acquire(key.as_ref(), mode, options, false).await? {
             Some(guard) => Ok(guard),
             None => Err(LockError::Timeout {
                 key: key.as_ref().to_owned(),
@@ -342,7 +391,96 @@ impl Locker {
         key: impl AsRef<str>,
         options: LockOptions,
     ) -> Result<Option<LockGuard>> {
-        self.acquire(key.as_ref(), options, true).await
+        self.try_lock_mode(key, Mode::Exclusive, options).await
+    }
+
+    /// One attempt at `mode` of `key` (see [`lock_mode`](Locker::lock_mode)):
+    /// `Ok(None)` if it cannot be had now, or if others wait for it first
+    /// (a reader never passes a waiting writer).
+    ///
+    /// # Errors
+    ///
+    /// As [`lock_mode`](Locker::lock_mode), without `Timeout`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`lock`](Locker::lock).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{backend::Mode, BackendExt, LockOptions, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let server = MemoryBackend::new();
+    /// let (a, b) = (server.clone().into_locker(), server.into_locker());
+    /// let reading = a.try_lock_mode("config", Mode::Read, LockOptions::new()).await?;
+    /// assert!(reading.is_some());
+    /// assert!(b.try_lock_mode("config", Mode::Read, LockOptions::new()).await?.is_some());
+    /// assert!(b.try_lock_mode("config", Mode::Write, LockOptions::new()).await?.is_none());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn try_lock_mode(
+        &self,
+        key: impl AsRef<str>,
+        mode: Mode,
+        options: LockOptions,
+    ) -> Result<Option<LockGuard>> {
+        self.acquire(key.as_ref(), mode, options, true).await
+    }
+
+    /// Takes a read share of `key`'s read-write lock, waiting within the
+    /// locker's default limit: as [`lock_mode`](Locker::lock_mode) with
+    /// [`Mode::Read`]. The guard's fencing token (where the backend gives
+    /// them) is greater than every earlier writer's of the key.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock_mode`](Locker::lock_mode).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{Locker, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let (one, two) = (locker.read("config").await?, locker.read("config").await?);
+    /// # drop((one, two));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn read(&self, key: impl AsRef<str>) -> Result<LockGuard> {
+        self.lock_mode(key, Mode::Read, LockOptions::new()).await
+    }
+
+    /// Takes `key`'s read-write lock to write, alone: as
+    /// [`lock_mode`](Locker::lock_mode) with [`Mode::Write`]. New readers
+    /// wait behind a waiting writer.
+    ///
+    /// # Errors
+    ///
+    /// As [`lock_mode`](Locker::lock_mode).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{backend::Mode, Locker, LockOptions, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let writing = locker.write("config").await?;
+    /// assert!(locker.try_lock_mode("config", Mode::Read, LockOptions::new()).await?.is_none());
+    /// writing.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn write(&self, key: impl AsRef<str>) -> Result<LockGuard> {
+        self.lock_mode(key, Mode::Write, LockOptions::new()).await
     }
 
     /// Runs `body` under the lock of `key`, inside its scope: acquires as
@@ -495,10 +633,24 @@ impl Locker {
     async fn acquire(
         &self,
         key: &str,
+        mode: Mode,
         options: LockOptions,
         once: bool,
     ) -> Result<Option<LockGuard>> {
         let key = LockKey::new(key)?;
+        if let Mode::Permits { count, limit } = mode {
+            Mode::permits(count, limit)?;
+        }
+        if !self.shared.backend.capabilities().supports(mode) {
+            return Err(LockError::Unsupported {
+                backend: self.shared.backend.name(),
+                what: if mode == Mode::Read || mode == Mode::Write {
+                    "read-write locks"
+                } else {
+                    "semaphores"
+                },
+            });
+        }
         let options = options.or(self.shared.defaults);
         let (lease, lease_kind) = match options.get_lease().unwrap_or(Lease::Watchdog) {
             Lease::Watchdog => (self.shared.watchdog.lease(), LeaseKind::Watchdog),
@@ -507,8 +659,10 @@ impl Locker {
                 (lease, LeaseKind::Fixed)
             }
         };
-        if let Some(hold) = Scope::find(&self.shared, &key) {
-            return LockGuard::reentered(hold).map(Some);
+        if mode == Mode::Exclusive {
+            if let Some(hold) = Scope::find(&self.shared, &key) {
+                return LockGuard::reentered(hold).map(Some);
+            }
         }
         let runtime = Handle::try_current().map_err(|_| LockError::NoRuntime)?;
         let start = Instant::now();
@@ -527,6 +681,7 @@ impl Locker {
         let span = tracing::info_span!(
             "dlock.acquire",
             key = %key,
+            mode = ?mode,
             backend = backend_name,
             waited_us = tracing::field::Empty,
             acquired = tracing::field::Empty,
@@ -537,6 +692,7 @@ impl Locker {
             let lease_state = Arc::new(LeaseState::new(key.clone(), backend_name));
             let request = AcquireRequest {
                 key: &key,
+                mode,
                 token: &token,
                 lease,
                 lease_kind,
@@ -552,6 +708,7 @@ impl Locker {
                 shared: &self.shared,
                 release: Release {
                     key: key.clone(),
+                    mode,
                     token,
                     lease,
                 },
@@ -597,6 +754,7 @@ impl Locker {
             let hold = Hold::new(
                 &self.shared,
                 key.clone(),
+                mode,
                 token,
                 acquired.fence(),
                 lease_state,

@@ -14,7 +14,7 @@ use tokio::{runtime::Handle, time::Instant};
 use tracing::Instrument;
 
 use crate::{
-    backend::{Backend, ReleaseOutcome},
+    backend::{Backend, Mode, ReleaseOutcome},
     error::Result,
     key::LockKey,
     shared::Shared,
@@ -30,9 +30,10 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 pub(crate) async fn release_traced(
     backend: &dyn Backend,
     key: &LockKey,
+    mode: Mode,
     token: &Token,
 ) -> Result<ReleaseOutcome> {
-    let outcome = backend.release(key, token).await;
+    let outcome = backend.release(key, mode, token).await;
     match &outcome {
         Ok(ReleaseOutcome::Released) => tracing::debug!("dlock lock released"),
         Ok(ReleaseOutcome::NotHeld) => {
@@ -45,7 +46,13 @@ pub(crate) async fn release_traced(
 
 /// Sends the release again, with backoff, until it is answered or `lease`
 /// has passed; then abandons the token.
-async fn retry_release(backend: &dyn Backend, key: &LockKey, token: &Token, lease: Duration) {
+async fn retry_release(
+    backend: &dyn Backend,
+    key: &LockKey,
+    mode: Mode,
+    token: &Token,
+    lease: Duration,
+) {
     let give_up = Instant::now() + lease;
     let mut backoff = FIRST_BACKOFF;
     loop {
@@ -55,12 +62,12 @@ async fn retry_release(backend: &dyn Backend, key: &LockKey, token: &Token, leas
                 ?lease,
                 "dlock release still failing after a lease; abandoning the token, the lock expires"
             );
-            backend.abandon(key, token).await;
+            backend.abandon(key, mode, token).await;
             return;
         }
         tokio::time::sleep_until((now + backoff).min(give_up)).await;
         backoff = (backoff * 2).min(MAX_BACKOFF);
-        if release_traced(backend, key, token).await.is_ok() {
+        if release_traced(backend, key, mode, token).await.is_ok() {
             return;
         }
     }
@@ -92,10 +99,15 @@ pub(crate) fn spawn_release(
     let pending = shared.start_release();
     let task = async move {
         let _pending = pending;
-        let Release { key, token, lease } = release;
+        let Release {
+            key,
+            mode,
+            token,
+            lease,
+        } = release;
         let backend = &*shared.backend;
-        if sent == Sent::Failed || release_traced(backend, &key, &token).await.is_err() {
-            retry_release(backend, &key, &token, lease).await;
+        if sent == Sent::Failed || release_traced(backend, &key, mode, &token).await.is_err() {
+            retry_release(backend, &key, mode, &token, lease).await;
         }
     };
     drop(runtime.spawn(task.instrument(span)));
@@ -106,6 +118,7 @@ pub(crate) fn spawn_release(
 #[derive(Debug, Clone)]
 pub(crate) struct Release {
     pub(crate) key: LockKey,
+    pub(crate) mode: Mode,
     pub(crate) token: Token,
     pub(crate) lease: Duration,
 }

@@ -18,7 +18,7 @@ use tokio::{
 };
 
 use crate::{
-    backend::{Backend, RenewOutcome, RenewRequest},
+    backend::{Backend, Mode, RenewOutcome, RenewRequest},
     error::LostReason,
     key::LockKey,
     lease::LeaseState,
@@ -89,6 +89,7 @@ impl Watchdog {
     pub(crate) fn register(
         &self,
         key: LockKey,
+        mode: Mode,
         token: Token,
         lease: Arc<LeaseState>,
         runtime: &Handle,
@@ -99,6 +100,7 @@ impl Watchdog {
         let id = state.next_id;
         let request = RenewRequest {
             key,
+            mode,
             token,
             lease: inner.lease,
         };

@@ -12,8 +12,8 @@ use std::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, ReleaseOutcome, RenewOutcome,
-        RenewRequest,
+        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Mode, ReleaseOutcome,
+        RenewOutcome, RenewRequest,
     },
     default_locker, set_default_locker, BackendExt, LockError, LockKey, LockOptions, Locker,
     LostReason, MemoryBackend, Token,
@@ -166,11 +166,12 @@ impl Backend for Answer {
     fn release<'a>(
         &'a self,
         key: &'a LockKey,
+        mode: Mode,
         token: &'a Token,
     ) -> BoxFuture<'a, dlock_core::Result<ReleaseOutcome>> {
         Box::pin(async move {
             tokio::time::sleep(self.release_delay).await;
-            self.inner.release(key, token).await
+            self.inner.release(key, mode, token).await
         })
     }
     fn renew<'a>(
@@ -423,6 +424,7 @@ impl Backend for FailingReleases {
     fn release<'a>(
         &'a self,
         key: &'a LockKey,
+        mode: Mode,
         token: &'a Token,
     ) -> BoxFuture<'a, dlock_core::Result<ReleaseOutcome>> {
         use std::sync::atomic::Ordering;
@@ -437,9 +439,14 @@ impl Backend for FailingReleases {
                 error,
             ))));
         }
-        self.inner.release(key, token)
+        self.inner.release(key, mode, token)
     }
-    fn abandon<'a>(&'a self, _key: &'a LockKey, token: &'a Token) -> BoxFuture<'a, ()> {
+    fn abandon<'a>(
+        &'a self,
+        _key: &'a LockKey,
+        _mode: Mode,
+        token: &'a Token,
+    ) -> BoxFuture<'a, ()> {
         self.abandoned.lock().unwrap().push(*token);
         Box::pin(std::future::ready(()))
     }

@@ -13,8 +13,8 @@ use std::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, LeaseKind, ReleaseOutcome,
-        RenewOutcome, RenewRequest, Wait,
+        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, LeaseKind, Mode,
+        ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
     },
     LockError, LockKey, Result, Token,
 };
@@ -652,6 +652,7 @@ impl Backend for EtcdBackend {
     fn release<'a>(
         &'a self,
         _key: &'a LockKey,
+        _mode: Mode,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
         Box::pin(async move { self.delete_owned(token).await })
@@ -663,7 +664,12 @@ impl Backend for EtcdBackend {
     /// acquisitions start a new session; a key on a fixed lease of its own
     /// expires with that lease. Both leases are also revoked if etcd
     /// answers, which removes their keys at once.
-    fn abandon<'a>(&'a self, _key: &'a LockKey, token: &'a Token) -> BoxFuture<'a, ()> {
+    fn abandon<'a>(
+        &'a self,
+        _key: &'a LockKey,
+        _mode: Mode,
+        token: &'a Token,
+    ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             let Some(owned) = self.owned().remove(token) else {
                 return;

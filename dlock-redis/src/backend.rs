@@ -7,8 +7,8 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, ReleaseOutcome, RenewOutcome,
-        RenewRequest, Wait,
+        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Mode, ReleaseOutcome,
+        RenewOutcome, RenewRequest, Wait,
     },
     LockError, LockKey, Result, Token,
 };
@@ -762,6 +762,7 @@ impl Backend for RedisBackend {
     fn release<'a>(
         &'a self,
         key: &'a LockKey,
+        _mode: Mode,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
         Box::pin(async move {

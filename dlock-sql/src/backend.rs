@@ -10,8 +10,8 @@ use std::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, LeaseKind, ReleaseOutcome,
-        RenewOutcome, RenewRequest, SessionHolders, Wait,
+        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, LeaseKind, Mode,
+        ReleaseOutcome, RenewOutcome, RenewRequest, SessionHolders, Wait,
     },
     LockError, LockKey, LostReason, Result, Token,
 };
@@ -787,6 +787,7 @@ impl<D: Dialect> Backend for SqlBackend<D> {
     fn release<'a>(
         &'a self,
         _key: &'a LockKey,
+        _mode: Mode,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
         Box::pin(async move { self.unlock(token).await })
@@ -795,7 +796,12 @@ impl<D: Dialect> Backend for SqlBackend<D> {
     /// Ends the session that holds the token's lock: the server releases
     /// every lock on it at once. The other guards on it are lost, and later
     /// acquisitions open a new session.
-    fn abandon<'a>(&'a self, _key: &'a LockKey, token: &'a Token) -> BoxFuture<'a, ()> {
+    fn abandon<'a>(
+        &'a self,
+        _key: &'a LockKey,
+        _mode: Mode,
+        token: &'a Token,
+    ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             let Some(owned) = lock(&self.inner.owned).remove(token) else {
                 return;
@@ -866,12 +872,13 @@ macro_rules! forward_backend {
             fn release<'a>(
                 &'a self,
                 key: &'a $crate::__private::LockKey,
+                mode: $crate::__private::Mode,
                 token: &'a $crate::__private::Token,
             ) -> $crate::__private::BoxFuture<
                 'a,
                 $crate::__private::Result<$crate::__private::ReleaseOutcome>,
             > {
-                self.0.release(key, token)
+                self.0.release(key, mode, token)
             }
 
             /// Ends the session that holds the token's lock: the server
@@ -880,9 +887,10 @@ macro_rules! forward_backend {
             fn abandon<'a>(
                 &'a self,
                 key: &'a $crate::__private::LockKey,
+                mode: $crate::__private::Mode,
                 token: &'a $crate::__private::Token,
             ) -> $crate::__private::BoxFuture<'a, ()> {
-                self.0.abandon(key, token)
+                self.0.abandon(key, mode, token)
             }
 
             fn renew<'a>(

@@ -14,7 +14,7 @@ pub use sqlx;
 pub mod __private {
     pub use dlock_core::{
         backend::{
-            AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, ReleaseOutcome,
+            AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Mode, ReleaseOutcome,
             RenewOutcome, RenewRequest,
         },
         LockKey, Result, Token,

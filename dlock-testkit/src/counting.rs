@@ -7,8 +7,8 @@ use std::sync::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, ReleaseOutcome, RenewOutcome,
-        RenewRequest,
+        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Mode, ReleaseOutcome,
+        RenewOutcome, RenewRequest,
     },
     LockKey, Result, Token,
 };
@@ -118,10 +118,11 @@ impl Backend for CountingBackend {
     fn release<'a>(
         &'a self,
         key: &'a LockKey,
+        mode: Mode,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
         self.releases.fetch_add(1, Ordering::SeqCst);
-        self.inner.release(key, token)
+        self.inner.release(key, mode, token)
     }
 
     fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>> {

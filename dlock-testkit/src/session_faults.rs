@@ -5,7 +5,10 @@
 
 use std::time::Duration;
 
-use dlock_core::{backend::Backend, LockKey, LockOptions, Locker};
+use dlock_core::{
+    backend::{Backend, Mode},
+    LockKey, LockOptions, Locker,
+};
 use tokio::time::Instant;
 
 use crate::fixture::{FixtureError, TcpProxy};
@@ -73,7 +76,11 @@ pub async fn check_abandon_gives_up_the_session(
 
     let abandoned = Instant::now();
     backend
-        .abandon(&LockKey::new("stuck").unwrap(), stuck.token())
+        .abandon(
+            &LockKey::new("stuck").unwrap(),
+            Mode::Exclusive,
+            stuck.token(),
+        )
         .await;
     assert!(stuck.is_lost(), "the abandoned guard still says it holds");
     assert!(

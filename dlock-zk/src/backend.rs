@@ -10,8 +10,8 @@ use std::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, LeaseKind, ReleaseOutcome,
-        RenewOutcome, RenewRequest, Wait,
+        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, LeaseKind, Mode,
+        ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
     },
     LockError, LockKey, Result, Token,
 };
@@ -675,6 +675,7 @@ impl Backend for ZkBackend {
     fn release<'a>(
         &'a self,
         _key: &'a LockKey,
+        _mode: Mode,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
         Box::pin(async move { self.delete_owned(token).await })
@@ -684,7 +685,12 @@ impl Backend for ZkBackend {
     /// the session if a server answers (its nodes go at once) and otherwise
     /// lets it expire within its timeout. Every guard on it is lost, and
     /// later acquisitions open a new session.
-    fn abandon<'a>(&'a self, _key: &'a LockKey, token: &'a Token) -> BoxFuture<'a, ()> {
+    fn abandon<'a>(
+        &'a self,
+        _key: &'a LockKey,
+        _mode: Mode,
+        token: &'a Token,
+    ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             if let Some(owned) = self.owned().remove(token) {
                 owned.session.abandon();

@@ -12,11 +12,11 @@ use std::{
 use tokio::{sync::Notify, time::Instant};
 
 use super::{
-    AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, LossReporter, ReleaseOutcome,
+    AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, LossReporter, Mode, ReleaseOutcome,
     RenewOutcome, RenewRequest, Wait,
 };
 use crate::{
-    error::{LostReason, Result},
+    error::{LockError, LostReason, Result},
     key::LockKey,
     options::MAX_LEASE,
     token::Token,
@@ -69,68 +69,162 @@ struct Server {
 
 #[derive(Default)]
 struct State {
-    keys: HashMap<LockKey, Entry>,
+    keys: HashMap<(Kind, LockKey), Entry>,
     /// One counter for all keys: strictly increasing per key, and it survives
     /// idle keys being dropped from the map.
     fence: u64,
 }
 
+/// The three objects a key names (see [`Mode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Kind {
+    Lock,
+    ReadWrite,
+    Semaphore,
+}
+
+impl Kind {
+    fn of(mode: Mode) -> Kind {
+        match mode {
+            Mode::Read | Mode::Write => Kind::ReadWrite,
+            Mode::Permits { .. } => Kind::Semaphore,
+            _ => Kind::Lock,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Entry {
-    holder: Option<Holder>,
+    holders: Vec<Holder>,
     queue: VecDeque<Waiter>,
+    /// A semaphore's permit limit, as its holders and waiters name it.
+    limit: Option<u32>,
 }
 
 struct Holder {
     token: Token,
+    mode: Mode,
     expires: Instant,
     loss: LossReporter,
 }
 
 struct Waiter {
     token: Token,
+    mode: Mode,
     wake: Arc<Notify>,
 }
 
+/// How many permits `mode` takes (1 for the other modes).
+fn weight(mode: Mode) -> u64 {
+    match mode {
+        Mode::Permits { count, .. } => u64::from(count),
+        _ => 1,
+    }
+}
+
 impl Entry {
-    /// Drops a holder whose lease has run out, telling its guard.
+    /// Drops holders whose lease has run out, telling their guards.
     fn expire(&mut self, now: Instant) {
-        if self.holder.as_ref().is_some_and(|h| h.expires <= now) {
-            if let Some(h) = self.holder.take() {
+        let before = self.holders.len();
+        self.holders.retain(|h| {
+            let live = h.expires > now;
+            if !live {
                 h.loss.report(LostReason::LeaseExpired);
             }
-            self.wake_head();
+            live
+        });
+        if self.holders.len() != before {
+            self.wake();
         }
     }
 
-    /// Wakes the first waiter, to take a free lock or, if the lock is held,
-    /// to watch its holder's expiry: only the head watches it.
-    fn wake_head(&self) {
-        if let Some(w) = self.queue.front() {
-            w.wake.notify_one();
+    /// Whether `mode` may be granted now, with `ahead` (the waiters before
+    /// it, all granted first) taken too: first come, first served, a reader
+    /// never passes a writer, and permits never exceed the limit.
+    fn admits(&self, mode: Mode, ahead: &[&Waiter]) -> bool {
+        let taken = self
+            .holders
+            .iter()
+            .map(|h| h.mode)
+            .chain(ahead.iter().map(|w| w.mode));
+        match mode {
+            Mode::Read => taken.into_iter().all(|m| m == Mode::Read),
+            Mode::Permits { limit, .. } => {
+                taken.map(weight).sum::<u64>() + weight(mode) <= u64::from(limit)
+            }
+            _ => self.holders.is_empty() && ahead.is_empty(),
+        }
+    }
+
+    /// Whether the waiter at `index` may be granted now.
+    fn admits_waiter(&self, index: usize) -> bool {
+        let ahead: Vec<&Waiter> = self.queue.iter().take(index).collect();
+        (0..=index).all(|i| self.admits(self.queue[i].mode, &ahead[..i]))
+    }
+
+    /// Wakes every waiter that may be granted now, and the first one, which
+    /// watches the holders' expiry: an expiry publishes nothing.
+    fn wake(&self) {
+        for (index, waiter) in self.queue.iter().enumerate() {
+            if index == 0 || self.admits_waiter(index) {
+                waiter.wake.notify_one();
+            } else {
+                break;
+            }
         }
     }
 
     fn is_idle(&self) -> bool {
-        self.holder.is_none() && self.queue.is_empty()
+        self.holders.is_empty() && self.queue.is_empty()
+    }
+
+    /// Checks that `mode` names this semaphore's limit (the first holder or
+    /// waiter sets it, until the key is idle again).
+    fn check_limit(&mut self, key: &LockKey, mode: Mode) -> Result<()> {
+        let Mode::Permits { limit, .. } = mode else {
+            return Ok(());
+        };
+        match self.limit {
+            Some(held) if held != limit && !self.is_idle() => Err(LockError::InvalidOptions {
+                reason: format!(
+                    "semaphore `{key}` has {held} permits, and this acquire says {limit}: \
+                     every client of a semaphore must name the same limit"
+                ),
+            }),
+            _ => {
+                self.limit = Some(limit);
+                Ok(())
+            }
+        }
+    }
+
+    /// The earliest end of a holder's lease.
+    fn next_expiry(&self) -> Option<Instant> {
+        self.holders.iter().map(|h| h.expires).min()
     }
 }
 
 impl State {
-    fn grant(&mut self, key: &LockKey, req: &AcquireRequest<'_>, now: Instant) -> Acquired {
+    fn entry(&mut self, key: &LockKey, mode: Mode) -> &mut Entry {
+        self.keys.entry((Kind::of(mode), key.clone())).or_default()
+    }
+
+    fn grant(&mut self, req: &AcquireRequest<'_>, now: Instant) -> Acquired {
         self.fence += 1;
-        let entry = self.keys.entry(key.clone()).or_default();
-        entry.holder = Some(Holder {
+        let fence = self.fence;
+        self.entry(req.key, req.mode).holders.push(Holder {
             token: *req.token,
+            mode: req.mode,
             expires: now + req.lease.min(MAX_LEASE),
             loss: req.loss.clone(),
         });
-        Acquired::new(now).with_fence(self.fence)
+        Acquired::new(now).with_fence(fence)
     }
 
-    fn forget_if_idle(&mut self, key: &LockKey) {
-        if self.keys.get(key).is_some_and(Entry::is_idle) {
-            self.keys.remove(key);
+    fn forget_if_idle(&mut self, key: &LockKey, mode: Mode) {
+        let id = (Kind::of(mode), key.clone());
+        if self.keys.get(&id).is_some_and(Entry::is_idle) {
+            self.keys.remove(&id);
         }
     }
 }
@@ -176,18 +270,20 @@ impl MemoryBackend {
     }
 
     async fn acquire_waiting(&self, req: AcquireRequest<'_>) -> Result<Option<Acquired>> {
-        let key = req.key;
+        let (key, mode) = (req.key, req.mode);
         let wake = Arc::new(Notify::new());
         {
             let now = Instant::now();
             let mut state = self.state();
-            let entry = state.keys.entry(key.clone()).or_default();
+            let entry = state.entry(key, mode);
             entry.expire(now);
-            if entry.is_idle() {
-                return Ok(Some(state.grant(key, &req, now)));
+            entry.check_limit(key, mode)?;
+            if entry.queue.is_empty() && entry.admits(mode, &[]) {
+                return Ok(Some(state.grant(&req, now)));
             }
             entry.queue.push_back(Waiter {
                 token: *req.token,
+                mode,
                 wake: wake.clone(),
             });
         }
@@ -196,6 +292,7 @@ impl MemoryBackend {
         let mut place = QueuePlace {
             backend: self,
             key,
+            mode,
             token: *req.token,
             queued: true,
         };
@@ -205,26 +302,23 @@ impl MemoryBackend {
             let expiry = {
                 let now = Instant::now();
                 let mut state = self.state();
-                let entry = state.keys.entry(key.clone()).or_default();
+                let entry = state.entry(key, mode);
                 entry.expire(now);
-                let head = entry.queue.front().is_some_and(|w| w.token == *req.token);
-                if head && entry.holder.is_none() {
-                    entry.queue.pop_front();
+                let index = entry.queue.iter().position(|w| w.token == *req.token);
+                if let Some(index) = index.filter(|&i| entry.admits_waiter(i)) {
+                    entry.queue.remove(index);
                     place.queued = false;
-                    let granted = state.grant(key, &req, now);
-                    // The next waiter is head now, and must watch our expiry.
-                    if let Some(entry) = state.keys.get(key) {
-                        entry.wake_head();
-                    }
+                    let granted = state.grant(&req, now);
+                    // Those behind may be admitted too now (readers, permits),
+                    // and the new head must watch the holders' expiry.
+                    state.entry(key, mode).wake();
                     return Ok(Some(granted));
                 }
                 if deadline.is_some_and(|d| now >= d) {
                     return Ok(None);
                 }
-                // Only the head needs to watch the holder's expiry: an expiry
-                // publishes nothing, and it is the head's turn that comes.
-                head.then(|| entry.holder.as_ref().map(|h| h.expires))
-                    .flatten()
+                // Only the head needs to watch the holders' expiry.
+                (index == Some(0)).then(|| entry.next_expiry()).flatten()
             };
             let until = match (expiry, deadline) {
                 (Some(a), Some(b)) => Some(a.min(b)),
@@ -247,6 +341,7 @@ impl MemoryBackend {
 struct QueuePlace<'a> {
     backend: &'a MemoryBackend,
     key: &'a LockKey,
+    mode: Mode,
     token: Token,
     queued: bool,
 }
@@ -257,12 +352,11 @@ impl Drop for QueuePlace<'_> {
             return;
         }
         let mut state = self.backend.state();
-        if let Some(entry) = state.keys.get_mut(self.key) {
-            entry.queue.retain(|w| w.token != self.token);
-            entry.expire(Instant::now());
-            entry.wake_head();
-        }
-        state.forget_if_idle(self.key);
+        let entry = state.entry(self.key, self.mode);
+        entry.queue.retain(|w| w.token != self.token);
+        entry.expire(Instant::now());
+        entry.wake();
+        state.forget_if_idle(self.key, self.mode);
     }
 }
 
@@ -283,7 +377,11 @@ impl Backend for MemoryBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new().fencing(true).fifo(true)
+        Capabilities::new()
+            .fencing(true)
+            .fifo(true)
+            .read_write(true)
+            .semaphores(true)
     }
 
     fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>> {
@@ -293,35 +391,40 @@ impl Backend for MemoryBackend {
             }
             let now = Instant::now();
             let mut state = self.state();
-            let entry = state.keys.entry(req.key.clone()).or_default();
+            let entry = state.entry(req.key, req.mode);
             entry.expire(now);
-            if entry.is_idle() {
-                Ok(Some(state.grant(req.key, &req, now)))
+            entry.check_limit(req.key, req.mode)?;
+            let granted = if entry.queue.is_empty() && entry.admits(req.mode, &[]) {
+                Some(state.grant(&req, now))
             } else {
-                Ok(None)
-            }
+                None
+            };
+            state.forget_if_idle(req.key, req.mode);
+            Ok(granted)
         })
     }
 
     fn release<'a>(
         &'a self,
         key: &'a LockKey,
+        mode: Mode,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
         Box::pin(async move {
             let mut state = self.state();
-            let Some(entry) = state.keys.get_mut(key) else {
+            let Some(entry) = state.keys.get_mut(&(Kind::of(mode), key.clone())) else {
                 return Ok(ReleaseOutcome::NotHeld);
             };
             entry.expire(Instant::now());
-            let outcome = if entry.holder.as_ref().is_some_and(|h| h.token == *token) {
-                entry.holder = None;
-                entry.wake_head();
+            let before = entry.holders.len();
+            entry.holders.retain(|h| h.token != *token);
+            let outcome = if entry.holders.len() < before {
+                entry.wake();
                 ReleaseOutcome::Released
             } else {
                 ReleaseOutcome::NotHeld
             };
-            state.forget_if_idle(key);
+            state.forget_if_idle(key, mode);
             Ok(outcome)
         })
     }
@@ -332,22 +435,24 @@ impl Backend for MemoryBackend {
             let mut state = self.state();
             let outcomes = locks
                 .iter()
-                .map(|r| match state.keys.get_mut(&r.key) {
-                    Some(entry) => {
-                        entry.expire(now);
-                        match &mut entry.holder {
-                            Some(h) if h.token == r.token => {
-                                h.expires = now + r.lease.min(MAX_LEASE);
-                                RenewOutcome::Renewed
+                .map(
+                    |r| match state.keys.get_mut(&(Kind::of(r.mode), r.key.clone())) {
+                        Some(entry) => {
+                            entry.expire(now);
+                            match entry.holders.iter_mut().find(|h| h.token == r.token) {
+                                Some(h) => {
+                                    h.expires = now + r.lease.min(MAX_LEASE);
+                                    RenewOutcome::Renewed
+                                }
+                                None => RenewOutcome::NotHeld,
                             }
-                            _ => RenewOutcome::NotHeld,
                         }
-                    }
-                    None => RenewOutcome::NotHeld,
-                })
+                        None => RenewOutcome::NotHeld,
+                    },
+                )
                 .collect();
             for r in locks {
-                state.forget_if_idle(&r.key);
+                state.forget_if_idle(&r.key, r.mode);
             }
             Ok(outcomes)
         })

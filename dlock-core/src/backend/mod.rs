@@ -69,12 +69,13 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// there.
     fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>>;
 
-    /// Releases `key` if, and only if, `token` holds it, in one atomic step on
-    /// the server. Releasing twice is not an error: the second time says
-    /// [`ReleaseOutcome::NotHeld`].
+    /// Releases what `token` holds of `key` in `mode` if, and only if, it
+    /// holds it, in one atomic step on the server. Releasing twice is not an
+    /// error: the second time says [`ReleaseOutcome::NotHeld`].
     fn release<'a>(
         &'a self,
         key: &'a LockKey,
+        mode: Mode,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<ReleaseOutcome>>;
 
@@ -96,15 +97,17 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
-    /// use dlock_core::{backend::Backend, LockKey, MemoryBackend, Token};
+    /// use dlock_core::{backend::{Backend, Mode}, LockKey, MemoryBackend, Token};
     ///
     /// let backend = MemoryBackend::new();
     /// // Nothing keeps a memory lock alive but its lease: nothing to do.
-    /// backend.abandon(&LockKey::new("k").unwrap(), &Token::generate()).await;
+    /// backend
+    ///     .abandon(&LockKey::new("k").unwrap(), Mode::Exclusive, &Token::generate())
+    ///     .await;
     /// # }
     /// ```
-    fn abandon<'a>(&'a self, key: &'a LockKey, token: &'a Token) -> BoxFuture<'a, ()> {
-        let _ = (key, token);
+    fn abandon<'a>(&'a self, key: &'a LockKey, mode: Mode, token: &'a Token) -> BoxFuture<'a, ()> {
+        let _ = (key, mode, token);
         Box::pin(std::future::ready(()))
     }
 
@@ -151,12 +154,13 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     fn release<'a>(
         &'a self,
         key: &'a LockKey,
+        mode: Mode,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
-        (**self).release(key, token)
+        (**self).release(key, mode, token)
     }
-    fn abandon<'a>(&'a self, key: &'a LockKey, token: &'a Token) -> BoxFuture<'a, ()> {
-        (**self).abandon(key, token)
+    fn abandon<'a>(&'a self, key: &'a LockKey, mode: Mode, token: &'a Token) -> BoxFuture<'a, ()> {
+        (**self).abandon(key, mode, token)
     }
     fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>> {
         (**self).renew(locks)
@@ -181,6 +185,8 @@ pub struct Capabilities {
     fencing: bool,
     fifo: bool,
     session_leases: bool,
+    read_write: bool,
+    semaphores: bool,
 }
 
 impl Capabilities {
@@ -190,6 +196,8 @@ impl Capabilities {
             fencing: false,
             fifo: false,
             session_leases: false,
+            read_write: false,
+            semaphores: false,
         }
     }
 
@@ -213,6 +221,37 @@ impl Capabilities {
     pub const fn session_leases(mut self, yes: bool) -> Self {
         self.session_leases = yes;
         self
+    }
+
+    /// Read-write locks: [`Mode::Read`] and [`Mode::Write`].
+    pub const fn read_write(mut self, yes: bool) -> Self {
+        self.read_write = yes;
+        self
+    }
+
+    /// Semaphores: [`Mode::Permits`].
+    pub const fn semaphores(mut self, yes: bool) -> Self {
+        self.semaphores = yes;
+        self
+    }
+
+    /// Whether read-write locks are offered.
+    pub const fn has_read_write(&self) -> bool {
+        self.read_write
+    }
+
+    /// Whether semaphores are offered.
+    pub const fn has_semaphores(&self) -> bool {
+        self.semaphores
+    }
+
+    /// Whether `mode` is offered (plain locks always are).
+    pub const fn supports(&self, mode: Mode) -> bool {
+        match mode {
+            Mode::Exclusive => true,
+            Mode::Read | Mode::Write => self.read_write,
+            Mode::Permits { .. } => self.semaphores,
+        }
     }
 
     /// Whether locks live on a client session.
@@ -263,12 +302,80 @@ pub enum LeaseKind {
     Fixed,
 }
 
+/// What an acquisition takes of its key.
+///
+/// A key names three objects, one per kind, that never meet: the plain
+/// lock ([`Mode::Exclusive`]), the read-write lock ([`Mode::Read`] and
+/// [`Mode::Write`]) and the semaphore ([`Mode::Permits`]). A backend keeps
+/// them apart on its server.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::backend::Mode;
+///
+/// let permits = Mode::permits(2, 5)?;
+/// assert_eq!(permits, Mode::Permits { count: 2, limit: 5 });
+/// assert!(Mode::permits(6, 5).is_err());
+/// assert!(Mode::Read.is_shared() && !Mode::Write.is_shared());
+/// # Ok::<(), dlock_core::LockError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Mode {
+    /// The whole key, alone: a plain lock.
+    Exclusive,
+    /// A reader of the key's read-write lock: with other readers, never
+    /// with a writer, and never ahead of a writer that waits.
+    Read,
+    /// The writer of the key's read-write lock: alone.
+    Write,
+    /// `count` of the `limit` permits of the key's semaphore. Every holder
+    /// and waiter of one semaphore names the same `limit`.
+    Permits {
+        /// How many permits this acquisition takes (1 to `limit`).
+        count: u32,
+        /// How many permits the semaphore has.
+        limit: u32,
+    },
+}
+
+impl Mode {
+    /// `count` of `limit` permits.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`](crate::LockError::InvalidOptions)
+    /// unless `1 <= count <= limit`.
+    pub fn permits(count: u32, limit: u32) -> Result<Mode> {
+        if limit == 0 || count == 0 || count > limit {
+            return Err(crate::LockError::InvalidOptions {
+                reason: format!(
+                    "a semaphore acquire takes 1 to `limit` permits of at least 1: \
+                     got {count} of {limit}"
+                ),
+            });
+        }
+        Ok(Mode::Permits { count, limit })
+    }
+
+    /// Whether other holders may hold the key with this one (a reader, or
+    /// a permit).
+    pub const fn is_shared(&self) -> bool {
+        matches!(self, Mode::Read | Mode::Permits { .. })
+    }
+}
+
 /// One acquire request.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct AcquireRequest<'a> {
     /// The key to lock.
     pub key: &'a LockKey,
+    /// What to take of it: the whole key, a read or write share, or
+    /// permits. A backend is only asked for the modes its
+    /// [`Capabilities`] name.
+    pub mode: Mode,
     /// The token to store with it.
     pub token: &'a Token,
     /// How long the server keeps the lock without a renewal.
@@ -376,6 +483,8 @@ pub enum ReleaseOutcome {
 pub struct RenewRequest {
     /// The key.
     pub key: LockKey,
+    /// What the token holds of it.
+    pub mode: Mode,
     /// The token that must hold it.
     pub token: Token,
     /// The new lease, counted from when the server sees the request.

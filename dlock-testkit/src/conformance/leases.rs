@@ -8,7 +8,7 @@ use std::{
 };
 
 use dlock_core::{
-    backend::{Backend, ReleaseOutcome},
+    backend::{Backend, Mode, ReleaseOutcome},
     distributed_lock, LockError, LockKey, Locker, LostReason, Token,
 };
 use tokio::time::Instant;
@@ -264,7 +264,9 @@ pub async fn renewal_that_finds_another_owner_reports_lost(h: &Harness) {
     let released = must(
         h,
         "release behind the guard's back",
-        a.backend().release(&lock_key, guard.token()).await,
+        a.backend()
+            .release(&lock_key, Mode::Exclusive, guard.token())
+            .await,
     );
     assert_eq!(released, ReleaseOutcome::Released);
     let taken = must(
@@ -335,7 +337,9 @@ pub async fn abort_on_lost_drops_the_body_the_server_took_the_lock_from(h: &Harn
         must(
             h,
             "release behind the body's back",
-            a.backend().release(&lock_key, &token).await,
+            a.backend()
+                .release(&lock_key, Mode::Exclusive, &token)
+                .await,
         );
         let taken = must(
             h,

@@ -7,7 +7,7 @@ use std::{
 };
 
 use dlock_core::{
-    backend::{Backend, ReleaseOutcome, RenewOutcome, RenewRequest},
+    backend::{Backend, Mode, ReleaseOutcome, RenewOutcome, RenewRequest},
     LockError, LockKey, LockOptions, LostReason,
 };
 
@@ -39,6 +39,7 @@ pub async fn stale_guard_cannot_release_or_renew(h: &Harness) {
 
     let lock_key = LockKey::new(&key).expect("valid key");
     let renew = RenewRequest {
+        mode: Mode::Exclusive,
         key: lock_key.clone(),
         token: *stale.token(),
         lease: Duration::from_secs(60),
@@ -57,7 +58,9 @@ pub async fn stale_guard_cannot_release_or_renew(h: &Harness) {
     let released = must(
         h,
         "release with a stale token",
-        a.backend().release(&lock_key, stale.token()).await,
+        a.backend()
+            .release(&lock_key, Mode::Exclusive, stale.token())
+            .await,
     );
     assert_eq!(
         released,
