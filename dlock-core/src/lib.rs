@@ -64,7 +64,9 @@ mod locker;
 mod mutex;
 mod options;
 mod release;
+mod rwlock;
 mod scope;
+mod semaphore;
 mod shared;
 mod token;
 mod watchdog;
@@ -78,7 +80,9 @@ pub use key::LockKey;
 pub use locker::{Locker, DEFAULT_WATCHDOG_LEASE};
 pub use mutex::{DistMutex, DistMutexGuard, OwnedDistMutexGuard};
 pub use options::{Lease, LockOptions, MAX_LEASE, MIN_LEASE, MIN_WATCHDOG_LEASE};
+pub use rwlock::{DistRwLock, DistRwLockReadGuard, DistRwLockWriteGuard};
 pub use scope::Scoped;
+pub use semaphore::{DistSemaphore, Permit};
 pub use token::{Token, TokenHex};
 
 #[cfg(feature = "macros")]

@@ -21,6 +21,7 @@ mod exclusion;
 mod input;
 mod leases;
 mod ownership;
+mod primitives;
 mod scope;
 
 pub use cancel::*;
@@ -28,6 +29,7 @@ pub use exclusion::*;
 pub use input::*;
 pub use leases::*;
 pub use ownership::*;
+pub use primitives::*;
 pub use scope::*;
 
 /// The longest any one check may take.
@@ -229,6 +231,14 @@ macro_rules! conformance_tests {
             // input.rs
             invalid_input_gives_typed_errors,
             awkward_keys_are_distinct_locks,
+            // primitives.rs
+            readers_share_and_a_writer_excludes_everyone,
+            a_waiting_writer_keeps_new_readers_out,
+            permits_are_never_exceeded,
+            a_crashed_permit_holder_gives_them_back_after_its_lease,
+            cancelled_permit_waits_leave_nothing,
+            stale_permits_cannot_release_or_renew,
+            bad_permit_counts_are_typed_errors,
         );
     };
     (@run [each $harness:expr] $($check:ident),* $(,)?) => {
