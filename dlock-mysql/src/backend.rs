@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use dlock_core::{backend::BoxFuture, LockKey, Result};
+use dlock_core::{
+    backend::{BoxFuture, Mode},
+    LockKey, Result,
+};
 use dlock_sql::{sqlx, Dialect, Granted, SqlBackend, SqlSettings};
 use sqlx::{
     mysql::{MySqlConnection, MySqlDatabaseError},
@@ -183,7 +186,7 @@ impl Dialect for MySqlDialect {
         self.config.fence() == FenceSource::Row
     }
 
-    fn lock_id(&self, key: &LockKey) -> String {
+    fn lock_id(&self, key: &LockKey, _mode: Mode) -> String {
         lock_name(self.config.lock_prefix(), key)
     }
 
@@ -227,6 +230,7 @@ impl Dialect for MySqlDialect {
         &'a self,
         conn: &'a mut MySqlConnection,
         id: &'a String,
+        _mode: Mode,
     ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
         Box::pin(async move {
             if self.config.fence() == FenceSource::Off {
@@ -250,6 +254,7 @@ impl Dialect for MySqlDialect {
         &'a self,
         conn: &'a mut MySqlConnection,
         id: &'a String,
+        _mode: Mode,
         limit: Option<Duration>,
     ) -> BoxFuture<'a, Result<Option<Granted>, sqlx::Error>> {
         Box::pin(async move {
@@ -284,6 +289,7 @@ impl Dialect for MySqlDialect {
         &'a self,
         conn: &'a mut MySqlConnection,
         id: &'a String,
+        _mode: Mode,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
         Box::pin(async move {
             let released = sqlx::query_scalar::<_, Option<i64>>("SELECT RELEASE_LOCK(?)")

@@ -3,11 +3,25 @@
 
 use std::time::Duration;
 
-use dlock_core::{backend::BoxFuture, LockKey, Result};
+use dlock_core::{
+    backend::{BoxFuture, Mode},
+    LockKey, Result,
+};
 use dlock_sql::{sqlx, Dialect, Granted, SqlBackend, SqlSettings};
 use sqlx::{postgres::PgConnection, Connection, Executor, Row};
 
 use crate::config::{lock_id, PgConfig};
+
+/// Flips a read-write lock's identifier away from the plain lock's of the
+/// same key, for this process's turns (the server keeps them apart by key
+/// space anyway).
+const READ_WRITE_SALT: i64 = 0x5257;
+
+/// A 64-bit identifier as the two 32-bit keys of the two-key advisory
+/// lock functions.
+fn split(id: i64) -> (i32, i32) {
+    ((id >> 32) as i32, id as i32)
+}
 
 /// SQLSTATE `lock_not_available`: a wait that ran into `lock_timeout`.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
@@ -109,6 +123,12 @@ impl PgBackend {
             try_lock: format!(
                 "SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('{sequence}') END"
             ),
+            try_read: format!(
+                "SELECT CASE WHEN pg_try_advisory_lock_shared($1, $2) THEN nextval('{sequence}') END"
+            ),
+            try_write: format!(
+                "SELECT CASE WHEN pg_try_advisory_lock($1, $2) THEN nextval('{sequence}') END"
+            ),
             create: format!("CREATE SEQUENCE IF NOT EXISTS {sequence}"),
             config,
         };
@@ -124,6 +144,11 @@ struct PgDialect {
     fence_expr: String,
     /// The uncontended acquire: the lock, and the fence when granted.
     try_lock: String,
+    /// The same for a reader of a read-write lock (the two-key advisory
+    /// lock space, apart from plain locks' one-key space).
+    try_read: String,
+    /// The same for a writer.
+    try_write: String,
     /// Creates the fencing sequence.
     create: String,
 }
@@ -138,8 +163,21 @@ impl Dialect for PgDialect {
         self.config.settings()
     }
 
-    fn lock_id(&self, key: &LockKey) -> i64 {
-        lock_id(self.config.lock_prefix(), key.as_str())
+    fn supports(&self, mode: Mode) -> bool {
+        matches!(mode, Mode::Exclusive | Mode::Read | Mode::Write)
+    }
+
+    /// A plain lock's 64-bit identifier; a read-write lock's is the same
+    /// hash with its low bits flipped (so that this process's turns at the
+    /// two never meet), and it goes to the server as two 32-bit keys, a
+    /// space of advisory locks apart from the one-key space.
+    fn lock_id(&self, key: &LockKey, mode: Mode) -> i64 {
+        let id = lock_id(self.config.lock_prefix(), key.as_str());
+        if mode == Mode::Exclusive {
+            id
+        } else {
+            id ^ READ_WRITE_SALT
+        }
     }
 
     fn shard(&self, id: &i64) -> u64 {
@@ -181,27 +219,44 @@ impl Dialect for PgDialect {
         &'a self,
         conn: &'a mut PgConnection,
         id: &'a i64,
+        mode: Mode,
     ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
-        Box::pin(
-            sqlx::query_scalar::<_, Option<i64>>(self.try_lock.as_str())
+        let (hi, lo) = split(*id);
+        Box::pin(match mode {
+            Mode::Read => sqlx::query_scalar::<_, Option<i64>>(self.try_read.as_str())
+                .bind(hi)
+                .bind(lo)
+                .fetch_one(conn),
+            Mode::Write => sqlx::query_scalar::<_, Option<i64>>(self.try_write.as_str())
+                .bind(hi)
+                .bind(lo)
+                .fetch_one(conn),
+            _ => sqlx::query_scalar::<_, Option<i64>>(self.try_lock.as_str())
                 .bind(*id)
                 .fetch_one(conn),
-        )
+        })
     }
 
     fn wait<'a>(
         &'a self,
         conn: &'a mut PgConnection,
         id: &'a i64,
+        mode: Mode,
         limit: Option<Duration>,
     ) -> BoxFuture<'a, Result<Option<Granted>, sqlx::Error>> {
         Box::pin(async move {
             let lock_timeout = limit.map_or(0, |l| l.as_millis().max(1));
+            let (hi, lo) = split(*id);
+            let lock = match mode {
+                Mode::Read => format!("pg_advisory_lock_shared({hi}, {lo})"),
+                Mode::Write => format!("pg_advisory_lock({hi}, {lo})"),
+                _ => format!("pg_advisory_lock({id})"),
+            };
             // One round trip: the wait, then (a statement of its own, so
             // only after the grant) the token, and how long the server took
             // since it received the query.
             let wait = format!(
-                "SET lock_timeout = {lock_timeout}; SELECT pg_advisory_lock({id}); \
+                "SET lock_timeout = {lock_timeout}; SELECT {lock}; \
                  SELECT {}, (extract(epoch FROM clock_timestamp() - statement_timestamp()) \
                  * 1000000)::bigint; SET lock_timeout = 0",
                 self.fence_expr
@@ -230,12 +285,22 @@ impl Dialect for PgDialect {
         &'a self,
         conn: &'a mut PgConnection,
         id: &'a i64,
+        mode: Mode,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-        Box::pin(
-            sqlx::query_scalar::<_, bool>("SELECT pg_advisory_unlock($1)")
+        let (hi, lo) = split(*id);
+        Box::pin(match mode {
+            Mode::Read => sqlx::query_scalar::<_, bool>("SELECT pg_advisory_unlock_shared($1, $2)")
+                .bind(hi)
+                .bind(lo)
+                .fetch_one(conn),
+            Mode::Write => sqlx::query_scalar::<_, bool>("SELECT pg_advisory_unlock($1, $2)")
+                .bind(hi)
+                .bind(lo)
+                .fetch_one(conn),
+            _ => sqlx::query_scalar::<_, bool>("SELECT pg_advisory_unlock($1)")
                 .bind(*id)
                 .fetch_one(conn),
-        )
+        })
     }
 
     fn end_session<'a>(

@@ -22,6 +22,19 @@ use tokio::{
 
 use crate::{Dialect, Granted};
 
+/// The permits of a key's local turn: a reader takes one, so that readers
+/// of one process share the key (their session holds it shared, once per
+/// reader), and any other mode takes them all.
+const TURN: u32 = 1 << 16;
+
+fn turn_weight(mode: Mode) -> u32 {
+    if mode == Mode::Read {
+        1
+    } else {
+        TURN
+    }
+}
+
 /// How long a key counts as contended after an attempt at it was refused:
 /// its next waits skip the try on the holder session.
 const CONTENDED_FOR: Duration = Duration::from_secs(1);
@@ -96,6 +109,7 @@ struct Inner<D: Dialect> {
 struct Owned<D: Dialect> {
     session: Arc<Session<D>>,
     id: D::Id,
+    mode: Mode,
     /// Held by the release in progress: a second release of the same token
     /// (a fixed lease's end and the caller's at once) runs after the first
     /// finished, and finds the lock gone, rather than unlocking a session
@@ -379,18 +393,21 @@ impl<D: Dialect> SqlBackend<D> {
     }
 
     /// This process's turn at `id`; `None` if `wait` ran out first.
-    async fn local_turn(&self, id: &D::Id, wait: Wait) -> Option<OwnedSemaphorePermit> {
+    async fn local_turn(&self, id: &D::Id, mode: Mode, wait: Wait) -> Option<OwnedSemaphorePermit> {
         let queue = lock(&self.inner.local)
             .entry(id.clone())
-            .or_insert_with(|| Arc::new(Semaphore::new(1)))
+            .or_insert_with(|| Arc::new(Semaphore::new(TURN as usize)))
             .clone();
+        let weight = turn_weight(mode);
         match wait {
-            Wait::No => queue.try_acquire_owned().ok(),
-            Wait::Until(deadline) => tokio::time::timeout_at(deadline, queue.acquire_owned())
-                .await
-                .ok()?
-                .ok(),
-            Wait::Forever => queue.acquire_owned().await.ok(),
+            Wait::No => queue.try_acquire_many_owned(weight).ok(),
+            Wait::Until(deadline) => {
+                tokio::time::timeout_at(deadline, queue.acquire_many_owned(weight))
+                    .await
+                    .ok()?
+                    .ok()
+            }
+            Wait::Forever => queue.acquire_many_owned(weight).await.ok(),
         }
     }
 
@@ -403,8 +420,8 @@ impl<D: Dialect> SqlBackend<D> {
     }
 
     async fn acquire_inner(&self, req: &AcquireRequest<'_>) -> Result<Option<Acquired>> {
-        let id = self.inner.dialect.lock_id(req.key);
-        let Some(turn) = self.local_turn(&id, req.wait).await else {
+        let id = self.inner.dialect.lock_id(req.key, req.mode);
+        let Some(turn) = self.local_turn(&id, req.mode, req.wait).await else {
             self.sweep_local(&id);
             return Ok(None);
         };
@@ -414,7 +431,8 @@ impl<D: Dialect> SqlBackend<D> {
             // Refused a moment ago: the try would most likely be refused
             // again, so wait on the server at once (one statement less).
             if req.wait == Wait::No || !self.recently_contended(&id) {
-                let (holder, sent, fence, back) = self.try_on_holder(&id, turn, &mut retry).await?;
+                let (holder, sent, fence, back) =
+                    self.try_on_holder(&id, req.mode, turn, &mut retry).await?;
                 if let Some(fence) = fence {
                     return self.granted(req, holder, id, back, None, sent, fence);
                 }
@@ -443,6 +461,7 @@ impl<D: Dialect> SqlBackend<D> {
     async fn try_on_holder(
         &self,
         id: &D::Id,
+        mode: Mode,
         mut turn: OwnedSemaphorePermit,
         retry: &mut Retry,
     ) -> Result<(Arc<Session<D>>, Instant, Option<i64>, OwnedSemaphorePermit)> {
@@ -457,12 +476,13 @@ impl<D: Dialect> SqlBackend<D> {
             let mut undo = UnlockOnDrop {
                 session: Some(holder.clone()),
                 id: id.clone(),
+                mode,
                 turn: Some(turn),
             };
             let answer = async {
                 let mut live = holder.live().await?;
                 let sent = live.sent;
-                let answer = self.inner.dialect.try_lock(live.conn(), id).await;
+                let answer = self.inner.dialect.try_lock(live.conn(), id, mode).await;
                 live.done(answer).map(|fence| (sent, fence))
             }
             .await;
@@ -540,7 +560,11 @@ impl<D: Dialect> SqlBackend<D> {
         let waited = match session.live().await {
             Ok(mut live) => {
                 let sent = live.sent;
-                let answer = self.inner.dialect.wait(live.conn(), id, limit).await;
+                let answer = self
+                    .inner
+                    .dialect
+                    .wait(live.conn(), id, req.mode, limit)
+                    .await;
                 live.done(answer).map(|granted| (sent, granted))
             }
             Err(e) => Err(e),
@@ -603,6 +627,7 @@ impl<D: Dialect> SqlBackend<D> {
             Owned {
                 session: session.clone(),
                 id,
+                mode: req.mode,
                 releasing: Arc::default(),
                 _turn: turn,
                 slot,
@@ -653,16 +678,16 @@ impl<D: Dialect> SqlBackend<D> {
         };
         let _one_at_a_time = releasing.lock().await;
         // Read again: a release that ran first has forgotten it.
-        let Some((session, id)) = lock(&self.inner.owned)
+        let Some((session, id, mode)) = lock(&self.inner.owned)
             .get(token)
-            .map(|o| (o.session.clone(), o.id.clone()))
+            .map(|o| (o.session.clone(), o.id.clone(), o.mode))
         else {
             return Ok(ReleaseOutcome::NotHeld);
         };
         let released = if session.is_usable() {
             let unlocked = match session.live().await {
                 Ok(mut live) => {
-                    let answer = self.inner.dialect.unlock(live.conn(), &id).await;
+                    let answer = self.inner.dialect.unlock(live.conn(), &id, mode).await;
                     live.done(answer)
                 }
                 Err(e) => Err(e),
@@ -702,6 +727,7 @@ impl<D: Dialect> SqlBackend<D> {
 struct UnlockOnDrop<D: Dialect> {
     session: Option<Arc<Session<D>>>,
     id: D::Id,
+    mode: Mode,
     turn: Option<OwnedSemaphorePermit>,
 }
 
@@ -716,10 +742,10 @@ impl<D: Dialect> Drop for UnlockOnDrop<D> {
             session.holders.expire();
             return;
         };
-        let id = self.id.clone();
+        let (id, mode) = (self.id.clone(), self.mode);
         runtime.spawn(async move {
             if let Ok(mut live) = session.live().await {
-                let answer = session.dialect.unlock(live.conn(), &id).await;
+                let answer = session.dialect.unlock(live.conn(), &id, mode).await;
                 if live.done(answer).is_err() && session.is_usable() {
                     session.end();
                 }
@@ -776,6 +802,7 @@ impl<D: Dialect> Backend for SqlBackend<D> {
     fn capabilities(&self) -> Capabilities {
         Capabilities::new()
             .fencing(self.inner.dialect.fences())
+            .read_write(self.inner.dialect.supports(Mode::Read))
             .fifo(true)
             .session_leases(true)
     }

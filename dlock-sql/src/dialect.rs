@@ -2,7 +2,10 @@
 
 use std::{fmt, hash::Hash, time::Duration};
 
-use dlock_core::{backend::BoxFuture, LockKey};
+use dlock_core::{
+    backend::{BoxFuture, Mode},
+    LockKey,
+};
 
 use crate::SqlSettings;
 
@@ -58,8 +61,15 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         true
     }
 
-    /// The server's identifier of `key`, under the lock prefix.
-    fn lock_id(&self, key: &LockKey) -> Self::Id;
+    /// Whether the server offers `mode` (plain locks always; the default
+    /// offers nothing else).
+    fn supports(&self, mode: Mode) -> bool {
+        mode == Mode::Exclusive
+    }
+
+    /// The server's identifier of `key` in `mode`, under the lock prefix:
+    /// a key's plain lock and its read-write lock are different locks.
+    fn lock_id(&self, key: &LockKey, mode: Mode) -> Self::Id;
 
     /// A number that picks the holder session of `id`: every key always
     /// on the same one.
@@ -74,12 +84,13 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// or counter), if it is missing, once at connect.
     fn setup<'a>(&'a self, conn: &'a mut Self::Conn) -> BoxFuture<'a, Result<(), sqlx::Error>>;
 
-    /// One attempt without waiting: the fencing token if the lock was
-    /// granted, in the same round trip.
+    /// One attempt at `mode` of `id` without waiting: the fencing token if
+    /// it was granted, in the same round trip.
     fn try_lock<'a>(
         &'a self,
         conn: &'a mut Self::Conn,
         id: &'a Self::Id,
+        mode: Mode,
     ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>>;
 
     /// Blocks on the server until the lock is granted (`Some`) or `limit`
@@ -89,14 +100,16 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         &'a self,
         conn: &'a mut Self::Conn,
         id: &'a Self::Id,
+        mode: Mode,
         limit: Option<Duration>,
     ) -> BoxFuture<'a, Result<Option<Granted>, sqlx::Error>>;
 
-    /// Releases the session's hold of `id`: whether it held it.
+    /// Releases the session's hold of `mode` of `id`: whether it held it.
     fn unlock<'a>(
         &'a self,
         conn: &'a mut Self::Conn,
         id: &'a Self::Id,
+        mode: Mode,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
 
     /// Ends session `session` (another one, maybe blocked in a wait),
