@@ -5,9 +5,12 @@
 //! - [`orders`]: an axum service whose handlers run under
 //!   `#[distributed_lock]`;
 //! - [`job`]: a scheduled job that exactly one instance runs per tick;
+//! - [`limits`]: a rate-limited worker pool (semaphore) and a config cache
+//!   (read-write lock);
 //! - [`backend`]: `--backend URL`, the in-process backend by default.
 
 pub mod backend;
 pub mod job;
+pub mod limits;
 pub mod orders;
 pub mod stock;
