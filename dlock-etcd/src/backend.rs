@@ -20,7 +20,7 @@ use dlock_core::{
 };
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
 };
 use tokio::time::Instant;
 
@@ -95,6 +95,15 @@ impl From<LockError> for StepError {
 ///   later acquisitions start a new session).
 /// - A key deleted behind a holder's back is noticed at the next keepalive
 ///   and reported lost.
+/// - **Read-write locks and semaphores** use the same queue, at
+///   `{prefix}/{key}%rw/` and `{prefix}/{key}%sem/`, each entry's value
+///   saying what it takes (`r`, `w`, `p{count}/{limit}`). An entry holds
+///   when everything ahead of it allows it: a reader when no writer is
+///   ahead (a waiting writer keeps later readers out), a writer when it is
+///   first, permits when those ahead and its own fit the limit. A reader
+///   watches the last writer ahead, a writer its predecessor, and permits
+///   every entry ahead; a client naming another limit than the entries
+///   there gets a typed error and leaves no entry.
 ///
 /// With a fixed lease, the lock gets a lease of its own (etcd counts leases
 /// in whole seconds, rounded up; the guard still reports lost at the lease
@@ -190,6 +199,87 @@ where
         }
     }
     request().await.map_err(backend_error)
+}
+
+/// The queue of `key` in `mode`: a plain lock's at `{prefix}/{key}/`, a
+/// read-write lock's at `{prefix}/{key}%rw/` and a semaphore's at
+/// `{prefix}/{key}%sem/` (an escaped key has `%` only before two hex
+/// digits, so the three never meet, nor another key's).
+fn queue_of(prefix: &str, key: &LockKey, mode: Mode) -> String {
+    let kind = match mode {
+        Mode::Read | Mode::Write => "%rw",
+        Mode::Permits { .. } => "%sem",
+        _ => "",
+    };
+    format!("{prefix}/{}{kind}/", escape(key))
+}
+
+/// What a queue entry's value says it takes: empty for a plain lock.
+fn mode_value(mode: Mode) -> String {
+    match mode {
+        Mode::Read => "r".to_owned(),
+        Mode::Write => "w".to_owned(),
+        Mode::Permits { count, limit } => format!("p{count}/{limit}"),
+        _ => String::new(),
+    }
+}
+
+fn mode_of(value: &[u8]) -> Option<Mode> {
+    match value {
+        b"r" => Some(Mode::Read),
+        b"w" => Some(Mode::Write),
+        [b'p', rest @ ..] => {
+            let (count, limit) = std::str::from_utf8(rest).ok()?.split_once('/')?;
+            Some(Mode::Permits {
+                count: count.parse().ok()?,
+                limit: limit.parse().ok()?,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Whether the entry created at `mine` in `mode` holds its key, given the
+/// queue sorted by creation: first come, first served. A reader holds when
+/// no writer is ahead of it, a writer when it is first, permits when the
+/// permits ahead (held or waited for) and its own fit the limit.
+fn admitted(queue: &[etcd_client::KeyValue], mine: i64, mode: Mode) -> bool {
+    let ahead = queue.iter().filter(|kv| kv.create_revision() < mine);
+    match mode {
+        Mode::Read => ahead
+            .into_iter()
+            .all(|kv| mode_of(kv.value()) == Some(Mode::Read)),
+        Mode::Permits { count, limit } => {
+            let taken: u64 = ahead
+                .map(|kv| match mode_of(kv.value()) {
+                    Some(Mode::Permits { count, .. }) => u64::from(count),
+                    _ => u64::from(limit) + 1,
+                })
+                .sum();
+            taken + u64::from(count) <= u64::from(limit)
+        }
+        _ => queue.first().map(|kv| kv.create_revision()) == Some(mine),
+    }
+}
+
+/// A permit limit in `queue` other than `limit`, if any.
+fn other_limit(queue: &[etcd_client::KeyValue], limit: u32) -> Option<u32> {
+    queue.iter().find_map(|kv| match mode_of(kv.value()) {
+        Some(Mode::Permits { limit: theirs, .. }) if theirs != limit => Some(theirs),
+        _ => None,
+    })
+}
+
+/// The whole queue, oldest first (for shared modes), or only its first
+/// entry (for plain locks).
+fn queue_read(mode: Mode) -> GetOptions {
+    if mode == Mode::Exclusive {
+        first_created()
+    } else {
+        GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+    }
 }
 
 fn first_created() -> GetOptions {
@@ -293,7 +383,8 @@ impl EtcdBackend {
 
     async fn acquire_inner(&self, req: &AcquireRequest<'_>) -> Result<Option<Acquired>> {
         let token = *req.token;
-        let queue = format!("{}/{}/", self.inner.prefix, escape(req.key));
+        let mode = req.mode;
+        let queue = queue_of(&self.inner.prefix, req.key, mode);
         // Every queue key lives on the session while it waits; a fixed
         // lease is attached when the lock is granted, so that waiting does
         // not use it up.
@@ -317,12 +408,16 @@ impl EtcdBackend {
         let txn = Txn::new()
             .when([Compare::create_revision(name.as_str(), CompareOp::Equal, 0)])
             .and_then([
-                TxnOp::put(name.as_str(), "", Some(PutOptions::new().with_lease(lease))),
-                TxnOp::get(queue.as_str(), Some(first_created())),
+                TxnOp::put(
+                    name.as_str(),
+                    mode_value(mode),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::get(queue.as_str(), Some(queue_read(mode))),
             ])
             .or_else([
                 TxnOp::get(name.as_str(), None),
-                TxnOp::get(queue.as_str(), Some(first_created())),
+                TxnOp::get(queue.as_str(), Some(queue_read(mode))),
             ]);
         let answer = self.enqueue(txn, &name).await?;
         let gets = get_responses(&answer);
@@ -334,11 +429,20 @@ impl EtcdBackend {
                 .map(|kv| kv.create_revision())
                 .ok_or_else(vanished)?
         };
-        let first = gets
-            .last()
-            .and_then(|g| g.kvs().first())
-            .map(|kv| kv.create_revision());
-        if first == Some(mine) {
+        let entries = gets.last().map(|g| g.kvs()).unwrap_or_default();
+        if let Mode::Permits { limit, .. } = mode {
+            if let Some(theirs) = other_limit(entries, limit) {
+                self.delete_owned(&token).await?;
+                return Err(LockError::InvalidOptions {
+                    reason: format!(
+                        "semaphore `{}` has {theirs} permits, and this acquire says {limit}: \
+                         every client of a semaphore must name the same limit",
+                        req.key
+                    ),
+                });
+            }
+        }
+        if admitted(entries, mine, mode) {
             return self.granted(req, &session, &name, mine, sent).await;
         }
         if req.wait == Wait::No {
@@ -361,7 +465,11 @@ impl EtcdBackend {
                 return Ok(None);
             }
             let step = async {
-                if self.wait_for_predecessor(&queue, mine, deadline).await? == Waited::Interrupted {
+                if self
+                    .wait_for_predecessor(&queue, mine, mode, deadline)
+                    .await?
+                    == Waited::Interrupted
+                {
                     // The watch ended without news (a member went away):
                     // check again after a pause, not in a tight loop.
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -369,7 +477,7 @@ impl EtcdBackend {
                 let checked = Instant::now();
                 let check = Txn::new().and_then([
                     TxnOp::get(name.as_str(), Some(GetOptions::new().with_count_only())),
-                    TxnOp::get(queue.as_str(), Some(first_created())),
+                    TxnOp::get(queue.as_str(), Some(queue_read(mode))),
                 ]);
                 let answer = retried(|| {
                     let (mut client, check) = (self.client(), check.clone());
@@ -380,11 +488,8 @@ impl EtcdBackend {
                 if gets.first().is_none_or(|g| g.count() == 0) {
                     return Err(Vanished);
                 }
-                let first = gets
-                    .last()
-                    .and_then(|g| g.kvs().first())
-                    .map(|kv| kv.create_revision());
-                Ok((first == Some(mine)).then_some(checked))
+                let entries = gets.last().map(|g| g.kvs()).unwrap_or_default();
+                Ok(admitted(entries, mine, mode).then_some(checked))
             };
             let step = async {
                 tokio::select! {
@@ -448,33 +553,65 @@ impl EtcdBackend {
         task.await.map_err(|e| LockError::backend(NAME, e))?
     }
 
-    /// Waits until the key just ahead of `mine` in the queue is deleted (or
-    /// there is none, or the deadline passes).
+    /// Waits until the entry ahead of `mine` that keeps it waiting is
+    /// deleted (or there is none, or the deadline passes): the one just
+    /// ahead for a plain lock or a writer, the last writer ahead for a
+    /// reader, and the first entry ahead for permits (whichever entry ahead
+    /// goes first, the check after the wait counts again).
     async fn wait_for_predecessor(
         &self,
         queue: &str,
         mine: i64,
+        mode: Mode,
         deadline: Option<Instant>,
     ) -> Result<Waited> {
         let mut client = self.client();
         let ahead = GetOptions::new()
             .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_max_create_revision(mine - 1)
-            .with_limit(1)
-            .with_keys_only();
-        let predecessor = retried(|| {
+            .with_sort(
+                SortTarget::Create,
+                if matches!(mode, Mode::Permits { .. }) {
+                    SortOrder::Ascend
+                } else {
+                    SortOrder::Descend
+                },
+            )
+            .with_max_create_revision(mine - 1);
+        let ahead = if mode == Mode::Read {
+            ahead
+        } else {
+            ahead.with_limit(1).with_keys_only()
+        };
+        let predecessors = retried(|| {
             let (mut client, ahead) = (self.client(), ahead.clone());
             async move { client.get(queue, Some(ahead)).await }
         })
         .await?;
-        let Some(key) = predecessor.kvs().first().map(|kv| kv.key().to_vec()) else {
+        let blocking = if mode == Mode::Read {
+            predecessors
+                .kvs()
+                .iter()
+                .find(|kv| mode_of(kv.value()) != Some(Mode::Read))
+        } else {
+            predecessors.kvs().first()
+        };
+        let Some(key) = blocking.map(|kv| kv.key().to_vec()) else {
             return Ok(Waited::Changed);
         };
+        // Permits wait for any entry ahead: watch from the first one to
+        // the queue's end (entries behind ours only wake us for nothing).
+        let permits = matches!(mode, Mode::Permits { .. });
+        let range = permits.then(|| {
+            let mut end = queue.as_bytes().to_vec();
+            if let Some(last) = end.last_mut() {
+                *last += 1; // `/` + 1: just past every key under the queue
+            }
+            WatchOptions::new().with_range(end)
+        });
         // Watch from now, then check the predecessor still exists: a watch
         // from an older revision would be served by etcd's slow catch-up.
         let mut watch = client
-            .watch(key.clone(), None)
+            .watch(key.clone(), range)
             .await
             .map_err(backend_error)?;
         loop {
@@ -485,16 +622,25 @@ impl EtcdBackend {
                 None => return Ok(Waited::Interrupted),
             }
         }
+        // For permits, any entry ahead gone meanwhile counts (the count
+        // ahead only falls: newcomers queue behind us).
+        let (still_key, still_options) = if permits {
+            let options = GetOptions::new()
+                .with_prefix()
+                .with_max_create_revision(mine - 1)
+                .with_count_only();
+            (queue.as_bytes().to_vec(), options)
+        } else {
+            (key.clone(), GetOptions::new().with_count_only())
+        };
         let still = retried(|| {
-            let (mut client, key) = (self.client(), key.clone());
-            async move {
-                client
-                    .get(key, Some(GetOptions::new().with_count_only()))
-                    .await
-            }
+            let (mut client, key, options) =
+                (self.client(), still_key.clone(), still_options.clone());
+            async move { client.get(key, Some(options)).await }
         })
         .await?;
-        if still.count() == 0 {
+        let before = if permits { predecessors.count() } else { 1 };
+        if still.count() < before {
             return Ok(Waited::Changed);
         }
         let deleted = async {
@@ -643,6 +789,8 @@ impl Backend for EtcdBackend {
             .fencing(true)
             .fifo(true)
             .session_leases(true)
+            .read_write(true)
+            .semaphores(true)
     }
 
     fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>> {
