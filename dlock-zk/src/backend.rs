@@ -84,6 +84,16 @@ fn vanished() -> LockError {
 /// - **Acquire**: the create and the read of the children are sent back to
 ///   back; ZooKeeper runs a session's requests in order, so an uncontended
 ///   lock costs about one round trip. The lowest sequence holds the lock.
+/// - Read-write locks and semaphores queue the same way under
+///   `{path}/{key}%rw` and `{path}/{key}%sem`, each node's name saying what
+///   it takes (`lock-{token}-r-{seq}`, `-w-`, `-p{count}_{limit}-`): a
+///   reader holds when no writer is ahead (a waiting writer keeps later
+///   readers out), a writer when first, permits when those ahead and its
+///   own fit the limit. A reader watches the last writer ahead, a writer
+///   its predecessor, and permits the queue's children; a client naming
+///   another limit than the nodes there gets a typed error and leaves no
+///   node. Curator's lease nodes, with an owner and a session each: a
+///   crashed holder's permits go with its session.
 /// - **Waiting** watches only the predecessor (no herd), and reads the
 ///   children again when it goes. A node of ours that is gone by then means
 ///   the session expired: an error, not a grant.
@@ -184,6 +194,70 @@ fn sequence(name: &str) -> Option<i64> {
     name.rsplit('-').next()?.parse().ok()
 }
 
+/// The parent of `key`'s nodes in `mode`: a plain lock's at
+/// `{path}/{key}`, a read-write lock's at `{path}/{key}%rw` and a
+/// semaphore's at `{path}/{key}%sem` (an escaped key has `%` only before
+/// two hex digits, so the three never meet, nor another key's).
+fn parent_of(path: &str, key: &LockKey, mode: Mode) -> String {
+    let kind = match mode {
+        Mode::Read | Mode::Write => "%rw",
+        Mode::Permits { .. } => "%sem",
+        _ => "",
+    };
+    format!("{path}/{}{kind}", escape(key))
+}
+
+/// What a node takes, in its name between our token and the sequence:
+/// nothing for a plain lock (`lock-{token}-{seq}`), `r-`, `w-` or
+/// `p{count}_{limit}-`.
+fn mode_tag(mode: Mode) -> String {
+    match mode {
+        Mode::Read => "r-".to_owned(),
+        Mode::Write => "w-".to_owned(),
+        Mode::Permits { count, limit } => format!("p{count}_{limit}-"),
+        _ => String::new(),
+    }
+}
+
+fn mode_of(name: &str) -> Option<Mode> {
+    let parts: Vec<&str> = name.split('-').collect();
+    match parts.as_slice() {
+        [_, _, _] => Some(Mode::Exclusive),
+        [_, _, "r", _] => Some(Mode::Read),
+        [_, _, "w", _] => Some(Mode::Write),
+        [_, _, tag, _] => {
+            let (count, limit) = tag.strip_prefix('p')?.split_once('_')?;
+            Some(Mode::Permits {
+                count: count.parse().ok()?,
+                limit: limit.parse().ok()?,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Whether the node at `position` of `children` (sorted by sequence) holds
+/// its key: first come, first served. A reader holds when no writer is
+/// ahead, a writer (or a plain lock) when first, permits when those ahead
+/// (held or waited for) and its own fit the limit.
+fn admitted(children: &[String], position: usize, mode: Mode) -> bool {
+    let ahead = &children[..position];
+    match mode {
+        Mode::Read => ahead.iter().all(|c| mode_of(c) == Some(Mode::Read)),
+        Mode::Permits { count, limit } => {
+            let taken: u64 = ahead
+                .iter()
+                .map(|c| match mode_of(c) {
+                    Some(Mode::Permits { count, .. }) => u64::from(count),
+                    _ => u64::from(limit) + 1,
+                })
+                .sum();
+            taken + u64::from(count) <= u64::from(limit)
+        }
+        _ => position == 0,
+    }
+}
+
 impl ZkBackend {
     /// Connects to the servers of a `zk://` URL (see [`ZkConfig`]).
     ///
@@ -261,8 +335,10 @@ impl ZkBackend {
         let token = *req.token;
         let session = self.session().await?;
         let client = session.client().map_err(backend_error)?;
-        let parent = format!("{}/{}", self.inner.config.path(), escape(req.key));
+        let mode = req.mode;
+        let parent = parent_of(self.inner.config.path(), req.key, mode);
         let mine = format!("lock-{token}-");
+        let tag = mode_tag(mode);
         self.owned().insert(
             token,
             Owned {
@@ -272,7 +348,7 @@ impl ZkBackend {
                 session: session.clone(),
             },
         );
-        let enqueued = self.enqueue(&client, &parent, &token).await;
+        let enqueued = self.enqueue(&client, &parent, &token, &tag).await;
         if let Some(owned) = self.owned().get_mut(&token) {
             owned.strays = enqueued.as_ref().map_or(true, |e| e.strays);
         }
@@ -288,6 +364,22 @@ impl ZkBackend {
             owned.path = Some(path.clone());
         }
         sequence(&name).ok_or_else(vanished)?;
+        if let Mode::Permits { limit, .. } = mode {
+            let theirs = children.iter().find_map(|c| match mode_of(c) {
+                Some(Mode::Permits { limit: theirs, .. }) if theirs != limit => Some(theirs),
+                _ => None,
+            });
+            if let Some(theirs) = theirs {
+                self.delete_owned(&token).await?;
+                return Err(LockError::InvalidOptions {
+                    reason: format!(
+                        "semaphore `{}` has {theirs} permits, and this acquire says {limit}: \
+                         every client of a semaphore must name the same limit",
+                        req.key
+                    ),
+                });
+            }
+        }
         let fence = u64::try_from(stat.czxid).unwrap_or(0);
         let deadline = req.wait.deadline();
         let mut failing_since: Option<Instant> = None;
@@ -304,7 +396,7 @@ impl ZkBackend {
                 .iter()
                 .position(|c| *c == name)
                 .ok_or_else(vanished)?;
-            if position == 0 {
+            if admitted(&children, position, mode) {
                 return self.granted(req, &session, &path, sent, fence);
             }
             if req.wait == Wait::No || deadline.is_some_and(|d| Instant::now() >= d) {
@@ -313,10 +405,32 @@ impl ZkBackend {
                 self.delete_owned(&token).await?;
                 return Ok(None);
             }
-            let predecessor = format!("{parent}/{}", children[position - 1]);
+            // The node that keeps us waiting: a reader's is the last writer
+            // ahead, a writer's its predecessor; permits watch the whole
+            // queue (any node ahead may free some).
+            let blocking = match mode {
+                Mode::Read => children[..position]
+                    .iter()
+                    .rev()
+                    .find(|c| mode_of(c) != Some(Mode::Read)),
+                Mode::Permits { .. } => None,
+                _ => Some(&children[position - 1]),
+            }
+            .map(|c| format!("{parent}/{c}"));
             let step = async {
-                let (stat, watcher) = client.check_and_watch_stat(&predecessor).await?;
-                if stat.is_some() {
+                let watcher = match &blocking {
+                    Some(blocking) => {
+                        let (stat, watcher) = client.check_and_watch_stat(blocking).await?;
+                        stat.is_some().then_some(watcher)
+                    }
+                    None => {
+                        // Wait only if nothing changed since our listing.
+                        let (mut listed, watcher) = client.list_and_watch_children(&parent).await?;
+                        listed.sort_by_key(|c| sequence(c).unwrap_or(i64::MAX));
+                        (listed == children).then_some(watcher)
+                    }
+                };
+                if let Some(watcher) = watcher {
                     let gone = watcher.changed();
                     match deadline {
                         Some(d) => {
@@ -362,8 +476,14 @@ impl ZkBackend {
     /// Creates our node and lists the queue, in one round trip; after a
     /// failure that may have created it anyway, finds it by our token
     /// instead of creating a second one.
-    async fn enqueue(&self, client: &Client, parent: &str, token: &Token) -> Result<Enqueued> {
-        let protected = format!("{parent}/lock-{token}-");
+    async fn enqueue(
+        &self,
+        client: &Client,
+        parent: &str,
+        token: &Token,
+        tag: &str,
+    ) -> Result<Enqueued> {
+        let protected = format!("{parent}/lock-{token}-{tag}");
         let mine = format!("lock-{token}-");
         let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
         let mut strays = false;
@@ -381,7 +501,7 @@ impl ZkBackend {
                     return Ok(Enqueued {
                         sent,
                         stat,
-                        name: format!("{mine}{seq}"),
+                        name: format!("{mine}{tag}{seq}"),
                         children: listed.map_err(backend_error)?,
                         strays,
                     })
@@ -666,6 +786,8 @@ impl Backend for ZkBackend {
             .fencing(true)
             .fifo(true)
             .session_leases(true)
+            .read_write(true)
+            .semaphores(true)
     }
 
     fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>> {
@@ -843,6 +965,26 @@ mod tests {
             .release()
             .await
             .unwrap();
+    }
+
+    #[test]
+    fn node_names_say_what_they_take() {
+        let token = "00ab";
+        for mode in [
+            Mode::Exclusive,
+            Mode::Read,
+            Mode::Write,
+            Mode::Permits { count: 2, limit: 5 },
+        ] {
+            let name = format!("lock-{token}-{}0000000012", mode_tag(mode));
+            assert_eq!(mode_of(&name), Some(mode), "{name}");
+            assert_eq!(sequence(&name), Some(12), "{name}");
+        }
+        assert_eq!(
+            mode_tag(Mode::Exclusive),
+            "",
+            "a plain lock's names stay as before"
+        );
     }
 
     #[test]
