@@ -577,10 +577,13 @@ impl EtcdBackend {
                 },
             )
             .with_max_create_revision(mine - 1);
-        let ahead = if mode == Mode::Read {
-            ahead
-        } else {
-            ahead.with_limit(1).with_keys_only()
+        // A reader needs the modes ahead, permits every key ahead (etcd
+        // counts a range before its revision filters: the kvs it returns
+        // are what count), a writer only its predecessor.
+        let ahead = match mode {
+            Mode::Read => ahead,
+            Mode::Permits { .. } => ahead.with_keys_only(),
+            _ => ahead.with_limit(1).with_keys_only(),
         };
         let predecessors = retried(|| {
             let (mut client, ahead) = (self.client(), ahead.clone());
@@ -622,25 +625,28 @@ impl EtcdBackend {
                 None => return Ok(Waited::Interrupted),
             }
         }
-        // For permits, any entry ahead gone meanwhile counts (the count
-        // ahead only falls: newcomers queue behind us).
-        let (still_key, still_options) = if permits {
-            let options = GetOptions::new()
-                .with_prefix()
-                .with_max_create_revision(mine - 1)
-                .with_count_only();
-            (queue.as_bytes().to_vec(), options)
+        // For permits, any entry ahead gone meanwhile counts (the entries
+        // ahead only fall: newcomers queue behind us).
+        let gone = if permits {
+            let still = retried(|| {
+                let (mut client, ahead) = (self.client(), ahead.clone());
+                async move { client.get(queue, Some(ahead)).await }
+            })
+            .await?;
+            still.kvs().len() < predecessors.kvs().len()
         } else {
-            (key.clone(), GetOptions::new().with_count_only())
+            let still = retried(|| {
+                let (mut client, key) = (self.client(), key.clone());
+                async move {
+                    client
+                        .get(key, Some(GetOptions::new().with_count_only()))
+                        .await
+                }
+            })
+            .await?;
+            still.count() == 0
         };
-        let still = retried(|| {
-            let (mut client, key, options) =
-                (self.client(), still_key.clone(), still_options.clone());
-            async move { client.get(key, Some(options)).await }
-        })
-        .await?;
-        let before = if permits { predecessors.count() } else { 1 };
-        if still.count() < before {
+        if gone {
             return Ok(Waited::Changed);
         }
         let deleted = async {
