@@ -244,22 +244,15 @@ fn mode_of(value: &[u8]) -> Option<Mode> {
 /// no writer is ahead of it, a writer when it is first, permits when the
 /// permits ahead (held or waited for) and its own fit the limit.
 fn admitted(queue: &[etcd_client::KeyValue], mine: i64, mode: Mode) -> bool {
-    let ahead = queue.iter().filter(|kv| kv.create_revision() < mine);
-    match mode {
-        Mode::Read => ahead
-            .into_iter()
-            .all(|kv| mode_of(kv.value()) == Some(Mode::Read)),
-        Mode::Permits { count, limit } => {
-            let taken: u64 = ahead
-                .map(|kv| match mode_of(kv.value()) {
-                    Some(Mode::Permits { count, .. }) => u64::from(count),
-                    _ => u64::from(limit) + 1,
-                })
-                .sum();
-            taken + u64::from(count) <= u64::from(limit)
-        }
-        _ => queue.first().map(|kv| kv.create_revision()) == Some(mine),
+    if mode == Mode::Exclusive {
+        // A plain lock's read has only the queue's first entry.
+        return queue.first().map(|kv| kv.create_revision()) == Some(mine);
     }
+    let ahead = queue
+        .iter()
+        .filter(|kv| kv.create_revision() < mine)
+        .map(|kv| mode_of(kv.value()).unwrap_or(Mode::Exclusive));
+    dlock_core::backend::admitted(mode, ahead)
 }
 
 /// A permit limit in `queue` other than `limit`, if any.

@@ -138,8 +138,8 @@ async fn bad_servers_and_logins_are_typed_errors() {
 /// lost at its session's next ping, within a third of the session timeout
 /// (the window in which the server has already let the key go, as after a
 /// Redis restart without persistence), and fencing tokens keep growing (the
-/// sequence is data the server keeps), so the next owner's token is above
-/// every earlier one.
+/// counter rows are committed data, kept through crash recovery), so the
+/// next owner's token is above every earlier one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_loses_every_guard_and_keeps_fencing() {
     let mut server = MariaDbServer::start().expect("start MariaDB");

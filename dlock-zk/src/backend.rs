@@ -241,21 +241,10 @@ fn mode_of(name: &str) -> Option<Mode> {
 /// ahead, a writer (or a plain lock) when first, permits when those ahead
 /// (held or waited for) and its own fit the limit.
 fn admitted(children: &[String], position: usize, mode: Mode) -> bool {
-    let ahead = &children[..position];
-    match mode {
-        Mode::Read => ahead.iter().all(|c| mode_of(c) == Some(Mode::Read)),
-        Mode::Permits { count, limit } => {
-            let taken: u64 = ahead
-                .iter()
-                .map(|c| match mode_of(c) {
-                    Some(Mode::Permits { count, .. }) => u64::from(count),
-                    _ => u64::from(limit) + 1,
-                })
-                .sum();
-            taken + u64::from(count) <= u64::from(limit)
-        }
-        _ => position == 0,
-    }
+    let ahead = children[..position]
+        .iter()
+        .map(|c| mode_of(c).unwrap_or(Mode::Exclusive));
+    dlock_core::backend::admitted(mode, ahead)
 }
 
 impl ZkBackend {

@@ -21,10 +21,13 @@ async fn the_pool_keeps_its_limit_and_the_cache_is_never_torn_in_process() {
         pool.most_at_once >= 2,
         "the permits never ran together: {pool:?}"
     );
-    let config = run_config(&clients(&server, 3), "config", 4, 20, 10)
-        .await
-        .unwrap();
+    let lockers = clients(&server, 3);
+    let config = run_config(&lockers, "config", 4, 20, 10).await.unwrap();
     assert_eq!((config.refreshes, config.torn), (10, 0), "{config:?}");
+    // Guards dropped in the cache release in the background.
+    for locker in &lockers {
+        locker.wait_for_releases().await;
+    }
     assert!(server.is_idle(), "something was left behind");
 }
 

@@ -12,8 +12,8 @@ use std::{
 use tokio::{sync::Notify, time::Instant};
 
 use super::{
-    AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, LossReporter, Mode, ReleaseOutcome,
-    RenewOutcome, RenewRequest, Wait,
+    admitted, AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, LossReporter, Mode,
+    ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
 };
 use crate::{
     error::{LockError, LostReason, Result},
@@ -114,14 +114,6 @@ struct Waiter {
     wake: Arc<Notify>,
 }
 
-/// How many permits `mode` takes (1 for the other modes).
-fn weight(mode: Mode) -> u64 {
-    match mode {
-        Mode::Permits { count, .. } => u64::from(count),
-        _ => 1,
-    }
-}
-
 impl Entry {
     /// Drops holders whose lease has run out, telling their guards.
     fn expire(&mut self, now: Instant) {
@@ -147,13 +139,7 @@ impl Entry {
             .iter()
             .map(|h| h.mode)
             .chain(ahead.iter().map(|w| w.mode));
-        match mode {
-            Mode::Read => taken.into_iter().all(|m| m == Mode::Read),
-            Mode::Permits { limit, .. } => {
-                taken.map(weight).sum::<u64>() + weight(mode) <= u64::from(limit)
-            }
-            _ => self.holders.is_empty() && ahead.is_empty(),
-        }
+        admitted(mode, taken)
     }
 
     /// Whether the waiter at `index` may be granted now.

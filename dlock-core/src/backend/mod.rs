@@ -366,6 +366,46 @@ impl Mode {
     }
 }
 
+/// Whether an acquisition of `mode` holds its key, given the modes of
+/// everything ahead of it in the key's queue (holders, and waiters that
+/// came first): first come, first served. A reader holds when no writer is
+/// ahead (so a waiting writer keeps later readers out), permits when those
+/// ahead and its own fit the limit, anything else when nothing is ahead.
+/// The one admission rule of every backend that queues shared modes
+/// itself; pass [`Mode::Exclusive`] for an entry it cannot read, which
+/// then blocks everything behind it.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::backend::{admitted, Mode};
+///
+/// let two_of_three = Mode::Permits { count: 2, limit: 3 };
+/// assert!(admitted(Mode::Read, [Mode::Read, Mode::Read]));
+/// assert!(!admitted(Mode::Read, [Mode::Read, Mode::Write]));
+/// assert!(admitted(two_of_three, [Mode::Permits { count: 1, limit: 3 }]));
+/// assert!(!admitted(two_of_three, [two_of_three]));
+/// assert!(admitted(Mode::Write, []));
+/// ```
+pub fn admitted(mode: Mode, ahead: impl IntoIterator<Item = Mode>) -> bool {
+    let mut ahead = ahead.into_iter();
+    match mode {
+        Mode::Read => ahead.all(|m| m == Mode::Read),
+        Mode::Permits { count, limit } => {
+            let limit = u64::from(limit);
+            let mut taken = u64::from(count);
+            ahead.all(|m| {
+                taken += match m {
+                    Mode::Permits { count, .. } => u64::from(count),
+                    _ => limit + 1,
+                };
+                taken <= limit
+            }) && taken <= limit
+        }
+        _ => ahead.next().is_none(),
+    }
+}
+
 /// One acquire request.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
