@@ -64,9 +64,13 @@ async fn killing_the_leader_mid_hold_keeps_the_lock_and_grants_nothing_twice() {
                 .lock_with("leader", LockOptions::new().wait(Duration::from_secs(30)))
                 .await
                 .unwrap_or_else(|e| panic!("waiter {i}: {e}"));
-            let _section = detector.enter();
-            order.lock().unwrap().push(g.fencing_token().unwrap());
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            {
+                // The section ends before the release: the next owner may
+                // enter as soon as the server has it.
+                let _section = detector.enter();
+                order.lock().unwrap().push(g.fencing_token().unwrap());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
             g.release().await.unwrap();
         }));
     }

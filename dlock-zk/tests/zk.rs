@@ -78,9 +78,13 @@ async fn killing_the_connected_server_keeps_the_lock_and_grants_nothing_twice() 
                 .lock_with("k", LockOptions::new().wait(Duration::from_secs(60)))
                 .await
                 .unwrap();
-            let _section = detector.enter();
-            fences.lock().unwrap().push(g.fencing_token().unwrap());
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            {
+                // The section ends before the release: the next owner may
+                // enter as soon as the server has it.
+                let _section = detector.enter();
+                fences.lock().unwrap().push(g.fencing_token().unwrap());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
             g.release().await.unwrap();
         }));
     }
