@@ -136,6 +136,30 @@ impl LockError {
         LockError::InvalidKey { key: shown, reason }
     }
 
+    /// Builds the [`LockError::InvalidOptions`] for a semaphore acquire that
+    /// names `ours` permits where the key's holders and waiters name
+    /// `theirs`: every client of one semaphore must name the same limit.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{LockError, LockKey};
+    ///
+    /// let key = LockKey::new("partner-api")?;
+    /// let err = LockError::permit_limit_mismatch(&key, 5, 3);
+    /// assert!(matches!(err, LockError::InvalidOptions { .. }));
+    /// assert!(err.to_string().contains("has 5 permits"));
+    /// # Ok::<(), LockError>(())
+    /// ```
+    pub fn permit_limit_mismatch(key: &crate::LockKey, theirs: u32, ours: u32) -> Self {
+        LockError::InvalidOptions {
+            reason: format!(
+                "semaphore `{key}` has {theirs} permits, and this acquire says {ours}: \
+                 every client of a semaphore must name the same limit"
+            ),
+        }
+    }
+
     pub(crate) fn invalid_options(reason: impl Into<String>) -> Self {
         LockError::InvalidOptions {
             reason: reason.into(),

@@ -426,13 +426,7 @@ impl EtcdBackend {
         if let Mode::Permits { limit, .. } = mode {
             if let Some(theirs) = other_limit(entries, limit) {
                 self.delete_owned(&token).await?;
-                return Err(LockError::InvalidOptions {
-                    reason: format!(
-                        "semaphore `{}` has {theirs} permits, and this acquire says {limit}: \
-                         every client of a semaphore must name the same limit",
-                        req.key
-                    ),
-                });
+                return Err(LockError::permit_limit_mismatch(req.key, theirs, limit));
             }
         }
         if admitted(entries, mine, mode) {

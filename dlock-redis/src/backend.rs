@@ -21,8 +21,8 @@ use tokio::{
 
 use crate::{
     config::RedisConfig,
-    keys::{names, Names},
-    node::{Attempt, Node, Place},
+    keys::{entry, names, shared_names, Names},
+    node::{Attempt, Node, Place, Renewal, SharedAttempt},
 };
 
 const NAME: &str = "redis";
@@ -82,6 +82,20 @@ const UNKNOWN_TTL_RECHECK: Duration = Duration::from_millis(500);
 ///   ([`LockGuard::fencing_token`](dlock_core::LockGuard::fencing_token) is
 ///   `None`): per-node counters taken by different majorities can go
 ///   backwards.
+///
+/// # Read-write locks and semaphores (one node)
+///
+/// A key's read-write lock and its semaphore are objects of their own on
+/// the server (`…:rw`, `…:sem`): a sorted set of holders scored by when
+/// each one's lease ends, a fence counter, and a waiting line as the
+/// plain lock's. One script per step (acquire, release, renew) prunes the
+/// holders whose lease ended, so a crashed holder's share or permits come
+/// back when its lease runs out, and admits first come, first served: a
+/// reader holds when no writer holds or waits ahead of it, permits when
+/// everything ahead and its own fit the limit, a writer when nobody is
+/// ahead. A release wakes, by name, exactly the waiters at the head of the
+/// line it admits. Redlock does not offer them (`LockError::Unsupported`):
+/// a majority of per-node holder sets is not one set of holders.
 ///
 /// # Why Redlock waiters choose their own place in line
 ///
@@ -573,6 +587,97 @@ impl RedisBackend {
         }
     }
 
+    /// Acquires a read-write lock's share or a semaphore's permits (one
+    /// node only: see `capabilities`). Every waiter stands in the object's
+    /// line itself, and is woken by a release that names it once it is
+    /// admitted; the retry the script answers covers a holder's lease or
+    /// a waiter ahead that ran out with nobody told.
+    async fn acquire_shared(&self, req: &AcquireRequest<'_>) -> Result<Option<Acquired>> {
+        let names = shared_names(&self.inner.prefix, req.key, req.mode);
+        let entry = entry(req.token, req.mode);
+        let token = req.token.to_string();
+        let node = &self.inner.nodes[0];
+        let lease_ms = req.lease.as_millis().max(1) as u64;
+        let queue = req.wait != Wait::No;
+        let deadline = req.wait.deadline();
+        let refresh = req.lease / 3;
+        let mut wake: Option<Arc<Notify>> = None;
+        let mut watches = Vec::new();
+        let mut subscribed = false;
+        let mut poll = Duration::from_millis(20);
+        let mut failing_since: Option<Instant> = None;
+        loop {
+            let sent = Instant::now();
+            let answer = node
+                .acquire_shared(&names, &entry, lease_ms, queue, lease_ms)
+                .await;
+            let now = Instant::now();
+            let sleep = match answer {
+                Ok(SharedAttempt::Acquired(fence)) => {
+                    return Ok(Some(Acquired::new(sent).with_fence(fence)))
+                }
+                Ok(SharedAttempt::OtherLimit(theirs)) => {
+                    let ours = match req.mode {
+                        Mode::Permits { limit, .. } => limit,
+                        _ => 0,
+                    };
+                    return Err(LockError::permit_limit_mismatch(req.key, theirs, ours));
+                }
+                Ok(SharedAttempt::Held(_)) if !queue => return Ok(None),
+                Ok(SharedAttempt::Held(retry_in)) => {
+                    failing_since = None;
+                    if !subscribed {
+                        // Subscribe, then check again at once (in line):
+                        // a release between the attempt and the
+                        // subscription would otherwise be missed.
+                        subscribed = true;
+                        watches = self
+                            .watch_all(&names.channel().to_string(), &token, woken(&mut wake))
+                            .await;
+                        continue;
+                    }
+                    let retry_in = retry_in
+                        .map_or(UNKNOWN_TTL_RECHECK, Duration::from_millis)
+                        .min(refresh);
+                    if watches.is_empty() {
+                        subscribed = false;
+                        poll = (poll * 2).min(self.inner.unwatched_poll);
+                        retry_in.min(poll)
+                    } else {
+                        retry_in
+                    }
+                }
+                Err(error) if !queue => return Err(backend_error(error)),
+                Err(error) => {
+                    tracing::debug!(%error, "dlock redis acquire failed; retrying");
+                    let since = *failing_since.get_or_insert(now);
+                    let give_up = deadline.unwrap_or(since + self.inner.unreachable_after);
+                    if now + poll >= give_up {
+                        return Err(backend_error(error));
+                    }
+                    poll = (poll * 2).min(Duration::from_millis(500));
+                    poll
+                }
+            };
+            let until = match deadline {
+                Some(d) if d <= now => {
+                    // Out of line, so that nobody waits for our turn.
+                    let _ = node.release_shared(&names, &entry).await;
+                    return Ok(None);
+                }
+                Some(d) => d.min(now + sleep),
+                None => now + sleep,
+            };
+            match &wake {
+                Some(wake) => tokio::select! {
+                    _ = wake.notified() => {}
+                    _ = tokio::time::sleep_until(until) => {}
+                },
+                None => tokio::time::sleep_until(until).await,
+            }
+        }
+    }
+
     /// A waiter's place in line: by the node's clock on one node, by the
     /// waiter's on Redlock (see the type's docs).
     fn line_place(&self) -> Place {
@@ -752,20 +857,44 @@ impl Backend for RedisBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new().fencing(!self.inner.redlock).fifo(true)
+        // Read-write locks and semaphores on one node: a majority of
+        // per-node holder sets is not one set of holders.
+        let one_node = !self.inner.redlock;
+        Capabilities::new()
+            .fencing(one_node)
+            .fifo(true)
+            .read_write(one_node)
+            .semaphores(one_node)
     }
 
     fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>> {
-        Box::pin(async move { self.acquire_waiting(&req).await })
+        Box::pin(async move {
+            match req.mode {
+                Mode::Exclusive => self.acquire_waiting(&req).await,
+                _ => self.acquire_shared(&req).await,
+            }
+        })
     }
 
     fn release<'a>(
         &'a self,
         key: &'a LockKey,
-        _mode: Mode,
+        mode: Mode,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
         Box::pin(async move {
+            if mode != Mode::Exclusive {
+                let names = shared_names(&self.inner.prefix, key, mode);
+                let held = self.inner.nodes[0]
+                    .release_shared(&names, &entry(token, mode))
+                    .await
+                    .map_err(backend_error)?;
+                return Ok(if held {
+                    ReleaseOutcome::Released
+                } else {
+                    ReleaseOutcome::NotHeld
+                });
+            }
             let names = names(&self.inner.prefix, key);
             let timeout = self.inner.redlock.then_some(REDLOCK_NODE_TIMEOUT_MAX);
             self.release_names(&names, &token.to_string(), timeout)
@@ -777,17 +906,28 @@ impl Backend for RedisBackend {
         Box::pin(async move {
             let names: Vec<Names> = locks
                 .iter()
-                .map(|r| names(&self.inner.prefix, &r.key))
+                .map(|r| match r.mode {
+                    Mode::Exclusive => names(&self.inner.prefix, &r.key),
+                    mode => shared_names(&self.inner.prefix, &r.key, mode),
+                })
                 .collect();
-            let tokens: Vec<String> = locks.iter().map(|r| r.token.to_string()).collect();
-            let pairs: Vec<(&Names, &str)> = names
+            let owners: Vec<String> = locks
                 .iter()
-                .zip(&tokens)
-                .map(|(n, t)| (n, t.as_str()))
+                .map(|r| match r.mode {
+                    Mode::Exclusive => r.token.to_string(),
+                    mode => entry(&r.token, mode),
+                })
                 .collect();
-            let leases: Vec<u64> = locks
+            let renewals: Vec<Renewal<'_>> = locks
                 .iter()
-                .map(|r| r.lease.as_millis().max(1) as u64)
+                .zip(&names)
+                .zip(&owners)
+                .map(|((r, names), owner)| Renewal {
+                    names,
+                    owner,
+                    shared: r.mode != Mode::Exclusive,
+                    lease_ms: r.lease.as_millis().max(1) as u64,
+                })
                 .collect();
             // A renewal counts from when it was sent, so a late answer is
             // still worth having: wait up to a watchdog period (a third of
@@ -799,9 +939,9 @@ impl Backend for RedisBackend {
                 .min()
                 .filter(|_| self.inner.redlock)
                 .map(|lease| lease / 3);
-            let (pairs, leases) = (&pairs, &leases);
+            let renewals = &renewals;
             let answers = self
-                .on_every_node(timeout, |node| node.renew(pairs, leases))
+                .on_every_node(timeout, |node| node.renew(renewals))
                 .await;
             if !self.inner.redlock {
                 // One node: its error is the batch's.

@@ -3,7 +3,7 @@
 
 use std::{fmt, io::Write};
 
-use dlock_core::LockKey;
+use dlock_core::{backend::Mode, LockKey, Token};
 use redis::{RedisWrite, ToRedisArgs};
 
 /// The names one lock uses on the server: its key, and the names made
@@ -82,6 +82,31 @@ pub(crate) fn names(prefix: &str, key: &LockKey) -> Names {
     Names { lock }
 }
 
+/// The names of `key`'s read-write lock (`mode` a reader or writer) or
+/// semaphore (`mode` permits) under `prefix`: the plain lock's name with
+/// `:rw` or `:sem`, so the three objects of one key never meet and still
+/// share its hash tag. Their "lock" is the sorted set of holders (see
+/// `scripts.rs`).
+pub(crate) fn shared_names(prefix: &str, key: &LockKey, mode: Mode) -> Names {
+    let mut names = names(prefix, key);
+    names.lock.push_str(match mode {
+        Mode::Permits { .. } => ":sem",
+        _ => ":rw",
+    });
+    names
+}
+
+/// What a read-write lock's or semaphore's holder or waiter is called on
+/// the server: its token, `|`, and what it takes (`r`, `w`, or
+/// `p{count}/{limit}`), so the scripts can admit it without another read.
+pub(crate) fn entry(token: &Token, mode: Mode) -> String {
+    match mode {
+        Mode::Read => format!("{token}|r"),
+        Mode::Permits { count, limit } => format!("{token}|p{count}/{limit}"),
+        _ => format!("{token}|w"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,6 +157,27 @@ mod tests {
         ] {
             assert_eq!(lock(key), name, "{key:?}");
         }
+    }
+
+    #[test]
+    fn shared_objects_have_names_of_their_own_in_the_same_slot() {
+        let key = LockKey::new("order:{42}").unwrap();
+        let plain = names("dlock", &key);
+        let rw = shared_names("dlock", &key, Mode::Write);
+        let sem = shared_names("dlock", &key, Mode::Permits { count: 1, limit: 2 });
+        assert_eq!(rw.lock, "dlock:{order:%7B42%7D}:rw");
+        assert_eq!(shared_names("dlock", &key, Mode::Read), rw);
+        assert_eq!(sem.lock, "dlock:{order:%7B42%7D}:sem");
+        for n in [&rw, &sem] {
+            assert_eq!(hash_tag(&n.lock), hash_tag(&plain.lock));
+            assert_ne!(n.lock, plain.lock);
+        }
+        let token = Token::generate();
+        assert_eq!(entry(&token, Mode::Read), format!("{token}|r"));
+        assert_eq!(
+            entry(&token, Mode::Permits { count: 2, limit: 5 }),
+            format!("{token}|p2/5")
+        );
     }
 
     #[test]

@@ -29,6 +29,32 @@ pub(crate) enum Attempt {
     NotOurTurn(u64),
 }
 
+/// What one attempt at a read-write lock or semaphore found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SharedAttempt {
+    /// The entry holds; the fencing counter's value.
+    Acquired(u64),
+    /// Refused: worth checking again in this many milliseconds, when a
+    /// holder's lease or a ticket ahead runs out (`None`: nothing will
+    /// run out by itself).
+    Held(Option<u64>),
+    /// The semaphore's holders or waiters name this limit, not ours.
+    OtherLimit(u32),
+}
+
+/// One lock for [`Node::renew`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Renewal<'a> {
+    /// Its names (`shared_names` for a read-write lock or semaphore).
+    pub(crate) names: &'a Names,
+    /// The token of a plain lock; the entry of a shared one.
+    pub(crate) owner: &'a str,
+    /// Whether it is a read-write lock's or a semaphore's.
+    pub(crate) shared: bool,
+    /// The new lease.
+    pub(crate) lease_ms: u64,
+}
+
 /// Where an attempt stands in the key's line of waiters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Place {
@@ -211,6 +237,46 @@ impl Node {
         })
     }
 
+    /// One attempt at a read-write lock or semaphore (`names` from
+    /// `shared_names`, `entry` from `keys::entry`); with `queue`, one that
+    /// is refused stands last in line, its ticket lapsing after
+    /// `ticket_ms`.
+    pub(crate) async fn acquire_shared(
+        &self,
+        names: &Names,
+        entry: &str,
+        lease_ms: u64,
+        queue: bool,
+        ticket_ms: u64,
+    ) -> RedisResult<SharedAttempt> {
+        let (status, value): (i64, i64) = self
+            .run(&scripts().shared_acquire, names, true, |cmd| {
+                cmd.arg(entry)
+                    .arg(lease_ms)
+                    .arg(if queue { "1" } else { "0" })
+                    .arg(Place::Last)
+                    .arg(ticket_ms);
+            })
+            .await?;
+        Ok(match status {
+            1 => SharedAttempt::Acquired(u64::try_from(value).unwrap_or(0)),
+            3 => SharedAttempt::OtherLimit(u32::try_from(value).unwrap_or(0)),
+            _ => SharedAttempt::Held(u64::try_from(value).ok()),
+        })
+    }
+
+    /// Takes `entry` out of a read-write lock's or semaphore's holders and
+    /// line, and wakes the waiters that are now admitted; `true` if it
+    /// held.
+    pub(crate) async fn release_shared(&self, names: &Names, entry: &str) -> RedisResult<bool> {
+        let released: i64 = self
+            .run(&scripts().shared_release, names, true, |cmd| {
+                cmd.arg(entry).arg(names.channel());
+            })
+            .await?;
+        Ok(released == 1)
+    }
+
     /// Releases the lock if `token` holds it. With `Place::None` the token
     /// also leaves the line (a release, or a wait given up); otherwise it
     /// stays in line at `place` (a Redlock grant given back). Either way,
@@ -234,24 +300,24 @@ impl Node {
         Ok(released == 1)
     }
 
-    /// Renews every `(names, token)` for `lease_ms`, in one pipelined
-    /// round trip; `true` where the token still held the lock.
-    pub(crate) async fn renew(
-        &self,
-        locks: &[(&Names, &str)],
-        lease_ms: &[u64],
-    ) -> RedisResult<Vec<bool>> {
-        let script = &scripts().renew;
+    /// Renews every lock in `locks` for its lease, in one pipelined round
+    /// trip; `true` where its owner still held it.
+    pub(crate) async fn renew(&self, locks: &[Renewal<'_>]) -> RedisResult<Vec<bool>> {
         let pipeline = || {
             let mut pipe = redis::pipe();
-            for ((names, token), lease) in locks.iter().zip(lease_ms) {
+            for lock in locks {
+                let script = if lock.shared {
+                    &scripts().shared_renew
+                } else {
+                    &scripts().renew
+                };
                 pipe.cmd("EVALSHA")
                     .arg(script.get_hash())
                     .arg(2)
-                    .arg(&names.lock)
-                    .arg(names.fence())
-                    .arg(*token)
-                    .arg(*lease);
+                    .arg(&lock.names.lock)
+                    .arg(lock.names.fence())
+                    .arg(lock.owner)
+                    .arg(lock.lease_ms);
             }
             pipe
         };
@@ -265,9 +331,9 @@ impl Node {
         }
         let answers = match answers {
             // The script cache is empty after a restart or SCRIPT FLUSH:
-            // load it, then send the batch again.
+            // load them, then send the batch again.
             Err(e) if e.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                script.load_async(&mut conn).await?;
+                crate::scripts::Scripts::load(&mut conn).await?;
                 pipeline().query_async(&mut conn).await?
             }
             other => other?,

@@ -360,13 +360,7 @@ impl ZkBackend {
             });
             if let Some(theirs) = theirs {
                 self.delete_owned(&token).await?;
-                return Err(LockError::InvalidOptions {
-                    reason: format!(
-                        "semaphore `{}` has {theirs} permits, and this acquire says {limit}: \
-                         every client of a semaphore must name the same limit",
-                        req.key
-                    ),
-                });
+                return Err(LockError::permit_limit_mismatch(req.key, theirs, limit));
             }
         }
         let fence = u64::try_from(stat.czxid).unwrap_or(0);

@@ -33,9 +33,30 @@ async fn the_pool_keeps_its_limit_and_the_cache_is_never_torn_in_process() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[cfg(feature = "redis")]
-async fn a_backend_without_the_primitives_says_so() {
+async fn the_pool_and_the_cache_on_one_redis_node() {
     let server = dlock_testkit::fixture::RedisServer::start().expect("redis-server");
-    let locker = dlock_redis::RedisBackend::connect(&server.url())
+    let mut lockers = Vec::new();
+    for _ in 0..3 {
+        lockers.push(
+            dlock_redis::RedisBackend::connect(&server.url())
+                .await
+                .unwrap()
+                .into_locker(),
+        );
+    }
+    let pool = run_pool(&lockers, "pool", 3, 4, 10).await.unwrap();
+    assert_eq!(pool.calls, 120);
+    assert!(pool.most_at_once <= 3, "{pool:?}");
+    let config = run_config(&lockers, "config", 4, 20, 10).await.unwrap();
+    assert_eq!((config.refreshes, config.torn), (10, 0), "{config:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg(feature = "redis")]
+async fn a_backend_without_the_primitives_says_so() {
+    let servers = dlock_testkit::fixture::RedisServer::start_many(3).expect("redis-server");
+    let url = dlock_testkit::fixture::RedisServer::redlock_url(&servers);
+    let locker = dlock_redis::RedisBackend::connect(&url)
         .await
         .unwrap()
         .into_locker();

@@ -171,12 +171,9 @@ impl Entry {
             return Ok(());
         };
         match self.limit {
-            Some(held) if held != limit && !self.is_idle() => Err(LockError::InvalidOptions {
-                reason: format!(
-                    "semaphore `{key}` has {held} permits, and this acquire says {limit}: \
-                     every client of a semaphore must name the same limit"
-                ),
-            }),
+            Some(held) if held != limit && !self.is_idle() => {
+                Err(LockError::permit_limit_mismatch(key, held, limit))
+            }
             _ => {
                 self.limit = Some(limit);
                 Ok(())
