@@ -147,6 +147,50 @@ impl HoldLog {
     pub fn overlaps(&self) -> std::io::Result<usize> {
         Ok(overlapping(&self.intervals()?))
     }
+
+    /// The most holds that were open at one instant: at most a
+    /// semaphore's limit for holds of one permit each, 1 for a lock.
+    ///
+    /// # Errors
+    ///
+    /// As [`intervals`](HoldLog::intervals).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_testkit::HoldLog;
+    ///
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let log = HoldLog::new(&dir.path().join("holds"));
+    /// log.record("a", 0, 30).unwrap();
+    /// log.record("b", 10, 20).unwrap();
+    /// log.record("c", 20, 40).unwrap(); // b ended as c began
+    /// assert_eq!(log.most_at_once().unwrap(), 2);
+    /// ```
+    pub fn most_at_once(&self) -> std::io::Result<usize> {
+        Ok(most_at_once(&self.intervals()?))
+    }
+}
+
+/// The most of `intervals` open at one instant. Touching ends are not
+/// open together.
+fn most_at_once(intervals: &[Interval]) -> usize {
+    // Ends sort before starts at the same instant.
+    let mut edges: Vec<(u64, bool)> = intervals
+        .iter()
+        .flat_map(|i| [(i.start, true), (i.end, false)])
+        .collect();
+    edges.sort_unstable();
+    let (mut open, mut most) = (0_usize, 0);
+    for (_, starts) in edges {
+        if starts {
+            open += 1;
+            most = most.max(open);
+        } else {
+            open = open.saturating_sub(1);
+        }
+    }
+    most
 }
 
 /// How many of `intervals` (sorted by start) start before an earlier one
@@ -178,6 +222,16 @@ mod tests {
     fn a_hold_inside_a_long_earlier_one_is_an_overlap() {
         // The second hold ends first; the third still starts inside the first.
         assert_eq!(overlapping(&holds(&[(0, 100), (10, 20), (30, 40)])), 2);
+    }
+
+    #[test]
+    fn most_at_once_counts_the_deepest_instant_only() {
+        assert_eq!(most_at_once(&[]), 0);
+        assert_eq!(most_at_once(&holds(&[(0, 10), (10, 20), (20, 30)])), 1);
+        assert_eq!(
+            most_at_once(&holds(&[(0, 100), (10, 20), (15, 30), (25, 40), (50, 60)])),
+            3
+        );
     }
 
     #[test]

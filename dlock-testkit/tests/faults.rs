@@ -22,7 +22,14 @@
 //!   reports lost before any guarded work, and a fenced store rejects its
 //!   late write (Redlock gives no fencing tokens, so only the first part);
 //! - a cancel storm: 1,000 `lock()` futures dropped at random points while
-//!   the key is contended, after which the key is free at once (memory too).
+//!   the key is contended, after which the key is free at once (memory too);
+//! - permits across processes, on the topologies with semaphores: 3 permits,
+//!   two holder processes (one SIGKILLed, one SIGSTOPped past its lease)
+//!   and 4 worker processes × 3 tasks; every hold on `CLOCK_MONOTONIC`,
+//!   never more than 3 at once (and more without the semaphore:
+//!   `permits_without_a_semaphore_are_seen_exceeding`), the workers alone
+//!   reach 3 once both holders' permits came back, and the resumed holder
+//!   reports its permit lost before any work.
 //!
 //! Bad input, each a typed error with no panic and no hang:
 //! - keys: empty, 1 MiB (and NUL, `/`, `..`, unicode are valid and distinct:
@@ -638,6 +645,168 @@ async fn cancel_storm(t: Topology) {
         t.name,
         start.elapsed()
     );
+}
+
+/// The limit of the permit tests' semaphore.
+const PERMITS: usize = 3;
+
+/// Starts `processes` permit workers (3 tasks each) on one of the
+/// [`PERMITS`] permits of `sem` at `url` (or `--no-lock`), recording their
+/// work in `holds`.
+fn permit_workers(
+    url: &str,
+    rounds: u64,
+    lease: Duration,
+    holds: &HoldLog,
+    n: usize,
+) -> Vec<Child> {
+    let (limit, rounds) = (PERMITS.to_string(), rounds.to_string());
+    let lease = lease.as_millis().to_string();
+    let holds = holds.path().to_str().unwrap();
+    (0..n)
+        .map(|_| helper(&["permits", url, "sem", &limit, &rounds, "3", &lease, holds]))
+        .collect()
+}
+
+/// Waits for permit workers to finish; how many permits they lost.
+async fn workers_done(name: &str, workers: Vec<Child>) -> u64 {
+    let mut lost = 0;
+    for child in workers {
+        let out = tokio::time::timeout(Duration::from_secs(180), child.wait_with_output())
+            .await
+            .unwrap_or_else(|_| panic!("[{name}] a permit worker did not finish"))
+            .unwrap();
+        assert!(out.status.success(), "[{name}] a permit worker failed");
+        let text = String::from_utf8_lossy(&out.stdout);
+        lost += text
+            .trim()
+            .strip_prefix("done ")
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("[{name}] expected `done <lost>`, got {text}"));
+    }
+    lost
+}
+
+/// N permits across processes under a SIGKILLed and a SIGSTOPped holder:
+/// two processes take a permit each and keep it, 4 processes × 3 tasks
+/// then work under the one left, and half a lease later one holder is
+/// killed and the other paused. Every hold is recorded on
+/// `CLOCK_MONOTONIC`: no instant may have more than [`PERMITS`] holds
+/// (the paused holder's included, so a resumed holder that worked on
+/// would show), the workers alone must reach [`PERMITS`] at once (both
+/// holders' permits came back), and the resumed holder's first word is
+/// that its permit is lost.
+async fn permits_across_processes(t: Topology) {
+    let dir = tempfile::tempdir().unwrap();
+    let lease = t.lease.as_millis().to_string();
+    let (held, worked) = (
+        HoldLog::new(&dir.path().join("held")),
+        HoldLog::new(&dir.path().join("worked")),
+    );
+    let limit = PERMITS.to_string();
+    let hold_args = [
+        "permit-hold",
+        &t.url,
+        "sem",
+        &limit,
+        &lease,
+        held.path().to_str().unwrap(),
+    ];
+    let mut killed = helper(&hold_args);
+    let mut stopped = helper(&hold_args);
+    let mut stopped_lines = BufReader::new(stopped.stdout.take().unwrap()).lines();
+    let mut killed_lines = BufReader::new(killed.stdout.take().unwrap()).lines();
+    for lines in [&mut killed_lines, &mut stopped_lines] {
+        let acquired = next_line(lines, Duration::from_secs(30)).await;
+        assert_eq!(acquired, "acquired", "[{}]", t.name);
+    }
+    // Long enough under one permit that the workers still run when the
+    // other two come back (at 140 holds a second or so).
+    let rounds = 30 * t.lease.as_secs().max(1);
+    let workers = permit_workers(&t.url, rounds, t.lease, &worked, 4);
+    tokio::time::sleep(t.lease / 2).await;
+    killed.start_kill().unwrap();
+    let _ = killed.wait().await;
+    signal(&stopped, libc::SIGSTOP);
+    let lost = workers_done(t.name, workers).await;
+    signal(&stopped, libc::SIGCONT);
+    let first = next_line(&mut stopped_lines, Duration::from_secs(10)).await;
+    let _ = stopped.wait().await;
+
+    let all = HoldLog::new(&dir.path().join("all"));
+    for log in [&held, &worked] {
+        for i in log.intervals().unwrap() {
+            all.record(&format!("h{}-{}", i.start, i.end), i.start, i.end)
+                .unwrap();
+        }
+    }
+    let (most, workers_most) = (all.most_at_once().unwrap(), worked.most_at_once().unwrap());
+    println!(
+        "[{}] {} permits, {} worker holds: at most {most} at once ({workers_most} among the \
+         workers), {lost} lost; the resumed holder said `{first}`",
+        t.name,
+        PERMITS,
+        worked.intervals().unwrap().len()
+    );
+    assert!(
+        most <= PERMITS,
+        "[{}] {most} holds of {PERMITS} permits at once",
+        t.name
+    );
+    assert_eq!(
+        workers_most, PERMITS,
+        "[{}] the killed and paused holders' permits never came back",
+        t.name
+    );
+    assert_eq!(lost, 0, "[{}] a running worker lost a permit", t.name);
+    assert!(
+        first.starts_with("lost"),
+        "[{}] a resumed holder went on: {first}",
+        t.name
+    );
+}
+
+/// The permit detector's self-test: workers that take no permit are seen
+/// more than [`PERMITS`] at once, or a count within it above would prove
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_without_a_semaphore_are_seen_exceeding() {
+    let dir = tempfile::tempdir().unwrap();
+    let worked = HoldLog::new(&dir.path().join("worked"));
+    let workers = permit_workers("--no-lock", 5, Duration::from_secs(1), &worked, 2);
+    assert_eq!(workers_done("no lock", workers).await, 0);
+    let most = worked.most_at_once().unwrap();
+    println!("[no lock] 6 tasks without permits: {most} at once");
+    assert!(most > PERMITS, "the detector saw at most {most} at once");
+}
+
+macro_rules! per_semaphore_topology {
+    ($($topology:ident => $make:expr),* $(,)?) => {
+        $(
+            mod $topology {
+                use super::*;
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn permits_across_processes() {
+                    super::permits_across_processes($make).await;
+                }
+            }
+        )*
+    };
+}
+
+/// The topologies with semaphores (Redlock, PostgreSQL and MySQL answer
+/// `Unsupported`: the conformance suite checks that).
+mod semaphores {
+    use super::*;
+
+    per_semaphore_topology! {
+        redis_single => redis(),
+        etcd_1 => etcd(1),
+        etcd_3 => etcd(3),
+        zookeeper_1 => zookeeper(1),
+        zookeeper_3 => zookeeper(3),
+    }
 }
 
 macro_rules! per_topology {

@@ -21,21 +21,40 @@
 //!     cannot subscribe), starts <tasks> tasks that each lock <key>, hold
 //!     it <hold-ms>, record the hold in the hold log and release it; prints
 //!     `waiting` once all have started, and `done` when all have released.
+//! dlock-fault-helper permits <url|--no-lock> <key> <limit> <rounds> <tasks> <watchdog-lease-ms> <hold-log>
+//!     starts <tasks> tasks that each take one of the <limit> permits of
+//!     <key> <rounds> times, work 5 ms, and record the work in the hold log
+//!     if the permit was not lost by its end; prints `done <lost>` with how
+//!     many permits were lost. With `--no-lock` it takes no permit (the
+//!     detector's self-test).
+//! dlock-fault-helper permit-hold <url> <key> <limit> <watchdog-lease-ms> <hold-log>
+//!     takes one of the <limit> permits of <key>, prints `acquired`, then
+//!     every 10 ms checks the permit and, while it holds, extends its hold
+//!     in the hold log; once it is lost, prints `lost <reason>` and ends.
 //! ```
 
 use std::{path::Path, process::ExitCode, sync::Arc, time::Duration};
 
-use dlock_core::{LockOptions, Locker};
+use dlock_core::{backend::Mode, LockOptions, Locker};
 use dlock_redis::{RedisBackend, RedisConfig};
 use dlock_testkit::{monotonic_ns, FencedStore, HoldLog};
 
 /// Locks `key`, retrying a few times when the servers fail to answer
 /// (busy machines), as a service would; any other error is the answer.
 async fn lock(locker: &Locker, key: &str) -> Result<dlock_core::LockGuard, String> {
+    lock_mode(locker, key, Mode::Exclusive).await
+}
+
+/// [`lock`], for any mode.
+async fn lock_mode(
+    locker: &Locker,
+    key: &str,
+    mode: Mode,
+) -> Result<dlock_core::LockGuard, String> {
     let mut tries = 0;
     loop {
         match locker
-            .lock_with(key, LockOptions::new().wait(Duration::from_secs(120)))
+            .lock_mode(key, mode, LockOptions::new().wait(Duration::from_secs(120)))
             .await
         {
             Ok(guard) => return Ok(guard),
@@ -234,6 +253,92 @@ async fn waiters(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+fn one_permit_of(limit: &str) -> Result<Mode, String> {
+    let limit = limit.parse().map_err(|_| "limit: a number")?;
+    Mode::permits(1, limit).map_err(|e| e.to_string())
+}
+
+async fn permits(args: &[String]) -> Result<(), String> {
+    let [url, key, limit, rounds, tasks, lease, holds] = args else {
+        return Err(
+            "permits <url|--no-lock> <key> <limit> <rounds> <tasks> <watchdog-lease-ms> <hold-log>"
+                .into(),
+        );
+    };
+    let mode = one_permit_of(limit)?;
+    let rounds: usize = rounds.parse().map_err(|_| "rounds: a number")?;
+    let tasks: usize = tasks.parse().map_err(|_| "tasks: a number")?;
+    let lease = Duration::from_millis(lease.parse().map_err(|_| "lease: a number of ms")?);
+    let locker = match url.as_str() {
+        "--no-lock" => None,
+        url => Some(locker(url, Some(lease), Fallbacks::Default).await?),
+    };
+    let holds = HoldLog::new(Path::new(holds));
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let (locker, key, holds) = (locker.clone(), key.clone(), holds.clone());
+        handles.push(tokio::spawn(async move {
+            let mut lost = 0_u64;
+            for n in 0..rounds {
+                let permit = match &locker {
+                    Some(locker) => Some(lock_mode(locker, &key, mode).await?),
+                    None => None,
+                };
+                let start = monotonic_ns();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                let end = monotonic_ns();
+                // Work counts only if the permit was still held at its end
+                // (a paused process's permit may have gone meanwhile).
+                if permit.as_ref().is_some_and(dlock_core::LockGuard::is_lost) {
+                    lost += 1;
+                } else {
+                    holds
+                        .record(&holder_name(t, n), start, end)
+                        .map_err(|e| e.to_string())?;
+                }
+                drop(permit);
+            }
+            Ok::<_, String>(lost)
+        }));
+    }
+    let mut lost = 0;
+    for h in handles {
+        lost += h.await.map_err(|e| e.to_string())??;
+    }
+    if let Some(locker) = locker {
+        locker.wait_for_releases().await;
+    }
+    println!("done {lost}");
+    Ok(())
+}
+
+async fn permit_hold(args: &[String]) -> Result<(), String> {
+    let [url, key, limit, lease, holds] = args else {
+        return Err("permit-hold <url> <key> <limit> <watchdog-lease-ms> <hold-log>".into());
+    };
+    let mode = one_permit_of(limit)?;
+    let lease = Duration::from_millis(lease.parse().map_err(|_| "lease: a number of ms")?);
+    let holds = HoldLog::new(Path::new(holds));
+    let locker = locker(url, Some(lease), Fallbacks::Default).await?;
+    let permit = lock_mode(&locker, key, mode).await?;
+    let start = monotonic_ns();
+    println!("acquired");
+    loop {
+        // The work up to now counts only if the permit is still held after
+        // it (read first: a pause between the check and the record must
+        // not stretch the hold past the check).
+        let now = monotonic_ns();
+        if permit.is_lost() {
+            println!("lost {}", permit.lost().await);
+            return Ok(());
+        }
+        holds
+            .record(&holder_name(0, 0), start, now)
+            .map_err(|e| e.to_string())?;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -241,7 +346,9 @@ async fn main() -> ExitCode {
         Some("stock") => stock(&args[1..]).await,
         Some("hold") => hold(&args[1..]).await,
         Some("waiters") => waiters(&args[1..]).await,
-        _ => Err("usage: dlock-fault-helper stock|hold|waiters ...".into()),
+        Some("permits") => permits(&args[1..]).await,
+        Some("permit-hold") => permit_hold(&args[1..]).await,
+        _ => Err("usage: dlock-fault-helper stock|hold|waiters|permits|permit-hold ...".into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
