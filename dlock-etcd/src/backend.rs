@@ -216,27 +216,11 @@ fn queue_of(prefix: &str, key: &LockKey, mode: Mode) -> String {
 
 /// What a queue entry's value says it takes: empty for a plain lock.
 fn mode_value(mode: Mode) -> String {
-    match mode {
-        Mode::Read => "r".to_owned(),
-        Mode::Write => "w".to_owned(),
-        Mode::Permits { count, limit } => format!("p{count}/{limit}"),
-        _ => String::new(),
-    }
+    mode.tag()
 }
 
 fn mode_of(value: &[u8]) -> Option<Mode> {
-    match value {
-        b"r" => Some(Mode::Read),
-        b"w" => Some(Mode::Write),
-        [b'p', rest @ ..] => {
-            let (count, limit) = std::str::from_utf8(rest).ok()?.split_once('/')?;
-            Some(Mode::Permits {
-                count: count.parse().ok()?,
-                limit: limit.parse().ok()?,
-            })
-        }
-        _ => None,
-    }
+    Mode::from_tag(std::str::from_utf8(value).ok()?)
 }
 
 /// Whether the entry created at `mine` in `mode` holds its key, given the

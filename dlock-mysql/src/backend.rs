@@ -5,15 +5,19 @@ use std::time::Duration;
 
 use dlock_core::{
     backend::{BoxFuture, Mode},
-    LockKey, Result,
+    LockKey, Result, Token,
 };
-use dlock_sql::{sqlx, Dialect, Granted, SqlBackend, SqlSettings};
+use dlock_sql::{sqlx, Dialect, Granted, QueueEntry, SqlBackend, SqlSettings};
 use sqlx::{
     mysql::{MySqlConnection, MySqlDatabaseError},
     Connection, Executor, Row,
 };
 
-use crate::config::{lock_name, FenceSource, MySqlConfig};
+use crate::config::{lock_name, object_name, FenceSource, MySqlConfig};
+
+/// How long an enqueue waits for the key's other enqueues (each one
+/// insert long) before it fails.
+const ENQUEUE_TIMEOUT_SECS: u32 = 10;
 
 /// `GET_LOCK`'s timeout for a wait without limit: a year, after which the
 /// wait starts again (MariaDB answers a negative timeout at once).
@@ -110,6 +114,7 @@ impl MySqlBackend {
             wait_timeout: config.session_timeout().as_secs()
                 + u64::from(config.session_timeout().subsec_nanos() > 0),
             table: format!("{}_fence", config.lock_prefix()),
+            queue: format!("{}_queue", config.lock_prefix()),
             config,
         };
         SqlBackend::connect(dialect).await.map(MySqlBackend)
@@ -124,6 +129,8 @@ struct MySqlDialect {
     wait_timeout: u64,
     /// `{prefix}_fence`.
     table: String,
+    /// `{prefix}_queue`: the entries of read-write locks and semaphores.
+    queue: String,
 }
 
 /// How many counter rows the fencing tokens come from: each name always
@@ -172,6 +179,15 @@ impl MySqlDialect {
     }
 }
 
+impl MySqlDialect {
+    /// A queue entry's lock: a named lock for its token, under (the first
+    /// 26 characters of) the prefix, within the server's 64.
+    fn entry_lock(&self, token: &Token) -> String {
+        let prefix = self.config.lock_prefix();
+        format!("{}%e:{token}", &prefix[..prefix.len().min(26)])
+    }
+}
+
 impl Dialect for MySqlDialect {
     type Conn = MySqlConnection;
     type Id = String;
@@ -186,8 +202,154 @@ impl Dialect for MySqlDialect {
         self.config.fence() == FenceSource::Row
     }
 
-    fn lock_id(&self, key: &LockKey, _mode: Mode) -> String {
-        lock_name(self.config.lock_prefix(), key)
+    fn lock_id(&self, key: &LockKey, mode: Mode) -> String {
+        let prefix = self.config.lock_prefix();
+        match mode {
+            Mode::Exclusive => lock_name(prefix, key),
+            Mode::Permits { .. } => object_name(prefix, "%sem:", key),
+            _ => object_name(prefix, "%rw:", key),
+        }
+    }
+
+    fn supports(&self, _mode: Mode) -> bool {
+        true
+    }
+
+    /// Read-write locks and semaphores: `GET_LOCK` is exclusive only.
+    fn queues(&self, mode: Mode) -> bool {
+        mode != Mode::Exclusive
+    }
+
+    fn enqueue<'a>(
+        &'a self,
+        conn: &'a mut MySqlConnection,
+        id: &'a String,
+        mode: Mode,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<i64, sqlx::Error>> {
+        Box::pin(async move {
+            // The names are escaped (the id) or ours (prefix and hex), and
+            // the tag is letters, digits and `/`: safe to write inline.
+            // The key's name is held until the insert committed, so entry
+            // numbers become visible in order.
+            let entry = self.entry_lock(token);
+            let request = format!(
+                "SET @dlock_e = GET_LOCK('{entry}', 0); \
+                 SET @dlock_q = GET_LOCK('{id}', {ENQUEUE_TIMEOUT_SECS}); \
+                 INSERT INTO {queue} (lock_id, mode, owner) SELECT '{id}', '{tag}', '{entry}' \
+                 FROM DUAL WHERE @dlock_e = 1 AND @dlock_q = 1; \
+                 SET @dlock_n = IF(ROW_COUNT() = 1, CAST(LAST_INSERT_ID() AS SIGNED), NULL); \
+                 DO RELEASE_LOCK('{id}'); \
+                 SELECT @dlock_n, @dlock_e, @dlock_q",
+                queue = self.queue,
+                tag = mode.tag(),
+            );
+            let rows = conn.fetch_all(request.as_str()).await?;
+            let row = rows.last().ok_or(sqlx::Error::RowNotFound)?;
+            match row.try_get::<Option<i64>, _>(0)? {
+                Some(number) => Ok(number),
+                None => Err(sqlx::Error::Protocol(format!(
+                    "no queue entry: entry lock {:?}, the key's enqueue lock {:?} \
+                     (0: held elsewhere for {ENQUEUE_TIMEOUT_SECS} s)",
+                    row.try_get::<Option<i64>, _>(1)?,
+                    row.try_get::<Option<i64>, _>(2)?,
+                ))),
+            }
+        })
+    }
+
+    fn ahead<'a>(
+        &'a self,
+        conn: &'a mut MySqlConnection,
+        id: &'a String,
+        number: i64,
+    ) -> BoxFuture<'a, Result<(Vec<QueueEntry>, bool), sqlx::Error>> {
+        Box::pin(async move {
+            let query = format!(
+                "SELECT n, mode, owner, CAST(IS_USED_LOCK(owner) IS NOT NULL AS SIGNED) \
+                 FROM {} WHERE lock_id = ? AND n <= ? ORDER BY n",
+                self.queue
+            );
+            let rows = sqlx::query(&query)
+                .bind(id)
+                .bind(number)
+                .fetch_all(conn)
+                .await?;
+            let mut entries = rows
+                .iter()
+                .map(|row| {
+                    Ok(QueueEntry {
+                        number: row.try_get(0)?,
+                        tag: row.try_get(1)?,
+                        owner: row.try_get(2)?,
+                        live: row.try_get::<i64, _>(3)? != 0,
+                    })
+                })
+                .collect::<Result<Vec<_>, sqlx::Error>>()?;
+            let mine = entries.last().is_some_and(|e| e.number == number);
+            if mine {
+                entries.pop();
+            }
+            Ok((entries, mine))
+        })
+    }
+
+    fn dequeue<'a>(
+        &'a self,
+        conn: &'a mut MySqlConnection,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
+        Box::pin(async move {
+            let entry = self.entry_lock(token);
+            let request = format!(
+                "DELETE FROM {} WHERE owner = '{entry}'; SET @dlock_d = ROW_COUNT(); \
+                 DO RELEASE_LOCK('{entry}'); SELECT CAST(@dlock_d AS SIGNED)",
+                self.queue
+            );
+            let rows = conn.fetch_all(request.as_str()).await?;
+            let row = rows.last().ok_or(sqlx::Error::RowNotFound)?;
+            Ok(row.try_get::<Option<i64>, _>(0)?.unwrap_or(0) > 0)
+        })
+    }
+
+    fn remove<'a>(
+        &'a self,
+        conn: &'a mut MySqlConnection,
+        numbers: &'a [i64],
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            let list: Vec<String> = numbers.iter().map(i64::to_string).collect();
+            let request = format!("DELETE FROM {} WHERE n IN ({})", self.queue, list.join(","));
+            conn.execute(request.as_str()).await.map(drop)
+        })
+    }
+
+    fn watch<'a>(
+        &'a self,
+        conn: &'a mut MySqlConnection,
+        owner: &'a str,
+        limit: Option<Duration>,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
+        Box::pin(async move {
+            let timeout = match limit {
+                Some(limit) => format!("{:.6}", limit.as_secs_f64()),
+                None => FOREVER_SECS.to_string(),
+            };
+            let got =
+                sqlx::query_scalar::<_, Option<i64>>(&format!("SELECT GET_LOCK(?, {timeout})"))
+                    .bind(owner)
+                    .fetch_one(&mut *conn)
+                    .await?;
+            if got != Some(1) {
+                return Ok(false);
+            }
+            // Its owner left: give it back at once.
+            sqlx::query("DO RELEASE_LOCK(?)")
+                .bind(owner)
+                .execute(conn)
+                .await?;
+            Ok(true)
+        })
     }
 
     fn shard(&self, id: &String) -> u64 {
@@ -212,6 +374,13 @@ impl Dialect for MySqlDialect {
         conn: &'a mut MySqlConnection,
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
+            let queue = format!(
+                "CREATE TABLE IF NOT EXISTS {} (n BIGINT AUTO_INCREMENT PRIMARY KEY, \
+                 lock_id VARCHAR(64) NOT NULL, mode VARCHAR(32) NOT NULL, \
+                 owner VARCHAR(64) NOT NULL, KEY (lock_id, n), KEY (owner)) ENGINE = InnoDB",
+                self.queue
+            );
+            conn.execute(queue.as_str()).await?;
             if self.config.fence() == FenceSource::Off {
                 return Ok(());
             }

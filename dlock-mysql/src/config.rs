@@ -210,16 +210,31 @@ impl MySqlConfig {
 /// costs a wait, never exclusion (`#` is always escaped in whole names, so
 /// the two forms never meet).
 pub(crate) fn lock_name(prefix: &str, key: &LockKey) -> String {
+    object_name(prefix, "", key)
+}
+
+/// The name of `key`'s read-write lock (`object` `%rw:`) or semaphore
+/// (`%sem:`) in the queue table: as [`lock_name`], with the object after
+/// the prefix (a `%` an escaped key never has before two hex digits), and
+/// a hashed tail over the object and the key, so the three objects of one
+/// key never share a name.
+pub(crate) fn object_name(prefix: &str, object: &str, key: &LockKey) -> String {
     let mut name = String::with_capacity(MAX_NAME);
     name.push_str(prefix);
     name.push(':');
+    name.push_str(object);
     key.escape_into(&mut name, |c| {
         !(c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.' | ':' | '/'))
     });
     if name.len() > MAX_NAME {
         // The escaped name is ASCII: every byte is a character boundary.
         name.truncate(MAX_NAME - HASH_TAIL);
-        name.push_str(&format!("#{:016x}", fnv1a(prefix, key.as_str())));
+        let hash = if object.is_empty() {
+            fnv1a(prefix, key.as_str())
+        } else {
+            fnv1a(prefix, &format!("{object}{}", key.as_str()))
+        };
+        name.push_str(&format!("#{hash:016x}"));
     }
     name
 }
@@ -286,6 +301,16 @@ mod tests {
         let exact = name(&"k".repeat(58));
         assert_eq!((exact.len(), exact.contains('#')), (64, false));
         let widest = lock_name(&"p".repeat(MAX_PREFIX), &LockKey::new(&long).unwrap());
+        let prefix = "p".repeat(MAX_PREFIX);
+        let key = LockKey::new(&long).unwrap();
+        let (rw, sem) = (
+            object_name(&prefix, "%rw:", &key),
+            object_name(&prefix, "%sem:", &key),
+        );
+        assert!(rw.len() <= MAX_NAME && sem.len() <= MAX_NAME);
+        assert!(widest != rw && rw != sem && sem != widest, "{rw} {sem}");
+        let short = LockKey::new("k").unwrap();
+        assert_eq!(object_name("dlock", "%rw:", &short), "dlock:%rw:k");
         assert_eq!(widest.len(), 64);
     }
 }

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use dlock_core::{
     backend::{BoxFuture, Mode},
-    LockKey, Result,
+    LockKey, Result, Token,
 };
-use dlock_sql::{sqlx, Dialect, Granted, SqlBackend, SqlSettings};
+use dlock_sql::{sqlx, Dialect, Granted, QueueEntry, SqlBackend, SqlSettings};
 use sqlx::{postgres::PgConnection, Connection, Executor, Row};
 
 use crate::config::{lock_id, PgConfig};
@@ -16,6 +16,15 @@ use crate::config::{lock_id, PgConfig};
 /// same key, for this process's turns (the server keeps them apart by key
 /// space anyway).
 const READ_WRITE_SALT: i64 = 0x5257;
+
+/// Flips a semaphore's identifier away from the plain lock's and the
+/// read-write lock's of the same key.
+const SEMAPHORE_SALT: i64 = 0x0053_454d;
+
+/// A permit entry's lock: a one-key advisory lock named for its token.
+fn entry_lock(token: &Token) -> i64 {
+    dlock_sql::fnv1a("dlock-entry", &token.to_string()) as i64
+}
 
 /// A 64-bit identifier as the two 32-bit keys of the two-key advisory
 /// lock functions.
@@ -118,6 +127,7 @@ impl PgBackend {
     /// As [`PgBackend::connect`].
     pub async fn connect_with(config: PgConfig) -> Result<PgBackend> {
         let sequence = format!("{}_fence", config.lock_prefix());
+        let queue = format!("{}_queue", config.lock_prefix());
         let dialect = PgDialect {
             fence_expr: format!("nextval('{sequence}')"),
             try_lock: format!(
@@ -129,7 +139,33 @@ impl PgBackend {
             try_write: format!(
                 "SELECT CASE WHEN pg_try_advisory_lock($1, $2) THEN nextval('{sequence}') END"
             ),
-            create: format!("CREATE SEQUENCE IF NOT EXISTS {sequence}"),
+            create: format!(
+                "CREATE SEQUENCE IF NOT EXISTS {sequence}; \
+                 CREATE TABLE IF NOT EXISTS {queue} (\
+                 n BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, \
+                 lock_id BIGINT NOT NULL, mode TEXT NOT NULL, owner BIGINT NOT NULL); \
+                 CREATE INDEX IF NOT EXISTS {queue}_lock ON {queue} (lock_id, n)"
+            ),
+            enqueue: format!(
+                "WITH l AS (SELECT pg_advisory_xact_lock($1), pg_try_advisory_lock($3) AS ok) \
+                 INSERT INTO {queue} (lock_id, mode, owner) \
+                 SELECT $1, $2, $3 FROM l WHERE l.ok RETURNING n"
+            ),
+            ahead: format!(
+                "SELECT q.n, q.mode, q.owner::text, EXISTS (SELECT 1 FROM pg_locks l \
+                 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+                 AND l.database = d.oid \
+                 AND l.classid::bigint = (q.owner >> 32) & 4294967295 \
+                 AND l.objid::bigint = q.owner & 4294967295) \
+                 FROM {queue} q, (SELECT oid FROM pg_database \
+                 WHERE datname = current_database()) d \
+                 WHERE q.lock_id = $1 AND q.n <= $2 ORDER BY q.n"
+            ),
+            dequeue: format!(
+                "WITH d AS (DELETE FROM {queue} WHERE owner = $1 RETURNING n) \
+                 SELECT EXISTS (SELECT 1 FROM d), pg_advisory_unlock($1)"
+            ),
+            remove: format!("DELETE FROM {queue} WHERE n = ANY($1)"),
             config,
         };
         SqlBackend::connect(dialect).await.map(PgBackend)
@@ -149,8 +185,19 @@ struct PgDialect {
     try_read: String,
     /// The same for a writer.
     try_write: String,
-    /// Creates the fencing sequence.
+    /// Creates the fencing sequence and the semaphores' queue table.
     create: String,
+    /// Takes a permit entry's lock and adds its entry, with the key's
+    /// enqueues one at a time (a transaction lock until the insert
+    /// commits), so entry numbers become visible in order.
+    enqueue: String,
+    /// The entries of a semaphore up to one, each live while its owner's
+    /// session holds its entry lock (`pg_locks`).
+    ahead: String,
+    /// Deletes a token's entry and releases its entry lock.
+    dequeue: String,
+    /// Deletes dead entries.
+    remove: String,
 }
 
 impl Dialect for PgDialect {
@@ -163,8 +210,116 @@ impl Dialect for PgDialect {
         self.config.settings()
     }
 
-    fn supports(&self, mode: Mode) -> bool {
-        matches!(mode, Mode::Exclusive | Mode::Read | Mode::Write)
+    fn supports(&self, _mode: Mode) -> bool {
+        true
+    }
+
+    /// Semaphores: the server has no counting lock.
+    fn queues(&self, mode: Mode) -> bool {
+        matches!(mode, Mode::Permits { .. })
+    }
+
+    fn enqueue<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        id: &'a i64,
+        mode: Mode,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<i64, sqlx::Error>> {
+        Box::pin(
+            sqlx::query_scalar::<_, i64>(self.enqueue.as_str())
+                .bind(*id)
+                .bind(mode.tag())
+                .bind(entry_lock(token))
+                .fetch_one(conn),
+        )
+    }
+
+    fn ahead<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        id: &'a i64,
+        number: i64,
+    ) -> BoxFuture<'a, Result<(Vec<QueueEntry>, bool), sqlx::Error>> {
+        Box::pin(async move {
+            let rows = sqlx::query(self.ahead.as_str())
+                .bind(*id)
+                .bind(number)
+                .fetch_all(conn)
+                .await?;
+            let mut entries = rows
+                .iter()
+                .map(|row| {
+                    Ok(QueueEntry {
+                        number: row.try_get(0)?,
+                        tag: row.try_get(1)?,
+                        owner: row.try_get(2)?,
+                        live: row.try_get(3)?,
+                    })
+                })
+                .collect::<Result<Vec<_>, sqlx::Error>>()?;
+            let mine = entries.last().is_some_and(|e| e.number == number);
+            if mine {
+                entries.pop();
+            }
+            Ok((entries, mine))
+        })
+    }
+
+    fn dequeue<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
+        Box::pin(async move {
+            let row = sqlx::query(self.dequeue.as_str())
+                .bind(entry_lock(token))
+                .fetch_one(conn)
+                .await?;
+            row.try_get(0)
+        })
+    }
+
+    fn remove<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        numbers: &'a [i64],
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            sqlx::query(self.remove.as_str())
+                .bind(numbers)
+                .execute(conn)
+                .await
+                .map(drop)
+        })
+    }
+
+    fn watch<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        owner: &'a str,
+        limit: Option<Duration>,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
+        Box::pin(async move {
+            let owner: i64 = owner
+                .parse()
+                .map_err(|_| sqlx::Error::Protocol(format!("a queue entry's owner: {owner}")))?;
+            let lock_timeout = limit.map_or(0, |l| l.as_millis().max(1));
+            // Taken and given back at once: its owner left.
+            let watch = format!(
+                "SET lock_timeout = {lock_timeout}; SELECT pg_advisory_lock({owner}); \
+                 SELECT pg_advisory_unlock({owner}); SET lock_timeout = 0"
+            );
+            match conn.execute(watch.as_str()).await {
+                Ok(_) => Ok(true),
+                Err(sqlx::Error::Database(e))
+                    if e.code().as_deref() == Some(LOCK_NOT_AVAILABLE) =>
+                {
+                    Ok(false)
+                }
+                Err(e) => Err(e),
+            }
+        })
     }
 
     /// A plain lock's 64-bit identifier; a read-write lock's is the same
@@ -173,10 +328,10 @@ impl Dialect for PgDialect {
     /// space of advisory locks apart from the one-key space.
     fn lock_id(&self, key: &LockKey, mode: Mode) -> i64 {
         let id = lock_id(self.config.lock_prefix(), key.as_str());
-        if mode == Mode::Exclusive {
-            id
-        } else {
-            id ^ READ_WRITE_SALT
+        match mode {
+            Mode::Exclusive => id,
+            Mode::Permits { .. } => id ^ SEMAPHORE_SALT,
+            _ => id ^ READ_WRITE_SALT,
         }
     }
 

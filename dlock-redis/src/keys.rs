@@ -100,11 +100,7 @@ pub(crate) fn shared_names(prefix: &str, key: &LockKey, mode: Mode) -> Names {
 /// the server: its token, `|`, and what it takes (`r`, `w`, or
 /// `p{count}/{limit}`), so the scripts can admit it without another read.
 pub(crate) fn entry(token: &Token, mode: Mode) -> String {
-    match mode {
-        Mode::Read => format!("{token}|r"),
-        Mode::Permits { count, limit } => format!("{token}|p{count}/{limit}"),
-        _ => format!("{token}|w"),
-    }
+    format!("{token}|{}", mode.tag())
 }
 
 #[cfg(test)]

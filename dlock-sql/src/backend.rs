@@ -22,6 +22,8 @@ use tokio::{
 
 use crate::{Dialect, Granted};
 
+mod queue;
+
 /// The permits of a key's local turn: a reader takes one, so that readers
 /// of one process share the key (their session holds it shared, once per
 /// reader), and any other mode takes them all.
@@ -115,7 +117,12 @@ struct Owned<D: Dialect> {
     /// finished, and finds the lock gone, rather than unlocking a session
     /// that may hold the key again by then for someone else.
     releasing: Arc<tokio::sync::Mutex<()>>,
-    _turn: OwnedSemaphorePermit,
+    /// This process's turn at the key (none for a queued mode, whose
+    /// entries never share a session lock).
+    _turn: Option<OwnedSemaphorePermit>,
+    /// When a fixed lease ends: the lock is not renewable from then on,
+    /// though its release (sent then) may not have been answered yet.
+    fixed_end: Option<Instant>,
     /// The waiter slot of a lock held on a waiter session.
     slot: Option<OwnedSemaphorePermit>,
 }
@@ -420,6 +427,9 @@ impl<D: Dialect> SqlBackend<D> {
     }
 
     async fn acquire_inner(&self, req: &AcquireRequest<'_>) -> Result<Option<Acquired>> {
+        if self.inner.dialect.queues(req.mode) {
+            return self.acquire_queued(req).await;
+        }
         let id = self.inner.dialect.lock_id(req.key, req.mode);
         let Some(turn) = self.local_turn(&id, req.mode, req.wait).await else {
             self.sweep_local(&id);
@@ -434,7 +444,7 @@ impl<D: Dialect> SqlBackend<D> {
                 let (holder, sent, fence, back) =
                     self.try_on_holder(&id, req.mode, turn, &mut retry).await?;
                 if let Some(fence) = fence {
-                    return self.granted(req, holder, id, back, None, sent, fence);
+                    return self.granted(req, holder, id, Some(back), None, sent, fence);
                 }
                 turn = back;
                 self.mark_contended(&id);
@@ -579,7 +589,7 @@ impl<D: Dialect> SqlBackend<D> {
                     req,
                     session,
                     id.clone(),
-                    turn,
+                    Some(turn),
                     Some(slot),
                     sent + took,
                     fence,
@@ -608,7 +618,7 @@ impl<D: Dialect> SqlBackend<D> {
         req: &AcquireRequest<'_>,
         session: Arc<Session<D>>,
         id: D::Id,
-        turn: OwnedSemaphorePermit,
+        turn: Option<OwnedSemaphorePermit>,
         slot: Option<OwnedSemaphorePermit>,
         sent: Instant,
         fence: i64,
@@ -630,6 +640,7 @@ impl<D: Dialect> SqlBackend<D> {
                 mode: req.mode,
                 releasing: Arc::default(),
                 _turn: turn,
+                fixed_end,
                 slot,
             },
         );
@@ -687,7 +698,12 @@ impl<D: Dialect> SqlBackend<D> {
         let released = if session.is_usable() {
             let unlocked = match session.live().await {
                 Ok(mut live) => {
-                    let answer = self.inner.dialect.unlock(live.conn(), &id, mode).await;
+                    let dialect = &self.inner.dialect;
+                    let answer = if dialect.queues(mode) {
+                        dialect.dequeue(live.conn(), token).await
+                    } else {
+                        dialect.unlock(live.conn(), &id, mode).await
+                    };
                     live.done(answer)
                 }
                 Err(e) => Err(e),
@@ -803,6 +819,11 @@ impl<D: Dialect> Backend for SqlBackend<D> {
         Capabilities::new()
             .fencing(self.inner.dialect.fences())
             .read_write(self.inner.dialect.supports(Mode::Read))
+            .semaphores(
+                self.inner
+                    .dialect
+                    .supports(Mode::Permits { count: 1, limit: 1 }),
+            )
             .fifo(true)
             .session_leases(true)
     }
@@ -847,7 +868,12 @@ impl<D: Dialect> Backend for SqlBackend<D> {
             Ok(locks
                 .iter()
                 .map(|l| match owned.get(&l.token) {
-                    Some(o) if o.session.is_usable() => RenewOutcome::Renewed,
+                    Some(o)
+                        if o.session.is_usable()
+                            && o.fixed_end.is_none_or(|end| Instant::now() < end) =>
+                    {
+                        RenewOutcome::Renewed
+                    }
                     _ => RenewOutcome::NotHeld,
                 })
                 .collect())

@@ -4,7 +4,7 @@ use std::{fmt, hash::Hash, time::Duration};
 
 use dlock_core::{
     backend::{BoxFuture, Mode},
-    LockKey,
+    LockKey, Token,
 };
 
 use crate::SqlSettings;
@@ -20,6 +20,21 @@ pub struct Granted {
     /// to when the statement was sent, it gives an instant no later than
     /// the server's end of the statement, where its idle clock starts.
     pub took: Duration,
+}
+
+/// One entry of a queue table (see [`Dialect::queues`]), as
+/// [`Dialect::ahead`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueEntry {
+    /// Its number: its place in the queue, and its fencing token.
+    pub number: i64,
+    /// What it takes, as [`Mode::tag`] wrote it.
+    pub tag: String,
+    /// Its owner's entry lock, as [`Dialect::watch`] takes it.
+    pub owner: String,
+    /// Whether its owner's session still holds its entry lock: an entry
+    /// whose owner's session ended is dead, and anyone may delete it.
+    pub live: bool,
 }
 
 /// The statements of one database server's session-level named locks.
@@ -123,7 +138,97 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// The cheapest statement the server answers, to keep a session busy.
     fn ping<'a>(&'a self, conn: &'a mut Self::Conn) -> BoxFuture<'a, Result<(), sqlx::Error>>;
 
+    /// Whether `mode` is kept in the dialect's queue table, for a mode the
+    /// server has no lock for (a semaphore, or a read-write lock on a
+    /// server with exclusive locks only). The default keeps none there.
+    ///
+    /// A queued acquisition takes its *entry lock* (a session lock of its
+    /// own, named for its token) on the key's holder session and adds an
+    /// entry to the table; the entry is live while that session holds the
+    /// entry lock, so a crashed or timed-out owner's entry is dead at once.
+    /// It holds when admitted first come, first served behind the live
+    /// entries ahead of it ([`admitted`](dlock_core::backend::admitted)),
+    /// and waits by blocking on the entry lock of the entry whose leaving
+    /// may admit it ([`watch`](Dialect::watch)).
+    fn queues(&self, mode: Mode) -> bool {
+        let _ = mode;
+        false
+    }
+
+    /// Takes the entry lock of `token` on this session and adds its entry
+    /// for `id` in `mode` to the queue table, in one round trip where the
+    /// server allows it: the entry's number.
+    fn enqueue<'a>(
+        &'a self,
+        conn: &'a mut Self::Conn,
+        id: &'a Self::Id,
+        mode: Mode,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<i64, sqlx::Error>> {
+        let _ = (conn, id, mode, token);
+        Box::pin(std::future::ready(Err(no_queue())))
+    }
+
+    /// The entries of `id` numbered below `number`, oldest first, with
+    /// whether each is live; and whether entry `number` itself is still in
+    /// the table.
+    ///
+    /// Numbers must be given in the order entries become visible: an entry
+    /// numbered below one already read must never appear later (serialize
+    /// the enqueues of one `id`, for example under a lock held until the
+    /// insert commits), or two entries could each miss the other.
+    fn ahead<'a>(
+        &'a self,
+        conn: &'a mut Self::Conn,
+        id: &'a Self::Id,
+        number: i64,
+    ) -> BoxFuture<'a, Result<(Vec<QueueEntry>, bool), sqlx::Error>> {
+        let _ = (conn, id, number);
+        Box::pin(std::future::ready(Err(no_queue())))
+    }
+
+    /// Deletes `token`'s entry and releases its entry lock on this
+    /// session (after the delete where the server orders them, so a
+    /// watcher that wakes finds the entry gone): whether the entry was
+    /// still there.
+    fn dequeue<'a>(
+        &'a self,
+        conn: &'a mut Self::Conn,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
+        let _ = (conn, token);
+        Box::pin(std::future::ready(Err(no_queue())))
+    }
+
+    /// Deletes the dead entries numbered `numbers` (their owners' sessions
+    /// ended).
+    fn remove<'a>(
+        &'a self,
+        conn: &'a mut Self::Conn,
+        numbers: &'a [i64],
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        let _ = (conn, numbers);
+        Box::pin(std::future::ready(Err(no_queue())))
+    }
+
+    /// Blocks until the entry lock `owner` (a [`QueueEntry::owner`]) is
+    /// free or `limit` passes (`None`: no limit), and leaves it free:
+    /// whether it was seen free.
+    fn watch<'a>(
+        &'a self,
+        conn: &'a mut Self::Conn,
+        owner: &'a str,
+        limit: Option<Duration>,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
+        let _ = (conn, owner, limit);
+        Box::pin(std::future::ready(Err(no_queue())))
+    }
+
     /// Whether `error` means the session is gone, with every lock it held:
     /// the connection failed, or the server ended the session.
     fn ends_the_session(&self, error: &sqlx::Error) -> bool;
+}
+
+fn no_queue() -> sqlx::Error {
+    sqlx::Error::Configuration("this dialect keeps no queue table".into())
 }

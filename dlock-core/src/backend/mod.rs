@@ -359,6 +359,47 @@ impl Mode {
         Ok(Mode::Permits { count, limit })
     }
 
+    /// How a server's queue entry says what it takes: `r`, `w`,
+    /// `p{count}/{limit}`, and empty for a plain lock. The inverse of
+    /// [`Mode::from_tag`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::backend::Mode;
+    ///
+    /// let two_of_five = Mode::Permits { count: 2, limit: 5 };
+    /// assert_eq!(two_of_five.tag(), "p2/5");
+    /// assert_eq!(Mode::from_tag("p2/5"), Some(two_of_five));
+    /// assert_eq!(Mode::from_tag(&Mode::Read.tag()), Some(Mode::Read));
+    /// assert_eq!(Mode::from_tag("p2"), None);
+    /// ```
+    pub fn tag(&self) -> String {
+        match self {
+            Mode::Read => "r".to_owned(),
+            Mode::Write => "w".to_owned(),
+            Mode::Permits { count, limit } => format!("p{count}/{limit}"),
+            Mode::Exclusive => String::new(),
+        }
+    }
+
+    /// The mode a [`tag`](Mode::tag) names; `None` for one it does not
+    /// write.
+    pub fn from_tag(tag: &str) -> Option<Mode> {
+        match tag {
+            "r" => Some(Mode::Read),
+            "w" => Some(Mode::Write),
+            "" => Some(Mode::Exclusive),
+            _ => {
+                let (count, limit) = tag.strip_prefix('p')?.split_once('/')?;
+                Some(Mode::Permits {
+                    count: count.parse().ok()?,
+                    limit: limit.parse().ok()?,
+                })
+            }
+        }
+    }
+
     /// Whether other holders may hold the key with this one (a reader, or
     /// a permit).
     pub const fn is_shared(&self) -> bool {

@@ -1,0 +1,284 @@
+//! Queued modes: read-write locks and semaphores kept in a queue table,
+//! for the modes a server has no lock for (see [`Dialect::queues`]).
+//!
+//! An acquisition takes its entry lock on the key's holder session and
+//! adds its entry; it holds once admitted, first come, first served,
+//! behind the live entries ahead of it. A waiter blocks, on a waiter
+//! session, on the entry lock of the entry whose leaving may admit it:
+//! the last writer ahead for a reader, the last entry ahead for a writer,
+//! and for permits the oldest entry ahead (any holder's leaving may admit
+//! a permit, so a permit waiter also checks again after
+//! [`PERMIT_RECHECK`], a bounded fallback).
+
+use std::{sync::Arc, time::Duration};
+
+use dlock_core::{
+    backend::{admitted, AcquireRequest, Acquired, Mode, Wait},
+    LockError, Result, Token,
+};
+use tokio::time::Instant;
+
+use super::{backend_error, EndOnDrop, Retry, Session, SqlBackend};
+use crate::{Dialect, QueueEntry};
+
+/// How long a permit waiter blocks on the oldest entry ahead before it
+/// checks the queue again: another holder may have left first.
+const PERMIT_RECHECK: Duration = Duration::from_millis(100);
+
+/// Why one queued attempt gave no answer.
+enum Failed {
+    /// The holder session ended (a server restart, a cut connection), and
+    /// the entry with it: worth trying again on a new session.
+    SessionEnded(LockError),
+    /// Anything else: the caller's error.
+    Other(LockError),
+}
+
+/// Takes a token's entry out of the queue if the acquisition is dropped
+/// or fails before it answers: after the enqueue in flight, on the same
+/// session (which runs one statement at a time, in order).
+struct DequeueOnDrop<D: Dialect> {
+    session: Option<Arc<Session<D>>>,
+    token: Token,
+}
+
+impl<D: Dialect> Drop for DequeueOnDrop<D> {
+    fn drop(&mut self) {
+        let Some(session) = self.session.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to send it from: end the session, which ends the
+            // entry lock, and the entry is dead.
+            session.holders.expire();
+            return;
+        };
+        let token = self.token;
+        runtime.spawn(async move {
+            if let Ok(mut live) = session.live().await {
+                let answer = session.dialect.dequeue(live.conn(), &token).await;
+                if live.done(answer).is_err() && session.is_usable() {
+                    session.end();
+                }
+            }
+        });
+    }
+}
+
+/// The entry whose leaving may admit `mode`, among the live entries
+/// ahead (oldest first), and how long to block on it at most.
+fn watched(mode: Mode, ahead: &[(QueueEntry, Mode)]) -> Option<(&QueueEntry, Option<Duration>)> {
+    match mode {
+        Mode::Read => ahead
+            .iter()
+            .rev()
+            .find(|(_, m)| *m != Mode::Read)
+            .map(|(e, _)| (e, None)),
+        Mode::Permits { .. } => ahead.first().map(|(e, _)| (e, Some(PERMIT_RECHECK))),
+        _ => ahead.last().map(|(e, _)| (e, None)),
+    }
+}
+
+/// Runs one dialect statement on a session (`|dialect, conn| call`): when
+/// it was sent and its answer, or the failure, a
+/// [`Failed::SessionEnded`] if the session ended.
+macro_rules! on_session {
+    ($session:expr, |$d:ident, $c:ident| $call:expr) => {{
+        let session: &Session<D> = &$session;
+        let answer = match session.live().await {
+            Ok(mut live) => {
+                let sent = live.sent;
+                let $d: &D = &session.dialect;
+                let $c = live.conn();
+                let answer = $call.await;
+                live.done(answer).map(|v| (sent, v))
+            }
+            Err(e) => Err(e),
+        };
+        answer.map_err(|e| {
+            let error = backend_error::<D>(e);
+            if session.is_usable() {
+                Failed::Other(error)
+            } else {
+                Failed::SessionEnded(error)
+            }
+        })
+    }};
+}
+
+impl<D: Dialect> SqlBackend<D> {
+    /// Acquires a queued mode: tries again on a new session, within the
+    /// wait limit, when the holder session ends under it.
+    pub(super) async fn acquire_queued(
+        &self,
+        req: &AcquireRequest<'_>,
+    ) -> Result<Option<Acquired>> {
+        let id = self.inner.dialect.lock_id(req.key, req.mode);
+        let mut retry = Retry::new(req.wait, self.inner.dialect.settings().connect_timeout());
+        loop {
+            match self.queue_once(req, &id).await {
+                Ok(outcome) => return Ok(outcome),
+                Err(Failed::SessionEnded(error)) => retry.after(error).await?,
+                Err(Failed::Other(error)) => return Err(error),
+            }
+        }
+    }
+
+    async fn queue_once(
+        &self,
+        req: &AcquireRequest<'_>,
+        id: &D::Id,
+    ) -> std::result::Result<Option<Acquired>, Failed> {
+        let holder = self.holder(id).await.map_err(Failed::SessionEnded)?;
+        let mut entry = DequeueOnDrop {
+            session: Some(holder.clone()),
+            token: *req.token,
+        };
+        let (mode, token) = (req.mode, req.token);
+        let (_, number) = on_session!(holder, |d, c| d.enqueue(c, id, mode, token))?;
+        let deadline = req.wait.deadline();
+        loop {
+            let (sent, (entries, mine)) = on_session!(holder, |d, c| d.ahead(c, id, number))?;
+            if !mine {
+                // Deleted as dead: the holder session ended under it.
+                entry.session = None;
+                return Err(Failed::SessionEnded(backend_error::<D>(
+                    std::io::Error::other("the entry's session ended while it waited"),
+                )));
+            }
+            let dead: Vec<i64> = entries
+                .iter()
+                .filter(|e| !e.live)
+                .map(|e| e.number)
+                .collect();
+            if !dead.is_empty() {
+                let dead = &dead;
+                on_session!(holder, |d, c| d.remove(c, dead))?;
+            }
+            // An entry this version cannot read blocks everything behind.
+            let ahead: Vec<(QueueEntry, Mode)> = entries
+                .into_iter()
+                .filter(|e| e.live)
+                .map(|e| {
+                    let m = Mode::from_tag(&e.tag).unwrap_or(Mode::Exclusive);
+                    (e, m)
+                })
+                .collect();
+            if let Mode::Permits { limit, .. } = mode {
+                let theirs = ahead.iter().find_map(|(_, m)| match m {
+                    Mode::Permits { limit: theirs, .. } if *theirs != limit => Some(*theirs),
+                    _ => None,
+                });
+                if let Some(theirs) = theirs {
+                    return Err(Failed::Other(LockError::permit_limit_mismatch(
+                        req.key, theirs, limit,
+                    )));
+                }
+            }
+            if admitted(mode, ahead.iter().map(|(_, m)| *m)) {
+                entry.session = None;
+                return self
+                    .granted(req, holder.clone(), id.clone(), None, None, sent, number)
+                    .map_err(Failed::Other);
+            }
+            let Some((target, most)) = watched(mode, &ahead) else {
+                // Admitted behind nothing: cannot happen; check again.
+                continue;
+            };
+            let now = Instant::now();
+            let limit = match (deadline, most) {
+                (Some(d), _) if d <= now => {
+                    // Out of the queue before answering, so that the key is
+                    // free of us when the caller hears (and by `entry`, if
+                    // this is dropped first).
+                    on_session!(holder, |d, c| d.dequeue(c, token))?;
+                    entry.session = None;
+                    return Ok(None);
+                }
+                (Some(d), most) => Some(most.map_or(d - now, |m| m.min(d - now))),
+                (None, most) => most,
+            };
+            let owner = target.owner.clone();
+            self.watch_entry(&owner, limit, req.wait).await?;
+        }
+    }
+
+    /// Blocks on a waiter session until the entry lock `owner` is free or
+    /// `limit` passes.
+    async fn watch_entry(
+        &self,
+        owner: &str,
+        limit: Option<Duration>,
+        wait: Wait,
+    ) -> std::result::Result<(), Failed> {
+        let slot = self.inner.waiters.clone();
+        let slot = match wait.deadline() {
+            Some(d) => match tokio::time::timeout_at(d, slot.acquire_owned()).await {
+                Ok(slot) => slot,
+                Err(_) => return Ok(()),
+            },
+            None => slot.acquire_owned().await,
+        }
+        .map_err(|e| Failed::Other(backend_error::<D>(e)))?;
+        let session = self.waiter_session().await.map_err(Failed::SessionEnded)?;
+        // A watch dropped mid-wait could take the entry lock after the
+        // caller left, and hold up everyone who watches it: end it.
+        let mut abandon = EndOnDrop {
+            backend: self.clone(),
+            session: Some(session.clone()),
+        };
+        let watched = on_session!(session, |d, c| d.watch(c, owner, limit));
+        abandon.session = None;
+        drop(slot);
+        match watched {
+            Ok(_) => {
+                self.put_idle(session);
+                Ok(())
+            }
+            Err(Failed::SessionEnded(_)) => Ok(()),
+            Err(failed) => {
+                session.end();
+                Err(failed)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(number: i64, mode: Mode) -> (QueueEntry, Mode) {
+        (
+            QueueEntry {
+                number,
+                tag: mode.tag(),
+                owner: number.to_string(),
+                live: true,
+            },
+            mode,
+        )
+    }
+
+    #[test]
+    fn each_mode_watches_the_entry_whose_leaving_may_admit_it() {
+        let permits = Mode::Permits { count: 1, limit: 2 };
+        let ahead = [
+            entry(1, Mode::Read),
+            entry(2, Mode::Write),
+            entry(3, Mode::Read),
+            entry(4, Mode::Write),
+            entry(5, Mode::Read),
+        ];
+        let number = |m| watched(m, &ahead).map(|(e, limit)| (e.number, limit));
+        assert_eq!(number(Mode::Read), Some((4, None)), "the last writer ahead");
+        assert_eq!(number(Mode::Write), Some((5, None)), "the last entry ahead");
+        assert_eq!(
+            watched(permits, &[entry(7, permits), entry(8, permits)])
+                .map(|(e, limit)| (e.number, limit)),
+            Some((7, Some(PERMIT_RECHECK))),
+            "the oldest, and not for long"
+        );
+        assert!(watched(Mode::Read, &[entry(1, Mode::Read)]).is_none());
+    }
+}
