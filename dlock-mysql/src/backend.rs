@@ -65,6 +65,15 @@ const FOREVER_SECS: u64 = 365 * 24 * 3600;
 ///   (see [`FenceSource`]).
 /// - **Fixed leases**: the lock is released when the lease ends, by this
 ///   process; if the process dies first, its connection closes.
+/// - **Read-write locks and semaphores** live in the queue table
+///   `{lock_prefix}_queue` (created at connect if missing), since
+///   `GET_LOCK` is exclusive only: each entry is live while its owner's
+///   session holds the entry's named lock (`IS_USED_LOCK`), admitted first
+///   come, first served, and numbered by `AUTO_INCREMENT`, which is its
+///   fencing token. A waiter blocks in `GET_LOCK` on the lock of the last
+///   writer ahead (a reader) or the last entry ahead (a writer); a permit
+///   waiter on the oldest entry ahead, reading the queue again at least
+///   every 100 ms (see the README's "The queue table").
 ///
 /// # Examples
 ///

@@ -81,6 +81,15 @@ const LOCK_NOT_AVAILABLE: &str = "55P03";
 ///   session that holds it.
 /// - **Fixed leases**: the lock is released when the lease ends, by this
 ///   process; if the process dies first, its connection closes.
+/// - **Read-write locks** are shared and exclusive advisory locks in the
+///   two-key space. **Semaphores** live in the queue table
+///   `{lock_prefix}_queue` (created at connect if missing): each permit
+///   entry is live while its owner's session holds the entry's advisory
+///   lock (read from `pg_locks`), admitted first come, first served, and
+///   numbered by the table's identity, which is its fencing token. A
+///   permit waiter blocks on the oldest entry's lock ahead and reads the
+///   queue again at least every 100 ms (see the README's "The queue
+///   table").
 ///
 /// # Examples
 ///

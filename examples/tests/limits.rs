@@ -71,19 +71,31 @@ async fn a_backend_without_the_primitives_says_so() {
     ));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[cfg(feature = "postgres")]
-async fn the_config_cache_is_never_torn_on_postgres() {
-    let server = dlock_testkit::fixture::PostgresServer::start().expect("postgres");
+/// The pool and the cache through three clients of a database backend.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+async fn pool_and_cache_on(url: &str) {
     let mut lockers = Vec::new();
     for _ in 0..3 {
-        lockers.push(
-            dlock_postgres::PgBackend::connect(&server.url())
-                .await
-                .unwrap()
-                .into_locker(),
-        );
+        let client = dlock_testkit::connect(url).await.unwrap();
+        lockers.push(Locker::from_arc(client));
     }
+    let pool = run_pool(&lockers, "pool", 3, 4, 10).await.unwrap();
+    assert_eq!(pool.calls, 120);
+    assert!(pool.most_at_once <= 3, "{pool:?}");
     let config = run_config(&lockers, "config", 4, 20, 10).await.unwrap();
     assert_eq!((config.refreshes, config.torn), (10, 0), "{config:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg(feature = "postgres")]
+async fn the_pool_and_the_cache_on_postgres() {
+    let server = dlock_testkit::fixture::PostgresServer::start().expect("postgres");
+    pool_and_cache_on(&server.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[cfg(feature = "mysql")]
+async fn the_pool_and_the_cache_on_mariadb() {
+    let server = dlock_testkit::fixture::MariaDbServer::start().expect("MariaDB");
+    pool_and_cache_on(&server.url()).await;
 }
