@@ -284,22 +284,7 @@ impl Dialect for MySqlDialect {
                 .bind(number)
                 .fetch_all(conn)
                 .await?;
-            let mut entries = rows
-                .iter()
-                .map(|row| {
-                    Ok(QueueEntry {
-                        number: row.try_get(0)?,
-                        tag: row.try_get(1)?,
-                        owner: row.try_get(2)?,
-                        live: row.try_get::<i64, _>(3)? != 0,
-                    })
-                })
-                .collect::<Result<Vec<_>, sqlx::Error>>()?;
-            let mine = entries.last().is_some_and(|e| e.number == number);
-            if mine {
-                entries.pop();
-            }
-            Ok((entries, mine))
+            QueueEntry::read_rows(&rows, number)
         })
     }
 

@@ -161,11 +161,11 @@ impl PgBackend {
                  SELECT $1, $2, $3 FROM l WHERE l.ok RETURNING n"
             ),
             ahead: format!(
-                "SELECT q.n, q.mode, q.owner::text, EXISTS (SELECT 1 FROM pg_locks l \
+                "SELECT q.n, q.mode, q.owner::text, (EXISTS (SELECT 1 FROM pg_locks l \
                  WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
                  AND l.database = d.oid \
                  AND l.classid::bigint = (q.owner >> 32) & 4294967295 \
-                 AND l.objid::bigint = q.owner & 4294967295) \
+                 AND l.objid::bigint = q.owner & 4294967295))::int::bigint \
                  FROM {queue} q, (SELECT oid FROM pg_database \
                  WHERE datname = current_database()) d \
                  WHERE q.lock_id = $1 AND q.n <= $2 ORDER BY q.n"
@@ -256,22 +256,7 @@ impl Dialect for PgDialect {
                 .bind(number)
                 .fetch_all(conn)
                 .await?;
-            let mut entries = rows
-                .iter()
-                .map(|row| {
-                    Ok(QueueEntry {
-                        number: row.try_get(0)?,
-                        tag: row.try_get(1)?,
-                        owner: row.try_get(2)?,
-                        live: row.try_get(3)?,
-                    })
-                })
-                .collect::<Result<Vec<_>, sqlx::Error>>()?;
-            let mine = entries.last().is_some_and(|e| e.number == number);
-            if mine {
-                entries.pop();
-            }
-            Ok((entries, mine))
+            QueueEntry::read_rows(&rows, number)
         })
     }
 

@@ -512,16 +512,14 @@ impl RedisBackend {
                 .watch_all(&names.channel().to_string(), &token, woken(&mut wake))
                 .await;
         }
-        // Fallback polling, only while no release channel can be watched.
-        let mut poll = Duration::from_millis(20);
-        let mut failing_since: Option<Instant> = None;
+        let mut pacing = self.pacing(deadline);
         loop {
             let round = self.attempt(&names, &token, req.lease, place).await;
             let now = Instant::now();
             let sleep = match round {
                 Ok(Round::Won(acquired)) => return Ok(Some(acquired)),
                 Ok(Round::Held { retry_in }) => {
-                    failing_since = None;
+                    pacing.answered();
                     if place == Place::None {
                         // Take this process's turn, then stand in line.
                         if turn.is_none() {
@@ -542,48 +540,29 @@ impl RedisBackend {
                             .await;
                         continue;
                     }
-                    let retry_in = retry_in.min(refresh);
-                    if watches.is_empty() {
-                        // Nothing to be woken by: poll with backoff, and try
-                        // to subscribe again next time.
-                        subscribed = false;
-                        poll = (poll * 2).min(self.inner.unwatched_poll);
-                        retry_in.min(poll)
-                    } else {
-                        retry_in
-                    }
+                    subscribed = !watches.is_empty();
+                    pacing.held(retry_in.min(refresh), subscribed)
                 }
-                Err(error) => {
-                    tracing::debug!(%error, "dlock redis acquire failed; retrying");
-                    let since = *failing_since.get_or_insert(now);
-                    // Past the wait limit, or (without one) after the server
-                    // stayed unreachable this long, the error is the answer.
-                    let give_up = deadline.unwrap_or(since + self.inner.unreachable_after);
-                    if now + poll >= give_up {
-                        return Err(error);
-                    }
-                    poll = (poll * 2).min(Duration::from_millis(500));
-                    poll
-                }
+                Err(error) => pacing.failed(now, error)?,
             };
-            let until = match deadline {
-                Some(d) if d <= now => {
-                    // Out of line, so that nobody waits for our turn.
-                    let _ = self
-                        .release_names(&names, &token, self.node_timeout(req.lease))
-                        .await;
-                    return Ok(None);
-                }
-                Some(d) => d.min(now + sleep),
-                None => now + sleep,
-            };
-            match &wake {
-                Some(wake) => tokio::select! {
-                    _ = wake.notified() => {}
-                    _ = tokio::time::sleep_until(until) => {}
-                },
-                None => tokio::time::sleep_until(until).await,
+            if !pacing.pause(now, sleep, wake.as_ref()).await {
+                // Out of line, so that nobody waits for our turn.
+                let _ = self
+                    .release_names(&names, &token, self.node_timeout(req.lease))
+                    .await;
+                return Ok(None);
             }
+        }
+    }
+
+    /// The timers of one waiter with `deadline` (see [`Pacing`]).
+    fn pacing(&self, deadline: Option<Instant>) -> Pacing {
+        Pacing {
+            deadline,
+            poll: Duration::from_millis(20),
+            failing_since: None,
+            unreachable_after: self.inner.unreachable_after,
+            unwatched_poll: self.inner.unwatched_poll,
         }
     }
 
@@ -604,8 +583,7 @@ impl RedisBackend {
         let mut wake: Option<Arc<Notify>> = None;
         let mut watches = Vec::new();
         let mut subscribed = false;
-        let mut poll = Duration::from_millis(20);
-        let mut failing_since: Option<Instant> = None;
+        let mut pacing = self.pacing(deadline);
         loop {
             let sent = Instant::now();
             let answer = node
@@ -625,7 +603,7 @@ impl RedisBackend {
                 }
                 Ok(SharedAttempt::Held(_)) if !queue => return Ok(None),
                 Ok(SharedAttempt::Held(retry_in)) => {
-                    failing_since = None;
+                    pacing.answered();
                     if !subscribed {
                         // Subscribe, then check again at once (in line):
                         // a release between the attempt and the
@@ -639,41 +617,16 @@ impl RedisBackend {
                     let retry_in = retry_in
                         .map_or(UNKNOWN_TTL_RECHECK, Duration::from_millis)
                         .min(refresh);
-                    if watches.is_empty() {
-                        subscribed = false;
-                        poll = (poll * 2).min(self.inner.unwatched_poll);
-                        retry_in.min(poll)
-                    } else {
-                        retry_in
-                    }
+                    subscribed = !watches.is_empty();
+                    pacing.held(retry_in, subscribed)
                 }
                 Err(error) if !queue => return Err(backend_error(error)),
-                Err(error) => {
-                    tracing::debug!(%error, "dlock redis acquire failed; retrying");
-                    let since = *failing_since.get_or_insert(now);
-                    let give_up = deadline.unwrap_or(since + self.inner.unreachable_after);
-                    if now + poll >= give_up {
-                        return Err(backend_error(error));
-                    }
-                    poll = (poll * 2).min(Duration::from_millis(500));
-                    poll
-                }
+                Err(error) => pacing.failed(now, backend_error(error))?,
             };
-            let until = match deadline {
-                Some(d) if d <= now => {
-                    // Out of line, so that nobody waits for our turn.
-                    let _ = node.release_shared(&names, &entry).await;
-                    return Ok(None);
-                }
-                Some(d) => d.min(now + sleep),
-                None => now + sleep,
-            };
-            match &wake {
-                Some(wake) => tokio::select! {
-                    _ = wake.notified() => {}
-                    _ = tokio::time::sleep_until(until) => {}
-                },
-                None => tokio::time::sleep_until(until).await,
+            if !pacing.pause(now, sleep, wake.as_ref()).await {
+                // Out of line, so that nobody waits for our turn.
+                let _ = node.release_shared(&names, &entry).await;
+                return Ok(None);
             }
         }
     }
@@ -748,6 +701,66 @@ impl RedisBackend {
                     .ok()
             })
             .collect()
+    }
+}
+
+/// A waiter's timers between attempts: the backoff while the servers fail
+/// to answer, the fallback poll while no release channel can be watched,
+/// and the pause until the next attempt, which a wake-up cuts short.
+struct Pacing {
+    deadline: Option<Instant>,
+    poll: Duration,
+    failing_since: Option<Instant>,
+    unreachable_after: Duration,
+    unwatched_poll: Duration,
+}
+
+impl Pacing {
+    /// The servers answered.
+    fn answered(&mut self) {
+        self.failing_since = None;
+    }
+
+    /// How long to wait after a refusal that names `retry_in`: that long
+    /// when a release channel is watched; otherwise polled with backoff.
+    fn held(&mut self, retry_in: Duration, watched: bool) -> Duration {
+        if watched {
+            return retry_in;
+        }
+        self.poll = (self.poll * 2).min(self.unwatched_poll);
+        retry_in.min(self.poll)
+    }
+
+    /// How long to back off after a failed attempt; the error, past the
+    /// wait limit or (without one) once the servers stayed unreachable for
+    /// `unreachable_after`.
+    fn failed(&mut self, now: Instant, error: LockError) -> Result<Duration> {
+        tracing::debug!(%error, "dlock redis acquire failed; retrying");
+        let since = *self.failing_since.get_or_insert(now);
+        let give_up = self.deadline.unwrap_or(since + self.unreachable_after);
+        if now + self.poll >= give_up {
+            return Err(error);
+        }
+        self.poll = (self.poll * 2).min(Duration::from_millis(500));
+        Ok(self.poll)
+    }
+
+    /// Sleeps `sleep` from `now`, or until the deadline or `wake`; `false`
+    /// (at once) if the deadline has passed: the caller leaves the line.
+    async fn pause(&self, now: Instant, sleep: Duration, wake: Option<&Arc<Notify>>) -> bool {
+        let until = match self.deadline {
+            Some(d) if d <= now => return false,
+            Some(d) => d.min(now + sleep),
+            None => now + sleep,
+        };
+        match wake {
+            Some(wake) => tokio::select! {
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep_until(until) => {}
+            },
+            None => tokio::time::sleep_until(until).await,
+        }
+        true
     }
 }
 

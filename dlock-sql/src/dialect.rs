@@ -37,6 +37,41 @@ pub struct QueueEntry {
     pub live: bool,
 }
 
+impl QueueEntry {
+    /// Reads [`Dialect::ahead`]'s answer from rows of `(number, tag,
+    /// owner, live)` for a key's entries numbered up to `number`, oldest
+    /// first (`live` an integer, 0 for dead): the entries ahead of
+    /// `number`, and whether `number` itself is among the rows.
+    ///
+    /// # Errors
+    ///
+    /// A row whose columns are not of those types.
+    pub fn read_rows<R>(rows: &[R], number: i64) -> Result<(Vec<QueueEntry>, bool), sqlx::Error>
+    where
+        R: sqlx::Row,
+        usize: sqlx::ColumnIndex<R>,
+        for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    {
+        let mut entries = rows
+            .iter()
+            .map(|row| {
+                Ok(QueueEntry {
+                    number: row.try_get(0)?,
+                    tag: row.try_get(1)?,
+                    owner: row.try_get(2)?,
+                    live: row.try_get::<i64, _>(3)? != 0,
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        let mine = entries.last().is_some_and(|e| e.number == number);
+        if mine {
+            entries.pop();
+        }
+        Ok((entries, mine))
+    }
+}
+
 /// The statements of one database server's session-level named locks.
 ///
 /// A [`SqlBackend`](crate::SqlBackend) holds locks on a few holder

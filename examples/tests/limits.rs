@@ -35,20 +35,7 @@ async fn the_pool_keeps_its_limit_and_the_cache_is_never_torn_in_process() {
 #[cfg(feature = "redis")]
 async fn the_pool_and_the_cache_on_one_redis_node() {
     let server = dlock_testkit::fixture::RedisServer::start().expect("redis-server");
-    let mut lockers = Vec::new();
-    for _ in 0..3 {
-        lockers.push(
-            dlock_redis::RedisBackend::connect(&server.url())
-                .await
-                .unwrap()
-                .into_locker(),
-        );
-    }
-    let pool = run_pool(&lockers, "pool", 3, 4, 10).await.unwrap();
-    assert_eq!(pool.calls, 120);
-    assert!(pool.most_at_once <= 3, "{pool:?}");
-    let config = run_config(&lockers, "config", 4, 20, 10).await.unwrap();
-    assert_eq!((config.refreshes, config.torn), (10, 0), "{config:?}");
+    pool_and_cache_on(&server.url()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -71,8 +58,8 @@ async fn a_backend_without_the_primitives_says_so() {
     ));
 }
 
-/// The pool and the cache through three clients of a database backend.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
+/// The pool and the cache through three clients of the server at `url`.
+#[cfg(any(feature = "redis", feature = "postgres", feature = "mysql"))]
 async fn pool_and_cache_on(url: &str) {
     let mut lockers = Vec::new();
     for _ in 0..3 {
