@@ -189,6 +189,17 @@ impl MySqlDialect {
 }
 
 impl MySqlDialect {
+    /// The entries of the key named by `id` numbered up to `number` (SQL
+    /// expressions), each live while its owner's session holds its entry
+    /// lock, as `QueueEntry::read_rows` reads them.
+    fn ahead_query(&self, id: &str, number: &str) -> String {
+        format!(
+            "SELECT n, mode, owner, CAST(IS_USED_LOCK(owner) IS NOT NULL AS SIGNED) \
+             FROM {} WHERE lock_id = {id} AND n <= {number} ORDER BY n",
+            self.queue
+        )
+    }
+
     /// A queue entry's lock: a named lock for its token, under (the first
     /// 26 characters of) the prefix, within the server's 64.
     fn entry_lock(&self, token: &Token) -> String {
@@ -235,12 +246,13 @@ impl Dialect for MySqlDialect {
         id: &'a String,
         mode: Mode,
         token: &'a Token,
-    ) -> BoxFuture<'a, Result<i64, sqlx::Error>> {
+    ) -> BoxFuture<'a, Result<(i64, Vec<QueueEntry>), sqlx::Error>> {
         Box::pin(async move {
             // The names are escaped (the id) or ours (prefix and hex), and
             // the tag is letters, digits and `/`: safe to write inline.
             // The key's name is held until the insert committed, so entry
-            // numbers become visible in order.
+            // numbers become visible in order; the entries up to the new
+            // one are read in the same round trip.
             let entry = self.entry_lock(token);
             let request = format!(
                 "SET @dlock_e = GET_LOCK('{entry}', 0); \
@@ -249,21 +261,26 @@ impl Dialect for MySqlDialect {
                  FROM DUAL WHERE @dlock_e = 1 AND @dlock_q = 1; \
                  SET @dlock_n = IF(ROW_COUNT() = 1, CAST(LAST_INSERT_ID() AS SIGNED), NULL); \
                  DO RELEASE_LOCK('{id}'); \
-                 SELECT @dlock_n, @dlock_e, @dlock_q",
+                 SELECT @dlock_n, @dlock_e, @dlock_q; {ahead}",
                 queue = self.queue,
                 tag = mode.tag(),
+                ahead = self.ahead_query(&format!("'{id}'"), "@dlock_n"),
             );
             let rows = conn.fetch_all(request.as_str()).await?;
-            let row = rows.last().ok_or(sqlx::Error::RowNotFound)?;
-            match row.try_get::<Option<i64>, _>(0)? {
-                Some(number) => Ok(number),
-                None => Err(sqlx::Error::Protocol(format!(
+            let status = rows.first().ok_or(sqlx::Error::RowNotFound)?;
+            let Some(number) = status.try_get::<Option<i64>, _>(0)? else {
+                return Err(sqlx::Error::Protocol(format!(
                     "no queue entry: entry lock {:?}, the key's enqueue lock {:?} \
                      (0: held elsewhere for {ENQUEUE_TIMEOUT_SECS} s)",
-                    row.try_get::<Option<i64>, _>(1)?,
-                    row.try_get::<Option<i64>, _>(2)?,
-                ))),
+                    status.try_get::<Option<i64>, _>(1)?,
+                    status.try_get::<Option<i64>, _>(2)?,
+                )));
+            };
+            let (entries, mine) = QueueEntry::read_rows(&rows[1..], number)?;
+            if !mine {
+                return Err(sqlx::Error::RowNotFound);
             }
+            Ok((number, entries))
         })
     }
 
@@ -274,11 +291,7 @@ impl Dialect for MySqlDialect {
         number: i64,
     ) -> BoxFuture<'a, Result<(Vec<QueueEntry>, bool), sqlx::Error>> {
         Box::pin(async move {
-            let query = format!(
-                "SELECT n, mode, owner, CAST(IS_USED_LOCK(owner) IS NOT NULL AS SIGNED) \
-                 FROM {} WHERE lock_id = ? AND n <= ? ORDER BY n",
-                self.queue
-            );
+            let query = self.ahead_query("?", "?");
             let rows = sqlx::query(&query)
                 .bind(id)
                 .bind(number)

@@ -21,6 +21,22 @@ const READ_WRITE_SALT: i64 = 0x5257;
 /// read-write lock's of the same key.
 const SEMAPHORE_SALT: i64 = 0x0053_454d;
 
+/// The entries of semaphore `id` in `queue` numbered up to `number` (SQL
+/// expressions), each live while its owner's session holds its entry lock
+/// (`pg_locks`), as `QueueEntry::read_rows` reads them.
+fn ahead(queue: &str, id: &str, number: &str) -> String {
+    format!(
+        "SELECT q.n, q.mode, q.owner::text, (EXISTS (SELECT 1 FROM pg_locks l \
+         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+         AND l.database = d.oid \
+         AND l.classid::bigint = (q.owner >> 32) & 4294967295 \
+         AND l.objid::bigint = q.owner & 4294967295))::int::bigint \
+         FROM {queue} q, (SELECT oid FROM pg_database \
+         WHERE datname = current_database()) d \
+         WHERE q.lock_id = {id} AND q.n <= {number} ORDER BY q.n"
+    )
+}
+
 /// A permit entry's lock: a one-key advisory lock named for its token.
 fn entry_lock(token: &Token) -> i64 {
     dlock_sql::fnv1a("dlock-entry", &token.to_string()) as i64
@@ -155,26 +171,13 @@ impl PgBackend {
                  lock_id BIGINT NOT NULL, mode TEXT NOT NULL, owner BIGINT NOT NULL); \
                  CREATE INDEX IF NOT EXISTS {queue}_lock ON {queue} (lock_id, n)"
             ),
-            enqueue: format!(
-                "WITH l AS (SELECT pg_advisory_xact_lock($1), pg_try_advisory_lock($3) AS ok) \
-                 INSERT INTO {queue} (lock_id, mode, owner) \
-                 SELECT $1, $2, $3 FROM l WHERE l.ok RETURNING n"
-            ),
-            ahead: format!(
-                "SELECT q.n, q.mode, q.owner::text, (EXISTS (SELECT 1 FROM pg_locks l \
-                 WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
-                 AND l.database = d.oid \
-                 AND l.classid::bigint = (q.owner >> 32) & 4294967295 \
-                 AND l.objid::bigint = q.owner & 4294967295))::int::bigint \
-                 FROM {queue} q, (SELECT oid FROM pg_database \
-                 WHERE datname = current_database()) d \
-                 WHERE q.lock_id = $1 AND q.n <= $2 ORDER BY q.n"
-            ),
+            ahead: ahead(&queue, "$1", "$2"),
             dequeue: format!(
                 "WITH d AS (DELETE FROM {queue} WHERE owner = $1 RETURNING n) \
                  SELECT EXISTS (SELECT 1 FROM d), pg_advisory_unlock($1)"
             ),
             remove: format!("DELETE FROM {queue} WHERE n = ANY($1)"),
+            queue,
             config,
         };
         SqlBackend::connect(dialect).await.map(PgBackend)
@@ -196,10 +199,8 @@ struct PgDialect {
     try_write: String,
     /// Creates the fencing sequence and the semaphores' queue table.
     create: String,
-    /// Takes a permit entry's lock and adds its entry, with the key's
-    /// enqueues one at a time (a transaction lock until the insert
-    /// commits), so entry numbers become visible in order.
-    enqueue: String,
+    /// `{prefix}_queue`.
+    queue: String,
     /// The entries of a semaphore up to one, each live while its owner's
     /// session holds its entry lock (`pg_locks`).
     ahead: String,
@@ -228,20 +229,42 @@ impl Dialect for PgDialect {
         matches!(mode, Mode::Permits { .. })
     }
 
+    /// One simple query, so one implicit transaction: the key's
+    /// transaction lock (the key's enqueues take turns until each insert
+    /// commits, so numbers become visible in order), the entry lock and
+    /// the insert, then the entries up to it. Every value written inline
+    /// is a number, or a tag of letters, digits and `/`.
     fn enqueue<'a>(
         &'a self,
         conn: &'a mut PgConnection,
         id: &'a i64,
         mode: Mode,
         token: &'a Token,
-    ) -> BoxFuture<'a, Result<i64, sqlx::Error>> {
-        Box::pin(
-            sqlx::query_scalar::<_, i64>(self.enqueue.as_str())
-                .bind(*id)
-                .bind(mode.tag())
-                .bind(entry_lock(token))
-                .fetch_one(conn),
-        )
+    ) -> BoxFuture<'a, Result<(i64, Vec<QueueEntry>), sqlx::Error>> {
+        Box::pin(async move {
+            let (owner, queue) = (entry_lock(token), &self.queue);
+            let mine = format!("currval(pg_get_serial_sequence('{queue}', 'n'))");
+            let request = format!(
+                "SELECT pg_advisory_xact_lock({id}); \
+                 INSERT INTO {queue} (lock_id, mode, owner) \
+                 SELECT {id}, '{tag}', {owner} WHERE pg_try_advisory_lock({owner}) \
+                 RETURNING n; {ahead}",
+                tag = mode.tag(),
+                ahead = ahead(queue, &id.to_string(), &mine),
+            );
+            let rows = conn.fetch_all(request.as_str()).await?;
+            // The transaction lock's row, the insert's, then the entries.
+            let inserted = rows
+                .get(1)
+                .filter(|row| row.len() == 1)
+                .ok_or(sqlx::Error::RowNotFound)?;
+            let number: i64 = inserted.try_get(0)?;
+            let (entries, mine) = QueueEntry::read_rows(rows.get(2..).unwrap_or_default(), number)?;
+            if !mine {
+                return Err(sqlx::Error::RowNotFound);
+            }
+            Ok((number, entries))
+        })
     }
 
     fn ahead<'a>(

@@ -190,16 +190,17 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         false
     }
 
-    /// Takes the entry lock of `token` on this session and adds its entry
-    /// for `id` in `mode` to the queue table, in one round trip where the
-    /// server allows it: the entry's number.
+    /// Takes the entry lock of `token` on this session, adds its entry for
+    /// `id` in `mode` to the queue table, and reads the entries ahead of it
+    /// as [`ahead`](Dialect::ahead) does, in one round trip: the entry's
+    /// number, and the entries ahead.
     fn enqueue<'a>(
         &'a self,
         conn: &'a mut Self::Conn,
         id: &'a Self::Id,
         mode: Mode,
         token: &'a Token,
-    ) -> BoxFuture<'a, Result<i64, sqlx::Error>> {
+    ) -> BoxFuture<'a, Result<(i64, Vec<QueueEntry>), sqlx::Error>> {
         let _ = (conn, id, mode, token);
         Box::pin(std::future::ready(Err(no_queue())))
     }

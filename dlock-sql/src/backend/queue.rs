@@ -135,10 +135,16 @@ impl<D: Dialect> SqlBackend<D> {
             token: *req.token,
         };
         let (mode, token) = (req.mode, req.token);
-        let (_, number) = on_session!(holder, |d, c| d.enqueue(c, id, mode, token))?;
+        let (sent, (number, entries)) = on_session!(holder, |d, c| d.enqueue(c, id, mode, token))?;
+        // The enqueue read the entries ahead: the first check needs no
+        // statement of its own.
+        let mut enqueued = Some((sent, (entries, true)));
         let deadline = req.wait.deadline();
         loop {
-            let (sent, (entries, mine)) = on_session!(holder, |d, c| d.ahead(c, id, number))?;
+            let (sent, (entries, mine)) = match enqueued.take() {
+                Some(read) => read,
+                None => on_session!(holder, |d, c| d.ahead(c, id, number))?,
+            };
             if !mine {
                 // Deleted as dead: the holder session ended under it.
                 entry.session = None;
