@@ -92,8 +92,3 @@ pub use dlock_macros::distributed_lock;
 #[doc(hidden)]
 #[path = "private.rs"]
 pub mod __private;
-
-/// The workspace README's examples, compiled and run as doctests.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-pub struct ReadmeDoctests;

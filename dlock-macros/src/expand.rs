@@ -121,9 +121,10 @@ fn expand(mut args: Args, func: ItemFn) -> syn::Result<TokenStream> {
     }
     let key = key.unwrap_or_default();
 
+    let default_crate = default_crate();
     let krate = |span: Span| match &args.krate {
         Some(path) => path.to_token_stream(),
-        None => quote_spanned!(span=> ::dlock_core),
+        None => quote_spanned!(span=> ::#default_crate),
     };
     let private = {
         let krate = krate(Span::call_site());
@@ -357,6 +358,23 @@ fn bound_names(pat: &Pat, names: &mut Vec<String>) {
         Pat::Paren(p) => bound_names(&p.pat, names),
         _ => {}
     }
+}
+
+/// Where the runtime is when `crate = ...` does not say: `dlock` (which
+/// re-exports `dlock_core`) if the calling crate depends on it, under
+/// whatever name; else `dlock_core`, under whatever name it has there.
+fn default_crate() -> syn::Ident {
+    use proc_macro_crate::{crate_name, FoundCrate};
+    let found = |package| match crate_name(package) {
+        Ok(FoundCrate::Name(name)) => Some(name),
+        // A package's own tests and doctests link it by its name.
+        Ok(FoundCrate::Itself) => Some(package.replace('-', "_")),
+        Err(_) => None,
+    };
+    let name = found("dlock")
+        .or_else(|| found("dlock-core"))
+        .unwrap_or_else(|| "dlock_core".to_owned());
+    syn::Ident::new(&name, Span::call_site())
 }
 
 #[cfg(test)]

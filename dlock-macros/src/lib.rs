@@ -1,7 +1,8 @@
 //! `#[distributed_lock]`: run an async fn's body under a distributed lock.
 //!
-//! Use it through `dlock_core`, which re-exports it (feature `macros`, on
-//! by default); the documentation with examples is at
+//! Use it through `dlock` or `dlock_core`, which re-export it (in
+//! `dlock_core`, feature `macros`, on by default); the documentation with
+//! examples is at
 //! `dlock_core::distributed_lock`. This crate is the shim: parsing lives in
 //! `args.rs` and `template.rs`, code generation in `expand.rs`.
 
@@ -60,7 +61,7 @@ use proc_macro::TokenStream;
 /// | `lease = "30s"` | A fixed lease (at least `10ms`): the lock expires after it, and is never renewed. Default: the watchdog keeps the lock alive while the body runs. |
 /// | `guard = lock` | The body sees the lock's guard as `lock: &LockGuard`: its fencing token for fenced writes, `is_lost()` and `lost()`. It is a reference, so the body cannot release or move the guard. Default: the guard is hidden. |
 /// | `abort_on_lost` | If the lock is lost while the body runs (a fixed lease ran out, the server could not be reached), drop the body at once and return `LockError::Lost`. Without it, the body runs to its end. |
-/// | `crate = "path"` | Where `dlock_core` is, when it is re-exported under another path. |
+/// | `crate = "path"` | Where `dlock_core` is, when it is re-exported under another path. Default: `dlock` if the crate depends on it (it re-exports `dlock_core`), else `dlock_core`, each under the name the crate's `Cargo.toml` gives it. |
 ///
 /// Unknown, duplicated or malformed arguments are compile errors that say
 /// what to write instead.

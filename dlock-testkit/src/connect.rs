@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use dlock_core::{backend::Backend, LockError};
 
-/// A new client of the backend `url` names: `redis://`,
-/// `redis+redlock://`, `etcd://`, `zk://`, `postgres://` or `mysql://`.
+/// A new client of the backend `url` names: [`dlock::connect_backend`],
+/// with every backend.
 ///
 /// # Errors
 ///
@@ -23,20 +23,5 @@ use dlock_core::{backend::Backend, LockError};
 /// # }
 /// ```
 pub async fn connect(url: &str) -> Result<Arc<dyn Backend>, LockError> {
-    let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or_default();
-    Ok(match scheme {
-        "redis" | "redis+redlock" => Arc::new(dlock_redis::RedisBackend::connect(url).await?),
-        "etcd" => Arc::new(dlock_etcd::EtcdBackend::connect(url).await?),
-        "zk" => Arc::new(dlock_zk::ZkBackend::connect(url).await?),
-        "postgres" | "postgresql" => Arc::new(dlock_postgres::PgBackend::connect(url).await?),
-        "mysql" | "mariadb" => Arc::new(dlock_mysql::MySqlBackend::connect(url).await?),
-        _ => {
-            return Err(LockError::InvalidOptions {
-                reason: format!(
-                    "`{url}`: expected a redis://, redis+redlock://, etcd://, zk://, \
-                     postgres:// or mysql:// URL"
-                ),
-            })
-        }
-    })
+    dlock::connect_backend(url).await
 }

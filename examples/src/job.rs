@@ -24,7 +24,7 @@ use std::{
     time::Duration,
 };
 
-use dlock_core::{LockError, LockOptions, Locker};
+use dlock::{LockError, LockOptions, Locker};
 use tokio::time::Instant;
 
 /// How the schedule runs.
@@ -186,7 +186,7 @@ pub enum JobError {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use dlock_core::{BackendExt, MemoryBackend};
+/// use dlock::{BackendExt, MemoryBackend};
 /// use dlock_examples::job::{run_instance, FencedStore, JobConfig};
 ///
 /// # #[tokio::main]

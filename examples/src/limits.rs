@@ -18,7 +18,7 @@ use std::{
     time::Duration,
 };
 
-use dlock_core::{DistRwLock, DistSemaphore, LockError, LockOptions, Locker};
+use dlock::{DistRwLock, DistSemaphore, LockError, LockOptions, Locker};
 
 /// What the worker pool saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,8 +41,8 @@ pub struct PoolReport {
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), dlock_core::LockError> {
-/// use dlock_core::{BackendExt, MemoryBackend};
+/// # async fn main() -> Result<(), dlock::LockError> {
+/// use dlock::{BackendExt, MemoryBackend};
 ///
 /// let server = MemoryBackend::new();
 /// let clients = vec![server.clone().into_locker(), server.into_locker()];
@@ -133,8 +133,8 @@ pub struct ConfigReport {
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), dlock_core::LockError> {
-/// use dlock_core::{BackendExt, MemoryBackend};
+/// # async fn main() -> Result<(), dlock::LockError> {
+/// use dlock::{BackendExt, MemoryBackend};
 ///
 /// let server = MemoryBackend::new();
 /// let clients = vec![server.clone().into_locker(), server.into_locker()];

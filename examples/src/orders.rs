@@ -24,7 +24,7 @@ use axum::{
     routing::{get, post},
     Router,
 };
-use dlock_core::{distributed_lock, DistMutex, LockError, Locker};
+use dlock::{distributed_lock, DistMutex, LockError, Locker};
 use tokio::io::AsyncWriteExt;
 
 /// The ledger all instances share (a database, here a directory):
@@ -131,7 +131,7 @@ pub struct InstanceStats {
 ///
 /// ```
 /// use std::time::Duration;
-/// use dlock_core::{BackendExt, MemoryBackend};
+/// use dlock::{BackendExt, MemoryBackend};
 /// use dlock_examples::orders::{router, AppState, Ledger};
 ///
 /// # fn main() -> std::io::Result<()> {

@@ -17,7 +17,7 @@ use std::{
     time::Duration,
 };
 
-use dlock_core::{distributed_lock, LockError, Locker};
+use dlock::{distributed_lock, LockError, Locker};
 use tokio::time::Instant;
 
 /// How a run is set up.
@@ -315,7 +315,7 @@ pub async fn serve(
 /// # Examples
 ///
 /// ```
-/// use dlock_core::{BackendExt, MemoryBackend};
+/// use dlock::{BackendExt, MemoryBackend};
 /// use dlock_examples::stock::{run, StockConfig};
 ///
 /// # #[tokio::main]

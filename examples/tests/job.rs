@@ -3,7 +3,7 @@
 
 use std::{process::Command, sync::Arc, time::Duration};
 
-use dlock_core::{BackendExt, Locker, MemoryBackend};
+use dlock::{BackendExt, Locker, MemoryBackend};
 use dlock_examples::job::{run_instance, Event, FencedStore, JobConfig, JobError, Outcome};
 use dlock_testkit::fixture::{RedisServer, ZooKeeperServer};
 use tokio::time::Instant;

@@ -2,7 +2,7 @@
 //! shows a refresh half-way, on the in-process backend and on real servers
 //! (where the backend has the primitive; elsewhere a typed error).
 
-use dlock_core::{BackendExt, LockError, Locker, MemoryBackend};
+use dlock::{BackendExt, LockError, Locker, MemoryBackend};
 use dlock_examples::limits::{run_config, run_pool};
 
 fn clients(server: &MemoryBackend, n: usize) -> Vec<Locker> {
@@ -43,7 +43,7 @@ async fn the_pool_and_the_cache_on_one_redis_node() {
 async fn a_backend_without_the_primitives_says_so() {
     let servers = dlock_testkit::fixture::RedisServer::start_many(3).expect("redis-server");
     let url = dlock_testkit::fixture::RedisServer::redlock_url(&servers);
-    let locker = dlock_redis::RedisBackend::connect(&url)
+    let locker = dlock::redis::RedisBackend::connect(&url)
         .await
         .unwrap()
         .into_locker();

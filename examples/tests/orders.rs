@@ -3,7 +3,7 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use dlock_core::{BackendExt, Locker, MemoryBackend};
+use dlock::{BackendExt, Locker, MemoryBackend};
 use dlock_examples::orders::{router, AppState, Ledger};
 use dlock_testkit::fixture::RedisServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -3,7 +3,7 @@
 
 use std::process::{Command, Output};
 
-use dlock_core::{BackendExt, MemoryBackend};
+use dlock::{BackendExt, MemoryBackend};
 use dlock_examples::stock::{run, StockConfig};
 use dlock_testkit::fixture::{EtcdServer, RedisServer};
 

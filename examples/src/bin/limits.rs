@@ -8,7 +8,7 @@
 
 use std::process::ExitCode;
 
-use dlock_core::{LockError, Locker};
+use dlock::{LockError, Locker};
 use dlock_examples::{
     backend,
     limits::{run_config, run_pool},

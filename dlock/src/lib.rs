@@ -1,0 +1,158 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+//!
+//! # The crate
+//!
+//! Everything of [`dlock_core`] is here: [`Locker`], [`DistMutex`],
+//! [`DistRwLock`], [`DistSemaphore`], the guards, the options, the
+//! errors, [`MemoryBackend`] and [`distributed_lock`]. Each backend crate
+//! is here too, under its feature: [`redis`](crate::redis) (feature
+//! `redis`), `etcd`, `zk`, `postgres` and `mysql`, for what their
+//! configuration types offer beyond a URL.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), dlock::LockError> {
+//! let locker = dlock::connect("memory").await?;
+//! let stock = dlock::DistMutex::new(&locker, "stock:42", 10_u32);
+//! *stock.lock().await? -= 1;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::sync::Arc;
+
+pub use dlock_core::*;
+
+#[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
+pub use dlock_etcd as etcd;
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub use dlock_mysql as mysql;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use dlock_postgres as postgres;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use dlock_redis as redis;
+#[cfg(feature = "zk")]
+#[cfg_attr(docsrs, doc(cfg(feature = "zk")))]
+pub use dlock_zk as zk;
+
+/// The URLs [`connect`] accepts, for usage messages.
+pub const URLS: &str = "memory, redis://HOST:PORT, redis+redlock://H1:P1,H2:P2,H3:P3, \
+     etcd://HOST:PORT/PREFIX, zk://HOST:PORT/PATH, postgres://USER:PASSWORD@HOST:PORT/DB, \
+     mysql://USER:PASSWORD@HOST:PORT/DB";
+
+/// A [`Locker`] on the backend `url` names (see [`connect_backend`]).
+///
+/// # Errors
+///
+/// As [`connect_backend`].
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock::LockError> {
+/// let locker = dlock::connect("memory").await?;
+/// let guard = locker.lock("report:daily").await?;
+/// guard.release().await?;
+///
+/// // A scheme whose feature is off says which feature it needs.
+/// # #[cfg(not(feature = "etcd"))]
+/// assert!(dlock::connect("etcd://127.0.0.1:2379/locks")
+///     .await
+///     .unwrap_err()
+///     .to_string()
+///     .contains("feature `etcd`"));
+/// # Ok(())
+/// # }
+/// ```
+pub async fn connect(url: &str) -> Result<Locker> {
+    connect_backend(url).await.map(Locker::from_arc)
+}
+
+/// A new client of the backend `url` names, by its scheme: `memory` (or
+/// `memory://`: a new in-process backend, whose locks reach this process
+/// only), `redis://` and `redis+redlock://`, `etcd://`, `zk://`,
+/// `postgres://` (or `postgresql://`), `mysql://` (or `mariadb://`). Each
+/// backend's URL takes the options its config type documents.
+///
+/// # Errors
+///
+/// [`LockError::InvalidOptions`] for a scheme dlock does not know, a
+/// scheme whose cargo feature is off (the message names the feature), or
+/// a malformed URL; the backend's error if it cannot connect.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock::LockError> {
+/// let backend = dlock::connect_backend("memory").await?;
+/// assert_eq!(backend.name(), "memory");
+/// assert!(matches!(
+///     dlock::connect_backend("ftp://example").await,
+///     Err(dlock::LockError::InvalidOptions { .. })
+/// ));
+/// # Ok(())
+/// # }
+/// ```
+pub async fn connect_backend(url: &str) -> Result<Arc<dyn backend::Backend>> {
+    if url == "memory" || url == "memory://" {
+        return Ok(Arc::new(MemoryBackend::new()));
+    }
+    match url.split_once("://").map(|(scheme, _)| scheme) {
+        Some("redis" | "redis+redlock") => redis_backend(url).await,
+        Some("etcd") => etcd_backend(url).await,
+        Some("zk") => zk_backend(url).await,
+        Some("postgres" | "postgresql") => postgres_backend(url).await,
+        Some("mysql" | "mariadb") => mysql_backend(url).await,
+        _ => Err(LockError::InvalidOptions {
+            reason: format!("`{url}` names no backend; use one of: {URLS}"),
+        }),
+    }
+}
+
+/// The error for a URL whose backend's feature is off.
+#[allow(dead_code)] // with every backend feature on
+fn feature_off(feature: &str) -> LockError {
+    LockError::InvalidOptions {
+        reason: format!(
+            "this build has no {feature} backend: turn on dlock's feature `{feature}` \
+             (cargo add dlock --features {feature})"
+        ),
+    }
+}
+
+/// One backend's connect, behind its feature.
+macro_rules! backend_connect {
+    ($fn:ident, $feature:literal, $connect:path) => {
+        #[cfg(feature = $feature)]
+        async fn $fn(url: &str) -> Result<Arc<dyn backend::Backend>> {
+            Ok(Arc::new($connect(url).await?))
+        }
+
+        #[cfg(not(feature = $feature))]
+        async fn $fn(_url: &str) -> Result<Arc<dyn backend::Backend>> {
+            Err(feature_off($feature))
+        }
+    };
+}
+
+backend_connect!(redis_backend, "redis", dlock_redis::RedisBackend::connect);
+backend_connect!(etcd_backend, "etcd", dlock_etcd::EtcdBackend::connect);
+backend_connect!(zk_backend, "zk", dlock_zk::ZkBackend::connect);
+backend_connect!(
+    postgres_backend,
+    "postgres",
+    dlock_postgres::PgBackend::connect
+);
+backend_connect!(mysql_backend, "mysql", dlock_mysql::MySqlBackend::connect);
+
+/// The workspace README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
