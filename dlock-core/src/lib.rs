@@ -56,6 +56,7 @@
 pub mod backend;
 mod builder;
 mod default_locker;
+mod duration;
 mod error;
 mod guard;
 mod key;
@@ -74,6 +75,7 @@ mod watchdog;
 pub use backend::memory::MemoryBackend;
 pub use builder::{BackendExt, LockerBuilder};
 pub use default_locker::{default_locker, set_default_locker};
+pub use duration::parse_duration;
 pub use error::{LockError, LostReason, Result};
 pub use guard::{HoldState, LockGuard};
 pub use key::LockKey;

@@ -54,11 +54,45 @@ impl EtcdConfig {
     /// # Errors
     ///
     /// [`LockError::InvalidOptions`] naming what is wrong: another scheme, no
-    /// endpoint, an endpoint without a valid port, an empty user name.
+    /// endpoint, an endpoint without a valid port, an empty user name, an
+    /// unknown query parameter or a malformed duration.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_etcd::EtcdConfig;
+    /// use std::time::Duration;
+    ///
+    /// let config = EtcdConfig::from_url("etcd://h1:2379,h2:2379/locks?request_timeout=2s")?;
+    /// assert_eq!(config.prefix(), "locks");
+    /// assert_eq!(config.request_timeout(), Duration::from_secs(2));
+    /// assert!(EtcdConfig::from_url("etcd://h1:2379/locks?timeout=2s").is_err());
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
     pub fn from_url(url: &str) -> Result<EtcdConfig, LockError> {
         let rest = url
             .strip_prefix("etcd://")
             .ok_or_else(|| invalid(url, "expected `etcd://host:port[,host:port]/prefix`"))?;
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let mut connect_timeout = Duration::from_secs(3);
+        let mut request_timeout = Duration::from_secs(5);
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let setting = match pair.split_once('=') {
+                Some(("connect_timeout", value)) => (&mut connect_timeout, value),
+                Some(("request_timeout", value)) => (&mut request_timeout, value),
+                _ => {
+                    return Err(invalid(
+                        url,
+                        &format!(
+                            "unknown parameter `{pair}`; expected `connect_timeout=3s` \
+                             or `request_timeout=5s`"
+                        ),
+                    ))
+                }
+            };
+            *setting.0 = dlock_core::backend::parse_url_duration(setting.1)
+                .map_err(|why| invalid(url, &format!("`{pair}`: {why}")))?;
+        }
         let (authority, prefix) = match rest.find('/') {
             Some(i) => (&rest[..i], rest[i + 1..].trim_end_matches('/')),
             None => (rest, ""),
@@ -98,8 +132,8 @@ impl EtcdConfig {
                 prefix.to_owned()
             },
             user,
-            connect_timeout: Duration::from_secs(3),
-            request_timeout: Duration::from_secs(5),
+            connect_timeout,
+            request_timeout,
         })
     }
 

@@ -28,6 +28,45 @@ fn malformed(text: &str) -> String {
 mod tests {
     use super::parse_millis;
 
+    /// The one table both parsers run: the macro's compile-time copy must
+    /// answer as `dlock_core::parse_duration` does, value and message.
+    #[test]
+    fn the_compile_time_copy_answers_as_dlock_core() {
+        for text in [
+            "0ms",
+            "1ms",
+            "250ms",
+            "5s",
+            "90s",
+            "2m",
+            "1h",
+            "18446744073709551615ms",
+            "",
+            "5",
+            "s",
+            "5 s",
+            " 5s ",
+            "1.5s",
+            "-1s",
+            "5sec",
+            "ms5",
+            "5S",
+            "1d",
+            "99999999999999999999h",
+            "18446744073709551615h",
+        ] {
+            let ours = parse_millis(text);
+            let core = dlock_core::parse_duration(text);
+            match (&ours, &core) {
+                (Ok(ms), Ok(d)) => assert_eq!(u128::from(*ms), d.as_millis(), "{text:?}"),
+                (Err(why), Err(dlock_core::LockError::InvalidOptions { reason })) => {
+                    assert_eq!(why, reason, "{text:?}")
+                }
+                _ => panic!("{text:?}: the macro says {ours:?}, dlock_core {core:?}"),
+            }
+        }
+    }
+
     #[test]
     fn parses_each_unit() {
         assert_eq!(parse_millis("250ms"), Ok(250));

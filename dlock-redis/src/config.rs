@@ -73,7 +73,24 @@ impl RedisConfig {
     ///
     /// [`LockError::InvalidOptions`] naming what is wrong: another scheme
     /// (`rediss://` TLS is not built in), no host, a bad port, an unknown
-    /// query parameter, or fewer than three Redlock nodes.
+    /// query parameter or a malformed duration, or fewer than three
+    /// Redlock nodes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_redis::RedisConfig;
+    /// use std::time::Duration;
+    ///
+    /// let config = RedisConfig::from_url(
+    ///     "redis://127.0.0.1:6379/?prefix=app&connect_timeout=500ms&response_timeout=2s",
+    /// )?;
+    /// assert_eq!(config.prefix(), "app");
+    /// assert_eq!(config.connect_timeout(), Duration::from_millis(500));
+    /// assert_eq!(config.response_timeout(), Duration::from_secs(2));
+    /// assert!(RedisConfig::from_url("redis://h:1?response_timeout=5").is_err());
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
     pub fn from_url(url: &str) -> Result<RedisConfig, LockError> {
         let (scheme, rest) = url
             .split_once("://")
@@ -111,16 +128,28 @@ impl RedisConfig {
             ));
         }
         let mut prefix = "dlock".to_owned();
+        let mut connect_timeout = Duration::from_secs(2);
+        let mut response_timeout = Duration::from_secs(5);
         for pair in query.split('&').filter(|p| !p.is_empty()) {
-            match pair.split_once('=') {
-                Some(("prefix", value)) if !value.is_empty() => prefix = value.to_owned(),
+            let timeout = match pair.split_once('=') {
+                Some(("prefix", value)) if !value.is_empty() => {
+                    prefix = value.to_owned();
+                    continue;
+                }
+                Some(("connect_timeout", value)) => (&mut connect_timeout, value),
+                Some(("response_timeout", value)) => (&mut response_timeout, value),
                 _ => {
                     return Err(invalid(
                         url,
-                        &format!("unknown or empty parameter `{pair}`; expected `prefix=name`"),
+                        &format!(
+                            "unknown or empty parameter `{pair}`; expected `prefix=name`, \
+                             `connect_timeout=2s` or `response_timeout=5s`"
+                        ),
                     ))
                 }
-            }
+            };
+            *timeout.0 = dlock_core::backend::parse_url_duration(timeout.1)
+                .map_err(|why| invalid(url, &format!("`{pair}`: {why}")))?;
         }
         let mut nodes = Vec::new();
         for host in hosts.split(',') {
@@ -165,8 +194,8 @@ impl RedisConfig {
             nodes,
             redlock,
             prefix,
-            connect_timeout: Duration::from_secs(2),
-            response_timeout: Duration::from_secs(5),
+            connect_timeout,
+            response_timeout,
             unwatched_poll: Duration::from_secs(1),
         })
     }

@@ -73,10 +73,8 @@ impl SqlSettings {
     /// Takes one parameter: `Ok(true)` if it is dlock's, `Ok(false)` if it
     /// is the driver's.
     fn take_param(&mut self, name: &str, value: &str) -> Result<bool, String> {
-        let duration = || {
-            parse_url_duration(value)
-                .ok_or_else(|| format!("`{name}={value}` is not a duration like 500ms or 10s"))
-        };
+        let duration =
+            || parse_url_duration(value).map_err(|why| format!("`{name}={value}`: {why}"));
         let count = |range: std::ops::RangeInclusive<usize>| {
             value
                 .parse()

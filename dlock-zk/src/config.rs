@@ -88,12 +88,8 @@ impl ZkConfig {
                     ))
                 }
             };
-            *setting = dlock_core::backend::parse_url_duration(value).ok_or_else(|| {
-                invalid(
-                    url,
-                    &format!("`{value}` is not a duration like 500ms or 10s"),
-                )
-            })?;
+            *setting = dlock_core::backend::parse_url_duration(value)
+                .map_err(|why| invalid(url, &format!("`{pair}`: {why}")))?;
         }
         Ok(ZkConfig {
             servers: servers.to_owned(),
@@ -160,13 +156,10 @@ mod tests {
             ("zk://a:1,", "not host:port"),
             ("zk://a:1/x//y", "empty"),
             ("zk://a:1/x/..", "`..`"),
-            ("zk://a:1?session_timeout=soon", "not a duration"),
-            ("zk://a:1?session_timeout=0s", "not a duration"),
-            (
-                "zk://a:1?session_timeout=18446744073709551615s",
-                "not a duration",
-            ),
-            ("zk://a:1?connect_timeout=1h", "not a duration"),
+            ("zk://a:1?session_timeout=soon", "malformed duration"),
+            ("zk://a:1?session_timeout=0s", "out of range"),
+            ("zk://a:1?session_timeout=18446744073709551615s", "too long"),
+            ("zk://a:1?connect_timeout=2h", "out of range"),
             ("zk://a:1?chroot=x", "unknown parameter"),
         ] {
             match ZkConfig::from_url(url) {

@@ -3,9 +3,9 @@
 
 use std::{borrow::Cow, time::Duration};
 
-/// A duration in a URL's query (`session_timeout=10s`): whole
-/// milliseconds (`ms`) or seconds (`s`), above zero and at most an hour.
-/// `None` for anything else.
+/// A duration in a URL's query (`session_timeout=10s`), in the grammar of
+/// [`parse_duration`](crate::parse_duration), above zero and at most an
+/// hour; otherwise a message saying what to write instead.
 ///
 /// # Examples
 ///
@@ -13,21 +13,21 @@ use std::{borrow::Cow, time::Duration};
 /// use dlock_core::backend::parse_url_duration;
 /// use std::time::Duration;
 ///
-/// assert_eq!(parse_url_duration("750ms"), Some(Duration::from_millis(750)));
-/// assert_eq!(parse_url_duration("10s"), Some(Duration::from_secs(10)));
-/// assert_eq!(parse_url_duration("0s"), None);
-/// assert_eq!(parse_url_duration("10"), None);
+/// assert_eq!(parse_url_duration("750ms"), Ok(Duration::from_millis(750)));
+/// assert_eq!(parse_url_duration("10s"), Ok(Duration::from_secs(10)));
+/// assert_eq!(parse_url_duration("2m"), Ok(Duration::from_secs(120)));
+/// assert!(parse_url_duration("0s").unwrap_err().contains("above zero"));
+/// assert!(parse_url_duration("10").unwrap_err().contains("malformed duration"));
 /// ```
-pub fn parse_url_duration(text: &str) -> Option<Duration> {
-    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit())?);
-    let number: u64 = number.parse().ok()?;
-    match unit {
-        "ms" => Some(Duration::from_millis(number)),
-        "s" => Some(Duration::from_secs(number)),
-        _ => None,
+pub fn parse_url_duration(text: &str) -> Result<Duration, String> {
+    let duration = crate::duration::parse(text)?;
+    // Timeouts beyond an hour are no sane setting.
+    if duration.is_zero() || duration > Duration::from_secs(3600) {
+        return Err(format!(
+            "duration `{text}` is out of range: above zero and at most 1h"
+        ));
     }
-    // Session timeouts beyond an hour are no sane setting.
-    .filter(|d| !d.is_zero() && *d <= Duration::from_secs(3600))
+    Ok(duration)
 }
 
 /// `url` with the password of its user info replaced by `***`, for
