@@ -306,7 +306,7 @@ impl EtcdBackend {
             options = options.with_user(user.clone(), password.clone());
         }
         let connecting = Client::connect(config.endpoints(), Some(options));
-        let mut client = tokio::time::timeout(config.connect_timeout(), connecting)
+        let client = tokio::time::timeout(config.connect_timeout(), connecting)
             .await
             .map_err(|_| {
                 LockError::backend(
@@ -315,6 +315,49 @@ impl EtcdBackend {
                 )
             })?
             .map_err(backend_error)?;
+        Self::from_client_with(client, &config).await
+    }
+
+    /// A backend on a client the application already has (with its own
+    /// endpoints, credentials and TLS), under the key prefix `dlock` and
+    /// the default timeouts.
+    ///
+    /// Every guarantee holds as with [`connect`](EtcdBackend::connect),
+    /// which builds its client with `with_require_leader(true)`: a member
+    /// cut off from the leader then refuses requests instead of serving a
+    /// stale view. Build yours with it too.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] if no endpoint answers within the connect
+    /// timeout.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use dlock_core::BackendExt;
+    /// use dlock_etcd::{etcd_client, EtcdBackend};
+    ///
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// let options = etcd_client::ConnectOptions::new().with_require_leader(true);
+    /// let client = etcd_client::Client::connect(["127.0.0.1:2379"], Some(options)).await?;
+    /// let locker = EtcdBackend::from_client(client).await?.into_locker();
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn from_client(client: Client) -> Result<EtcdBackend> {
+        let config = EtcdConfig::from_url("etcd://127.0.0.1:2379/dlock")?;
+        Self::from_client_with(client, &config).await
+    }
+
+    /// [`from_client`](EtcdBackend::from_client) with the prefix and the
+    /// timeouts of `config` (its endpoints and user are the client's
+    /// business).
+    ///
+    /// # Errors
+    ///
+    /// As [`from_client`](EtcdBackend::from_client).
+    pub async fn from_client_with(mut client: Client, config: &EtcdConfig) -> Result<EtcdBackend> {
         // The channel connects lazily; make sure a server answers now.
         tokio::time::timeout(config.connect_timeout(), client.status())
             .await

@@ -307,3 +307,33 @@ async fn locker_with_ttl(url: &str, ttl: Duration) -> Locker {
         .build()
         .unwrap()
 }
+
+/// A backend on the application's own `etcd_client::Client` locks the same
+/// keys as one built from a URL with the same prefix: each excludes the
+/// other, and fencing tokens grow across both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_on_the_applications_client_shares_the_locks() {
+    let server = EtcdServer::start().expect("start etcd");
+    let endpoint = server.endpoint();
+    let options = etcd_client::ConnectOptions::new().with_require_leader(true);
+    let client = etcd_client::Client::connect([endpoint.as_str()], Some(options))
+        .await
+        .unwrap();
+    let own = EtcdBackend::from_client(client)
+        .await
+        .unwrap()
+        .into_locker();
+    // `from_client` takes the default prefix, `dlock`.
+    let by_url = locker(&format!("etcd://{endpoint}/dlock")).await;
+    let held = own.lock("shared").await.unwrap();
+    assert!(
+        by_url.try_lock("shared").await.unwrap().is_none(),
+        "the URL's client took a key held through the application's"
+    );
+    let first = held.fencing_token().expect("a fence");
+    held.release().await.unwrap();
+    let next = by_url.lock("shared").await.unwrap();
+    assert!(next.fencing_token().expect("a fence") > first);
+    assert!(own.try_lock("shared").await.unwrap().is_none());
+    drop(next);
+}

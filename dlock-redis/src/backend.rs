@@ -230,6 +230,68 @@ impl RedisBackend {
             .into_iter()
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(backend_error)?;
+        Self::on_nodes(nodes, &config).await
+    }
+
+    /// A single-node backend on a client the application already has (its
+    /// node, credentials and TLS), under the key prefix `dlock` and the
+    /// default timeouts. Every guarantee holds as with
+    /// [`connect`](RedisBackend::connect): the backend opens its own
+    /// multiplexed connection and pub/sub connection through the client.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] if the node cannot be reached within the
+    /// connect timeout.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use dlock_core::BackendExt;
+    /// use dlock_redis::{redis, RedisBackend};
+    ///
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379/")?;
+    /// let locker = RedisBackend::from_client(client).await?.into_locker();
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn from_client(client: redis::Client) -> Result<RedisBackend> {
+        Self::from_client_with(client, &RedisConfig::from_url("redis://127.0.0.1/")?).await
+    }
+
+    /// [`from_client`](RedisBackend::from_client) with the prefix and the
+    /// timeouts of `config` (a one-node config: its node is the client's
+    /// business).
+    ///
+    /// # Errors
+    ///
+    /// As [`from_client`](RedisBackend::from_client);
+    /// [`LockError::InvalidOptions`] for a Redlock config (build Redlock
+    /// from a URL).
+    pub async fn from_client_with(
+        client: redis::Client,
+        config: &RedisConfig,
+    ) -> Result<RedisBackend> {
+        if config.is_redlock() {
+            return Err(LockError::InvalidOptions {
+                reason: "a client names one node: Redlock is built from a \
+                         `redis+redlock://` URL"
+                    .to_owned(),
+            });
+        }
+        let node = Node::from_client(
+            client,
+            config.connect_timeout(),
+            config.response_timeout(),
+            true,
+        )
+        .await
+        .map_err(backend_error)?;
+        Self::on_nodes(vec![node], config).await
+    }
+
+    async fn on_nodes(nodes: Vec<Node>, config: &RedisConfig) -> Result<RedisBackend> {
         let backend = RedisBackend {
             inner: Arc::new(Inner {
                 quorum: nodes.len() / 2 + 1,

@@ -121,7 +121,16 @@ impl Node {
         response_timeout: Duration,
         eager: bool,
     ) -> RedisResult<Node> {
-        let client = Client::open(url)?;
+        Self::from_client(Client::open(url)?, connect_timeout, response_timeout, eager).await
+    }
+
+    /// A node through `client`, as [`connect`](Node::connect).
+    pub(crate) async fn from_client(
+        client: Client,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+        eager: bool,
+    ) -> RedisResult<Node> {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(response_timeout))

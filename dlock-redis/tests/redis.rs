@@ -387,3 +387,33 @@ async fn a_round_won_before_the_slow_nodes_answer_leaves_no_key_after_its_releas
     let taken = b.try_lock("slow").await.unwrap();
     assert!(taken.is_some(), "the key stayed taken after the release");
 }
+
+/// A backend on the application's own `redis::Client` locks the same keys
+/// as one built from a URL: each excludes the other, fencing tokens grow
+/// across both, and a Redlock config is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_on_the_applications_client_shares_the_locks() {
+    let server = RedisServer::start().expect("redis-server");
+    let client = redis::Client::open(server.url()).unwrap();
+    let own = RedisBackend::from_client(client.clone())
+        .await
+        .unwrap()
+        .into_locker();
+    let by_url = locker(&server.url()).await;
+    let held = own.lock("shared").await.unwrap();
+    assert!(
+        by_url.try_lock("shared").await.unwrap().is_none(),
+        "the URL's client took a key held through the application's"
+    );
+    let first = held.fencing_token().expect("a fence");
+    held.release().await.unwrap();
+    let next = by_url.lock("shared").await.unwrap();
+    assert!(next.fencing_token().expect("a fence") > first);
+    assert!(own.try_lock("shared").await.unwrap().is_none());
+    drop(next);
+    let redlock = dlock_redis::RedisConfig::from_url("redis+redlock://a:1,b:1,c:1").unwrap();
+    assert!(matches!(
+        RedisBackend::from_client_with(client, &redlock).await,
+        Err(LockError::InvalidOptions { .. })
+    ));
+}
