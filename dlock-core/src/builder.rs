@@ -31,6 +31,7 @@ pub struct LockerBuilder {
     backend: Arc<dyn Backend>,
     defaults: LockOptions,
     watchdog_lease: Duration,
+    trace_keys: bool,
 }
 
 impl LockerBuilder {
@@ -40,7 +41,30 @@ impl LockerBuilder {
             backend,
             defaults: LockOptions::new().wait_forever().watchdog(),
             watchdog_lease: DEFAULT_WATCHDOG_LEASE,
+            trace_keys: true,
         }
+    }
+
+    /// Whether traces (the `dlock.acquire` and `dlock.hold` spans, and the
+    /// lost and re-entered events) show lock keys (default: yes). Keys may
+    /// hold personal data (`user:{email}`); with `false` they show
+    /// `(hidden)`. Errors returned to the caller still name the key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{LockerBuilder, MemoryBackend};
+    /// use std::sync::Arc;
+    ///
+    /// let locker = LockerBuilder::from_arc(Arc::new(MemoryBackend::new()))
+    ///     .trace_keys(false)
+    ///     .build()?;
+    /// # drop(locker);
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn trace_keys(mut self, shown: bool) -> Self {
+        self.trace_keys = shown;
+        self
     }
 
     /// Waits at most `limit` by default.
@@ -83,6 +107,7 @@ impl LockerBuilder {
             backend: self.backend,
             defaults: self.defaults,
             pending: PendingReleases::default(),
+            trace_keys: self.trace_keys,
         }))
     }
 }

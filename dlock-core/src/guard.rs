@@ -66,7 +66,7 @@ impl Hold {
         let span = tracing::debug_span!(
             parent: None,
             "dlock.hold",
-            key = %key,
+            key = %shared.traced(&key),
             backend = shared.backend.name(),
             fence = fence,
         );
@@ -188,7 +188,7 @@ impl LockGuard {
     }
 
     pub(crate) fn reentered(hold: Arc<Hold>) -> Result<LockGuard> {
-        tracing::trace!(key = %hold.key, "dlock lock re-entered");
+        tracing::trace!(key = %hold.shared.traced(&hold.key), "dlock lock re-entered");
         Self::fresh(hold)
     }
 

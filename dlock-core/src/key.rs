@@ -205,3 +205,21 @@ mod tests {
         }
     }
 }
+
+/// A key as traces show it: itself, or `(hidden)` where the locker was
+/// built with [`trace_keys(false)`](crate::LockerBuilder::trace_keys).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TracedKey<'a> {
+    pub(crate) key: &'a LockKey,
+    pub(crate) shown: bool,
+}
+
+impl std::fmt::Display for TracedKey<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.shown {
+            std::fmt::Display::fmt(self.key, f)
+        } else {
+            f.write_str("(hidden)")
+        }
+    }
+}

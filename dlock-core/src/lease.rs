@@ -18,6 +18,8 @@ use crate::{error::LostReason, key::LockKey, options::clock_drift};
 pub(crate) struct LeaseState {
     key: LockKey,
     backend: &'static str,
+    /// Whether the lost event shows the key.
+    trace_key: bool,
     inner: Mutex<Inner>,
     notify: Notify,
 }
@@ -38,10 +40,11 @@ struct Inner {
 }
 
 impl LeaseState {
-    pub(crate) fn new(key: LockKey, backend: &'static str) -> Self {
+    pub(crate) fn new(key: LockKey, backend: &'static str, trace_key: bool) -> Self {
         LeaseState {
             key,
             backend,
+            trace_key,
             inner: Mutex::new(Inner {
                 deadline: None,
                 lost: None,
@@ -112,7 +115,11 @@ impl LeaseState {
         if inner.released {
             return;
         }
-        tracing::warn!(key = %self.key, backend = self.backend, %reason, "dlock lock lost");
+        let key = crate::key::TracedKey {
+            key: &self.key,
+            shown: self.trace_key,
+        };
+        tracing::warn!(key = %key, backend = self.backend, %reason, "dlock lock lost");
         inner.lost = Some(reason);
         self.notify.notify_waiters();
     }
@@ -230,7 +237,7 @@ mod tests {
     use super::*;
 
     fn state() -> LeaseState {
-        LeaseState::new(LockKey::new("k").unwrap(), "test")
+        LeaseState::new(LockKey::new("k").unwrap(), "test", true)
     }
 
     #[tokio::test(start_paused = true)]

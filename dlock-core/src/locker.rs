@@ -680,7 +680,7 @@ impl Locker {
         let backend_name = self.shared.backend.name();
         let span = tracing::info_span!(
             "dlock.acquire",
-            key = %key,
+            key = %self.shared.traced(&key),
             mode = ?mode,
             backend = backend_name,
             waited_us = tracing::field::Empty,
@@ -689,7 +689,11 @@ impl Locker {
         );
         let acquire = async {
             let token = Token::generate();
-            let lease_state = Arc::new(LeaseState::new(key.clone(), backend_name));
+            let lease_state = Arc::new(LeaseState::new(
+                key.clone(),
+                backend_name,
+                self.shared.trace_keys,
+            ));
             let request = AcquireRequest {
                 key: &key,
                 mode,

@@ -18,9 +18,19 @@ pub(crate) struct Shared {
     pub(crate) defaults: LockOptions,
     pub(crate) watchdog: Watchdog,
     pub(crate) pending: PendingReleases,
+    /// Whether traces show keys (see `LockerBuilder::trace_keys`).
+    pub(crate) trace_keys: bool,
 }
 
 impl Shared {
+    /// `key` as this locker's traces show it.
+    pub(crate) fn traced<'a>(&self, key: &'a crate::LockKey) -> crate::key::TracedKey<'a> {
+        crate::key::TracedKey {
+            key,
+            shown: self.trace_keys,
+        }
+    }
+
     /// Counts a release as pending until the returned value is dropped.
     pub(crate) fn start_release(self: &Arc<Self>) -> PendingRelease {
         self.pending.count.fetch_add(1, Ordering::SeqCst);

@@ -36,3 +36,38 @@ fn acquire_release_and_loss_are_traced() {
         assert!(text.contains(needle), "`{needle}` not traced in:\n{text}");
     }
 }
+
+/// With `trace_keys(false)`, no span or event shows the key: `(hidden)`
+/// stands in every place one would.
+#[test]
+fn keys_can_be_kept_out_of_traces() {
+    let captured = dlock_testkit::CapturedLog::default();
+    captured.block_on(tracing::Level::TRACE, async {
+        let locker = dlock_core::LockerBuilder::from_arc(std::sync::Arc::new(MemoryBackend::new()))
+            .trace_keys(false)
+            .build()
+            .unwrap();
+        let g = locker.lock("user:ann@example.com").await.unwrap();
+        let again = g.scope(locker.lock("user:ann@example.com")).await.unwrap();
+        drop(again);
+        g.release().await.unwrap();
+        let g = locker
+            .lock_with(
+                "user:bob@example.com",
+                LockOptions::new().lease(Duration::from_millis(20)),
+            )
+            .await
+            .unwrap();
+        g.lost().await;
+    });
+    let text = captured.text();
+    for needle in [
+        "dlock.acquire",
+        "dlock.hold",
+        "dlock lock lost",
+        "key=(hidden)",
+    ] {
+        assert!(text.contains(needle), "`{needle}` not traced in:\n{text}");
+    }
+    assert!(!text.contains("example.com"), "a key was traced:\n{text}");
+}
