@@ -118,7 +118,14 @@ impl<D: Dialect> SqlBackend<D> {
         loop {
             match self.queue_once(req, &id).await {
                 Ok(outcome) => return Ok(outcome),
-                Err(Failed::SessionEnded(error)) => retry.after(error).await?,
+                Err(Failed::SessionEnded(error)) => match retry.after(error).await {
+                    Ok(()) => {}
+                    // No time left for a new session: not granted within
+                    // the limit (core asks the servers whether that is a
+                    // timeout or their error).
+                    Err(_) if matches!(req.wait, Wait::Until(_)) => return Ok(None),
+                    Err(error) => return Err(error),
+                },
                 Err(Failed::Other(error)) => return Err(error),
             }
         }
