@@ -400,17 +400,7 @@ async fn a_backend_on_the_applications_client_shares_the_locks() {
         .unwrap()
         .into_locker();
     let by_url = locker(&server.url()).await;
-    let held = own.lock("shared").await.unwrap();
-    assert!(
-        by_url.try_lock("shared").await.unwrap().is_none(),
-        "the URL's client took a key held through the application's"
-    );
-    let first = held.fencing_token().expect("a fence");
-    held.release().await.unwrap();
-    let next = by_url.lock("shared").await.unwrap();
-    assert!(next.fencing_token().expect("a fence") > first);
-    assert!(own.try_lock("shared").await.unwrap().is_none());
-    drop(next);
+    dlock_testkit::assert_locks_are_shared(&own, &by_url).await;
     let redlock = dlock_redis::RedisConfig::from_url("redis+redlock://a:1,b:1,c:1").unwrap();
     assert!(matches!(
         RedisBackend::from_client_with(client, &redlock).await,

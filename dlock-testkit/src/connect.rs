@@ -25,3 +25,34 @@ use dlock_core::{backend::Backend, LockError};
 pub async fn connect(url: &str) -> Result<Arc<dyn Backend>, LockError> {
     dlock::connect_backend(url).await
 }
+
+/// Checks that `own` (a backend on the application's own client) and
+/// `by_url` (one built from a URL with the same prefix) lock the same
+/// keys: each excludes the other, and fencing tokens grow across both.
+///
+/// # Panics
+///
+/// When either takes a key the other holds, a fence does not grow, or a
+/// call fails.
+pub async fn assert_locks_are_shared(own: &dlock_core::Locker, by_url: &dlock_core::Locker) {
+    let held = own
+        .lock("shared")
+        .await
+        .expect("lock through the own client");
+    assert!(
+        by_url.try_lock("shared").await.expect("try_lock").is_none(),
+        "the URL's client took a key held through the application's"
+    );
+    let first = held.fencing_token().expect("a fence");
+    held.release().await.expect("release");
+    let next = by_url.lock("shared").await.expect("lock through the URL");
+    assert!(
+        next.fencing_token().expect("a fence") > first,
+        "fences went backwards"
+    );
+    assert!(
+        own.try_lock("shared").await.expect("try_lock").is_none(),
+        "the application's client took a key held through the URL's"
+    );
+    drop(next);
+}

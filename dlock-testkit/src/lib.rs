@@ -34,7 +34,7 @@ pub mod session_faults;
 
 pub use captured::CapturedLog;
 pub use conformance::Harness;
-pub use connect::connect;
+pub use connect::{assert_locks_are_shared, connect};
 pub use counting::CountingBackend;
 pub use detector::{OverlapDetector, Section};
 pub use fenced_store::{FencedStore, StoreWrite};
