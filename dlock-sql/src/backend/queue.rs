@@ -79,30 +79,29 @@ fn watched(mode: Mode, ahead: &[(QueueEntry, Mode)]) -> Option<(&QueueEntry, Opt
     }
 }
 
-/// Runs one dialect statement on a session (`|dialect, conn| call`): when
-/// it was sent and its answer, or the failure, a
-/// [`Failed::SessionEnded`] if the session ended.
-macro_rules! on_session {
-    ($session:expr, |$d:ident, $c:ident| $call:expr) => {{
-        let session: &Session<D> = &$session;
-        let answer = match session.live().await {
-            Ok(mut live) => {
-                let sent = live.sent;
-                let $d: &D = &session.dialect;
-                let $c = live.conn();
-                let answer = $call.await;
-                live.done(answer).map(|v| (sent, v))
-            }
-            Err(e) => Err(e),
-        };
-        answer.map_err(|e| {
-            let error = backend_error::<D>(e);
-            if session.is_usable() {
-                Failed::Other(error)
-            } else {
-                Failed::SessionEnded(error)
-            }
-        })
+/// A statement's failure on `session`: a [`Failed::SessionEnded`] if the
+/// session ended.
+fn failed<D: Dialect>(session: &Session<D>, e: sqlx::Error) -> Failed {
+    let error = backend_error::<D>(e);
+    if session.is_usable() {
+        Failed::Other(error)
+    } else {
+        Failed::SessionEnded(error)
+    }
+}
+
+/// Runs one dialect statement on a holder session to its end (see
+/// `Session::run`): `on_holder!(session, |dialect, conn| call, captured,
+/// values)` moves the captured values into the statement, and gives when
+/// it was sent and its answer, or the failure.
+macro_rules! on_holder {
+    ($session:expr, |$d:ident, $c:ident| $call:expr $(, $moved:ident)*) => {{
+        let session: &Arc<Session<D>> = &$session;
+        $(let $moved = $moved.to_owned();)*
+        session
+            .run(move |$d, $c| Box::pin(async move { $call.await }))
+            .await
+            .map_err(|e| failed(session, e))
     }};
 }
 
@@ -142,7 +141,8 @@ impl<D: Dialect> SqlBackend<D> {
             token: *req.token,
         };
         let (mode, token) = (req.mode, req.token);
-        let (sent, (number, entries)) = on_session!(holder, |d, c| d.enqueue(c, id, mode, token))?;
+        let (sent, (number, entries)) =
+            on_holder!(holder, |d, c| d.enqueue(c, &id, mode, &token), id, token)?;
         // The enqueue read the entries ahead: the first check needs no
         // statement of its own.
         let mut enqueued = Some((sent, (entries, true)));
@@ -150,7 +150,7 @@ impl<D: Dialect> SqlBackend<D> {
         loop {
             let (sent, (entries, mine)) = match enqueued.take() {
                 Some(read) => read,
-                None => on_session!(holder, |d, c| d.ahead(c, id, number))?,
+                None => on_holder!(holder, |d, c| d.ahead(c, &id, number), id)?,
             };
             if !mine {
                 // Deleted as dead: the holder session ended under it.
@@ -165,8 +165,7 @@ impl<D: Dialect> SqlBackend<D> {
                 .map(|e| e.number)
                 .collect();
             if !dead.is_empty() {
-                let dead = &dead;
-                on_session!(holder, |d, c| d.remove(c, dead))?;
+                on_holder!(holder, |d, c| d.remove(c, &dead), dead)?;
             }
             // An entry this version cannot read blocks everything behind.
             let ahead: Vec<(QueueEntry, Mode)> = entries
@@ -204,7 +203,7 @@ impl<D: Dialect> SqlBackend<D> {
                     // Out of the queue before answering, so that the key is
                     // free of us when the caller hears (and by `entry`, if
                     // this is dropped first).
-                    on_session!(holder, |d, c| d.dequeue(c, token))?;
+                    on_holder!(holder, |d, c| d.dequeue(c, &token), token)?;
                     entry.session = None;
                     return Ok(None);
                 }
@@ -240,7 +239,14 @@ impl<D: Dialect> SqlBackend<D> {
             backend: self.clone(),
             session: Some(session.clone()),
         };
-        let watched = on_session!(session, |d, c| d.watch(c, owner, limit));
+        // Not `run`: a watch dropped mid-wait ends its session (above).
+        let watched = match session.live().await {
+            Ok(mut live) => {
+                let answer = session.dialect.watch(live.conn(), owner, limit).await;
+                live.done(answer).map_err(|e| failed(&session, e))
+            }
+            Err(e) => Err(failed(&session, e)),
+        };
         abandon.session = None;
         drop(slot);
         match watched {

@@ -4,7 +4,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use dlock_core::{DistMutex, LockError, LockOptions};
+use dlock_core::{backend::Mode, DistMutex, LockError, LockGuard, LockOptions};
 use tokio::time::Instant;
 
 use super::{must, patient, Harness, PATIENCE};
@@ -15,6 +15,134 @@ use crate::Rng;
 /// orphan: the key is free again at once.
 pub async fn cancel_safety(h: &Harness) {
     cancel_storm(h, 240).await;
+}
+
+/// A client's locks are untouched by the futures it drops half-way on
+/// other keys. In each of 12 rounds a new client (new connections: their
+/// first statements are the ones a server prepares) holds a lock in every
+/// mode the backend offers, and 32 acquisitions and releases on it (half
+/// of fresh keys, half of keys another client holds, a quarter of them
+/// from a third client) are aborted together at a random point (within
+/// 200 yields, or 1–3 ms). Then the client still holds every lock, nobody
+/// else can take them, and its next statements work. A client may put
+/// many locks on one connection: a statement dropped half-way must leave
+/// that connection neither broken nor in the middle of an answer.
+pub async fn dropped_futures_cost_the_clients_other_locks_nothing(h: &Harness) {
+    let mut rng = Rng::from_env();
+    let seed = rng.seed();
+    let capabilities = h.capabilities().await;
+    let modes: Vec<Mode> = [
+        Mode::Exclusive,
+        Mode::Read,
+        Mode::Write,
+        Mode::Permits { count: 1, limit: 2 },
+    ]
+    .into_iter()
+    .filter(|m| capabilities.supports(*m))
+    .collect();
+    let (other, rival) = (h.locker().await, h.locker().await);
+    let mut contended = Vec::new();
+    for (i, mode) in modes.iter().enumerate() {
+        let key = h.key(&format!("contended-{i}"));
+        let guard = must(
+            h,
+            "a contended key",
+            other.lock_mode(&key, exclusive_for(*mode), patient()).await,
+        );
+        contended.push((key, guard));
+    }
+    for round in 0..12 {
+        let client = h.locker().await;
+        let mut held: Vec<(String, Mode, LockGuard)> = Vec::new();
+        for (i, mode) in modes.iter().enumerate() {
+            let key = h.key(&format!("bystander-{round}-{i}"));
+            let guard = must(
+                h,
+                "a bystander lock",
+                client.lock_mode(&key, *mode, patient()).await,
+            );
+            held.push((key, *mode, guard));
+        }
+        let tasks: Vec<_> = (0..32)
+            .map(|i| {
+                let m = (i / 2) % modes.len();
+                let (key, locker) = if i % 2 == 0 {
+                    (h.key(&format!("dropped-{round}-{i}")), client.clone())
+                } else if i % 4 == 1 {
+                    (contended[m].0.clone(), client.clone())
+                } else {
+                    (contended[m].0.clone(), rival.clone())
+                };
+                let mode = modes[m];
+                tokio::spawn(async move {
+                    if let Ok(guard) = locker.lock_mode(&key, mode, patient()).await {
+                        let _ = guard.release().await;
+                    }
+                })
+            })
+            .collect();
+        if round % 2 == 0 {
+            for _ in 0..rng.below(200) {
+                tokio::task::yield_now().await;
+            }
+        } else {
+            tokio::time::sleep(Duration::from_millis(1 + rng.below(3))).await;
+        }
+        for task in &tasks {
+            task.abort();
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+        // The client's next statements, after whatever the dropped ones
+        // left on its connections.
+        for (i, mode) in modes.iter().enumerate() {
+            let key = h.key(&format!("after-{round}-{i}"));
+            let guard = must(
+                h,
+                "a lock after the drops",
+                client.lock_mode(&key, *mode, patient()).await,
+            );
+            must(h, "its release", guard.release().await);
+        }
+        for (key, mode, guard) in &held {
+            assert!(
+                !guard.is_lost(),
+                "[{}] round {round}: the {mode:?} lock on {key} was lost to futures dropped \
+                 beside it (seed {seed})",
+                h.name
+            );
+            let taken = must(
+                h,
+                "another client's try",
+                other
+                    .try_lock_mode(key, exclusive_for(*mode), LockOptions::new())
+                    .await,
+            );
+            assert!(
+                taken.is_none(),
+                "[{}] round {round}: another client took the {mode:?} lock on {key} while it \
+                 was held (seed {seed})",
+                h.name
+            );
+        }
+        for (_, _, guard) in held {
+            must(h, "a bystander's release", guard.release().await);
+        }
+    }
+    drop(contended);
+}
+
+/// The mode of `mode`'s key that excludes every holder of it.
+fn exclusive_for(mode: Mode) -> Mode {
+    match mode {
+        Mode::Read => Mode::Write,
+        Mode::Permits { limit, .. } => Mode::Permits {
+            count: limit,
+            limit,
+        },
+        _ => mode,
+    }
 }
 
 /// `attempts` futures from 4 clients, dropped at random points (timeouts of

@@ -219,6 +219,7 @@ macro_rules! conformance_tests {
             dist_mutex_in_its_own_scope_would_deadlock,
             // cancel.rs
             cancel_safety,
+            dropped_futures_cost_the_clients_other_locks_nothing,
             // leases.rs
             crashed_holder_with_fixed_lease,
             crashed_holder_with_watchdog,

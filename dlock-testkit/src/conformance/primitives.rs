@@ -324,6 +324,11 @@ pub async fn cancelled_permit_waits_leave_nothing(h: &Harness) {
             other => panic!("[{}] a cancelled wait ended with {other:?}", h.name),
         }
     }
+    assert!(
+        !all.is_lost(),
+        "[{}] the holder lost its permits to the waits dropped beside it",
+        h.name
+    );
     drop(all);
     let fresh = DistSemaphore::with_options(&h.locker().await, &key, N, patient());
     let every = must(
