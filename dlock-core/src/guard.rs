@@ -71,6 +71,7 @@ impl Hold {
             fence = fence,
         );
         span.follows_from(tracing::Span::current());
+        crate::metrics::held(shared.backend.name(), mode, 1.0);
         Arc::new(Hold {
             shared: shared.clone(),
             key,
@@ -108,6 +109,7 @@ impl Hold {
 
 impl Drop for Hold {
     fn drop(&mut self) {
+        crate::metrics::held(self.shared.backend.name(), self.mode, -1.0);
         self.lease.mark_released();
         if let Some(id) = self.watchdog_id {
             self.shared.watchdog.unregister(id);

@@ -120,6 +120,7 @@ impl LeaseState {
             shown: self.trace_key,
         };
         tracing::warn!(key = %key, backend = self.backend, %reason, "dlock lock lost");
+        crate::metrics::lost(self.backend, &reason);
         inner.lost = Some(reason);
         self.notify.notify_waiters();
     }

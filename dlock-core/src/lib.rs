@@ -62,6 +62,7 @@ mod guard;
 mod key;
 mod lease;
 mod locker;
+pub mod metrics;
 mod mutex;
 mod options;
 mod release;

@@ -14,6 +14,7 @@ use crate::{
     guard::{Hold, LockGuard},
     key::LockKey,
     lease::LeaseState,
+    metrics::{self, AcquireOutcome},
     options::{validate_lease, wait_deadline, Lease, LockOptions, MIN_LEASE},
     release::{Release, ReleaseOnDrop},
     scope::Scope,
@@ -666,6 +667,8 @@ impl Locker {
         }
         let runtime = Handle::try_current().map_err(|_| LockError::NoRuntime)?;
         let start = Instant::now();
+        let backend_name = self.shared.backend.name();
+        let timer = metrics::AcquireTimer::start(backend_name, mode, start);
         let wait = match options.get_wait().flatten() {
             _ if once => Wait::No,
             // A zero limit is one whole attempt: bounded by a deadline that
@@ -677,7 +680,6 @@ impl Locker {
                 None => Wait::Forever,
             },
         };
-        let backend_name = self.shared.backend.name();
         let span = tracing::info_span!(
             "dlock.acquire",
             key = %self.shared.traced(&key),
@@ -767,7 +769,14 @@ impl Locker {
             );
             LockGuard::fresh(hold).map(Some)
         };
-        acquire.instrument(span).await
+        let result = acquire.instrument(span).await;
+        timer.finish(match &result {
+            Ok(Some(_)) => AcquireOutcome::Acquired,
+            Ok(None) if wait == Wait::No => AcquireOutcome::Busy,
+            Ok(None) => AcquireOutcome::Timeout,
+            Err(_) => AcquireOutcome::Error,
+        });
+        result
     }
 }
 

@@ -225,7 +225,14 @@ async fn run(timer: Timer, period: Duration) {
         let sent = Instant::now();
         // A renewal slower than a period is as good as failed: the next tick
         // tries again, and the holders' clocks decide when the lease is over.
-        match tokio::time::timeout(period, backend.renew(&requests)).await {
+        let answer = tokio::time::timeout(period, backend.renew(&requests)).await;
+        let outcome = match &answer {
+            Ok(Ok(_)) => "ok",
+            Ok(Err(_)) => "error",
+            Err(_) => "timeout",
+        };
+        crate::metrics::renewal(backend.name(), outcome, sent.elapsed());
+        match answer {
             Ok(Ok(outcomes)) if outcomes.len() == batch.len() => {
                 for ((request, lease), outcome) in batch.iter().zip(outcomes) {
                     match outcome {

@@ -277,6 +277,25 @@ fn get_responses(response: &TxnResponse) -> Vec<etcd_client::GetResponse> {
         .collect()
 }
 
+/// The TLS settings of an `etcds://` URL's files, read now.
+#[cfg(feature = "tls")]
+fn tls_options(files: &crate::config::TlsFiles) -> Result<etcd_client::TlsOptions> {
+    use etcd_client::{Certificate, Identity, TlsOptions};
+    let read = |path: &std::path::PathBuf| {
+        std::fs::read(path).map_err(|e| LockError::InvalidOptions {
+            reason: format!("cannot read the TLS file `{}`: {e}", path.display()),
+        })
+    };
+    let mut options = TlsOptions::new();
+    if let Some(ca) = &files.ca {
+        options = options.ca_certificate(Certificate::from_pem(read(ca)?));
+    }
+    if let (Some(cert), Some(key)) = (&files.cert, &files.key) {
+        options = options.identity(Identity::from_pem(read(cert)?, read(key)?));
+    }
+    Ok(options)
+}
+
 impl EtcdBackend {
     /// Connects to the endpoints of an `etcd://` URL (see [`EtcdConfig`]).
     ///
@@ -304,6 +323,10 @@ impl EtcdBackend {
             .with_require_leader(true);
         if let Some((user, password)) = config.user() {
             options = options.with_user(user.clone(), password.clone());
+        }
+        #[cfg(feature = "tls")]
+        if let Some(files) = config.tls() {
+            options = options.with_tls(tls_options(files)?);
         }
         let connecting = Client::connect(config.endpoints(), Some(options));
         let client = tokio::time::timeout(config.connect_timeout(), connecting)

@@ -1,6 +1,6 @@
 //! `EtcdConfig`: endpoints, key prefix and credentials, from one URL.
 
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
 
 use dlock_core::LockError;
 
@@ -27,6 +27,18 @@ pub struct EtcdConfig {
     user: Option<(String, String)>,
     connect_timeout: Duration,
     request_timeout: Duration,
+    /// `Some` for `etcds://`: the PEM files its TLS parameters name.
+    tls: Option<TlsFiles>,
+}
+
+/// The PEM files an `etcds://` URL names: the CA to trust, and a client
+/// certificate with its key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(not(feature = "tls"), allow(dead_code))]
+pub(crate) struct TlsFiles {
+    pub(crate) ca: Option<PathBuf>,
+    pub(crate) cert: Option<PathBuf>,
+    pub(crate) key: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for EtcdConfig {
@@ -35,6 +47,7 @@ impl std::fmt::Debug for EtcdConfig {
             .field("endpoints", &self.endpoints)
             .field("prefix", &self.prefix)
             .field("user", &self.user.as_ref().map(|(name, _)| name))
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
@@ -70,22 +83,52 @@ impl EtcdConfig {
     /// # Ok::<(), dlock_core::LockError>(())
     /// ```
     pub fn from_url(url: &str) -> Result<EtcdConfig, LockError> {
-        let rest = url
-            .strip_prefix("etcd://")
-            .ok_or_else(|| invalid(url, "expected `etcd://host:port[,host:port]/prefix`"))?;
+        let (tls, rest) = match (url.strip_prefix("etcd://"), url.strip_prefix("etcds://")) {
+            (Some(rest), _) => (false, rest),
+            (_, Some(rest)) if cfg!(feature = "tls") => (true, rest),
+            (_, Some(_)) => {
+                return Err(invalid(
+                    url,
+                    "TLS (`etcds://`) needs dlock-etcd's `tls` feature (dlock's `tls`)",
+                ))
+            }
+            _ => {
+                return Err(invalid(
+                    url,
+                    "expected `etcd://host:port[,host:port]/prefix` (or `etcds://` for TLS)",
+                ))
+            }
+        };
         let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
         let mut connect_timeout = Duration::from_secs(3);
         let mut request_timeout = Duration::from_secs(5);
+        let mut files = TlsFiles::default();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let setting = match pair.split_once('=') {
                 Some(("connect_timeout", value)) => (&mut connect_timeout, value),
                 Some(("request_timeout", value)) => (&mut request_timeout, value),
+                Some((name @ ("tls_ca" | "tls_cert" | "tls_key"), value)) if !value.is_empty() => {
+                    if !tls {
+                        return Err(invalid(
+                            url,
+                            &format!("`{name}` is for TLS, which needs `etcds://`"),
+                        ));
+                    }
+                    let slot = match name {
+                        "tls_ca" => &mut files.ca,
+                        "tls_cert" => &mut files.cert,
+                        _ => &mut files.key,
+                    };
+                    *slot = Some(PathBuf::from(value));
+                    continue;
+                }
                 _ => {
                     return Err(invalid(
                         url,
                         &format!(
-                            "unknown parameter `{pair}`; expected `connect_timeout=3s` \
-                             or `request_timeout=5s`"
+                            "unknown parameter `{pair}`; expected `connect_timeout=3s`, \
+                             `request_timeout=5s`, or (TLS) `tls_ca=path`, `tls_cert=path` \
+                             and `tls_key=path`"
                         ),
                     ))
                 }
@@ -122,7 +165,17 @@ impl EtcdConfig {
             if host.is_empty() || port.is_none_or(|p| p.parse::<u16>().is_err()) {
                 return Err(invalid(url, &format!("`{host}` is not host:port")));
             }
-            endpoints.push(host.to_owned());
+            endpoints.push(if tls {
+                format!("https://{host}")
+            } else {
+                host.to_owned()
+            });
+        }
+        if files.cert.is_some() != files.key.is_some() {
+            return Err(invalid(
+                url,
+                "a client certificate needs both `tls_cert` and `tls_key`",
+            ));
         }
         Ok(EtcdConfig {
             endpoints,
@@ -134,10 +187,22 @@ impl EtcdConfig {
             user,
             connect_timeout,
             request_timeout,
+            tls: tls.then_some(files),
         })
     }
 
-    /// The client endpoints, `host:port` each.
+    /// Whether the endpoints are reached over TLS (`etcds://`).
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    #[cfg(feature = "tls")]
+    pub(crate) fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
+    }
+
+    /// The client endpoints, `host:port` each (`https://host:port` over
+    /// TLS).
     pub fn endpoints(&self) -> &[String] {
         &self.endpoints
     }

@@ -113,6 +113,38 @@ impl MySqlBackend {
         Self::connect_with(MySqlConfig::from_url(url)?).await
     }
 
+    /// Connects with the connect options of the application's own pool:
+    /// the same server, login and TLS settings, on sessions of dlock's own,
+    /// with the same guarantees as [`MySqlBackend::connect`].
+    ///
+    /// dlock never borrows the pool's connections: a lock lives exactly as
+    /// long as the session that holds it, and a pooled connection is lent
+    /// to other code, reset and closed when the pool decides. For dlock's
+    /// own settings (session timeout, prefix), build a [`MySqlConfig`] with
+    /// [`MySqlConfig::from_options`] from `pool.connect_options()` instead.
+    ///
+    /// # Errors
+    ///
+    /// As [`MySqlBackend::connect`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use dlock_core::BackendExt;
+    /// use dlock_mysql::{sqlx::MySqlPool, MySqlBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = MySqlPool::connect("mysql://app@127.0.0.1:3306/app").await?;
+    /// let locker = MySqlBackend::from_pool(&pool).await?.into_locker();
+    /// drop(locker.lock("report:daily").await?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn from_pool(pool: &sqlx::MySqlPool) -> Result<MySqlBackend> {
+        Self::connect_with(MySqlConfig::from_options((*pool.connect_options()).clone())).await
+    }
+
     /// Connects with a prepared [`MySqlConfig`].
     ///
     /// # Errors

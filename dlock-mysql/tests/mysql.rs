@@ -285,3 +285,20 @@ async fn a_missing_counter_row_is_a_typed_error_and_leaves_no_lock() {
         .expect("the failed wait's session kept the lock");
     again.release().await.unwrap();
 }
+
+/// A backend on the connect options of the application's own pool locks
+/// the same keys as one built from a URL: each excludes the other, and
+/// fencing tokens grow across both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_from_the_applications_pool_shares_the_locks() {
+    let server = MariaDbServer::start().expect("start MariaDB");
+    let pool = dlock_mysql::sqlx::MySqlPool::connect(&server.url())
+        .await
+        .expect("the application's pool");
+    let own = MySqlBackend::from_pool(&pool)
+        .await
+        .expect("a backend from the pool")
+        .into_locker();
+    let by_url = locker(&server.url()).await;
+    dlock_testkit::assert_locks_are_shared(&own, &by_url).await;
+}

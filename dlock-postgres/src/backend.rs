@@ -145,6 +145,38 @@ impl PgBackend {
         Self::connect_with(PgConfig::from_url(url)?).await
     }
 
+    /// Connects with the connect options of the application's own pool:
+    /// the same server, login and TLS settings, on sessions of dlock's own,
+    /// with the same guarantees as [`PgBackend::connect`].
+    ///
+    /// dlock never borrows the pool's connections: a lock lives exactly as
+    /// long as the session that holds it, and a pooled connection is lent
+    /// to other code, reset and closed when the pool decides. For dlock's
+    /// own settings (session timeout, prefix), build a [`PgConfig`] with
+    /// [`PgConfig::from_options`] from `pool.connect_options()` instead.
+    ///
+    /// # Errors
+    ///
+    /// As [`PgBackend::connect`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use dlock_core::BackendExt;
+    /// use dlock_postgres::{sqlx::PgPool, PgBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = PgPool::connect("postgres://app@127.0.0.1:5432/app").await?;
+    /// let locker = PgBackend::from_pool(&pool).await?.into_locker();
+    /// drop(locker.lock("report:daily").await?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn from_pool(pool: &sqlx::PgPool) -> Result<PgBackend> {
+        Self::connect_with(PgConfig::from_options((*pool.connect_options()).clone())).await
+    }
+
     /// Connects with a prepared [`PgConfig`].
     ///
     /// # Errors

@@ -214,3 +214,20 @@ async fn a_wait_outlives_a_server_restart() {
     let (holder, waiter) = (locker(&url).await, locker(&url).await);
     database_faults::check_wait_outlives_a_restart(&holder, waiter, || server.restart()).await;
 }
+
+/// A backend on the connect options of the application's own pool locks
+/// the same keys as one built from a URL: each excludes the other, and
+/// fencing tokens grow across both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_from_the_applications_pool_shares_the_locks() {
+    let server = PostgresServer::start().expect("start PostgreSQL");
+    let pool = dlock_postgres::sqlx::PgPool::connect(&server.url())
+        .await
+        .expect("the application's pool");
+    let own = PgBackend::from_pool(&pool)
+        .await
+        .expect("a backend from the pool")
+        .into_locker();
+    let by_url = locker(&server.url()).await;
+    dlock_testkit::assert_locks_are_shared(&own, &by_url).await;
+}

@@ -217,9 +217,14 @@ impl RedisBackend {
     /// As [`connect`](RedisBackend::connect).
     pub async fn connect_with(config: RedisConfig) -> Result<RedisBackend> {
         let eager = !config.is_redlock();
-        let connecting = config.nodes().iter().map(|url| {
-            Node::connect(
-                url,
+        let clients = config
+            .nodes()
+            .iter()
+            .map(|url| config.client(url))
+            .collect::<Result<Vec<_>>>()?;
+        let connecting = clients.into_iter().map(|client| {
+            Node::from_client(
+                client,
                 config.connect_timeout(),
                 config.response_timeout(),
                 eager,

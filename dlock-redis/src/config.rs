@@ -1,7 +1,7 @@
 //! `RedisConfig`: which nodes, under which key prefix, with which timeouts;
 //! parsed from one URL.
 
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
 
 use dlock_core::LockError;
 
@@ -32,6 +32,8 @@ use dlock_core::LockError;
 pub struct RedisConfig {
     nodes: Vec<String>,
     redlock: bool,
+    /// `Some` for `rediss://`: the files its TLS parameters name.
+    tls: Option<TlsFiles>,
     prefix: String,
     connect_timeout: Duration,
     response_timeout: Duration,
@@ -49,12 +51,23 @@ impl std::fmt::Debug for RedisConfig {
         f.debug_struct("RedisConfig")
             .field("nodes", &nodes)
             .field("redlock", &self.redlock)
+            .field("tls", &self.tls)
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("unwatched_poll", &self.unwatched_poll)
             .finish()
     }
+}
+
+/// The PEM files a `rediss://` URL names: the CA to trust instead of the
+/// system's roots, and a client certificate with its key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[cfg_attr(not(feature = "tls"), allow(dead_code))]
+struct TlsFiles {
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
 }
 
 fn invalid(url: &str, why: &str) -> LockError {
@@ -95,19 +108,23 @@ impl RedisConfig {
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| invalid(url, "expected `redis://` or `redis+redlock://`"))?;
-        let redlock = match scheme {
-            "redis" => false,
-            "redis+redlock" => true,
+        let (redlock, tls) = match scheme {
+            "redis" => (false, false),
+            "redis+redlock" => (true, false),
+            "rediss" | "rediss+redlock" if cfg!(feature = "tls") => (scheme != "rediss", true),
             "rediss" | "rediss+redlock" => {
                 return Err(invalid(
                     url,
-                    "TLS (`rediss://`) is not supported by this build",
+                    "TLS (`rediss://`) needs dlock-redis's `tls` feature (dlock's `tls`)",
                 ))
             }
             other => {
                 return Err(invalid(
                     url,
-                    &format!("unknown scheme `{other}`; expected `redis` or `redis+redlock`"),
+                    &format!(
+                        "unknown scheme `{other}`; expected `redis`, `redis+redlock`, \
+                         `rediss` or `rediss+redlock`"
+                    ),
                 ))
             }
         };
@@ -130,10 +147,26 @@ impl RedisConfig {
         let mut prefix = "dlock".to_owned();
         let mut connect_timeout = Duration::from_secs(2);
         let mut response_timeout = Duration::from_secs(5);
+        let mut files = TlsFiles::default();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let timeout = match pair.split_once('=') {
                 Some(("prefix", value)) if !value.is_empty() => {
                     prefix = value.to_owned();
+                    continue;
+                }
+                Some((name @ ("tls_ca" | "tls_cert" | "tls_key"), value)) if !value.is_empty() => {
+                    if !tls {
+                        return Err(invalid(
+                            url,
+                            &format!("`{name}` is for TLS, which needs `rediss://`"),
+                        ));
+                    }
+                    let slot = match name {
+                        "tls_ca" => &mut files.ca,
+                        "tls_cert" => &mut files.cert,
+                        _ => &mut files.key,
+                    };
+                    *slot = Some(PathBuf::from(value));
                     continue;
                 }
                 Some(("connect_timeout", value)) => (&mut connect_timeout, value),
@@ -143,7 +176,8 @@ impl RedisConfig {
                         url,
                         &format!(
                             "unknown or empty parameter `{pair}`; expected `prefix=name`, \
-                             `connect_timeout=2s` or `response_timeout=5s`"
+                             `connect_timeout=2s`, `response_timeout=5s`, or (TLS) \
+                             `tls_ca=path`, `tls_cert=path` and `tls_key=path`"
                         ),
                     ))
                 }
@@ -170,7 +204,8 @@ impl RedisConfig {
             } else {
                 format!("/{db}")
             };
-            nodes.push(format!("redis://{auth}{host}{db}"));
+            let scheme = if tls { "rediss" } else { "redis" };
+            nodes.push(format!("{scheme}://{auth}{host}{db}"));
         }
         let mut distinct = nodes.clone();
         distinct.sort();
@@ -190,14 +225,57 @@ impl RedisConfig {
         if !redlock && nodes.len() != 1 {
             return Err(invalid(url, "several hosts need `redis+redlock://`"));
         }
+        if files.cert.is_some() != files.key.is_some() {
+            return Err(invalid(
+                url,
+                "a client certificate needs both `tls_cert` and `tls_key`",
+            ));
+        }
         Ok(RedisConfig {
             nodes,
             redlock,
+            tls: tls.then_some(files),
             prefix,
             connect_timeout,
             response_timeout,
             unwatched_poll: Duration::from_secs(1),
         })
+    }
+
+    /// Whether the nodes are reached over TLS (`rediss://`).
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// The client of node `node` (one of [`nodes`](RedisConfig::nodes)),
+    /// with the URL's CA and client certificate read now.
+    pub(crate) fn client(&self, node: &str) -> Result<redis::Client, LockError> {
+        #[cfg(feature = "tls")]
+        if let Some(files) = self
+            .tls
+            .as_ref()
+            .filter(|f| f.ca.is_some() || f.cert.is_some())
+        {
+            let read = |path: &PathBuf| {
+                std::fs::read(path).map_err(|e| LockError::InvalidOptions {
+                    reason: format!("cannot read the TLS file `{}`: {e}", path.display()),
+                })
+            };
+            let client_tls = match (&files.cert, &files.key) {
+                (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                    client_cert: read(cert)?,
+                    client_key: read(key)?,
+                }),
+                _ => None,
+            };
+            let certificates = redis::TlsCertificates {
+                client_tls,
+                root_cert: files.ca.as_ref().map(read).transpose()?,
+            };
+            return redis::Client::build_with_tls(node, certificates)
+                .map_err(|e| LockError::backend("redis", e));
+        }
+        redis::Client::open(node).map_err(|e| LockError::backend("redis", e))
     }
 
     /// The node URLs, one per node, passwords included (their percent

@@ -113,18 +113,8 @@ pub(crate) struct Node {
 }
 
 impl Node {
-    /// A node at `url`. With `eager`, connects now and fails if the node is
-    /// unreachable; otherwise connects on first use.
-    pub(crate) async fn connect(
-        url: &str,
-        connect_timeout: Duration,
-        response_timeout: Duration,
-        eager: bool,
-    ) -> RedisResult<Node> {
-        Self::from_client(Client::open(url)?, connect_timeout, response_timeout, eager).await
-    }
-
-    /// A node through `client`, as [`connect`](Node::connect).
+    /// A node through `client`. With `eager`, connects now and fails if
+    /// the node is unreachable; otherwise connects on first use.
     pub(crate) async fn from_client(
         client: Client,
         connect_timeout: Duration,

@@ -29,6 +29,7 @@ mod detector;
 mod fenced_store;
 pub mod fixture;
 mod hold_log;
+mod metrics;
 mod rng;
 pub mod session_faults;
 
@@ -39,6 +40,7 @@ pub use counting::CountingBackend;
 pub use detector::{OverlapDetector, Section};
 pub use fenced_store::{FencedStore, StoreWrite};
 pub use hold_log::{monotonic_ns, HoldLog, Interval};
+pub use metrics::check_metrics;
 pub use rng::Rng;
 
 /// Every fallback timer of the handoff checks across processes (the

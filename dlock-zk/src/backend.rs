@@ -17,7 +17,7 @@ use dlock_core::{
 };
 use tokio::time::Instant;
 use zookeeper_client::{
-    Acls, Client, CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult,
+    Acls, Client, Connector, CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult,
 };
 
 use crate::{config::ZkConfig, session::Session};
@@ -34,11 +34,11 @@ fn backend_error(e: ZkError) -> LockError {
 /// Opens a session, trying again while the servers refuse one (down, or
 /// electing a leader: the client gives up on an attempt after a session
 /// timeout) until the connect timeout has passed.
-async fn open_session(config: &ZkConfig) -> Result<Arc<Session>> {
+async fn open_session(config: &ZkConfig, connector: Option<&Connector>) -> Result<Arc<Session>> {
     let deadline = Instant::now() + config.connect_timeout();
     let mut backoff = Duration::from_millis(50);
     loop {
-        let attempt = Session::start(config.servers(), config.session_timeout());
+        let attempt = Session::start(connector, config.servers(), config.session_timeout());
         let error = match tokio::time::timeout_at(deadline, attempt).await {
             Ok(Ok(session)) => return Ok(session),
             Ok(Err(e @ (ZkError::Timeout | ZkError::ConnectionLoss | ZkError::NoHosts))) => e,
@@ -149,6 +149,8 @@ pub struct ZkBackend {
 
 struct Inner {
     config: ZkConfig,
+    /// The application's connector, if it gave one, for every session.
+    connector: Option<Connector>,
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
     owned: Mutex<HashMap<Token, Owned>>,
 }
@@ -265,9 +267,52 @@ impl ZkBackend {
     ///
     /// As [`connect`](ZkBackend::connect).
     pub async fn connect_with(config: ZkConfig) -> Result<ZkBackend> {
+        Self::open(config, None).await
+    }
+
+    /// Connects with the application's own [`Connector`]: every session
+    /// dlock opens (the first, and a new one after a session expired)
+    /// comes from a clone of it, with its TLS, authentication and other
+    /// settings, and the servers and lock path of `config`; the same
+    /// guarantees as [`ZkBackend::connect`].
+    ///
+    /// Not a `Client`: a lock lives exactly as long as the session that
+    /// holds it, and after that session expires dlock must open a new
+    /// one, which a client of an ended session cannot. dlock sets the
+    /// connector's session and connection timeouts to `config`'s session
+    /// timeout. A connector that resumes a session (`with_session`) is not
+    /// for dlock: two backends would share one session's locks.
+    ///
+    /// # Errors
+    ///
+    /// As [`ZkBackend::connect`].
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use dlock_core::BackendExt;
+    /// use dlock_zk::{zookeeper_client::Client, ZkBackend, ZkConfig};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let connector = Client::connector().with_auth("digest", b"app:secret");
+    /// let config = ZkConfig::from_url("zk://127.0.0.1:2181/app/locks")?;
+    /// let locker = ZkBackend::from_connector(connector, config)
+    ///     .await?
+    ///     .into_locker();
+    /// drop(locker.lock("report:daily").await?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn from_connector(connector: Connector, config: ZkConfig) -> Result<ZkBackend> {
+        Self::open(config, Some(connector)).await
+    }
+
+    async fn open(config: ZkConfig, connector: Option<Connector>) -> Result<ZkBackend> {
         let backend = ZkBackend {
             inner: Arc::new(Inner {
                 config,
+                connector,
                 session: tokio::sync::Mutex::default(),
                 owned: Mutex::default(),
             }),
@@ -315,7 +360,7 @@ impl ZkBackend {
         if let Some(session) = current.as_ref().filter(|s| s.is_usable()) {
             return Ok(session.clone());
         }
-        let session = open_session(&self.inner.config).await?;
+        let session = open_session(&self.inner.config, self.inner.connector.as_ref()).await?;
         *current = Some(session.clone());
         Ok(session)
     }

@@ -12,7 +12,7 @@ use dlock_core::{
     LostReason, Token,
 };
 use tokio::time::Instant;
-use zookeeper_client::{Client, SessionState};
+use zookeeper_client::{Client, Connector, SessionState};
 
 pub(crate) struct Session {
     /// `None` once the session was given up: the last clone of the client
@@ -27,11 +27,14 @@ pub(crate) struct Session {
 
 impl Session {
     pub(crate) async fn start(
+        connector: Option<&Connector>,
         servers: &str,
         timeout: Duration,
     ) -> Result<Arc<Session>, zookeeper_client::Error> {
         let sent = Instant::now();
-        let client = Client::connector()
+        let client = connector
+            .cloned()
+            .unwrap_or_else(Client::connector)
             .with_session_timeout(timeout)
             .with_connection_timeout(timeout)
             .connect(servers)

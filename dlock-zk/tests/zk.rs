@@ -441,3 +441,43 @@ async fn a_grant_counts_its_lease_from_what_the_leader_saw_not_from_a_listing() 
         "the lease was counted from the listing that granted the lock: lost {lasted:?} after it"
     );
 }
+
+/// A backend from the application's own connector opens its sessions with
+/// the connector's settings: under a path only a digest user may write,
+/// a backend from a URL alone is refused (a typed error), and two from a
+/// connector authenticated as that user lock, and exclude each other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_from_the_applications_connector_uses_its_settings() {
+    use zookeeper_client::{Acls, Client, CreateMode};
+    let server = ZooKeeperServer::start().expect("start ZooKeeper");
+    let connector = || Client::connector().with_auth("digest", b"app:secret");
+    let admin = connector()
+        .connect(&server.endpoint())
+        .await
+        .expect("the application's client");
+    admin
+        .create(
+            "/secured",
+            b"",
+            &CreateMode::Persistent.with_acls(Acls::creator_all()),
+        )
+        .await
+        .expect("a path only the app may write");
+    let url = format!("zk://{}/secured", server.endpoint());
+    let anonymous = ZkBackend::connect(&url).await.unwrap().into_locker();
+    let refused = anonymous.try_lock("report").await;
+    assert!(
+        matches!(refused, Err(dlock_core::LockError::Backend { .. })),
+        "a backend without the app's auth wrote under its path: {refused:?}"
+    );
+    let config = dlock_zk::ZkConfig::from_url(&url).unwrap();
+    let a = ZkBackend::from_connector(connector(), config.clone())
+        .await
+        .expect("a backend from the connector")
+        .into_locker();
+    let b = ZkBackend::from_connector(connector(), config)
+        .await
+        .expect("another")
+        .into_locker();
+    dlock_testkit::assert_locks_are_shared(&a, &b).await;
+}
