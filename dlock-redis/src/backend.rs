@@ -216,6 +216,28 @@ impl RedisBackend {
     ///
     /// As [`connect`](RedisBackend::connect).
     pub async fn connect_with(config: RedisConfig) -> Result<RedisBackend> {
+        if config.is_cluster() {
+            let client = |resp3: bool| {
+                let mut builder = redis::cluster::ClusterClient::builder(config.nodes().to_vec())
+                    .connection_timeout(config.connect_timeout())
+                    .response_timeout(config.response_timeout())
+                    .retries(3);
+                if resp3 {
+                    builder = builder.use_protocol(redis::ProtocolVersion::RESP3);
+                }
+                builder.build().map_err(backend_error)
+            };
+            let node = Node::cluster(
+                client(false)?,
+                client(true)?,
+                config.connect_timeout(),
+                config.response_timeout(),
+                config.nodes().join(","),
+            )
+            .await
+            .map_err(backend_error)?;
+            return Self::on_nodes(vec![node], &config).await;
+        }
         let eager = !config.is_redlock();
         let clients = config
             .nodes()

@@ -11,7 +11,12 @@ use dlock_core::LockError;
 ///
 /// - `redis://[user:password@]host[:port][/db][?prefix=name]`: one node;
 /// - `redis+redlock://[user:password@]h1:p1,h2:p2,h3:p3[/db][?prefix=name]`:
-///   Redlock over three or more independent nodes.
+///   Redlock over three or more independent nodes;
+/// - `redis+cluster://[user:password@]h1:p1,h2:p2[?prefix=name]`: one
+///   Redis Cluster (7 or later), found through any of its nodes. Each
+///   key's names share a hash tag, so a lock lives in one slot, on the
+///   master that owns it; wake-ups use its shard channel. Replication to
+///   the replicas is asynchronous: see the README's "In production".
 ///
 /// `prefix` (default `dlock`) starts every key dlock writes.
 ///
@@ -26,12 +31,17 @@ use dlock_core::LockError;
 /// let redlock = RedisConfig::from_url("redis+redlock://a:7000,b:7001,c:7002?prefix=app")?;
 /// assert_eq!(redlock.nodes().len(), 3);
 /// assert_eq!(redlock.prefix(), "app");
+///
+/// let cluster = RedisConfig::from_url("redis+cluster://a:7000,b:7001")?;
+/// assert!(cluster.is_cluster() && !cluster.is_redlock());
 /// # Ok::<(), dlock_core::LockError>(())
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct RedisConfig {
     nodes: Vec<String>,
     redlock: bool,
+    /// `redis+cluster://`: the nodes are a Redis Cluster's seed list.
+    cluster: bool,
     /// `Some` for `rediss://`: the files its TLS parameters name.
     tls: Option<TlsFiles>,
     prefix: String,
@@ -51,6 +61,7 @@ impl std::fmt::Debug for RedisConfig {
         f.debug_struct("RedisConfig")
             .field("nodes", &nodes)
             .field("redlock", &self.redlock)
+            .field("cluster", &self.cluster)
             .field("tls", &self.tls)
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
@@ -108,10 +119,17 @@ impl RedisConfig {
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| invalid(url, "expected `redis://` or `redis+redlock://`"))?;
+        let cluster = scheme == "redis+cluster";
         let (redlock, tls) = match scheme {
-            "redis" => (false, false),
+            "redis" | "redis+cluster" => (false, false),
             "redis+redlock" => (true, false),
             "rediss" | "rediss+redlock" if cfg!(feature = "tls") => (scheme != "rediss", true),
+            "rediss+cluster" => {
+                return Err(invalid(
+                    url,
+                    "TLS is not offered on Redis Cluster yet (`redis+cluster://`)",
+                ))
+            }
             "rediss" | "rediss+redlock" => {
                 return Err(invalid(
                     url,
@@ -123,7 +141,7 @@ impl RedisConfig {
                     url,
                     &format!(
                         "unknown scheme `{other}`; expected `redis`, `redis+redlock`, \
-                         `rediss` or `rediss+redlock`"
+                         `redis+cluster`, `rediss` or `rediss+redlock`"
                     ),
                 ))
             }
@@ -208,6 +226,8 @@ impl RedisConfig {
             nodes.push(format!("{scheme}://{auth}{host}{db}"));
         }
         let mut distinct = nodes.clone();
+        // A cluster's seeds are one deployment; Redlock's nodes must be
+        // independent ones.
         distinct.sort();
         distinct.dedup();
         if distinct.len() != nodes.len() {
@@ -222,8 +242,15 @@ impl RedisConfig {
                 "Redlock needs at least three independent nodes",
             ));
         }
-        if !redlock && nodes.len() != 1 {
-            return Err(invalid(url, "several hosts need `redis+redlock://`"));
+        if !redlock && !cluster && nodes.len() != 1 {
+            return Err(invalid(
+                url,
+                "several hosts need `redis+redlock://` (independent nodes) or \
+                 `redis+cluster://` (one cluster's seed nodes)",
+            ));
+        }
+        if cluster && !db.is_empty() && db != "0" {
+            return Err(invalid(url, "a Redis Cluster has only database 0"));
         }
         if files.cert.is_some() != files.key.is_some() {
             return Err(invalid(
@@ -234,12 +261,19 @@ impl RedisConfig {
         Ok(RedisConfig {
             nodes,
             redlock,
+            cluster,
             tls: tls.then_some(files),
             prefix,
             connect_timeout,
             response_timeout,
             unwatched_poll: Duration::from_secs(1),
         })
+    }
+
+    /// Whether the nodes are a Redis Cluster's seed nodes
+    /// (`redis+cluster://`).
+    pub fn is_cluster(&self) -> bool {
+        self.cluster
     }
 
     /// Whether the nodes are reached over TLS (`rediss://`).
@@ -359,6 +393,22 @@ mod tests {
         assert_eq!(c.prefix(), "dlock");
         let c = RedisConfig::from_url("redis://[::1]:6379").unwrap();
         assert_eq!(c.nodes(), ["redis://[::1]:6379"]);
+    }
+
+    #[test]
+    fn parses_cluster_seed_lists() {
+        let c = RedisConfig::from_url("redis+cluster://:pw@a:1,b:2?prefix=x").unwrap();
+        assert_eq!(c.nodes(), ["redis://:pw@a:1", "redis://:pw@b:2"]);
+        assert!(c.is_cluster() && !c.is_redlock());
+        assert!(RedisConfig::from_url("redis+cluster://a:1").unwrap().is_cluster());
+        for (url, why) in [
+            ("redis+cluster://a:1,b:2/3", "only database 0"),
+            ("rediss+cluster://a:1", "not offered on Redis Cluster"),
+            ("redis://a:1,b:2", "redis+cluster://"),
+        ] {
+            let error = RedisConfig::from_url(url).unwrap_err().to_string();
+            assert!(error.contains(why), "{url}: {error}");
+        }
     }
 
     #[test]

@@ -1,18 +1,59 @@
-//! One Redis node: a reconnecting multiplexed connection, the scripts run
-//! on it, and its shared pub/sub subscriber.
+//! One Redis node (or one Redis Cluster, which is one node to the lock
+//! algorithm: each key's names live in one slot): a reconnecting
+//! multiplexed connection, the scripts run on it, and its shared pub/sub
+//! subscriber.
 
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use redis::{
-    aio::{ConnectionManager, ConnectionManagerConfig},
-    Client, ErrorKind, RedisError, RedisResult,
+    aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
+    cluster::ClusterClient,
+    cluster_async::ClusterConnection,
+    Client, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value,
 };
 
 use crate::{
     keys::Names,
-    scripts::scripts,
+    scripts::{scripts, Scripts},
     subscriber::{Subscriber, Watch},
 };
+
+/// A node's multiplexed connection: to one server, or to a cluster,
+/// which routes each command to the master of its key's slot.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Node(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Node(conn) => conn.req_packed_command(cmd),
+            Conn::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Node(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Node(conn) => conn.get_db(),
+            Conn::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
 
 /// What one acquire attempt found on one node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,8 +149,10 @@ async fn warn_if_evicting(conn: &mut ConnectionManager, client: &Client) {
 
 pub(crate) struct Node {
     pub(crate) addr: String,
-    conn: ConnectionManager,
+    conn: Conn,
     subscriber: Subscriber,
+    /// A cluster: wake-ups on shard channels, and no pipeline across keys.
+    cluster: bool,
 }
 
 impl Node {
@@ -128,7 +171,7 @@ impl Node {
             .set_max_delay(Duration::from_millis(500));
         let conn = if eager {
             let mut conn = ConnectionManager::new_with_config(client.clone(), config).await?;
-            if let Err(error) = crate::scripts::Scripts::load(&mut conn).await {
+            if let Err(error) = scripts(false).load(&mut conn).await {
                 // Not fatal: every call still loads a missing script itself.
                 tracing::debug!(%error, "dlock redis could not preload its scripts");
             }
@@ -141,7 +184,7 @@ impl Node {
             let mut preload = conn.clone();
             let node = client.clone();
             tokio::spawn(async move {
-                if let Err(error) = crate::scripts::Scripts::load(&mut preload).await {
+                if let Err(error) = scripts(false).load(&mut preload).await {
                     tracing::debug!(%error, "dlock redis could not preload its scripts");
                     return;
                 }
@@ -153,8 +196,38 @@ impl Node {
         Ok(Node {
             addr,
             subscriber: Subscriber::new(client, connect_timeout, response_timeout),
-            conn,
+            conn: Conn::Node(conn),
+            cluster: false,
         })
+    }
+
+    /// A Redis Cluster through `client`, as one node: connects now, and
+    /// fails if no node of the list answers. Commands go to the master of
+    /// their key's slot, following the cluster as slots move and replicas
+    /// take over; wake-ups come on shard channels (`SSUBSCRIBE`).
+    pub(crate) async fn cluster(
+        client: ClusterClient,
+        subscriber: ClusterClient,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+        addr: String,
+    ) -> RedisResult<Node> {
+        let mut conn = tokio::time::timeout(connect_timeout, client.get_async_connection())
+            .await
+            .map_err(|_| RedisError::from((ErrorKind::Io, "cluster connect timed out")))??;
+        if let Err(error) = scripts(true).load(&mut conn).await {
+            tracing::debug!(%error, "dlock redis could not preload its scripts");
+        }
+        Ok(Node {
+            addr,
+            subscriber: Subscriber::sharded(subscriber, connect_timeout, response_timeout),
+            conn: Conn::Cluster(conn),
+            cluster: true,
+        })
+    }
+
+    fn scripts(&self) -> &'static Scripts {
+        scripts(self.cluster)
     }
 
     /// Runs `script` on a lock's names (KEYS: lock, fence counter, and
@@ -220,14 +293,19 @@ impl Node {
             });
         }
         let (status, value): (i64, i64) = self
-            .run(&scripts().acquire, names, place != Place::None, |cmd| {
-                cmd.arg(token)
-                    .arg(lease_ms)
-                    .arg(if fence { "1" } else { "0" });
-                if place != Place::None {
-                    cmd.arg(names.channel()).arg(place).arg(ticket_ms);
-                }
-            })
+            .run(
+                &self.scripts().acquire,
+                names,
+                place != Place::None,
+                |cmd| {
+                    cmd.arg(token)
+                        .arg(lease_ms)
+                        .arg(if fence { "1" } else { "0" });
+                    if place != Place::None {
+                        cmd.arg(names.channel()).arg(place).arg(ticket_ms);
+                    }
+                },
+            )
             .await?;
         Ok(match status {
             1 => Attempt::Acquired(u64::try_from(value).unwrap_or(0)),
@@ -249,7 +327,7 @@ impl Node {
         ticket_ms: u64,
     ) -> RedisResult<SharedAttempt> {
         let (status, value): (i64, i64) = self
-            .run(&scripts().shared_acquire, names, true, |cmd| {
+            .run(&self.scripts().shared_acquire, names, true, |cmd| {
                 cmd.arg(entry)
                     .arg(lease_ms)
                     .arg(if queue { "1" } else { "0" })
@@ -269,7 +347,7 @@ impl Node {
     /// held.
     pub(crate) async fn release_shared(&self, names: &Names, entry: &str) -> RedisResult<bool> {
         let released: i64 = self
-            .run(&scripts().shared_release, names, true, |cmd| {
+            .run(&self.scripts().shared_release, names, true, |cmd| {
                 cmd.arg(entry).arg(names.channel());
             })
             .await?;
@@ -289,7 +367,7 @@ impl Node {
         ticket_ms: u64,
     ) -> RedisResult<bool> {
         let released: i64 = self
-            .run(&scripts().release, names, true, |cmd| {
+            .run(&self.scripts().release, names, true, |cmd| {
                 cmd.arg(token)
                     .arg(names.channel())
                     .arg(place)
@@ -306,9 +384,9 @@ impl Node {
             let mut pipe = redis::pipe();
             for lock in locks {
                 let script = if lock.shared {
-                    &scripts().shared_renew
+                    &self.scripts().shared_renew
                 } else {
-                    &scripts().renew
+                    &self.scripts().renew
                 };
                 pipe.cmd("EVALSHA")
                     .arg(script.get_hash())
@@ -320,6 +398,9 @@ impl Node {
             }
             pipe
         };
+        if self.cluster {
+            return self.renew_each(locks).await;
+        }
         let mut conn = self.conn.clone();
         let mut answers: RedisResult<Vec<i64>> = pipeline().query_async(&mut conn).await;
         if answers.as_ref().is_err_and(RedisError::is_io_error) {
@@ -332,7 +413,7 @@ impl Node {
             // The script cache is empty after a restart or SCRIPT FLUSH:
             // load them, then send the batch again.
             Err(e) if e.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                crate::scripts::Scripts::load(&mut conn).await?;
+                self.scripts().load(&mut conn).await?;
                 pipeline().query_async(&mut conn).await?
             }
             other => other?,
@@ -340,8 +421,29 @@ impl Node {
         Ok(answers.into_iter().map(|a| a == 1).collect())
     }
 
+    /// [`renew`](Node::renew) on a cluster: the locks' keys are in many
+    /// slots, so one script per lock, all sent at once on the multiplexed
+    /// connection (which routes each to its slot's master).
+    async fn renew_each(&self, locks: &[Renewal<'_>]) -> RedisResult<Vec<bool>> {
+        let renewals = locks.iter().map(|lock| {
+            let script = if lock.shared {
+                &self.scripts().shared_renew
+            } else {
+                &self.scripts().renew
+            };
+            self.run(script, lock.names, false, |cmd| {
+                cmd.arg(lock.owner).arg(lock.lease_ms);
+            })
+        });
+        join_all(renewals)
+            .await
+            .into_iter()
+            .map(|answer: RedisResult<i64>| answer.map(|a| a == 1))
+            .collect()
+    }
+
     /// A handle on the node's multiplexed connection.
-    pub(crate) fn connection(&self) -> ConnectionManager {
+    pub(crate) fn connection(&self) -> Conn {
         self.conn.clone()
     }
 

@@ -500,14 +500,81 @@ pub(crate) struct Scripts {
     pub(crate) shared_acquire: Script,
     pub(crate) shared_release: Script,
     pub(crate) shared_renew: Script,
+    /// Their sources, to load.
+    sources: Vec<String>,
 }
 
 impl Scripts {
-    /// Loads every script into a node's cache in one round trip, so that
-    /// the first acquire, release and renewal need no `NOSCRIPT` retry.
-    pub(crate) async fn load(conn: &mut impl redis::aio::ConnectionLike) -> redis::RedisResult<()> {
+    fn compile(sharded: bool) -> Scripts {
+        let sources: Vec<String> = [
+            ACQUIRE,
+            RELEASE,
+            RENEW,
+            SHARED_ACQUIRE,
+            SHARED_RELEASE,
+            SHARED_RENEW,
+        ]
+        .into_iter()
+        .map(|lua| {
+            if sharded {
+                to_sharded(lua)
+            } else {
+                lua.to_owned()
+            }
+        })
+        .collect();
+        let script = |i: usize| Script::new(&sources[i]);
+        Scripts {
+            acquire: script(0),
+            release: script(1),
+            renew: script(2),
+            shared_acquire: script(3),
+            shared_release: script(4),
+            shared_renew: script(5),
+            sources,
+        }
+    }
+
+    /// Loads every script into a node's cache in one round trip (into
+    /// every master's, on a cluster), so that the first acquire, release
+    /// and renewal need no `NOSCRIPT` retry.
+    pub(crate) async fn load(
+        &self,
+        conn: &mut impl redis::aio::ConnectionLike,
+    ) -> redis::RedisResult<()> {
         let mut pipe = redis::pipe();
-        for source in [
+        for source in &self.sources {
+            pipe.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
+        }
+        pipe.query_async(conn).await
+    }
+}
+
+/// A script's source for Redis Cluster: its wake-ups go out on the key's
+/// shard channel (`SPUBLISH`, Redis 7), which only the shard that owns the
+/// slot serves, rather than to every node of the cluster.
+fn to_sharded(lua: &str) -> String {
+    lua.replace("redis.call('PUBLISH',", "redis.call('SPUBLISH',")
+}
+
+/// The scripts of one node, or (`sharded`) of a cluster.
+pub(crate) fn scripts(sharded: bool) -> &'static Scripts {
+    static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
+    static SHARDED: OnceLock<Scripts> = OnceLock::new();
+    if sharded {
+        SHARDED.get_or_init(|| Scripts::compile(true))
+    } else {
+        SCRIPTS.get_or_init(|| Scripts::compile(false))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_publish_of_a_cluster_script_is_sharded() {
+        for lua in [
             ACQUIRE,
             RELEASE,
             RENEW,
@@ -515,27 +582,14 @@ impl Scripts {
             SHARED_RELEASE,
             SHARED_RENEW,
         ] {
-            pipe.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
+            let publishes = lua.matches("redis.call('PUBLISH',").count();
+            let sharded = to_sharded(lua);
+            assert_eq!(sharded.matches("redis.call('SPUBLISH',").count(), publishes);
+            // No other spelling of a classic publish is left.
+            let calls = sharded.to_uppercase().replace(' ', "");
+            assert!(!calls.contains("'PUBLISH'") && !calls.contains("\"PUBLISH\""));
         }
-        pipe.query_async(conn).await
     }
-}
-
-pub(crate) fn scripts() -> &'static Scripts {
-    static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
-    SCRIPTS.get_or_init(|| Scripts {
-        acquire: Script::new(ACQUIRE),
-        release: Script::new(RELEASE),
-        renew: Script::new(RENEW),
-        shared_acquire: Script::new(SHARED_ACQUIRE),
-        shared_release: Script::new(SHARED_RELEASE),
-        shared_renew: Script::new(SHARED_RENEW),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
     use dlock_testkit::fixture::RedisServer;
 
     async fn acquire(conn: &mut redis::aio::MultiplexedConnection, token: &str) -> (i64, i64) {
@@ -550,7 +604,7 @@ mod tests {
         token: &str,
         queue: bool,
     ) -> (i64, i64) {
-        let script = &scripts().acquire;
+        let script = &scripts(false).acquire;
         let mut call = if queue {
             on_key(script)
         } else {
@@ -583,7 +637,7 @@ mod tests {
     }
 
     async fn release(conn: &mut redis::aio::MultiplexedConnection, token: &str) -> i64 {
-        on_key(&scripts().release)
+        on_key(&scripts(false).release)
             .arg(token)
             .arg("dlock:{k}:released")
             .arg("")
@@ -687,7 +741,7 @@ mod tests {
     /// Runs a read-write lock's acquire for `entry` on key `k`, standing
     /// in line if refused.
     async fn shared(conn: &mut redis::aio::MultiplexedConnection, entry: &str) -> (i64, i64) {
-        let mut call = scripts().shared_acquire.key("dlock:{k}:rw");
+        let mut call = scripts(false).shared_acquire.key("dlock:{k}:rw");
         call.key("dlock:{k}:rw:fence")
             .key("dlock:{k}:rw:queue")
             .key("dlock:{k}:rw:tickets");
@@ -721,7 +775,7 @@ mod tests {
                 "{waiter} joined a writer"
             );
         }
-        let released: i64 = scripts()
+        let released: i64 = scripts(false)
             .shared_release
             .key("dlock:{k}:rw")
             .key("dlock:{k}:rw:fence")

@@ -24,8 +24,100 @@ use std::{
 };
 
 use futures_util::StreamExt;
-use redis::{aio::PubSubSink, Client, RedisError};
+use redis::{
+    aio::PubSubSink, cluster::ClusterClient, cluster_async::ClusterConnection, Client, PushInfo,
+    PushKind, RedisError, RedisResult, Value,
+};
 use tokio::sync::{mpsc, oneshot, Notify};
+
+/// Where the subscriber connects: one node, on classic channels; or a
+/// cluster, on shard channels (`SSUBSCRIBE`, served by the shard that owns
+/// the channel's slot, which the cluster client finds and follows).
+/// One per subscriber, so its size does not matter.
+#[allow(clippy::large_enum_variant)]
+enum Source {
+    Node(Client),
+    /// Built for RESP3: the pushes go to a sender whose receiver the
+    /// manager reads.
+    Cluster(ClusterClient),
+}
+
+/// The half of a connection that subscribes.
+enum Sink {
+    Node(PubSubSink),
+    Cluster(ClusterConnection),
+}
+
+/// The half that brings messages.
+enum Stream {
+    Node(redis::aio::PubSubStream),
+    Cluster(mpsc::UnboundedReceiver<PushInfo>),
+}
+
+impl Sink {
+    async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            Sink::Node(sink) => sink.subscribe(channel).await,
+            Sink::Cluster(conn) => conn.ssubscribe(channel).await,
+        }
+    }
+
+    async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            Sink::Node(sink) => sink.unsubscribe(channel).await,
+            Sink::Cluster(conn) => conn.sunsubscribe(channel).await,
+        }
+    }
+
+    async fn ping(&mut self) -> RedisResult<()> {
+        match self {
+            // A subscribed RESP2 connection answers `PING` with
+            // `["pong", ""]`, not `PONG`: take any reply as alive.
+            Sink::Node(sink) => sink.ping::<Value>().await.map(drop),
+            Sink::Cluster(conn) => redis::cmd("PING")
+                .query_async::<Value>(conn)
+                .await
+                .map(drop),
+        }
+    }
+}
+
+impl Stream {
+    /// The next message's channel and payload; `None` once the connection
+    /// is gone (the cluster client reconnects and subscribes again by
+    /// itself, and says so with a `Disconnection` push, taken as an empty
+    /// message on every channel: wake everyone to check).
+    async fn next(&mut self) -> Option<(Option<String>, Vec<u8>)> {
+        match self {
+            Stream::Node(stream) => stream.next().await.map(|m| {
+                (
+                    Some(m.get_channel_name().to_owned()),
+                    m.get_payload_bytes().to_vec(),
+                )
+            }),
+            Stream::Cluster(pushes) => loop {
+                let push = pushes.recv().await?;
+                match push.kind {
+                    PushKind::SMessage | PushKind::Message => {
+                        let mut data = push.data.into_iter();
+                        let channel = data
+                            .next()
+                            .and_then(|c| redis::from_redis_value::<String>(c).ok());
+                        let payload = data
+                            .next()
+                            .and_then(|p| redis::from_redis_value::<Vec<u8>>(p).ok())
+                            .unwrap_or_default();
+                        if channel.is_some() {
+                            return Some((channel, payload));
+                        }
+                    }
+                    PushKind::Disconnection => return Some((None, Vec::new())),
+                    _ => {}
+                }
+            },
+        }
+    }
+}
 
 enum Command {
     Subscribe(String, oneshot::Sender<Result<(), RedisError>>),
@@ -90,13 +182,28 @@ impl Subscriber {
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> Subscriber {
+        Self::start(Source::Node(client), connect_timeout, response_timeout)
+    }
+
+    /// A subscriber on a cluster's shard channels; `client` must be built
+    /// with RESP3 and without a push sender of its own (see
+    /// `RedisBackend::connect_with`).
+    pub(crate) fn sharded(
+        client: ClusterClient,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Subscriber {
+        Self::start(Source::Cluster(client), connect_timeout, response_timeout)
+    }
+
+    fn start(source: Source, connect_timeout: Duration, response_timeout: Duration) -> Subscriber {
         let channels = Arc::new(Mutex::new(Channels::default()));
         let (commands, queue) = mpsc::unbounded_channel();
         let timeouts = Timeouts {
             connect: connect_timeout,
             response: response_timeout,
         };
-        tokio::spawn(manage(client, timeouts, channels.clone(), queue));
+        tokio::spawn(manage(source, timeouts, channels.clone(), queue));
         Subscriber { channels, commands }
     }
 
@@ -189,14 +296,14 @@ const PING_EVERY: Duration = Duration::from_secs(5);
 /// The manager task: owns the connection, serves commands in order, and
 /// routes messages to waiters.
 async fn manage(
-    client: Client,
+    source: Source,
     timeouts: Timeouts,
     channels: Arc<Mutex<Channels>>,
     mut queue: mpsc::UnboundedReceiver<Command>,
 ) {
     let mut backoff = Duration::from_millis(50);
     loop {
-        if let Some((mut sink, mut stream)) = connect(&client, timeouts, &channels).await {
+        if let Some((mut sink, mut stream)) = connect(&source, timeouts, &channels).await {
             backoff = Duration::from_millis(50);
             // Releases may have been missed while disconnected.
             wake_all(&channels);
@@ -227,12 +334,15 @@ async fn manage(
                         None => return,
                     },
                     message = stream.next() => match message {
-                        Some(message) => {
-                            let channel = message.get_channel_name();
-                            if let Some(watched) = lock(&channels).watched.get(channel) {
-                                watched.wake(message.get_payload_bytes());
+                        Some((Some(channel), payload)) => {
+                            if let Some(watched) = lock(&channels).watched.get(&channel) {
+                                watched.wake(&payload);
                             }
                         }
+                        // The cluster client lost a connection (and
+                        // subscribes again itself): releases may have
+                        // been missed meanwhile.
+                        Some((None, _)) => wake_all(&channels),
                         None => break,
                     },
                     _ = sweep.tick() => {
@@ -251,10 +361,8 @@ async fn manage(
                         }
                     }
                     _ = ping.tick() => {
-                        // A subscribed RESP2 connection answers `PING` with
-                        // `["pong", ""]`, not `PONG`: take any reply as alive.
-                        let pong = tokio::time::timeout(within, sink.ping::<redis::Value>()).await;
-                        if !matches!(pong, Ok(Ok(_))) {
+                        let pong = tokio::time::timeout(within, sink.ping()).await;
+                        if !matches!(pong, Ok(Ok(()))) {
                             break;
                         }
                     }
@@ -287,14 +395,31 @@ async fn manage(
 /// A new pub/sub connection, subscribed again to every watched channel;
 /// `None` if that failed.
 async fn connect(
-    client: &Client,
+    source: &Source,
     timeouts: Timeouts,
     channels: &Mutex<Channels>,
-) -> Option<(PubSubSink, redis::aio::PubSubStream)> {
-    let pubsub = tokio::time::timeout(timeouts.connect, client.get_async_pubsub()).await;
-    let (mut sink, stream) = match pubsub {
-        Ok(Ok(pubsub)) => pubsub.split(),
-        _ => return None,
+) -> Option<(Sink, Stream)> {
+    let (mut sink, stream) = match source {
+        Source::Node(client) => {
+            let pubsub = tokio::time::timeout(timeouts.connect, client.get_async_pubsub()).await;
+            match pubsub {
+                Ok(Ok(pubsub)) => {
+                    let (sink, stream) = pubsub.split();
+                    (Sink::Node(sink), Stream::Node(stream))
+                }
+                _ => return None,
+            }
+        }
+        Source::Cluster(client) => {
+            let (pushes, received) = mpsc::unbounded_channel();
+            let conn = client.get_async_connection_with_config(
+                redis::cluster::ClusterConfig::new().set_push_sender(pushes),
+            );
+            match tokio::time::timeout(timeouts.connect, conn).await {
+                Ok(Ok(conn)) => (Sink::Cluster(conn), Stream::Cluster(received)),
+                _ => return None,
+            }
+        }
     };
     // Channels nobody waits on are not worth subscribing again.
     drop(take_idle_now(channels));

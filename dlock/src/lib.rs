@@ -42,6 +42,7 @@ pub use dlock_zk as zk;
 
 /// The URLs [`connect`] accepts, for usage messages.
 pub const URLS: &str = "memory, redis://HOST:PORT, redis+redlock://H1:P1,H2:P2,H3:P3, \
+     redis+cluster://H1:P1,H2:P2, \
      rediss://HOST:PORT (TLS), etcd://HOST:PORT/PREFIX, etcds://HOST:PORT/PREFIX (TLS), \
      zk://HOST:PORT/PATH, postgres://USER:PASSWORD@HOST:PORT/DB, \
      mysql://USER:PASSWORD@HOST:PORT/DB";
@@ -106,7 +107,9 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn backend::Backend>> {
         return Ok(Arc::new(MemoryBackend::new()));
     }
     match url.split_once("://").map(|(scheme, _)| scheme) {
-        Some("redis" | "redis+redlock" | "rediss" | "rediss+redlock") => redis_backend(url).await,
+        Some("redis" | "redis+redlock" | "redis+cluster" | "rediss" | "rediss+redlock") => {
+            redis_backend(url).await
+        }
         Some("etcd" | "etcds") => etcd_backend(url).await,
         Some("zk") => zk_backend(url).await,
         Some("postgres" | "postgresql") => postgres_backend(url).await,

@@ -1,0 +1,161 @@
+//! Redis Cluster (`redis+cluster://`), against a real cluster of 3 masters
+//! with a replica each: the whole conformance suite, and a master killed
+//! while it holds a lock.
+
+use std::{sync::Arc, time::Duration};
+
+use dlock_core::{backend::Backend, BackendExt, LockOptions};
+use dlock_redis::RedisBackend;
+use dlock_testkit::{fixture::RedisCluster, Harness};
+use tokio::time::Instant;
+
+fn cluster_harness() -> Harness {
+    let cluster = RedisCluster::start(3, 1).expect("start a Redis Cluster");
+    let url = cluster.url();
+    Harness::new("redis cluster", move || {
+        let url = url.clone();
+        async move {
+            let client: Arc<dyn Backend> = Arc::new(RedisBackend::connect(&url).await?);
+            Ok(client)
+        }
+    })
+    .keep_alive(cluster)
+}
+
+dlock_testkit::conformance_tests!(suite whole_suite_on_a_cluster, cluster_harness());
+
+/// A waiter is woken by the release on the key's shard channel: while it
+/// waits, the master of the key's slot counts one shard subscriber on the
+/// lock's channel (and no classic one), and the waiter is granted the
+/// lock within 5 s of the release, with every fallback (the holder's
+/// lease, the unwatched poll) at least 10 s away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_woken_on_the_shard_channel() {
+    let cluster = RedisCluster::start(3, 0).expect("start a Redis Cluster");
+    let config = dlock_redis::RedisConfig::from_url(&cluster.url())
+        .unwrap()
+        .with_unwatched_poll(Duration::from_secs(30));
+    let connect = || async {
+        RedisBackend::connect_with(config.clone())
+            .await
+            .expect("connect to the cluster")
+            .into_locker()
+    };
+    let (holder, other) = (connect().await, connect().await);
+    let key = "wake";
+    let held = holder.lock(key).await.expect("the holder's lock");
+    let waiter = tokio::spawn(async move {
+        let guard = other
+            .lock_with(key, LockOptions::new().wait(Duration::from_secs(25)))
+            .await;
+        (guard, Instant::now())
+    });
+    let master = cluster.master_of(key, 0).expect("the key's master");
+    let channel = "dlock:{wake}:released";
+    let started = Instant::now();
+    let count = |kind: &str| {
+        cluster
+            .cli(master, &["pubsub", kind, channel])
+            .unwrap_or_default()
+            .lines()
+            .nth(1)
+            .and_then(|n| n.trim().parse::<u32>().ok())
+            .unwrap_or(0)
+    };
+    while count("shardnumsub") == 0 && started.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        count("shardnumsub"),
+        1,
+        "no shard subscriber on the lock's channel"
+    );
+    assert_eq!(count("numsub"), 0, "a classic subscriber on a cluster");
+    let released = Instant::now();
+    held.release().await.expect("the release");
+    let (guard, granted) = waiter.await.expect("the waiter's task");
+    assert!(guard.is_ok(), "the waiter: {guard:?}");
+    assert!(
+        granted - released < Duration::from_secs(5),
+        "granted {:?} after the release: not woken by it",
+        granted - released
+    );
+}
+
+/// The master that owns a held lock's slot is killed (SIGKILL) after the
+/// lock had time to reach its replica. While the replica takes over, and
+/// after, nobody else is granted the lock, and its holder never hears it
+/// lost: the watchdog renews it on the new master. Then a waiter queued
+/// before the release is woken by it (on the shard channel, now served
+/// by the new master), and new keys lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_master_hands_its_locks_to_the_replica() {
+    let mut cluster = RedisCluster::start(3, 1).expect("start a Redis Cluster");
+    let url = cluster.url();
+    let connect = || async {
+        RedisBackend::connect(&url)
+            .await
+            .expect("connect to the cluster")
+            .into_locker()
+    };
+    let (holder, other) = (connect().await, connect().await);
+    let key = "failover";
+    let held = holder
+        .lock(key)
+        .await
+        .expect("the lock before the failover");
+    // Asynchronous replication: give the key time to reach the replica
+    // (see the README's "In production" for what a failover inside this
+    // window means).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let master = cluster.master_of(key, 0).expect("the key's master");
+    cluster.nodes()[master].process().kill();
+    let ask = (master + 1) % 6;
+    let started = Instant::now();
+    let mut took_over = false;
+    let mut tries = 0;
+    while started.elapsed() < Duration::from_secs(40) {
+        // A try may wait for the cluster to move the slot: bounded here,
+        // and not granted is all that counts.
+        let taken = tokio::time::timeout(Duration::from_secs(2), other.try_lock(key)).await;
+        tries += 1;
+        if let Ok(Ok(Some(_))) = taken {
+            panic!(
+                "another client took the lock {:?} after the kill (holder lost: {})",
+                started.elapsed(),
+                held.is_lost()
+            );
+        }
+        took_over = took_over || cluster.master_of(key, ask).is_ok_and(|now| now != master);
+        // Keep trying for a while after the takeover.
+        if took_over && tries >= 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(took_over, "no replica took over the killed master's slots");
+    assert!(
+        !held.is_lost(),
+        "the holder heard its lock lost through a failover that kept it"
+    );
+    let waiter = tokio::spawn({
+        let other = other.clone();
+        async move {
+            other
+                .lock_with(key, LockOptions::new().wait(Duration::from_secs(20)))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    held.release().await.expect("the release on the new master");
+    let woken = waiter.await.expect("the waiter's task");
+    assert!(woken.is_ok(), "the waiter after the failover: {woken:?}");
+    drop(woken);
+    let fresh = holder
+        .lock_with(
+            "after-failover",
+            LockOptions::new().wait(Duration::from_secs(10)),
+        )
+        .await;
+    assert!(fresh.is_ok(), "a new key after the failover: {fresh:?}");
+}
