@@ -400,7 +400,9 @@ mod tests {
         let c = RedisConfig::from_url("redis+cluster://:pw@a:1,b:2?prefix=x").unwrap();
         assert_eq!(c.nodes(), ["redis://:pw@a:1", "redis://:pw@b:2"]);
         assert!(c.is_cluster() && !c.is_redlock());
-        assert!(RedisConfig::from_url("redis+cluster://a:1").unwrap().is_cluster());
+        assert!(RedisConfig::from_url("redis+cluster://a:1")
+            .unwrap()
+            .is_cluster());
         for (url, why) in [
             ("redis+cluster://a:1,b:2/3", "only database 0"),
             ("rediss+cluster://a:1", "not offered on Redis Cluster"),
@@ -438,7 +440,7 @@ mod tests {
             "redis://app:s3cret@h:port",
             "redis://:s3cret@a:1,b:2",
             "redis+redlock://:s3cret@a:1,a:1,b:2",
-            "rediss://:s3cret@h:1",
+            "rediss+cluster://:s3cret@h:1",
             "redis://:s3cret@h:1?bad=1",
             "redis://:s3cret@h:1/x",
         ] {
@@ -450,11 +452,29 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "tls")]
+    fn tls_parameters_need_each_other() {
+        let c = RedisConfig::from_url("rediss+redlock://a:1,b:1,c:1/?tls_ca=ca.pem").unwrap();
+        assert!(c.is_tls() && c.nodes().iter().all(|n| n.starts_with("rediss://")));
+        let error = RedisConfig::from_url("rediss://h:1?tls_cert=c.pem").unwrap_err();
+        assert!(error.to_string().contains("both `tls_cert` and `tls_key`"));
+    }
+
+    #[test]
+    #[cfg(not(feature = "tls"))]
+    fn tls_without_the_feature_names_it() {
+        let error = RedisConfig::from_url("rediss://h:1")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("`tls` feature"), "{error}");
+    }
+
+    #[test]
     fn rejects_malformed_urls_with_a_reason() {
         for (url, says) in [
             ("localhost:6379", "expected `redis://`"),
             ("http://h", "unknown scheme"),
-            ("rediss://h", "TLS"),
+            ("redis://h:1?tls_ca=ca.pem", "needs `rediss://`"),
             ("redis://", "host is missing"),
             ("redis://h:port", "not a port"),
             ("redis://h:99999", "not a port"),

@@ -492,6 +492,16 @@ return 0
 "
 );
 
+/// Every script, in the order of [`Scripts`]' fields.
+const SOURCES: [&str; 6] = [
+    ACQUIRE,
+    RELEASE,
+    RENEW,
+    SHARED_ACQUIRE,
+    SHARED_RELEASE,
+    SHARED_RENEW,
+];
+
 /// The compiled scripts (their SHA1 is computed once).
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
@@ -506,23 +516,16 @@ pub(crate) struct Scripts {
 
 impl Scripts {
     fn compile(sharded: bool) -> Scripts {
-        let sources: Vec<String> = [
-            ACQUIRE,
-            RELEASE,
-            RENEW,
-            SHARED_ACQUIRE,
-            SHARED_RELEASE,
-            SHARED_RENEW,
-        ]
-        .into_iter()
-        .map(|lua| {
-            if sharded {
-                to_sharded(lua)
-            } else {
-                lua.to_owned()
-            }
-        })
-        .collect();
+        let sources: Vec<String> = SOURCES
+            .into_iter()
+            .map(|lua| {
+                if sharded {
+                    to_sharded(lua)
+                } else {
+                    lua.to_owned()
+                }
+            })
+            .collect();
         let script = |i: usize| Script::new(&sources[i]);
         Scripts {
             acquire: script(0),
@@ -574,14 +577,7 @@ mod tests {
 
     #[test]
     fn every_publish_of_a_cluster_script_is_sharded() {
-        for lua in [
-            ACQUIRE,
-            RELEASE,
-            RENEW,
-            SHARED_ACQUIRE,
-            SHARED_RELEASE,
-            SHARED_RENEW,
-        ] {
+        for lua in SOURCES {
             let publishes = lua.matches("redis.call('PUBLISH',").count();
             let sharded = to_sharded(lua);
             assert_eq!(sharded.matches("redis.call('SPUBLISH',").count(), publishes);

@@ -56,3 +56,50 @@ pub async fn assert_locks_are_shared(own: &dlock_core::Locker, by_url: &dlock_co
     );
     drop(next);
 }
+
+/// Checks that a client of each `(why, url)` is refused with a typed
+/// [`LockError::Backend`] within 15 s: when `connect` connects, or (for a
+/// client that connects lazily, or a server that accepts a handshake and
+/// drops the connection at its first request) at its first `try_lock`.
+/// For the servers' TLS tests: an untrusted server, a missing or foreign
+/// client certificate, plain text to a TLS port.
+///
+/// # Panics
+///
+/// Naming `why`, when a client is not refused, refused otherwise, or late.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn f() {
+/// use dlock_core::BackendExt;
+///
+/// let cases = [("nothing listens", "redis://127.0.0.1:1/".to_owned())];
+/// dlock_testkit::assert_refused(&cases, |url| async move {
+///     Ok(dlock_redis::RedisBackend::connect(&url).await?.into_locker())
+/// })
+/// .await;
+/// # }
+/// ```
+pub async fn assert_refused<F, Fut>(cases: &[(&str, String)], connect: F)
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Result<dlock_core::Locker, LockError>>,
+{
+    for (why, url) in cases {
+        let started = tokio::time::Instant::now();
+        let refused = match connect(url.clone()).await {
+            Ok(locker) => locker.try_lock("refused").await.map(drop),
+            Err(e) => Err(e),
+        };
+        assert!(
+            matches!(refused, Err(LockError::Backend { .. })),
+            "{why}: {refused:?}"
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(15),
+            "{why}: refused only after {:?}",
+            started.elapsed()
+        );
+    }
+}

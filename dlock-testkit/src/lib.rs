@@ -35,7 +35,7 @@ pub mod session_faults;
 
 pub use captured::CapturedLog;
 pub use conformance::Harness;
-pub use connect::{assert_locks_are_shared, connect};
+pub use connect::{assert_locks_are_shared, assert_refused, connect};
 pub use counting::CountingBackend;
 pub use detector::{OverlapDetector, Section};
 pub use fenced_store::{FencedStore, StoreWrite};
