@@ -279,13 +279,9 @@ fn get_responses(response: &TxnResponse) -> Vec<etcd_client::GetResponse> {
 
 /// The TLS settings of an `etcds://` URL's files, read now.
 #[cfg(feature = "tls")]
-fn tls_options(files: &crate::config::TlsFiles) -> Result<etcd_client::TlsOptions> {
+fn tls_options(files: &dlock_core::backend::TlsFiles) -> Result<etcd_client::TlsOptions> {
     use etcd_client::{Certificate, Identity, TlsOptions};
-    let read = |path: &std::path::PathBuf| {
-        std::fs::read(path).map_err(|e| LockError::InvalidOptions {
-            reason: format!("cannot read the TLS file `{}`: {e}", path.display()),
-        })
-    };
+    let read = |path: &std::path::PathBuf| dlock_core::backend::TlsFiles::read(path);
     let mut options = TlsOptions::new();
     if let Some(ca) = &files.ca {
         options = options.ca_certificate(Certificate::from_pem(read(ca)?));

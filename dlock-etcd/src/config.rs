@@ -1,8 +1,8 @@
 //! `EtcdConfig`: endpoints, key prefix and credentials, from one URL.
 
-use std::{path::PathBuf, time::Duration};
+use std::time::Duration;
 
-use dlock_core::LockError;
+use dlock_core::{backend::TlsFiles, LockError};
 
 /// Where and how to connect.
 ///
@@ -29,16 +29,6 @@ pub struct EtcdConfig {
     request_timeout: Duration,
     /// `Some` for `etcds://`: the PEM files its TLS parameters name.
     tls: Option<TlsFiles>,
-}
-
-/// The PEM files an `etcds://` URL names: the CA to trust, and a client
-/// certificate with its key.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[cfg_attr(not(feature = "tls"), allow(dead_code))]
-pub(crate) struct TlsFiles {
-    pub(crate) ca: Option<PathBuf>,
-    pub(crate) cert: Option<PathBuf>,
-    pub(crate) key: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for EtcdConfig {
@@ -107,19 +97,13 @@ impl EtcdConfig {
             let setting = match pair.split_once('=') {
                 Some(("connect_timeout", value)) => (&mut connect_timeout, value),
                 Some(("request_timeout", value)) => (&mut request_timeout, value),
-                Some((name @ ("tls_ca" | "tls_cert" | "tls_key"), value)) if !value.is_empty() => {
+                Some((name, value)) if files.take(name, value) => {
                     if !tls {
                         return Err(invalid(
                             url,
                             &format!("`{name}` is for TLS, which needs `etcds://`"),
                         ));
                     }
-                    let slot = match name {
-                        "tls_ca" => &mut files.ca,
-                        "tls_cert" => &mut files.cert,
-                        _ => &mut files.key,
-                    };
-                    *slot = Some(PathBuf::from(value));
                     continue;
                 }
                 _ => {
@@ -171,12 +155,7 @@ impl EtcdConfig {
                 host.to_owned()
             });
         }
-        if files.cert.is_some() != files.key.is_some() {
-            return Err(invalid(
-                url,
-                "a client certificate needs both `tls_cert` and `tls_key`",
-            ));
-        }
+        files.check().map_err(|why| invalid(url, &why))?;
         Ok(EtcdConfig {
             endpoints,
             prefix: if prefix.is_empty() {

@@ -1,9 +1,9 @@
 //! `RedisConfig`: which nodes, under which key prefix, with which timeouts;
 //! parsed from one URL.
 
-use std::{path::PathBuf, time::Duration};
+use std::time::Duration;
 
-use dlock_core::LockError;
+use dlock_core::{backend::TlsFiles, LockError};
 
 /// Where and how to connect.
 ///
@@ -69,16 +69,6 @@ impl std::fmt::Debug for RedisConfig {
             .field("unwatched_poll", &self.unwatched_poll)
             .finish()
     }
-}
-
-/// The PEM files a `rediss://` URL names: the CA to trust instead of the
-/// system's roots, and a client certificate with its key.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[cfg_attr(not(feature = "tls"), allow(dead_code))]
-struct TlsFiles {
-    ca: Option<PathBuf>,
-    cert: Option<PathBuf>,
-    key: Option<PathBuf>,
 }
 
 fn invalid(url: &str, why: &str) -> LockError {
@@ -172,19 +162,13 @@ impl RedisConfig {
                     prefix = value.to_owned();
                     continue;
                 }
-                Some((name @ ("tls_ca" | "tls_cert" | "tls_key"), value)) if !value.is_empty() => {
+                Some((name, value)) if files.take(name, value) => {
                     if !tls {
                         return Err(invalid(
                             url,
                             &format!("`{name}` is for TLS, which needs `rediss://`"),
                         ));
                     }
-                    let slot = match name {
-                        "tls_ca" => &mut files.ca,
-                        "tls_cert" => &mut files.cert,
-                        _ => &mut files.key,
-                    };
-                    *slot = Some(PathBuf::from(value));
                     continue;
                 }
                 Some(("connect_timeout", value)) => (&mut connect_timeout, value),
@@ -252,12 +236,7 @@ impl RedisConfig {
         if cluster && !db.is_empty() && db != "0" {
             return Err(invalid(url, "a Redis Cluster has only database 0"));
         }
-        if files.cert.is_some() != files.key.is_some() {
-            return Err(invalid(
-                url,
-                "a client certificate needs both `tls_cert` and `tls_key`",
-            ));
-        }
+        files.check().map_err(|why| invalid(url, &why))?;
         Ok(RedisConfig {
             nodes,
             redlock,
@@ -290,11 +269,7 @@ impl RedisConfig {
             .as_ref()
             .filter(|f| f.ca.is_some() || f.cert.is_some())
         {
-            let read = |path: &PathBuf| {
-                std::fs::read(path).map_err(|e| LockError::InvalidOptions {
-                    reason: format!("cannot read the TLS file `{}`: {e}", path.display()),
-                })
-            };
+            let read = |path: &std::path::PathBuf| TlsFiles::read(path);
             let client_tls = match (&files.cert, &files.key) {
                 (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
                     client_cert: read(cert)?,

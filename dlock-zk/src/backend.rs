@@ -37,8 +37,9 @@ fn backend_error(e: ZkError) -> LockError {
 async fn open_session(config: &ZkConfig, connector: Option<&Connector>) -> Result<Arc<Session>> {
     let deadline = Instant::now() + config.connect_timeout();
     let mut backoff = Duration::from_millis(50);
+    let servers = config.connect_string();
     loop {
-        let attempt = Session::start(connector, config.servers(), config.session_timeout());
+        let attempt = Session::start(connector, &servers, config.session_timeout());
         let error = match tokio::time::timeout_at(deadline, attempt).await {
             Ok(Ok(session)) => return Ok(session),
             Ok(Err(e @ (ZkError::Timeout | ZkError::ConnectionLoss | ZkError::NoHosts))) => e,
@@ -249,6 +250,28 @@ fn admitted(children: &[String], position: usize, mode: Mode) -> bool {
     dlock_core::backend::admitted(mode, ahead)
 }
 
+/// The TLS settings of a `zks://` URL's files, read now.
+#[cfg(feature = "tls")]
+fn tls_options(files: &dlock_core::backend::TlsFiles) -> Result<zookeeper_client::TlsOptions> {
+    use dlock_core::backend::TlsFiles;
+    let read = |path: &std::path::PathBuf| {
+        TlsFiles::read(path).map(|pem| String::from_utf8_lossy(&pem).into_owned())
+    };
+    let bad = |e: zookeeper_client::Error| LockError::InvalidOptions {
+        reason: format!("bad TLS file: {e}"),
+    };
+    let mut options = zookeeper_client::TlsOptions::new();
+    if let Some(ca) = &files.ca {
+        options = options.with_pem_ca(&read(ca)?).map_err(bad)?;
+    }
+    if let (Some(cert), Some(key)) = (&files.cert, &files.key) {
+        options = options
+            .with_pem_identity(&read(cert)?, &read(key)?)
+            .map_err(bad)?;
+    }
+    Ok(options)
+}
+
 impl ZkBackend {
     /// Connects to the servers of a `zk://` URL (see [`ZkConfig`]).
     ///
@@ -309,6 +332,15 @@ impl ZkBackend {
     }
 
     async fn open(config: ZkConfig, connector: Option<Connector>) -> Result<ZkBackend> {
+        #[cfg(feature = "tls")]
+        let connector = match config.tls() {
+            Some(files) => Some(
+                connector
+                    .unwrap_or_else(Client::connector)
+                    .with_tls(tls_options(files)?),
+            ),
+            None => connector,
+        };
         let backend = ZkBackend {
             inner: Arc::new(Inner {
                 config,

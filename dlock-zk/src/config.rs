@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use dlock_core::LockError;
+use dlock_core::{backend::TlsFiles, LockError};
 
 /// Where and how to connect.
 ///
@@ -30,6 +30,8 @@ use dlock_core::LockError;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ZkConfig {
     servers: String,
+    /// `Some` for `zks://`: the PEM files its TLS parameters name.
+    tls: Option<TlsFiles>,
     path: String,
     session_timeout: Duration,
     connect_timeout: Duration,
@@ -51,9 +53,22 @@ impl ZkConfig {
     ///
     /// [`LockError::InvalidOptions`] naming what is wrong.
     pub fn from_url(url: &str) -> Result<ZkConfig, LockError> {
-        let rest = url
-            .strip_prefix("zk://")
-            .ok_or_else(|| invalid(url, "expected `zk://host:port[,host:port]/path`"))?;
+        let (tls, rest) = match (url.strip_prefix("zk://"), url.strip_prefix("zks://")) {
+            (Some(rest), _) => (false, rest),
+            (_, Some(rest)) if cfg!(feature = "tls") => (true, rest),
+            (_, Some(_)) => {
+                return Err(invalid(
+                    url,
+                    "TLS (`zks://`) needs dlock-zk's `tls` feature (dlock's `tls`)",
+                ))
+            }
+            _ => {
+                return Err(invalid(
+                    url,
+                    "expected `zk://host:port[,host:port]/path` (or `zks://` for TLS)",
+                ))
+            }
+        };
         let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (servers, path) = match rest.find('/') {
             Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
@@ -74,16 +89,27 @@ impl ZkConfig {
         }
         let mut session_timeout = Duration::from_secs(10);
         let mut connect_timeout = Duration::from_secs(15);
+        let mut files = TlsFiles::default();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (setting, value) = match pair.split_once('=') {
                 Some(("session_timeout", value)) => (&mut session_timeout, value),
                 Some(("connect_timeout", value)) => (&mut connect_timeout, value),
+                Some((name, value)) if files.take(name, value) => {
+                    if !tls {
+                        return Err(invalid(
+                            url,
+                            &format!("`{name}` is for TLS, which needs `zks://`"),
+                        ));
+                    }
+                    continue;
+                }
                 _ => {
                     return Err(invalid(
                         url,
                         &format!(
-                            "unknown parameter `{pair}`; expected `session_timeout=10s` \
-                             or `connect_timeout=15s`"
+                            "unknown parameter `{pair}`; expected `session_timeout=10s`, \
+                             `connect_timeout=15s`, or (TLS) `tls_ca=path`, `tls_cert=path` \
+                             and `tls_key=path`"
                         ),
                     ))
                 }
@@ -91,8 +117,10 @@ impl ZkConfig {
             *setting = dlock_core::backend::parse_url_duration(value)
                 .map_err(|why| invalid(url, &format!("`{pair}`: {why}")))?;
         }
+        files.check().map_err(|why| invalid(url, &why))?;
         Ok(ZkConfig {
             servers: servers.to_owned(),
+            tls: tls.then_some(files),
             path: if path.is_empty() {
                 "/dlock".to_owned()
             } else {
@@ -103,9 +131,28 @@ impl ZkConfig {
         })
     }
 
-    /// The servers, as a ZooKeeper connect string.
+    /// The servers, `host:port,host:port`.
     pub fn servers(&self) -> &str {
         &self.servers
+    }
+
+    /// Whether the servers are reached over TLS (`zks://`).
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// The connect string: the servers, marked `tcp+tls://` over TLS.
+    pub(crate) fn connect_string(&self) -> String {
+        if self.is_tls() {
+            format!("tcp+tls://{}", self.servers)
+        } else {
+            self.servers.clone()
+        }
+    }
+
+    #[cfg(feature = "tls")]
+    pub(crate) fn tls(&self) -> Option<&TlsFiles> {
+        self.tls.as_ref()
     }
 
     /// The path lock nodes live under.
@@ -127,6 +174,22 @@ impl ZkConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tls_urls() {
+        let plain = ZkConfig::from_url("zk://a:1/x?tls_ca=ca.pem").unwrap_err();
+        assert!(plain.to_string().contains("needs `zks://`"));
+        let tls = ZkConfig::from_url("zks://a:1,b:2/x?tls_ca=ca.pem");
+        if cfg!(feature = "tls") {
+            let tls = tls.unwrap();
+            assert!(tls.is_tls());
+            assert_eq!(tls.connect_string(), "tcp+tls://a:1,b:2");
+            let half = ZkConfig::from_url("zks://a:1/x?tls_key=k.pem").unwrap_err();
+            assert!(half.to_string().contains("both `tls_cert` and `tls_key`"));
+        } else {
+            assert!(tls.unwrap_err().to_string().contains("`tls` feature"));
+        }
+    }
 
     #[test]
     fn defaults_and_parameters() {

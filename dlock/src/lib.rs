@@ -44,7 +44,7 @@ pub use dlock_zk as zk;
 pub const URLS: &str = "memory, redis://HOST:PORT, redis+redlock://H1:P1,H2:P2,H3:P3, \
      redis+cluster://H1:P1,H2:P2, \
      rediss://HOST:PORT (TLS), etcd://HOST:PORT/PREFIX, etcds://HOST:PORT/PREFIX (TLS), \
-     zk://HOST:PORT/PATH, postgres://USER:PASSWORD@HOST:PORT/DB, \
+     zk://HOST:PORT/PATH, zks://HOST:PORT/PATH (TLS), postgres://USER:PASSWORD@HOST:PORT/DB, \
      mysql://USER:PASSWORD@HOST:PORT/DB";
 
 /// A [`Locker`] on the backend `url` names (see [`connect_backend`]).
@@ -111,7 +111,7 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn backend::Backend>> {
             redis_backend(url).await
         }
         Some("etcd" | "etcds") => etcd_backend(url).await,
-        Some("zk") => zk_backend(url).await,
+        Some("zk" | "zks") => zk_backend(url).await,
         Some("postgres" | "postgresql") => postgres_backend(url).await,
         Some("mysql" | "mariadb") => mysql_backend(url).await,
         _ => Err(LockError::InvalidOptions {

@@ -20,7 +20,7 @@ mod session;
 mod url;
 
 pub use session::SessionHolders;
-pub use url::{parse_url_duration, percent_decode, redact_url};
+pub use url::{parse_url_duration, percent_decode, redact_url, TlsFiles};
 
 /// A boxed, `Send` future, so that [`Backend`] can be used as `dyn Backend`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

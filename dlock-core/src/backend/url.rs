@@ -128,3 +128,71 @@ mod tests {
         }
     }
 }
+
+/// The PEM files a TLS URL names, in the query parameters every backend
+/// spells alike: `tls_ca` (the CA to trust instead of the system's roots),
+/// and `tls_cert` with `tls_key` (a client certificate).
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::backend::TlsFiles;
+///
+/// let mut files = TlsFiles::default();
+/// assert!(files.take("tls_ca", "/etc/app/ca.pem"));
+/// assert!(!files.take("prefix", "app"));
+/// assert!(files.take("tls_cert", "/etc/app/client.pem"));
+/// assert!(files.check().unwrap_err().contains("tls_key"));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// `tls_ca`: the CA certificates to trust.
+    pub ca: Option<std::path::PathBuf>,
+    /// `tls_cert`: the client certificate.
+    pub cert: Option<std::path::PathBuf>,
+    /// `tls_key`: the client certificate's key.
+    pub key: Option<std::path::PathBuf>,
+}
+
+impl TlsFiles {
+    /// Takes the parameter `name=value` if it is one of the three (with a
+    /// value): whether it was.
+    pub fn take(&mut self, name: &str, value: &str) -> bool {
+        let slot = match name {
+            "tls_ca" => &mut self.ca,
+            "tls_cert" => &mut self.cert,
+            "tls_key" => &mut self.key,
+            _ => return false,
+        };
+        if value.is_empty() {
+            return false;
+        }
+        *slot = Some(std::path::PathBuf::from(value));
+        true
+    }
+
+    /// Whether the parameters fit together: a client certificate needs
+    /// both its files. The reason if not.
+    ///
+    /// # Errors
+    ///
+    /// The reason, for the URL's error.
+    pub fn check(&self) -> Result<(), String> {
+        if self.cert.is_some() != self.key.is_some() {
+            return Err("a client certificate needs both `tls_cert` and `tls_key`".to_owned());
+        }
+        Ok(())
+    }
+
+    /// Reads one of the files.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`](crate::LockError::InvalidOptions)
+    /// naming the file, if it cannot be read.
+    pub fn read(path: &std::path::Path) -> Result<Vec<u8>, crate::LockError> {
+        std::fs::read(path).map_err(|e| crate::LockError::InvalidOptions {
+            reason: format!("cannot read the TLS file `{}`: {e}", path.display()),
+        })
+    }
+}
