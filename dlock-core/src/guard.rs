@@ -241,6 +241,11 @@ impl LockGuard {
         Scoped::new(&self.hold, future)
     }
 
+    /// The acquisition this guard shares.
+    pub(crate) fn hold(&self) -> &Arc<Hold> {
+        &self.hold
+    }
+
     /// The key this guard holds.
     pub fn key(&self) -> &str {
         self.hold.key.as_str()

@@ -5,7 +5,7 @@ use std::{borrow::Borrow, future::Future};
 
 pub use std::time::Duration;
 
-pub use crate::{LockError, LockGuard, LockOptions, Locker, Scoped};
+pub use crate::{LockError, LockGuard, LockOptions, Locker, MultiGuard, Scoped};
 
 /// The locker a `locker = <expr>` argument names. Called as a method, so
 /// that auto-deref reaches a `Locker` through `&`, `Arc` and friends.
@@ -44,25 +44,77 @@ pub async fn acquire<L: Borrow<Locker>>(
     }
 }
 
-/// `body`, run inside the scope of `guard`'s lock.
-pub fn scoped<F: Future>(guard: &LockGuard, body: F) -> Scoped<'_, F> {
-    guard.scope(body)
+/// Takes every lock of `keys = [...]`, all or none; `once` is
+/// `wait = "none"`: one attempt at each, and `LockError::WouldBlock`
+/// naming the first key held elsewhere.
+pub async fn acquire_all<L: Borrow<Locker>>(
+    locker: Result<L, LockError>,
+    keys: Vec<String>,
+    options: LockOptions,
+    once: bool,
+) -> Result<MultiGuard, LockError> {
+    let locker = locker?;
+    let locker = locker.borrow();
+    if once {
+        match locker.lock_all(&keys, options.wait(Duration::ZERO)).await {
+            Err(LockError::Timeout { key, .. }) => Err(LockError::WouldBlock { key }),
+            other => other,
+        }
+    } else {
+        locker.lock_all(&keys, options).await
+    }
 }
 
-/// Runs `body` until it completes or the lock is lost; a loss drops the
+/// What an annotated fn's body runs under: one lock's guard, or the
+/// guard of several.
+pub trait Held {
+    /// `body`, run inside the scope of every lock held.
+    fn scoped<F: Future>(&self, body: F) -> Scoped<'_, F>;
+    /// Completes when a lock held is lost, with the error that says so.
+    fn lost_error(&self) -> impl Future<Output = LockError> + Send + '_;
+}
+
+impl Held for LockGuard {
+    fn scoped<F: Future>(&self, body: F) -> Scoped<'_, F> {
+        self.scope(body)
+    }
+
+    async fn lost_error(&self) -> LockError {
+        LockError::Lost {
+            key: self.key().to_owned(),
+            reason: self.lost().await,
+        }
+    }
+}
+
+impl Held for MultiGuard {
+    fn scoped<F: Future>(&self, body: F) -> Scoped<'_, F> {
+        self.scope(body)
+    }
+
+    async fn lost_error(&self) -> LockError {
+        let (key, reason) = self.lost().await;
+        LockError::Lost { key, reason }
+    }
+}
+
+/// `body`, run inside the scope of `guard`'s locks.
+pub fn scoped<G: Held, F: Future>(guard: &G, body: F) -> Scoped<'_, F> {
+    guard.scoped(body)
+}
+
+/// Runs `body` until it completes or a lock is lost; a loss drops the
 /// body and returns [`LockError::Lost`].
-pub async fn run_until_lost<F, R>(guard: &LockGuard, body: F) -> R
+pub async fn run_until_lost<G, F, R>(guard: &G, body: F) -> R
 where
+    G: Held,
     F: Future<Output = R>,
     R: FromLockError,
 {
     tokio::select! {
         // A lost lock must stop the body before it makes more progress.
         biased;
-        reason = guard.lost() => R::from_lock_error(LockError::Lost {
-            key: guard.key().to_owned(),
-            reason,
-        }),
+        error = guard.lost_error() => R::from_lock_error(error),
         output = body => output,
     }
 }

@@ -115,7 +115,8 @@ impl Scope {
 pub struct Scoped<'a, F> {
     #[pin]
     future: F,
-    hold: Weak<Hold>,
+    /// The holds the future runs under (one, or all of a `MultiGuard`'s).
+    holds: Vec<Weak<Hold>>,
     /// The scope the future runs in, fixed when it is first polled.
     scope: Option<Scope>,
     guard: PhantomData<&'a ()>,
@@ -123,9 +124,13 @@ pub struct Scoped<'a, F> {
 
 impl<F> Scoped<'_, F> {
     pub(crate) fn new(hold: &Arc<Hold>, future: F) -> Self {
+        Self::all([hold], future)
+    }
+
+    pub(crate) fn all<'h>(holds: impl IntoIterator<Item = &'h Arc<Hold>>, future: F) -> Self {
         Scoped {
             future,
-            hold: Arc::downgrade(hold),
+            holds: holds.into_iter().map(Arc::downgrade).collect(),
             scope: None,
             guard: PhantomData,
         }
@@ -137,10 +142,14 @@ impl<F: Future> Future for Scoped<'_, F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
-        let hold = this.hold;
+        let holds = this.holds;
         let scope = this
             .scope
-            .get_or_insert_with(|| Scope::current().with(hold.clone()))
+            .get_or_insert_with(|| {
+                holds
+                    .iter()
+                    .fold(Scope::current(), |scope, hold| scope.with(hold.clone()))
+            })
             .clone();
         let future = this.future;
         SCOPE.sync_scope(scope, || future.poll(cx))

@@ -9,7 +9,8 @@ use syn::{
 
 use crate::duration::parse_millis;
 
-const EXPECTED: &str = "`key`, `locker`, `wait`, `lease`, `guard`, `abort_on_lost`, `crate`";
+const EXPECTED: &str =
+    "`key`, `keys`, `locker`, `wait`, `lease`, `guard`, `abort_on_lost`, `crate`";
 
 /// The shortest and longest fixed lease dlock-core accepts
 /// (`dlock_core::MIN_LEASE`, `MAX_LEASE`; a test keeps them equal), checked
@@ -33,6 +34,8 @@ pub(crate) enum Wait {
 #[derive(Default)]
 pub(crate) struct Args {
     pub(crate) key: Option<LitStr>,
+    /// `keys = ["a:{x}", "b:{y}"]`: several keys, taken all or none.
+    pub(crate) keys: Option<Vec<LitStr>>,
     pub(crate) locker: Option<Expr>,
     pub(crate) wait: Option<Wait>,
     pub(crate) lease: Option<u64>,
@@ -94,6 +97,44 @@ impl Args {
                 if let Some(span) = empty {
                     return Err(syn::Error::new(span, "the key must not be empty"));
                 }
+            }
+            "keys" => {
+                // Given, even if malformed: no "missing key" besides its error.
+                self.keys = Some(Vec::new());
+                let example = "keys = [\"account:{from}\", \"account:{to}\"]";
+                equals(input, name, example)?;
+                let list = match input.parse::<Expr>()? {
+                    Expr::Array(array) => array,
+                    other => {
+                        return Err(syn::Error::new_spanned(
+                            other,
+                            format!("`keys` takes a list of string literals: write `{example}`"),
+                        ))
+                    }
+                };
+                let mut keys = Vec::new();
+                for element in &list.elems {
+                    match element {
+                        Expr::Lit(ExprLit {
+                            lit: Lit::Str(s), ..
+                        }) if !s.value().is_empty() => keys.push(s.clone()),
+                        other => {
+                            return Err(syn::Error::new_spanned(
+                                other,
+                                format!(
+                                "each of `keys` is a non-empty string literal: write `{example}`"
+                            ),
+                            ))
+                        }
+                    }
+                }
+                if keys.is_empty() {
+                    return Err(syn::Error::new_spanned(
+                        list,
+                        format!("`keys` needs at least one key: write `{example}`"),
+                    ));
+                }
+                self.keys = Some(keys);
             }
             "locker" => {
                 equals(input, name, "locker = self.locker")?;
@@ -176,14 +217,22 @@ impl Args {
         Ok(())
     }
 
-    /// The key, or an error that says how to give one.
-    pub(crate) fn key(&self) -> syn::Result<&LitStr> {
-        self.key.as_ref().ok_or_else(|| {
-            syn::Error::new(
+    /// The key templates: one for `key`, several for `keys`; or an error
+    /// that says how to give them.
+    pub(crate) fn keys(&self) -> syn::Result<Vec<&LitStr>> {
+        match (&self.key, &self.keys) {
+            (Some(key), None) => Ok(vec![key]),
+            (None, Some(keys)) => Ok(keys.iter().collect()),
+            (Some(key), Some(_)) => Err(syn::Error::new(
+                key.span(),
+                "give `key` for one lock or `keys` for several, not both",
+            )),
+            (None, None) => Err(syn::Error::new(
                 Span::call_site(),
-                "missing `key`: write `#[distributed_lock(key = \"order:{order_id}\")]`",
-            )
-        })
+                "missing `key`: write `#[distributed_lock(key = \"order:{order_id}\")]` \
+                 (or `keys = [\"a:{x}\", \"b:{y}\"]` for several)",
+            )),
+        }
     }
 }
 

@@ -109,8 +109,14 @@ fn expand(mut args: Args, func: ItemFn) -> syn::Result<TokenStream> {
              because taking the lock can fail; write `-> Result<(), E>`",
         ));
     }
-    let key = match args.key().and_then(|lit| key_expr(lit, &func)) {
-        Ok(key) => Some(key),
+    let several = args.keys.is_some();
+    let key = match args.keys().and_then(|lits| {
+        lits.into_iter()
+            .map(|lit| key_expr(lit, &func))
+            .collect::<syn::Result<Vec<_>>>()
+    }) {
+        Ok(keys) if several => Some(quote!(::std::vec![#(#keys),*])),
+        Ok(mut keys) => keys.pop(),
         Err(e) => {
             report(e);
             None
@@ -168,8 +174,13 @@ fn expand(mut args: Args, func: ItemFn) -> syn::Result<TokenStream> {
         let krate = krate(output_span);
         quote_spanned! {output_span=> #krate::__private::lock_error(#error) }
     };
+    let acquire_fn = if several {
+        quote!(acquire_all)
+    } else {
+        quote!(acquire)
+    };
     let acquire = quote! {
-        let #guard = match #private::acquire(#locker, #key, #options, #once).await {
+        let #guard = match #private::#acquire_fn(#locker, #key, #options, #once).await {
             ::core::result::Result::Ok(guard) => guard,
             ::core::result::Result::Err(#error) => return #convert,
         };

@@ -56,6 +56,7 @@ use proc_macro::TokenStream;
 /// | argument | meaning |
 /// |---|---|
 /// | `key = "order:{order_id}"` | **Required.** The lock key. `{param}` and `{param.field.field}` (also `{self.field}`, `{pair.0}`) are formatted with `Display`; `{{` and `}}` are literal braces. A placeholder that names no parameter is a compile error. |
+/// | `keys = ["account:{from}", "account:{to}"]` | Instead of `key`: several locks, taken all or none within one `wait`, in one sorted order whatever order they are written in (so two calls naming the same keys in opposite orders cannot deadlock), through [`Locker::lock_all`]. `guard = name` then names the [`MultiGuard`]. |
 /// | `locker = <expr>` | The [`Locker`] to lock through: any expression giving a `Locker`, a `&Locker` or an `Arc<Locker>`, such as `self.locker`. Default: `dlock_core::default_locker()`; if none was set, the fn returns `LockError::NoDefaultLocker`. |
 /// | `wait = "5s"` | Wait at most this long (`ms`, `s`, `m`, `h`), then return `LockError::Timeout`. `wait = "none"` makes one attempt and returns `LockError::WouldBlock` at once if the lock is held; `wait = "forever"` never gives up. Default: the locker's default. |
 /// | `lease = "30s"` | A fixed lease (at least `10ms`): the lock expires after it, and is never renewed. Default: the watchdog keeps the lock alive while the body runs. |
@@ -172,6 +173,8 @@ use proc_macro::TokenStream;
 /// ```
 ///
 /// [`Locker`]: https://docs.rs/dlock-core/latest/dlock_core/struct.Locker.html
+/// [`Locker::lock_all`]: https://docs.rs/dlock-core/latest/dlock_core/struct.Locker.html#method.lock_all
+/// [`MultiGuard`]: https://docs.rs/dlock-core/latest/dlock_core/struct.MultiGuard.html
 /// [`LockGuard::lost`]: https://docs.rs/dlock-core/latest/dlock_core/struct.LockGuard.html#method.lost
 #[proc_macro_attribute]
 pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {

@@ -471,3 +471,69 @@ async fn a_key_template_is_formatted_as_written() {
     let inside = pair_held(&locker, "x:y", "z", ("x", "y:z")).await.unwrap();
     assert_eq!(inside.unwrap(), "x:y:z");
 }
+
+#[distributed_lock(keys = ["account:{from}", "account:{to}"], locker = locker, wait = "10s", guard = both)]
+async fn move_money(
+    locker: &Locker,
+    from: u32,
+    to: u32,
+    detector: &OverlapDetector,
+) -> Result<Vec<String>, LockError> {
+    let _inside = detector.enter();
+    // Inside the scope of both keys: each re-enters.
+    let again = locker.lock(format!("account:{from}")).await?;
+    assert!(both
+        .guards()
+        .iter()
+        .any(|g| g.fencing_token() == again.fencing_token()));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    Ok(both.keys().map(str::to_owned).collect())
+}
+
+#[distributed_lock(keys = ["account:{from}", "account:{to}"], locker = locker, wait = "none")]
+async fn move_at_once(locker: &Locker, from: u32, to: u32) -> Result<(), LockError> {
+    Ok(())
+}
+
+/// `keys = [...]` takes every key in sorted order, whatever order the
+/// template names them in: calls that name two accounts in opposite orders
+/// neither deadlock nor overlap, the guard names the keys sorted, each key
+/// re-enters inside the body, and `wait = "none"` with one key held
+/// elsewhere is `WouldBlock` naming that key, holding neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_take_every_lock_in_one_order() {
+    let locker = MemoryBackend::new().into_locker();
+    let detector = Arc::new(OverlapDetector::default());
+    let mut calls = Vec::new();
+    for i in 0..40u32 {
+        let (locker, detector) = (locker.clone(), detector.clone());
+        let (from, to) = if i % 2 == 0 { (7, 3) } else { (3, 7) };
+        calls.push(tokio::spawn(async move {
+            move_money(&locker, from, to, &detector).await
+        }));
+    }
+    for call in calls {
+        let keys = call.await.expect("a call's task").expect("a transfer");
+        assert_eq!(keys, ["account:3", "account:7"]);
+    }
+    assert_eq!(detector.entries(), 40);
+    assert_eq!(detector.overlaps(), 0, "two transfers of one pair at once");
+    let held = locker.lock("account:7").await.unwrap();
+    let other = MemoryBackend::new().into_locker();
+    drop(other);
+    let refused = tokio::spawn({
+        let locker = locker.clone();
+        async move { move_at_once(&locker, 3, 7).await }
+    })
+    .await
+    .unwrap();
+    assert!(
+        matches!(&refused, Err(LockError::WouldBlock { key }) if key == "account:7"),
+        "{refused:?}"
+    );
+    assert!(
+        locker.try_lock("account:3").await.unwrap().is_some(),
+        "account:3 kept"
+    );
+    drop(held);
+}

@@ -3,7 +3,8 @@
 //! clients) and panics with a message when the backend misbehaves.
 //!
 //! The checks live in one file per group of properties: exclusion,
-//! ownership, scope (reentrancy), cancel, leases and input.
+//! ownership, scope (reentrancy), cancel, leases, input, primitives and
+//! multi (several keys at once).
 //!
 //! Every wait in here is bounded: checks use wait limits, and
 //! [`conformance_tests!`](crate::conformance_tests) bounds each check as a
@@ -20,6 +21,7 @@ mod cancel;
 mod exclusion;
 mod input;
 mod leases;
+mod multi;
 mod ownership;
 mod primitives;
 mod scope;
@@ -28,6 +30,7 @@ pub use cancel::*;
 pub use exclusion::*;
 pub use input::*;
 pub use leases::*;
+pub use multi::*;
 pub use ownership::*;
 pub use primitives::*;
 pub use scope::*;
@@ -240,6 +243,12 @@ macro_rules! conformance_tests {
             cancelled_permit_waits_leave_nothing,
             stale_permits_cannot_release_or_renew,
             bad_permit_counts_are_typed_errors,
+            // multi.rs
+            lock_all_in_opposite_orders_neither_deadlocks_nor_overlaps,
+            lock_all_that_times_out_gives_back_what_it_took,
+            lock_all_cancel_storm_leaves_nothing,
+            one_lost_key_makes_the_whole_guard_lost,
+            lock_all_rejects_empty_and_repeated_lists,
         );
     };
     (@run [each $harness:expr] $($check:ident),* $(,)?) => {
