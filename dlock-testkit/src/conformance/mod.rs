@@ -18,6 +18,7 @@ use dlock_core::{
 };
 
 mod cancel;
+mod election;
 mod exclusion;
 mod input;
 mod leases;
@@ -27,6 +28,7 @@ mod primitives;
 mod scope;
 
 pub use cancel::*;
+pub use election::*;
 pub use exclusion::*;
 pub use input::*;
 pub use leases::*;
@@ -249,6 +251,8 @@ macro_rules! conformance_tests {
             lock_all_cancel_storm_leaves_nothing,
             one_lost_key_makes_the_whole_guard_lost,
             lock_all_rejects_empty_and_repeated_lists,
+            // election.rs
+            an_election_has_one_leader_at_a_time_and_rising_terms,
         );
     };
     (@run [each $harness:expr] $($check:ident),* $(,)?) => {

@@ -1,0 +1,291 @@
+//! Leader election on a lock: [`Locker::elect`] and its [`Election`].
+
+use std::{
+    fmt,
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use tokio::{
+    runtime::Handle,
+    sync::{watch, Notify},
+    task::JoinHandle,
+};
+
+use crate::{
+    error::{LockError, Result},
+    guard::LockGuard,
+    locker::Locker,
+    options::LockOptions,
+    LostReason,
+};
+
+/// Where a candidate stands in its election.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Role {
+    /// Waiting to lead: another candidate leads, or none does yet.
+    Candidate,
+    /// Leading, in `term`: the fencing token of this leadership, greater
+    /// than every earlier leader's.
+    Leader {
+        /// The term.
+        term: u64,
+    },
+    /// The leadership ended (`reason`), and the candidate campaigns again.
+    Deposed {
+        /// The term that ended.
+        term: u64,
+        /// Why it ended.
+        reason: LostReason,
+    },
+    /// Resigned: no longer a candidate.
+    Resigned,
+}
+
+impl Role {
+    /// The term, while leading.
+    pub fn term(&self) -> Option<u64> {
+        match self {
+            Role::Leader { term } => Some(*term),
+            _ => None,
+        }
+    }
+}
+
+struct Shared {
+    /// The leadership's guard while leading (a sibling of the campaign's).
+    leading: Mutex<Option<LockGuard>>,
+    resign: Notify,
+}
+
+fn lock(m: &Mutex<Option<LockGuard>>) -> MutexGuard<'_, Option<LockGuard>> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Locker {
+    /// Starts campaigning for the leadership of `name`, in a task of its
+    /// own on the current runtime, until the [`Election`] is resigned or
+    /// dropped.
+    ///
+    /// A candidate leads while it holds the election's lock (the key
+    /// `election:{name}`): leaders never overlap, exactly as locks never
+    /// do, on every backend, and a leader whose lease ends learns it (its
+    /// [`Role`] becomes [`Role::Deposed`], [`Election::is_leader`] turns
+    /// false) no later than another candidate is elected. Each leadership's
+    /// term is the lock's fencing token, so terms strictly increase across
+    /// leaders: write with the term, to a store that refuses an older one
+    /// (see [`LockGuard::fencing_token`]), and a deposed leader that writes
+    /// late is refused. A deposed candidate campaigns again.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Unsupported`] on a backend without fencing tokens (a
+    /// term must order leaders); [`LockError::NoRuntime`] outside a Tokio
+    /// runtime; [`LockError::InvalidKey`] for a name that makes no key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{election::Role, Locker, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let backend = MemoryBackend::new();
+    /// let (a, b) = (Locker::new(backend.clone()), Locker::new(backend));
+    /// let first = a.elect("scheduler")?;
+    /// let term = first.leading().await?;
+    /// let second = b.elect("scheduler")?;
+    /// assert!(first.is_leader() && !second.is_leader());
+    /// first.resign().await?;
+    /// // The next leader's term is greater.
+    /// assert!(second.leading().await? > term);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn elect(&self, name: impl AsRef<str>) -> Result<Election> {
+        if !self.backend().capabilities().has_fencing() {
+            return Err(LockError::Unsupported {
+                backend: self.backend().name(),
+                what: "leader election (it needs fencing tokens for its terms)",
+            });
+        }
+        let key = format!("election:{}", name.as_ref());
+        crate::key::LockKey::new(&key)?;
+        let runtime = Handle::try_current().map_err(|_| LockError::NoRuntime)?;
+        let (role, roles) = watch::channel(Role::Candidate);
+        let shared = Arc::new(Shared {
+            leading: Mutex::new(None),
+            resign: Notify::new(),
+        });
+        let task = runtime.spawn(campaign(self.clone(), key, shared.clone(), role));
+        Ok(Election {
+            shared,
+            roles,
+            task: Some(task),
+        })
+    }
+}
+
+/// Campaigns until resigned: lock, lead until lost, campaign again.
+async fn campaign(locker: Locker, key: String, shared: Arc<Shared>, role: watch::Sender<Role>) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let won = tokio::select! {
+            won = locker.lock_with(&key, LockOptions::new().wait_forever()) => won,
+            () = shared.resign.notified() => break,
+        };
+        let guard = match won {
+            Ok(guard) => guard,
+            Err(error) => {
+                // The servers are down: campaign again, with backoff.
+                tracing::warn!(%error, key = %key, "dlock election campaign failed");
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    () = shared.resign.notified() => break,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+                continue;
+            }
+        };
+        backoff = Duration::from_millis(50);
+        let Some(term) = guard.fencing_token() else {
+            tracing::error!(key = %key, "dlock election: the backend gave no fencing token");
+            break;
+        };
+        *lock(&shared.leading) = Some(guard.sibling());
+        role.send_replace(Role::Leader { term });
+        tokio::select! {
+            reason = guard.lost() => {
+                lock(&shared.leading).take();
+                role.send_replace(Role::Deposed { term, reason });
+                drop(guard);
+            }
+            () = shared.resign.notified() => {
+                lock(&shared.leading).take();
+                let _ = guard.release().await;
+                break;
+            }
+        }
+    }
+    lock(&shared.leading).take();
+    role.send_replace(Role::Resigned);
+}
+
+/// A candidate in a leader election: see [`Locker::elect`].
+///
+/// Dropping it resigns (the leadership's lock is released in the
+/// background, as a dropped guard's is); [`resign`](Election::resign)
+/// resigns and waits for the release.
+pub struct Election {
+    shared: Arc<Shared>,
+    roles: watch::Receiver<Role>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Election {
+    /// Where this candidate stands now.
+    pub fn role(&self) -> Role {
+        self.roles.borrow().clone()
+    }
+
+    /// Whether this candidate leads now: it won, and its lease has not run
+    /// out by its own clock (checked now, not only when the campaign task
+    /// next runs).
+    pub fn is_leader(&self) -> bool {
+        lock(&self.shared.leading)
+            .as_ref()
+            .is_some_and(|guard| !guard.is_lost())
+    }
+
+    /// The term of the current leadership, while leading.
+    pub fn term(&self) -> Option<u64> {
+        lock(&self.shared.leading)
+            .as_ref()
+            .filter(|guard| !guard.is_lost())
+            .and_then(LockGuard::fencing_token)
+    }
+
+    /// The owner token of the current leadership's lock, while leading
+    /// (as [`LockGuard::token`]: for logs, and for tests that take the
+    /// lock from under the leader).
+    pub fn token(&self) -> Option<crate::Token> {
+        lock(&self.shared.leading)
+            .as_ref()
+            .map(|guard| *guard.token())
+    }
+
+    /// Every change of [`role`](Election::role), as a
+    /// [`tokio::sync::watch`] receiver.
+    pub fn changes(&self) -> watch::Receiver<Role> {
+        self.roles.clone()
+    }
+
+    /// Waits until this candidate leads: its term.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`] if it resigned first.
+    pub async fn leading(&self) -> Result<u64> {
+        let mut roles = self.roles.clone();
+        let role = roles
+            .wait_for(|r| matches!(r, Role::Leader { .. } | Role::Resigned))
+            .await
+            .map(|r| r.clone());
+        match role {
+            Ok(Role::Leader { term }) => Ok(term),
+            _ => Err(LockError::InvalidOptions {
+                reason: "the candidate resigned".to_owned(),
+            }),
+        }
+    }
+
+    /// While leading, completes when this leadership ends: why, or `None`
+    /// if the candidate resigned. At once (`None`) if not leading now.
+    pub async fn deposed(&self) -> Option<LostReason> {
+        let mut roles = self.roles.clone();
+        let current = roles.borrow_and_update().clone();
+        let Role::Leader { term } = current else {
+            return None;
+        };
+        let ended = roles
+            .wait_for(|r| !matches!(r, Role::Leader { term: t } if *t == term))
+            .await
+            .map(|r| r.clone());
+        match ended {
+            Ok(Role::Deposed { reason, .. }) => Some(reason),
+            _ => None,
+        }
+    }
+
+    /// Resigns: leaves the election, releasing the leadership if it holds
+    /// it, and waits for the release.
+    ///
+    /// # Errors
+    ///
+    /// None today; a `Result` so that a release error can be reported.
+    pub async fn resign(mut self) -> Result<()> {
+        self.shared.resign.notify_one();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Election {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+        lock(&self.shared.leading).take();
+    }
+}
+
+impl fmt::Debug for Election {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Election")
+            .field("role", &self.role())
+            .finish_non_exhaustive()
+    }
+}
