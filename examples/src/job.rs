@@ -250,3 +250,80 @@ pub async fn run_instance(
     }
     Ok(events)
 }
+
+/// The same schedule under an elected leader: each instance campaigns
+/// once ([`Locker::elect`] on the job's key), and on each tick only the
+/// leader runs the job, writing its report **with its term** as the fence
+/// (terms strictly increase across leaders, so a deposed leader's late
+/// write is refused). No lock is taken per tick: a follower that becomes
+/// leader (the old one resigned, crashed, or stalled past its lease) runs
+/// the next tick. With `resign_after_tick`, the instance that leads on
+/// that tick resigns after it, as an instance shut down for a deploy
+/// would.
+///
+/// # Errors
+///
+/// [`JobError::Lock`] if the election cannot start (the backend gives no
+/// fencing tokens, or there is no runtime).
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use dlock::{BackendExt, MemoryBackend};
+/// use dlock_examples::job::{run_scheduler, FencedStore, JobConfig};
+///
+/// # #[tokio::main]
+/// # async fn main() -> Result<(), dlock_examples::job::JobError> {
+/// let locker = MemoryBackend::new().into_locker();
+/// let store = Arc::new(FencedStore::default());
+/// let config = JobConfig { ticks: 2, ..JobConfig::default() };
+/// let epoch = tokio::time::Instant::now() + config.period;
+/// run_scheduler(&locker, "a", &store, &config, epoch, None).await?;
+/// assert_eq!(store.reports().len(), 2);
+/// # Ok(())
+/// # }
+/// ```
+pub async fn run_scheduler(
+    locker: &Locker,
+    name: &str,
+    store: &Arc<FencedStore>,
+    config: &JobConfig,
+    epoch: Instant,
+    resign_after_tick: Option<u64>,
+) -> Result<Vec<Event>, JobError> {
+    let election = locker.elect(&config.key)?;
+    let mut events = Vec::new();
+    for tick in 0..config.ticks {
+        tokio::time::sleep_until(epoch + config.period * tick as u32).await;
+        // Asked at the tick: a leader whose lease ran out says no.
+        let outcome = match election.term() {
+            None => Outcome::Skipped,
+            Some(_) if store.has(tick) => Outcome::AlreadyDone,
+            Some(term) => {
+                tokio::time::sleep(config.work).await;
+                let report = Report {
+                    tick,
+                    instance: name.to_owned(),
+                    fence: term,
+                };
+                match store.write(report) {
+                    Ok(()) => Outcome::Ran { fence: term },
+                    Err(stale) => Outcome::Rejected(stale),
+                }
+            }
+        };
+        let ran = matches!(outcome, Outcome::Ran { .. });
+        events.push(Event {
+            tick,
+            instance: name.to_owned(),
+            outcome,
+        });
+        if ran && resign_after_tick == Some(tick) {
+            election.resign().await?;
+            return Ok(events);
+        }
+    }
+    election.resign().await?;
+    Ok(events)
+}

@@ -186,3 +186,50 @@ fn the_job_binary_shows_the_refused_write() {
     );
     assert!(text.contains("ticks run twice: 0"), "{text}");
 }
+
+/// The leader-elected scheduler on three instances: the leader of tick 1
+/// resigns after it, a follower takes over for the next tick, and every
+/// tick's report is written exactly once, with terms that never go back
+/// and a new term after the handover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_elected_scheduler_hands_over_and_runs_every_tick_once() {
+    use dlock_examples::job::run_scheduler;
+    let backend = MemoryBackend::new();
+    let store = Arc::new(FencedStore::default());
+    let config = JobConfig {
+        ticks: 5,
+        period: Duration::from_millis(200),
+        ..JobConfig::default()
+    };
+    // Time for every instance to campaign before the first tick.
+    let epoch = tokio::time::Instant::now() + Duration::from_millis(300);
+    let instances: Vec<_> = ["a", "b", "c"]
+        .into_iter()
+        .map(|name| {
+            let (locker, store, config) =
+                (backend.clone().into_locker(), store.clone(), config.clone());
+            tokio::spawn(async move {
+                run_scheduler(&locker, name, &store, &config, epoch, Some(1)).await
+            })
+        })
+        .collect();
+    for instance in instances {
+        instance.await.expect("an instance").expect("its schedule");
+    }
+    let reports = store.reports();
+    let ticks: Vec<u64> = reports.iter().map(|r| r.tick).collect();
+    assert_eq!(
+        ticks,
+        [0, 1, 2, 3, 4],
+        "each tick exactly once: {reports:?}"
+    );
+    assert!(
+        reports.windows(2).all(|w| w[0].fence <= w[1].fence),
+        "a term went back: {reports:?}"
+    );
+    assert_ne!(reports[1].instance, reports[2].instance, "no handover");
+    assert!(
+        reports[2].fence > reports[1].fence,
+        "the same term after a handover"
+    );
+}
