@@ -71,6 +71,14 @@ impl std::fmt::Debug for RedisConfig {
     }
 }
 
+/// rustls needs one process-wide crypto provider, and cannot pick one when
+/// the build compiles in more than one (another crate may bring aws-lc-rs):
+/// ring, unless the application installed its own first.
+#[cfg(feature = "tls")]
+pub(crate) fn use_ring_unless_chosen() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 fn invalid(url: &str, why: &str) -> LockError {
     LockError::InvalidOptions {
         reason: format!(
@@ -263,6 +271,10 @@ impl RedisConfig {
     /// The client of node `node` (one of [`nodes`](RedisConfig::nodes)),
     /// with the URL's CA and client certificate read now.
     pub(crate) fn client(&self, node: &str) -> Result<redis::Client, LockError> {
+        #[cfg(feature = "tls")]
+        if self.tls.is_some() {
+            use_ring_unless_chosen();
+        }
         #[cfg(feature = "tls")]
         if let Some(files) = self
             .tls

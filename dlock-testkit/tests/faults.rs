@@ -656,6 +656,131 @@ async fn cancel_storm(t: Topology) {
     );
 }
 
+/// Three candidates in three processes elect a leader; it is SIGKILLed,
+/// and another leads within its lease; that one is SIGSTOPped past its
+/// lease, and the third leads; resumed, the stopped one's first word is
+/// `deposed`, and its late write with its old term is refused by the
+/// fenced store. Every leadership's fenced work is recorded on
+/// `CLOCK_MONOTONIC`: no two overlap (the exact detector), and terms
+/// strictly increase.
+async fn election_across_processes(t: Topology) {
+    if !t.fencing {
+        let refused = locker(&t.url).await.elect("scheduler");
+        assert!(
+            matches!(refused, Err(LockError::Unsupported { .. })),
+            "[{}] an election without fencing tokens: {refused:?}",
+            t.name
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = FencedStore::new(dir.path());
+    let holds = HoldLog::new(&dir.path().join("holds"));
+    let lease = t.lease.as_millis().to_string();
+    let args = [
+        "lead",
+        &t.url,
+        "scheduler",
+        &lease,
+        dir.path().to_str().unwrap(),
+        holds.path().to_str().unwrap(),
+    ];
+    // Each candidate's lines, tagged with its index, on one channel.
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<(usize, String)>();
+    let mut children = Vec::new();
+    for i in 0..3 {
+        let mut child = helper(&args);
+        let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+        let tx = lines_tx.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = out.next_line().await {
+                let _ = tx.send((i, line));
+            }
+        });
+        children.push(child);
+    }
+    let name = t.name;
+    async fn said(
+        lines: &mut tokio::sync::mpsc::UnboundedReceiver<(usize, String)>,
+        within: Duration,
+        name: &str,
+    ) -> (usize, String) {
+        tokio::time::timeout(within, lines.recv())
+            .await
+            .unwrap_or_else(|_| panic!("[{name}] no candidate spoke in {within:?}"))
+            .expect("the candidates' lines")
+    }
+    let term_of = |line: &str| -> u64 {
+        line.strip_prefix("leader ")
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("[{name}] expected `leader <term>`, got {line}"))
+    };
+    let (first, line) = said(&mut lines, Duration::from_secs(60), name).await;
+    let first_term = term_of(&line);
+    children[first].start_kill().unwrap();
+    let killed = Instant::now();
+    let (second, line) = said(&mut lines, t.lease + Duration::from_secs(10), name).await;
+    let second_term = term_of(&line);
+    assert_ne!(second, first, "[{name}] the killed candidate spoke");
+    println!(
+        "[{name}] a killed leader's successor led after {:?} (lease {:?})",
+        killed.elapsed(),
+        t.lease
+    );
+    signal(&children[second], libc::SIGSTOP);
+    let (third, line) = said(&mut lines, t.lease + Duration::from_secs(10), name).await;
+    let third_term = term_of(&line);
+    assert!(
+        third != first && third != second,
+        "[{name}] candidate {third} spoke after leading"
+    );
+    // The new leader works for a while, then the stopped one resumes.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    signal(&children[second], libc::SIGCONT);
+    let (who, line) = said(&mut lines, Duration::from_secs(10), name).await;
+    assert_eq!(
+        (who, line.as_str()),
+        (second, "deposed"),
+        "[{name}] the resumed leader's first word"
+    );
+    let (who, line) = said(&mut lines, Duration::from_secs(10), name).await;
+    assert_eq!(
+        (who, line),
+        (second, format!("late-write {second_term} rejected")),
+        "[{name}] the deposed leader's late write"
+    );
+    assert!(
+        first_term < second_term && second_term < third_term,
+        "[{name}] terms {first_term}, {second_term}, {third_term}"
+    );
+    // A leader killed or stopped right after it spoke may not have
+    // recorded any work; the third has worked for 300 ms.
+    let leaderships = holds.intervals().unwrap().len();
+    assert!(
+        (1..=3).contains(&leaderships),
+        "[{name}] {leaderships} leaderships recorded"
+    );
+    assert_eq!(
+        holds.overlaps().unwrap(),
+        0,
+        "[{name}] two leaders at once: terms {first_term}, {second_term}, {third_term}; {:?}",
+        std::fs::read_to_string(holds.path()).unwrap_or_default()
+    );
+    let log = store.log().unwrap();
+    assert!(
+        log.iter().any(|w| w.accepted && w.fence == third_term),
+        "[{name}] the last leader's writes were not accepted"
+    );
+    assert!(
+        log.iter().all(|w| w.accepted || w.fence == second_term),
+        "[{name}] a write refused that was not the deposed leader's"
+    );
+    for mut child in children {
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+    }
+}
+
 /// The limit of the permit tests' semaphore.
 const PERMITS: usize = 3;
 
@@ -861,6 +986,11 @@ macro_rules! per_topology {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn permits_across_processes() {
                     super::permits_across_processes($make).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn election_across_processes() {
+                    super::election_across_processes($make).await;
                 }
             }
         )*

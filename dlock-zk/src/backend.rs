@@ -250,10 +250,19 @@ fn admitted(children: &[String], position: usize, mode: Mode) -> bool {
     dlock_core::backend::admitted(mode, ahead)
 }
 
+/// rustls needs one process-wide crypto provider, and cannot pick one when
+/// the build compiles in more than one (another crate may bring aws-lc-rs):
+/// ring, unless the application installed its own first.
+#[cfg(feature = "tls")]
+pub(crate) fn use_ring_unless_chosen() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// The TLS settings of a `zks://` URL's files, read now.
 #[cfg(feature = "tls")]
 fn tls_options(files: &dlock_core::backend::TlsFiles) -> Result<zookeeper_client::TlsOptions> {
     use dlock_core::backend::TlsFiles;
+    use_ring_unless_chosen();
     let read = |path: &std::path::PathBuf| {
         TlsFiles::read(path).map(|pem| String::from_utf8_lossy(&pem).into_owned())
     };

@@ -27,6 +27,14 @@
 //!     if the permit was not lost by its end; prints `done <lost>` with how
 //!     many permits were lost. With `--no-lock` it takes no permit (the
 //!     detector's self-test).
+//! dlock-fault-helper lead <url> <name> <watchdog-lease-ms> <store-dir> <hold-log>
+//!     campaigns in the election <name>; once it leads, prints
+//!     `leader <term>`, then every 10 ms asks whether it still leads and,
+//!     while it does, writes its term to the fenced store in <store-dir>
+//!     and, if the store accepted it, extends its leadership in the hold
+//!     log to the moment it asked. Once it is told it no longer leads,
+//!     prints `deposed` and `late-write <term> accepted|rejected` for the
+//!     write a careless leader would still send, and ends.
 //! dlock-fault-helper permit-hold <url> <key> <limit> <watchdog-lease-ms> <hold-log>
 //!     takes one of the <limit> permits of <key>, prints `acquired`, then
 //!     every 10 ms checks the permit and, while it holds, extends its hold
@@ -220,6 +228,47 @@ async fn hold(args: &[String]) -> Result<(), String> {
     }
 }
 
+async fn lead(args: &[String]) -> Result<(), String> {
+    let [url, name, lease, store, holds] = args else {
+        return Err("lead <url> <name> <watchdog-lease-ms> <store-dir> <hold-log>".into());
+    };
+    let lease = Duration::from_millis(lease.parse().map_err(|_| "lease: a number of ms")?);
+    let store = FencedStore::new(Path::new(store));
+    let holds = HoldLog::new(Path::new(holds));
+    let locker = locker(url, Some(lease), Fallbacks::Default).await?;
+    let election = locker.elect(name).map_err(|e| e.to_string())?;
+    let term = election.leading().await.map_err(|e| e.to_string())?;
+    let start = monotonic_ns();
+    println!("leader {term}");
+    let write = |term| store.write("leader", term).map_err(|e| e.to_string());
+    loop {
+        // Before any fenced work, the careful leader asks. The hold log
+        // records when it asked (read first: a stop after the reading
+        // and before the answer gets a "no" on resuming), so an overlap
+        // there is a leader told it leads after another began to; its
+        // write is judged by the fenced store, which refuses a write from
+        // a leader stopped between the answer and the write.
+        let asked = monotonic_ns();
+        let still = election.term() == Some(term);
+        let accepted = write(term)?;
+        if still {
+            // A refused write here was stopped between the answer and the
+            // write: the next question tells.
+            if accepted {
+                holds
+                    .record(&format!("leader-{term}"), start, asked)
+                    .map_err(|e| e.to_string())?;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        }
+        println!("deposed");
+        let verdict = if accepted { "accepted" } else { "rejected" };
+        println!("late-write {term} {verdict}");
+        return Ok(());
+    }
+}
+
 /// Every fallback timer of the waiters test, set long: a waiter that is
 /// granted promptly was woken by the release.
 const LONG: Duration = dlock_testkit::HANDOFF_FALLBACKS;
@@ -348,7 +397,10 @@ async fn main() -> ExitCode {
         Some("waiters") => waiters(&args[1..]).await,
         Some("permits") => permits(&args[1..]).await,
         Some("permit-hold") => permit_hold(&args[1..]).await,
-        _ => Err("usage: dlock-fault-helper stock|hold|waiters|permits|permit-hold ...".into()),
+        Some("lead") => lead(&args[1..]).await,
+        _ => {
+            Err("usage: dlock-fault-helper stock|hold|waiters|permits|permit-hold|lead ...".into())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
