@@ -110,6 +110,7 @@ impl AcquireOutcome {
 /// Times one acquisition: [`finish`](Self::finish) records its outcome,
 /// and dropping it unfinished records `cancelled`.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
 pub(crate) struct AcquireTimer {
     backend: &'static str,
     mode: Mode,
