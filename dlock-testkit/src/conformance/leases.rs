@@ -8,12 +8,12 @@ use std::{
 };
 
 use dlock_core::{
-    backend::{Backend, Mode, ReleaseOutcome},
+    backend::{Backend, Mode},
     distributed_lock, LockError, LockKey, Locker, LostReason, Token,
 };
 use tokio::time::Instant;
 
-use super::{free, must, patient, taken, Harness, PATIENCE};
+use super::{free, must, patient, release_behind_its_back, taken, Harness, PATIENCE};
 
 /// Checks that after a holder of `key` crashed, `other` cannot take the key
 /// at once, and gets it no sooner than `at_least` after `since` and not
@@ -258,17 +258,9 @@ pub async fn renewal_that_finds_another_owner_reports_lost(h: &Harness) {
     let b = h.locker().await;
     let third = h.locker().await;
     let guard = must(h, "lock", a.lock_with(&key, patient()).await);
-    // Someone with the token (a confused operator, a stale script) deletes
-    // it, and another owner takes the key before the next renewal.
-    let lock_key = LockKey::new(&key).expect("valid key");
-    let released = must(
-        h,
-        "release behind the guard's back",
-        a.backend()
-            .release(&lock_key, Mode::Exclusive, guard.token())
-            .await,
-    );
-    assert_eq!(released, ReleaseOutcome::Released);
+    // Released behind its back, and another owner takes the key before
+    // the next renewal.
+    release_behind_its_back(h, &a, &guard).await;
     let taken = must(
         h,
         "another owner takes the key",

@@ -305,6 +305,27 @@ async fn free(h: &Harness, what: &str, locker: &Locker, key: &str, why: &str) ->
     got.unwrap_or_else(|| panic!("[{}] {why}", h.name))
 }
 
+/// Releases `guard`'s lock through the backend, behind the guard's back
+/// (someone with the token: a confused operator, a stale script), and
+/// checks the server released it.
+async fn release_behind_its_back(h: &Harness, locker: &Locker, guard: &LockGuard) {
+    let key = dlock_core::LockKey::new(guard.key()).expect("valid key");
+    let released = must(
+        h,
+        "release behind the guard's back",
+        locker
+            .backend()
+            .release(&key, guard.mode(), guard.token())
+            .await,
+    );
+    assert_eq!(
+        released,
+        dlock_core::backend::ReleaseOutcome::Released,
+        "[{}] the release behind the guard's back found nothing",
+        h.name
+    );
+}
+
 fn patient() -> LockOptions {
     LockOptions::new().wait(PATIENCE)
 }

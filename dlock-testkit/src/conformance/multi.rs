@@ -4,13 +4,10 @@
 
 use std::{sync::Arc, time::Duration};
 
-use dlock_core::{
-    backend::{Mode, ReleaseOutcome},
-    LockError, LockKey, LockOptions, LostReason,
-};
+use dlock_core::{LockError, LockOptions, LostReason};
 use tokio::time::Instant;
 
-use super::{must, patient, Harness, PATIENCE};
+use super::{must, patient, release_behind_its_back, Harness, PATIENCE};
 use crate::{OverlapDetector, Rng};
 
 /// Two clients lock the same two keys in opposite orders, 20 times each:
@@ -158,15 +155,7 @@ pub async fn one_lost_key_makes_the_whole_guard_lost(h: &Harness) {
         .iter()
         .find(|g| g.key() == taken)
         .expect("the guard of the key to take");
-    let lock_key = LockKey::new(&taken).expect("valid key");
-    let released = must(
-        h,
-        "release behind the guard's back",
-        a.backend()
-            .release(&lock_key, Mode::Exclusive, guard.token())
-            .await,
-    );
-    assert_eq!(released, ReleaseOutcome::Released);
+    release_behind_its_back(h, &a, guard).await;
     let other = must(h, "another owner", b.lock_with(&taken, patient()).await);
     let told_within = h.session.unwrap_or(lease) * 2;
     let lost = tokio::time::timeout(told_within, all.lost()).await;
