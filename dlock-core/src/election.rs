@@ -15,6 +15,7 @@ use tokio::{
 use crate::{
     error::{LockError, Result},
     guard::LockGuard,
+    key::LockKey,
     locker::Locker,
     options::LockOptions,
     LostReason,
@@ -53,10 +54,48 @@ impl Role {
     }
 }
 
+/// The leader of an election, as anyone reads it: [`Locker::leader`],
+/// [`Election::leader`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Leader {
+    /// The leader's term.
+    pub term: u64,
+    /// What the leader proclaimed ([`Election::proclaim`]); `None` for a
+    /// moment after it wins, until its value is written.
+    pub value: Option<Vec<u8>>,
+}
+
+/// The longest value a candidate may proclaim.
+pub const MAX_PROCLAIMED: usize = 32 * 1024;
+
 struct Shared {
+    locker: Locker,
+    key: LockKey,
     /// The leadership's guard while leading (a sibling of the campaign's).
     leading: Mutex<Option<LockGuard>>,
+    /// What this candidate proclaims while it leads. Held across the write
+    /// to the server, so that two writes never land out of order.
+    value: tokio::sync::Mutex<Option<Vec<u8>>>,
     resign: Notify,
+}
+
+impl Shared {
+    /// The current leadership's token, unless it is lost.
+    fn leading_token(&self) -> Option<crate::Token> {
+        lock(&self.leading)
+            .as_ref()
+            .filter(|guard| !guard.is_lost())
+            .map(|guard| *guard.token())
+    }
+}
+
+/// Reads who leads `key` now.
+async fn leader_of(locker: &Locker, key: &LockKey) -> Result<Option<Leader>> {
+    Ok(locker.backend().holder(key).await?.map(|holder| Leader {
+        term: holder.fence(),
+        value: holder.into_value(),
+    }))
 }
 
 fn lock(m: &Mutex<Option<LockGuard>>) -> MutexGuard<'_, Option<LockGuard>> {
@@ -110,29 +149,70 @@ impl Locker {
                 what: "leader election (it needs fencing tokens for its terms)",
             });
         }
-        let key = format!("election:{}", name.as_ref());
-        crate::key::LockKey::new(&key)?;
+        let key = election_key(name.as_ref())?;
         let runtime = Handle::try_current().map_err(|_| LockError::NoRuntime)?;
         let (role, roles) = watch::channel(Role::Candidate);
         let shared = Arc::new(Shared {
+            locker: self.clone(),
+            key,
             leading: Mutex::new(None),
+            value: tokio::sync::Mutex::new(None),
             resign: Notify::new(),
         });
-        let task = runtime.spawn(campaign(self.clone(), key, shared.clone(), role));
+        let task = runtime.spawn(campaign(shared.clone(), role));
         Ok(Election {
             shared,
             roles,
             task: Some(task),
         })
     }
+
+    /// Who leads the election `name` now, and what it proclaimed: one read
+    /// of the election's lock, for anyone (a candidate or not).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Unsupported`] on a backend that cannot read a lock's
+    /// holder (every backend with fencing tokens can);
+    /// [`LockError::InvalidKey`] for a name that makes no key; the
+    /// server's error if it does not answer.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{Locker, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let backend = MemoryBackend::new();
+    /// let (node, follower) = (Locker::new(backend.clone()), Locker::new(backend));
+    /// assert!(follower.leader("scheduler").await?.is_none());
+    /// let election = node.elect("scheduler")?;
+    /// election.proclaim("10.0.0.7:8080").await?;
+    /// let term = election.leading().await?;
+    /// let leader = follower.leader("scheduler").await?.expect("a leader");
+    /// assert_eq!(leader.term, term);
+    /// assert_eq!(leader.value.as_deref(), Some(&b"10.0.0.7:8080"[..]));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn leader(&self, name: impl AsRef<str>) -> Result<Option<Leader>> {
+        leader_of(self, &election_key(name.as_ref())?).await
+    }
+}
+
+/// The lock an election is held on.
+fn election_key(name: &str) -> Result<LockKey> {
+    LockKey::new(format!("election:{name}"))
 }
 
 /// Campaigns until resigned: lock, lead until lost, campaign again.
-async fn campaign(locker: Locker, key: String, shared: Arc<Shared>, role: watch::Sender<Role>) {
+async fn campaign(shared: Arc<Shared>, role: watch::Sender<Role>) {
+    let (locker, key) = (&shared.locker, &shared.key);
     let mut backoff = Duration::from_millis(50);
     loop {
         let won = tokio::select! {
-            won = locker.lock_with(&key, LockOptions::new().wait_forever()) => won,
+            won = locker.lock_with(key.as_str(), LockOptions::new().wait_forever()) => won,
             () = shared.resign.notified() => break,
         };
         let guard = match won {
@@ -153,7 +233,17 @@ async fn campaign(locker: Locker, key: String, shared: Arc<Shared>, role: watch:
             tracing::error!(key = %key, "dlock election: the backend gave no fencing token");
             break;
         };
-        *lock(&shared.leading) = Some(guard.sibling());
+        {
+            // Proclaim before anyone is told of the leadership, and
+            // before a later `proclaim` can write.
+            let value = shared.value.lock().await;
+            *lock(&shared.leading) = Some(guard.sibling());
+            if let Some(value) = value.as_deref() {
+                if let Err(error) = locker.backend().proclaim(key, guard.token(), value).await {
+                    tracing::warn!(%error, key = %key, "dlock election: the leader's value was not written");
+                }
+            }
+        }
         role.send_replace(Role::Leader { term });
         tokio::select! {
             reason = guard.lost() => {
@@ -219,6 +309,70 @@ impl Election {
     /// [`tokio::sync::watch`] receiver.
     pub fn changes(&self) -> watch::Receiver<Role> {
         self.roles.clone()
+    }
+
+    /// Sets what this candidate proclaims while it leads, for
+    /// [`Locker::leader`] to read: written now if it leads, and on every
+    /// later win before the win is announced. Returns whether it was
+    /// written now (`false`: not leading; it is kept for the next win).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`] for a value over [`MAX_PROCLAIMED`]
+    /// bytes; [`LockError::Unsupported`] on a backend that cannot publish
+    /// a holder's value; the server's error if the write fails (the value
+    /// is still kept for the next win).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{Locker, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let election = locker.elect("primary")?;
+    /// election.leading().await?;
+    /// assert!(election.proclaim("db-2").await?);
+    /// let leader = election.leader().await?.expect("a leader");
+    /// assert_eq!(leader.value.as_deref(), Some(&b"db-2"[..]));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn proclaim(&self, value: impl Into<Vec<u8>>) -> Result<bool> {
+        let value = value.into();
+        if value.len() > MAX_PROCLAIMED {
+            return Err(LockError::InvalidOptions {
+                reason: format!(
+                    "a proclaimed value is at most {MAX_PROCLAIMED} bytes, not {}",
+                    value.len()
+                ),
+            });
+        }
+        let shared = &self.shared;
+        let mut kept = shared.value.lock().await;
+        let written = match shared.leading_token() {
+            Some(token) => {
+                shared
+                    .locker
+                    .backend()
+                    .proclaim(&shared.key, &token, &value)
+                    .await
+            }
+            None => Ok(false),
+        };
+        *kept = Some(value);
+        written
+    }
+
+    /// Who leads this election now (this candidate or another), and what
+    /// it proclaimed: as [`Locker::leader`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Locker::leader`].
+    pub async fn leader(&self) -> Result<Option<Leader>> {
+        leader_of(&self.shared.locker, &self.shared.key).await
     }
 
     /// Waits until this candidate leads: its term.

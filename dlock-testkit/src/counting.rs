@@ -7,7 +7,7 @@ use std::sync::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Mode, ReleaseOutcome,
+        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, Mode, ReleaseOutcome,
         RenewOutcome, RenewRequest,
     },
     LockKey, Result, Token,
@@ -137,6 +137,17 @@ impl Backend for CountingBackend {
 
     fn check_servers(&self) -> BoxFuture<'_, Result<()>> {
         self.inner.check_servers()
+    }
+    fn proclaim<'a>(
+        &'a self,
+        key: &'a LockKey,
+        token: &'a Token,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        self.inner.proclaim(key, token, value)
+    }
+    fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
+        self.inner.holder(key)
     }
 }
 

@@ -12,8 +12,8 @@ use std::{
 use tokio::{sync::Notify, time::Instant};
 
 use super::{
-    admitted, AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, LossReporter, Mode,
-    ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
+    admitted, AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, LossReporter,
+    Mode, ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
 };
 use crate::{
     error::{LockError, LostReason, Result},
@@ -95,17 +95,20 @@ impl Kind {
 
 #[derive(Default)]
 struct Entry {
-    holders: Vec<Holder>,
+    holders: Vec<Hold>,
     queue: VecDeque<Waiter>,
     /// A semaphore's permit limit, as its holders and waiters name it.
     limit: Option<u32>,
 }
 
-struct Holder {
+struct Hold {
     token: Token,
     mode: Mode,
     expires: Instant,
     loss: LossReporter,
+    fence: u64,
+    /// What the holder proclaimed (see [`Backend::proclaim`]).
+    value: Option<Vec<u8>>,
 }
 
 struct Waiter {
@@ -195,11 +198,13 @@ impl State {
     fn grant(&mut self, req: &AcquireRequest<'_>, now: Instant) -> Acquired {
         self.fence += 1;
         let fence = self.fence;
-        self.entry(req.key, req.mode).holders.push(Holder {
+        self.entry(req.key, req.mode).holders.push(Hold {
             token: *req.token,
             mode: req.mode,
             expires: now + req.lease.min(MAX_LEASE),
             loss: req.loss.clone(),
+            fence,
+            value: None,
         });
         Acquired::new(now).with_fence(fence)
     }
@@ -438,6 +443,37 @@ impl Backend for MemoryBackend {
                 state.forget_if_idle(&r.key, r.mode);
             }
             Ok(outcomes)
+        })
+    }
+
+    fn proclaim<'a>(
+        &'a self,
+        key: &'a LockKey,
+        token: &'a Token,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let mut state = self.state();
+            let Some(entry) = state.keys.get_mut(&(Kind::Lock, key.clone())) else {
+                return Ok(false);
+            };
+            entry.expire(Instant::now());
+            let hold = entry.holders.iter_mut().find(|h| h.token == *token);
+            Ok(hold.map(|h| h.value = Some(value.to_vec())).is_some())
+        })
+    }
+
+    fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
+        Box::pin(async move {
+            let mut state = self.state();
+            let Some(entry) = state.keys.get_mut(&(Kind::Lock, key.clone())) else {
+                return Ok(None);
+            };
+            entry.expire(Instant::now());
+            Ok(entry
+                .holders
+                .first()
+                .map(|h| Holder::new(h.fence, h.value.clone())))
         })
     }
 }

@@ -139,6 +139,123 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     fn check_servers(&self) -> BoxFuture<'_, Result<()>> {
         Box::pin(std::future::ready(Ok(())))
     }
+
+    /// Publishes `value` as what the holder of `key`'s exclusive lock
+    /// says, for [`holder`](Backend::holder) to read, if `token` holds it
+    /// now; in one atomic step on the server, checked by the token as a
+    /// release is. Returns whether it was written (`false`: the token does
+    /// not hold the lock, and nothing was changed).
+    ///
+    /// The value lives exactly as long as the token's hold: a release, an
+    /// expiry or a crash takes it with the lock, and the next holder shows
+    /// none until it proclaims its own. Leader election publishes a
+    /// leader's value this way (see
+    /// [`Election::proclaim`](crate::Election::proclaim)).
+    ///
+    /// The default answers [`LockError::Unsupported`](crate::LockError::Unsupported).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// use dlock_core::{backend::Backend, BackendExt, LockKey, MemoryBackend};
+    ///
+    /// let server = MemoryBackend::new();
+    /// let guard = server.clone().into_locker().lock("leader").await?;
+    /// let key = LockKey::new("leader")?;
+    /// assert!(server.proclaim(&key, guard.token(), b"10.0.0.7:8080").await?);
+    /// let holder = server.holder(&key).await?.expect("held");
+    /// assert_eq!(holder.value(), Some(&b"10.0.0.7:8080"[..]));
+    /// assert_eq!(Some(holder.fence()), guard.fencing_token());
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn proclaim<'a>(
+        &'a self,
+        key: &'a LockKey,
+        token: &'a Token,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        let _ = (key, token, value);
+        Box::pin(std::future::ready(Err(unsupported_holder(self.name()))))
+    }
+
+    /// Who holds `key`'s exclusive lock now: its fencing token and what it
+    /// [proclaimed](Backend::proclaim), or `None` if nobody does. One read,
+    /// not a wait; a lock handed to a waiter that has not taken it yet
+    /// counts as free.
+    ///
+    /// The default answers [`LockError::Unsupported`](crate::LockError::Unsupported).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// use dlock_core::{backend::Backend, BackendExt, LockKey, MemoryBackend};
+    ///
+    /// let server = MemoryBackend::new();
+    /// let key = LockKey::new("leader")?;
+    /// assert!(server.holder(&key).await?.is_none());
+    /// let guard = server.clone().into_locker().lock("leader").await?;
+    /// let holder = server.holder(&key).await?.expect("held");
+    /// assert_eq!(Some(holder.fence()), guard.fencing_token());
+    /// assert_eq!(holder.value(), None);
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
+        let _ = key;
+        Box::pin(std::future::ready(Err(unsupported_holder(self.name()))))
+    }
+}
+
+/// What [`Backend::proclaim`] and [`Backend::holder`] answer by default.
+fn unsupported_holder(backend: &'static str) -> crate::LockError {
+    crate::LockError::Unsupported {
+        backend,
+        what: "publishing and reading a lock's holder (proclaim, holder)",
+    }
+}
+
+/// The holder of a key's exclusive lock, as [`Backend::holder`] reads it.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::backend::Holder;
+///
+/// let holder = Holder::new(7, Some(b"node-a".to_vec()));
+/// assert_eq!(holder.fence(), 7);
+/// assert_eq!(holder.value(), Some(&b"node-a"[..]));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    fence: u64,
+    value: Option<Vec<u8>>,
+}
+
+impl Holder {
+    /// A holder with fencing token `fence`, that proclaimed `value`.
+    pub fn new(fence: u64, value: Option<Vec<u8>>) -> Self {
+        Holder { fence, value }
+    }
+
+    /// The holder's fencing token.
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    /// What the holder proclaimed, if it has yet.
+    pub fn value(&self) -> Option<&[u8]> {
+        self.value.as_deref()
+    }
+
+    /// What the holder proclaimed, owned.
+    pub fn into_value(self) -> Option<Vec<u8>> {
+        self.value
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Arc<B> {
@@ -167,6 +284,17 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     fn check_servers(&self) -> BoxFuture<'_, Result<()>> {
         (**self).check_servers()
+    }
+    fn proclaim<'a>(
+        &'a self,
+        key: &'a LockKey,
+        token: &'a Token,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        (**self).proclaim(key, token, value)
+    }
+    fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
+        (**self).holder(key)
     }
 }
 

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use dlock_core::{election::Role, Election, LockError};
+use dlock_core::{election::Role, Election, LockError, LockKey, Locker, Token};
 use tokio::time::Instant;
 
-use super::{must, Harness, PATIENCE};
+use super::{must, release_behind_its_back, Harness, PATIENCE};
 
 /// Whether the backend offers elections; if not, checks that asking is
 /// [`LockError::Unsupported`], and the caller's check ends there.
@@ -79,4 +79,228 @@ pub async fn an_election_has_one_leader_at_a_time_and_rising_terms(h: &Harness) 
             h.name
         );
     }
+}
+
+/// Whether the backend reads a lock's holder; if not, checks that asking
+/// is [`LockError::Unsupported`], and the caller's check ends there.
+async fn holders_offered(h: &Harness, key: &LockKey) -> bool {
+    if h.capabilities().await.has_fencing() {
+        return true;
+    }
+    let locker = h.locker().await;
+    let refused = locker.backend().holder(key).await;
+    assert!(
+        matches!(refused, Err(LockError::Unsupported { .. })),
+        "[{}] reading a holder without fencing tokens: {refused:?}",
+        h.name
+    );
+    let refused = locker.leader("x").await;
+    assert!(
+        matches!(refused, Err(LockError::Unsupported { .. })),
+        "[{}] asking who leads without fencing tokens: {refused:?}",
+        h.name
+    );
+    false
+}
+
+/// What `backend().holder(key)` reads, as (fence, value).
+async fn holder(h: &Harness, locker: &Locker, key: &LockKey) -> Option<(u64, Option<Vec<u8>>)> {
+    let read = must(h, "reading the holder", locker.backend().holder(key).await);
+    read.map(|holder| (holder.fence(), holder.into_value()))
+}
+
+/// A proclaimed value is the holder's own, for exactly as long as it
+/// holds: a stranger's token cannot write it, a release takes it, the next
+/// holder shows none until it proclaims, and the old holder's token can no
+/// longer write. Values are bytes, not text.
+pub async fn a_proclaimed_value_lives_exactly_as_long_as_its_hold(h: &Harness) {
+    let name = h.key("proclaimed");
+    let key = LockKey::new(&name).expect("valid key");
+    if !holders_offered(h, &key).await {
+        return;
+    }
+    let (first, second) = (h.locker().await, h.locker().await);
+    let backend = first.backend().clone();
+    assert_eq!(
+        holder(h, &first, &key).await,
+        None,
+        "[{}] a free key has a holder",
+        h.name
+    );
+
+    let g1 = must(h, "first lock", first.lock(&name).await);
+    let fence1 = g1.fencing_token().expect("a fencing token");
+    assert_eq!(
+        holder(h, &second, &key).await,
+        Some((fence1, None)),
+        "[{}] before any proclaim",
+        h.name
+    );
+    let proclaimed = must(
+        h,
+        "proclaim",
+        backend.proclaim(&key, g1.token(), b"one").await,
+    );
+    assert!(proclaimed, "[{}] the holder's proclaim was refused", h.name);
+    assert_eq!(
+        holder(h, &second, &key).await,
+        Some((fence1, Some(b"one".to_vec()))),
+        "[{}] after the holder proclaimed",
+        h.name
+    );
+    let stranger = Token::generate();
+    let written = must(
+        h,
+        "a stranger's proclaim",
+        backend.proclaim(&key, &stranger, b"x").await,
+    );
+    assert!(
+        !written,
+        "[{}] a token that holds nothing proclaimed",
+        h.name
+    );
+    assert_eq!(
+        holder(h, &second, &key).await,
+        Some((fence1, Some(b"one".to_vec()))),
+        "[{}] a stranger changed the holder's value",
+        h.name
+    );
+
+    let stale = *g1.token();
+    must(h, "release", g1.release().await);
+    assert_eq!(
+        holder(h, &second, &key).await,
+        None,
+        "[{}] a released key has a holder",
+        h.name
+    );
+
+    let g2 = must(h, "second lock", second.lock(&name).await);
+    let fence2 = g2.fencing_token().expect("a fencing token");
+    assert_eq!(
+        holder(h, &first, &key).await,
+        Some((fence2, None)),
+        "[{}] the last holder's value outlived its hold",
+        h.name
+    );
+    let written = must(
+        h,
+        "a stale proclaim",
+        backend.proclaim(&key, &stale, b"stale").await,
+    );
+    assert!(!written, "[{}] a released token proclaimed", h.name);
+    let bytes = [0u8, 255, b'\n', b'|', b'+', 0, b'{', b'}'];
+    let proclaimed = must(
+        h,
+        "proclaim bytes",
+        backend.proclaim(&key, g2.token(), &bytes).await,
+    );
+    assert!(
+        proclaimed,
+        "[{}] the second holder's proclaim was refused",
+        h.name
+    );
+    assert_eq!(
+        holder(h, &first, &key).await,
+        Some((fence2, Some(bytes.to_vec()))),
+        "[{}] the value is not byte for byte what was proclaimed",
+        h.name
+    );
+    release_behind_its_back(h, &first, &g2).await;
+    assert_eq!(
+        holder(h, &first, &key).await,
+        None,
+        "[{}] released behind its back",
+        h.name
+    );
+    let written = must(
+        h,
+        "proclaim after the loss",
+        backend.proclaim(&key, g2.token(), b"late").await,
+    );
+    assert!(
+        !written,
+        "[{}] a token whose lock was released proclaimed",
+        h.name
+    );
+    drop(g2);
+}
+
+/// Anyone can ask who leads: the leader's term and value, written before
+/// the leadership is announced (so never missing once `leading` returns),
+/// changed by a later `proclaim`, handed on with the leadership, and gone
+/// when nobody leads.
+pub async fn followers_read_the_leader_and_its_value(h: &Harness) {
+    let name = h.key("observed");
+    if !holders_offered(
+        h,
+        &LockKey::new(format!("election:{name}")).expect("valid key"),
+    )
+    .await
+    {
+        return;
+    }
+    let follower = h.locker().await;
+    let read = |what: &'static str| {
+        let follower = &follower;
+        let name = &name;
+        async move { must(h, what, follower.leader(name).await) }
+    };
+    assert_eq!(
+        read("nobody leads").await,
+        None,
+        "[{}] a leader before any candidate",
+        h.name
+    );
+
+    let a = must(h, "candidate a", h.locker().await.elect(&name));
+    must(h, "a proclaims", a.proclaim("node-a").await);
+    let term_a = must(h, "a leads", a.leading().await);
+    let leader = read("a leads").await.expect("a leader");
+    assert_eq!(
+        (leader.term, leader.value.as_deref()),
+        (term_a, Some(&b"node-a"[..])),
+        "[{}] the leader as a follower reads it",
+        h.name
+    );
+    let b = must(h, "candidate b", h.locker().await.elect(&name));
+    must(h, "b proclaims", b.proclaim("node-b").await);
+    assert!(!b.is_leader(), "[{}] two leaders", h.name);
+    let written = must(h, "a proclaims again", a.proclaim("node-a:2").await);
+    assert!(
+        written,
+        "[{}] the leader's proclaim was not written",
+        h.name
+    );
+    let leader = read("a proclaimed again").await.expect("a leader");
+    assert_eq!(
+        leader.value.as_deref(),
+        Some(&b"node-a:2"[..]),
+        "[{}]",
+        h.name
+    );
+
+    must(h, "a resigns", a.resign().await);
+    let term_b = must(h, "b leads", b.leading().await);
+    assert!(term_b > term_a, "[{}] term {term_b} after {term_a}", h.name);
+    let leader = read("b leads").await.expect("a leader");
+    assert_eq!(
+        (leader.term, leader.value.as_deref()),
+        (term_b, Some(&b"node-b"[..])),
+        "[{}] the next leader as a follower reads it",
+        h.name
+    );
+    assert_eq!(
+        b.leader().await.ok().flatten(),
+        Some(leader),
+        "[{}] the leader's own read",
+        h.name
+    );
+    must(h, "b resigns", b.resign().await);
+    assert_eq!(
+        read("nobody leads").await,
+        None,
+        "[{}] a leader after everyone resigned",
+        h.name
+    );
 }

@@ -253,6 +253,8 @@ macro_rules! conformance_tests {
             lock_all_rejects_empty_and_repeated_lists,
             // election.rs
             an_election_has_one_leader_at_a_time_and_rising_terms,
+            a_proclaimed_value_lives_exactly_as_long_as_its_hold,
+            followers_read_the_leader_and_its_value,
         );
     };
     (@run [each $harness:expr] $($check:ident),* $(,)?) => {
