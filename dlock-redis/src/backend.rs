@@ -7,8 +7,8 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Mode, ReleaseOutcome,
-        RenewOutcome, RenewRequest, Wait,
+        unsupported_holder, AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder,
+        Mode, ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
     },
     LockError, LockKey, Result, Token,
 };
@@ -1080,6 +1080,40 @@ impl Backend for RedisBackend {
                     }
                 })
                 .collect())
+        })
+    }
+
+    fn proclaim<'a>(
+        &'a self,
+        key: &'a LockKey,
+        token: &'a Token,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            if self.inner.redlock {
+                // A value on a majority is not one value: Redlock has no
+                // single holder to read (nor fencing tokens to order them).
+                return Err(unsupported_holder(NAME));
+            }
+            let names = names(&self.inner.prefix, key);
+            self.inner.nodes[0]
+                .proclaim(&names, &token.to_string(), value)
+                .await
+                .map_err(backend_error)
+        })
+    }
+
+    fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
+        Box::pin(async move {
+            if self.inner.redlock {
+                return Err(unsupported_holder(NAME));
+            }
+            let names = names(&self.inner.prefix, key);
+            let read = self.inner.nodes[0]
+                .holder(&names)
+                .await
+                .map_err(backend_error)?;
+            Ok(read.map(|(fence, value)| Holder::new(fence, value)))
         })
     }
 }

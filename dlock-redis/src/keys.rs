@@ -34,6 +34,11 @@ impl Names {
         Suffixed(&self.lock, ":queue")
     }
 
+    /// What the holder proclaimed: its token, `|`, and the value.
+    pub(crate) fn value(&self) -> Suffixed<'_> {
+        Suffixed(&self.lock, ":value")
+    }
+
     /// When each ticket in line lapses unless its waiter refreshes it.
     pub(crate) fn tickets(&self) -> Suffixed<'_> {
         Suffixed(&self.lock, ":tickets")

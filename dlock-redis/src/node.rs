@@ -83,6 +83,37 @@ pub(crate) enum SharedAttempt {
     OtherLimit(u32),
 }
 
+/// Which of a lock's names a script takes as its `KEYS`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keys {
+    /// The lock and its fence counter.
+    Lock,
+    /// The lock, its fence counter and its waiting line.
+    Line,
+    /// The lock, its fence counter and its proclaimed value.
+    Value,
+}
+
+impl Keys {
+    fn write(self, cmd: &mut redis::Cmd, names: &Names) {
+        let count = match self {
+            Keys::Lock => 2,
+            Keys::Value => 3,
+            Keys::Line => 4,
+        };
+        cmd.arg(count).arg(&names.lock).arg(names.fence());
+        match self {
+            Keys::Lock => {}
+            Keys::Value => {
+                cmd.arg(names.value());
+            }
+            Keys::Line => {
+                cmd.arg(names.queue()).arg(names.tickets());
+            }
+        }
+    }
+}
+
 /// One lock for [`Node::renew`].
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Renewal<'a> {
@@ -94,6 +125,17 @@ pub(crate) struct Renewal<'a> {
     pub(crate) shared: bool,
     /// The new lease.
     pub(crate) lease_ms: u64,
+}
+
+impl Renewal<'_> {
+    /// The script that renews it, and the names that script takes.
+    fn script<'s>(self, scripts: &'s Scripts) -> (&'s redis::Script, Keys) {
+        if self.shared {
+            (&scripts.shared_renew, Keys::Lock)
+        } else {
+            (&scripts.renew, Keys::Value)
+        }
+    }
 }
 
 /// Where an attempt stands in the key's line of waiters.
@@ -238,20 +280,12 @@ impl Node {
         &self,
         script: &redis::Script,
         names: &Names,
-        line: bool,
+        keys: Keys,
         args: impl FnOnce(&mut redis::Cmd),
     ) -> RedisResult<T> {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash());
-        if line {
-            cmd.arg(4)
-                .arg(&names.lock)
-                .arg(names.fence())
-                .arg(names.queue())
-                .arg(names.tickets());
-        } else {
-            cmd.arg(2).arg(&names.lock).arg(names.fence());
-        }
+        keys.write(&mut cmd, names);
         args(&mut cmd);
         let mut conn = self.conn.clone();
         match cmd.query_async(&mut conn).await {
@@ -296,7 +330,11 @@ impl Node {
             .run(
                 &self.scripts().acquire,
                 names,
-                place != Place::None,
+                if place == Place::None {
+                    Keys::Lock
+                } else {
+                    Keys::Line
+                },
                 |cmd| {
                     cmd.arg(token)
                         .arg(lease_ms)
@@ -327,7 +365,7 @@ impl Node {
         ticket_ms: u64,
     ) -> RedisResult<SharedAttempt> {
         let (status, value): (i64, i64) = self
-            .run(&self.scripts().shared_acquire, names, true, |cmd| {
+            .run(&self.scripts().shared_acquire, names, Keys::Line, |cmd| {
                 cmd.arg(entry)
                     .arg(lease_ms)
                     .arg(if queue { "1" } else { "0" })
@@ -347,7 +385,7 @@ impl Node {
     /// held.
     pub(crate) async fn release_shared(&self, names: &Names, entry: &str) -> RedisResult<bool> {
         let released: i64 = self
-            .run(&self.scripts().shared_release, names, true, |cmd| {
+            .run(&self.scripts().shared_release, names, Keys::Line, |cmd| {
                 cmd.arg(entry).arg(names.channel());
             })
             .await?;
@@ -367,7 +405,7 @@ impl Node {
         ticket_ms: u64,
     ) -> RedisResult<bool> {
         let released: i64 = self
-            .run(&self.scripts().release, names, true, |cmd| {
+            .run(&self.scripts().release, names, Keys::Line, |cmd| {
                 cmd.arg(token)
                     .arg(names.channel())
                     .arg(place)
@@ -383,18 +421,12 @@ impl Node {
         let pipeline = || {
             let mut pipe = redis::pipe();
             for lock in locks {
-                let script = if lock.shared {
-                    &self.scripts().shared_renew
-                } else {
-                    &self.scripts().renew
-                };
-                pipe.cmd("EVALSHA")
-                    .arg(script.get_hash())
-                    .arg(2)
-                    .arg(&lock.names.lock)
-                    .arg(lock.names.fence())
-                    .arg(lock.owner)
-                    .arg(lock.lease_ms);
+                let (script, keys) = lock.script(self.scripts());
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(script.get_hash());
+                keys.write(&mut cmd, lock.names);
+                cmd.arg(lock.owner).arg(lock.lease_ms);
+                pipe.add_command(cmd);
             }
             pipe
         };
@@ -426,12 +458,8 @@ impl Node {
     /// connection (which routes each to its slot's master).
     async fn renew_each(&self, locks: &[Renewal<'_>]) -> RedisResult<Vec<bool>> {
         let renewals = locks.iter().map(|lock| {
-            let script = if lock.shared {
-                &self.scripts().shared_renew
-            } else {
-                &self.scripts().renew
-            };
-            self.run(script, lock.names, false, |cmd| {
+            let (script, keys) = lock.script(self.scripts());
+            self.run(script, lock.names, keys, |cmd| {
                 cmd.arg(lock.owner).arg(lock.lease_ms);
             })
         });
@@ -440,6 +468,47 @@ impl Node {
             .into_iter()
             .map(|answer: RedisResult<i64>| answer.map(|a| a == 1))
             .collect()
+    }
+
+    /// Publishes `value` as what `token`, the holder of the plain lock,
+    /// says; `false` if it does not hold it.
+    pub(crate) async fn proclaim(
+        &self,
+        names: &Names,
+        token: &str,
+        value: &[u8],
+    ) -> RedisResult<bool> {
+        let written: i64 = self
+            .run(&self.scripts().proclaim, names, Keys::Value, |cmd| {
+                cmd.arg(token).arg(value);
+            })
+            .await?;
+        Ok(written == 1)
+    }
+
+    /// The plain lock's holder: its fence, and what it proclaimed.
+    pub(crate) async fn holder(
+        &self,
+        names: &Names,
+    ) -> RedisResult<Option<(u64, Option<Vec<u8>>)>> {
+        let read: Option<Vec<Vec<u8>>> = self
+            .run(&self.scripts().holder, names, Keys::Value, |_| {})
+            .await?;
+        let Some(mut read) = read else {
+            return Ok(None);
+        };
+        let value = (read.len() > 1).then(|| read.swap_remove(1));
+        let fence = read
+            .first()
+            .and_then(|fence| std::str::from_utf8(fence).ok()?.parse::<u64>().ok())
+            .filter(|&fence| fence > 0)
+            .ok_or_else(|| {
+                RedisError::from((
+                    ErrorKind::Parse,
+                    "the lock is held, but its fence counter is missing",
+                ))
+            })?;
+        Ok(Some((fence, value)))
     }
 
     /// A handle on the node's multiplexed connection.

@@ -284,15 +284,58 @@ return released
 /// life with it (see [`ACQUIRE`]; a key without a counter, as on Redlock,
 /// is left so).
 ///
-/// KEYS: lock, fence counter. ARGV: token, lease in ms. Returns 1 if
-/// renewed, else 0.
+/// A proclaimed value (see [`PROCLAIM`]) lives as long as the counter,
+/// and is kept alive with it.
+///
+/// KEYS: lock, fence counter, proclaimed value. ARGV: token, lease in ms.
+/// Returns 1 if renewed, else 0.
 const RENEW: &str = r"
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] or holder == ARGV[1] .. '+' then
   redis.call('PEXPIRE', KEYS[2], 2 * ARGV[2])
+  redis.call('PEXPIRE', KEYS[3], 2 * ARGV[2])
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
+";
+
+/// Publish what the holder says (`dlock_core::backend::Backend::proclaim`)
+/// if the token holds the lock.
+///
+/// The value key holds the token, `|`, and the value, so a value written
+/// by an earlier holder is never read as the current one's (see
+/// [`HOLDER`]); it lives twice the lock's remaining lease, and every
+/// renewal extends it as it does the fence counter, so it goes away with
+/// the lock.
+///
+/// KEYS: lock, fence counter, proclaimed value. ARGV: token, value.
+/// Returns 1 if written, else 0.
+const PROCLAIM: &str = r"
+local holder = redis.call('GET', KEYS[1])
+if holder ~= ARGV[1] and holder ~= ARGV[1] .. '+' then return 0 end
+local ttl = math.max(redis.call('PTTL', KEYS[1]), 1)
+redis.call('SET', KEYS[3], ARGV[1] .. '|' .. ARGV[2], 'PX', 2 * ttl)
+return 1
+";
+
+/// Who holds the lock (`dlock_core::backend::Backend::holder`): its fence
+/// (the counter, which the holder's acquisition set last) and the value it
+/// proclaimed, if the value key is its own. A lock handed to a waiter that
+/// has not taken it yet is free.
+///
+/// KEYS: lock, fence counter, proclaimed value. Returns nil if nobody
+/// holds it, else `{fence}` or `{fence, value}`.
+const HOLDER: &str = r"
+local holder = redis.call('GET', KEYS[1])
+if not holder or string.sub(holder, 1, 5) == 'next:' then return nil end
+if string.sub(holder, -1) == '+' then holder = string.sub(holder, 1, -2) end
+local fence = redis.call('GET', KEYS[2]) or '0'
+local stored = redis.call('GET', KEYS[3])
+local mine = holder .. '|'
+if stored and string.sub(stored, 1, #mine) == mine then
+  return {fence, string.sub(stored, #mine + 1)}
+end
+return {fence}
 ";
 
 /// What read-write locks and semaphores share: an entry's mode, the
@@ -493,13 +536,15 @@ return 0
 );
 
 /// Every script, in the order of [`Scripts`]' fields.
-const SOURCES: [&str; 6] = [
+const SOURCES: [&str; 8] = [
     ACQUIRE,
     RELEASE,
     RENEW,
     SHARED_ACQUIRE,
     SHARED_RELEASE,
     SHARED_RENEW,
+    PROCLAIM,
+    HOLDER,
 ];
 
 /// The compiled scripts (their SHA1 is computed once).
@@ -510,6 +555,8 @@ pub(crate) struct Scripts {
     pub(crate) shared_acquire: Script,
     pub(crate) shared_release: Script,
     pub(crate) shared_renew: Script,
+    pub(crate) proclaim: Script,
+    pub(crate) holder: Script,
     /// Their sources, to load.
     sources: Vec<String>,
 }
@@ -534,6 +581,8 @@ impl Scripts {
             shared_acquire: script(3),
             shared_release: script(4),
             shared_renew: script(5),
+            proclaim: script(6),
+            holder: script(7),
             sources,
         }
     }

@@ -211,8 +211,18 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     }
 }
 
-/// What [`Backend::proclaim`] and [`Backend::holder`] answer by default.
-fn unsupported_holder(backend: &'static str) -> crate::LockError {
+/// What [`Backend::proclaim`] and [`Backend::holder`] answer by default,
+/// and a backend that can read holders in some setups only answers in the
+/// others.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::{backend::unsupported_holder, LockError};
+///
+/// assert!(matches!(unsupported_holder("redis"), LockError::Unsupported { .. }));
+/// ```
+pub fn unsupported_holder(backend: &'static str) -> crate::LockError {
     crate::LockError::Unsupported {
         backend,
         what: "publishing and reading a lock's holder (proclaim, holder)",

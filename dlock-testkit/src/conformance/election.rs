@@ -304,3 +304,38 @@ pub async fn followers_read_the_leader_and_its_value(h: &Harness) {
         h.name
     );
 }
+
+/// A proclaimed value lasts as long as the hold, however many leases
+/// that is: the watchdog's renewals keep it with the lock.
+pub async fn a_proclaimed_value_lasts_while_the_lock_is_renewed(h: &Harness) {
+    let name = h.key("proclaimed-renewed");
+    let key = LockKey::new(&name).expect("valid key");
+    if !holders_offered(h, &key).await {
+        return;
+    }
+    let lease = Duration::from_millis(600);
+    let holder_client = h.locker_with(|b| b.watchdog_lease(lease)).await;
+    let reader = h.locker().await;
+    let guard = must(h, "lock", holder_client.lock(&name).await);
+    let fence = guard.fencing_token().expect("a fencing token");
+    let backend = holder_client.backend();
+    let written = must(
+        h,
+        "proclaim",
+        backend.proclaim(&key, guard.token(), b"kept").await,
+    );
+    assert!(written, "[{}] the holder's proclaim was refused", h.name);
+    let started = Instant::now();
+    while started.elapsed() < lease * 4 {
+        assert_eq!(
+            holder(h, &reader, &key).await,
+            Some((fence, Some(b"kept".to_vec()))),
+            "[{}] the value {:?} into a renewed hold",
+            h.name,
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!guard.is_lost(), "[{}] the renewed guard was lost", h.name);
+    must(h, "release", guard.release().await);
+}

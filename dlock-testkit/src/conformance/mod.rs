@@ -255,6 +255,7 @@ macro_rules! conformance_tests {
             an_election_has_one_leader_at_a_time_and_rising_terms,
             a_proclaimed_value_lives_exactly_as_long_as_its_hold,
             followers_read_the_leader_and_its_value,
+            a_proclaimed_value_lasts_while_the_lock_is_renewed,
         );
     };
     (@run [each $harness:expr] $($check:ident),* $(,)?) => {
