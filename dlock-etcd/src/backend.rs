@@ -13,7 +13,7 @@ use std::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, LeaseKind, Mode,
+        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, LeaseKind, Mode,
         ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
     },
     LockError, LockKey, Result, Token,
@@ -148,6 +148,8 @@ struct Owned {
     own_lease: Option<i64>,
     /// Whether the key was moved onto `own_lease`, off the session.
     on_own_lease: bool,
+    /// The key's create revision, once granted: its place and fence.
+    granted: Option<i64>,
 }
 
 /// The session TTL for queue keys of fixed-lease acquisitions while they
@@ -219,8 +221,26 @@ fn mode_value(mode: Mode) -> String {
     mode.tag()
 }
 
+/// What a queue entry's value says it takes: the tag before the value's
+/// first NUL (see [`proclaimed`]).
 fn mode_of(value: &[u8]) -> Option<Mode> {
-    Mode::from_tag(std::str::from_utf8(value).ok()?)
+    let tag = value.split(|&b| b == 0).next().unwrap_or_default();
+    Mode::from_tag(std::str::from_utf8(tag).ok()?)
+}
+
+/// A plain lock's entry with what its holder proclaimed: its mode tag (empty),
+/// a NUL, and the value. The tag never holds a NUL.
+fn with_proclaimed(value: &[u8]) -> Vec<u8> {
+    let mut entry = mode_value(Mode::Exclusive).into_bytes();
+    entry.push(0);
+    entry.extend_from_slice(value);
+    entry
+}
+
+/// What the holder of an entry proclaimed, if it has.
+fn proclaimed(entry: &[u8]) -> Option<Vec<u8>> {
+    let at = entry.iter().position(|&b| b == 0)?;
+    Some(entry[at + 1..].to_vec())
 }
 
 /// Whether the entry created at `mine` in `mode` holds its key, given the
@@ -450,6 +470,7 @@ impl EtcdBackend {
                 session: session.clone(),
                 own_lease: None,
                 on_own_lease: false,
+                granted: None,
             },
         );
         let sent = Instant::now();
@@ -726,6 +747,9 @@ impl EtcdBackend {
         at: Instant,
     ) -> Result<Option<Acquired>> {
         let acquired = Acquired::new(at).with_fence(u64::try_from(revision).unwrap_or(0));
+        if let Some(owned) = self.owned().get_mut(req.token) {
+            owned.granted = Some(revision);
+        }
         match req.lease_kind {
             LeaseKind::Watchdog => {
                 // The lease end is read with the guard's registration, so
@@ -914,6 +938,64 @@ impl Backend for EtcdBackend {
                 });
             }
             Ok(outcomes)
+        })
+    }
+
+    /// One transaction: if our key still has the revision it was granted
+    /// with (it was first then, and no key can be created before it
+    /// since, so it holds), its value is rewritten, on the lease it has.
+    /// Only the client that took the lock knows its key.
+    fn proclaim<'a>(
+        &'a self,
+        key: &'a LockKey,
+        token: &'a Token,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let held = self
+                .owned()
+                .get(token)
+                .and_then(|owned| Some((owned.name.clone(), owned.granted?)));
+            let Some((name, revision)) = held else {
+                return Ok(false);
+            };
+            let queue = queue_of(&self.inner.prefix, key, Mode::Exclusive);
+            if !name.starts_with(&queue) {
+                return Ok(false);
+            }
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    name.as_str(),
+                    CompareOp::Equal,
+                    revision,
+                )])
+                .and_then([TxnOp::put(
+                    name.as_str(),
+                    with_proclaimed(value),
+                    Some(PutOptions::new().with_ignore_lease()),
+                )]);
+            let answer = retried(|| {
+                let (mut client, txn) = (self.client(), txn.clone());
+                async move { client.txn(txn).await }
+            })
+            .await?;
+            Ok(answer.succeeded())
+        })
+    }
+
+    /// The queue's first entry: its create revision is the holder's fence.
+    fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
+        Box::pin(async move {
+            let queue = queue_of(&self.inner.prefix, key, Mode::Exclusive);
+            let read = retried(|| {
+                let (mut client, queue) = (self.client(), queue.clone());
+                async move { client.get(queue, Some(first_created())).await }
+            })
+            .await?;
+            Ok(read.kvs().first().map(|kv| {
+                let fence = u64::try_from(kv.create_revision()).unwrap_or(0);
+                Holder::new(fence, proclaimed(kv.value()))
+            }))
         })
     }
 }

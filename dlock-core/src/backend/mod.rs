@@ -144,7 +144,8 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// says, for [`holder`](Backend::holder) to read, if `token` holds it
     /// now; in one atomic step on the server, checked by the token as a
     /// release is. Returns whether it was written (`false`: the token does
-    /// not hold the lock, and nothing was changed).
+    /// not hold the lock, and nothing was changed). Call it on the client
+    /// that took the lock: a backend may know its own holds only.
     ///
     /// The value lives exactly as long as the token's hold: a release, an
     /// expiry or a crash takes it with the lock, and the next holder shows
