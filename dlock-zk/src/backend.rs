@@ -10,7 +10,7 @@ use std::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, LeaseKind, Mode,
+        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, LeaseKind, Mode,
         ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
     },
     LockError, LockKey, Result, Token,
@@ -164,7 +164,30 @@ struct Owned {
     /// token ("stray"): release then deletes every child carrying it.
     strays: bool,
     session: Arc<Session>,
+    /// Whether the node holds the lock (it was first when granted, and
+    /// no node is created before it since).
+    granted: bool,
 }
+
+/// The data of a node whose holder proclaimed `value`: a marker byte,
+/// then the value (a node starts with no data: nothing proclaimed).
+fn with_proclaimed(value: &[u8]) -> Vec<u8> {
+    let mut data = Vec::with_capacity(value.len() + 1);
+    data.push(PROCLAIMED);
+    data.extend_from_slice(value);
+    data
+}
+
+/// What a node's holder proclaimed, if it has.
+fn proclaimed(data: &[u8]) -> Option<Vec<u8>> {
+    match data.split_first() {
+        Some((&PROCLAIMED, value)) => Some(value.to_vec()),
+        _ => None,
+    }
+}
+
+/// The first byte of a proclaimed node's data.
+const PROCLAIMED: u8 = 1;
 
 /// Our node in the queue, as the create (or the search for it) found it.
 struct Enqueued {
@@ -421,6 +444,7 @@ impl ZkBackend {
                 path: None,
                 strays: false,
                 session: session.clone(),
+                granted: false,
             },
         );
         let enqueued = self.enqueue(&client, &parent, &token, &tag).await;
@@ -670,6 +694,9 @@ impl ZkBackend {
         fence: u64,
     ) -> Result<Option<Acquired>> {
         let acquired = Acquired::new(sent).with_fence(fence);
+        if let Some(owned) = self.owned().get_mut(req.token) {
+            owned.granted = true;
+        }
         let fixed_end = (req.lease_kind == LeaseKind::Fixed).then(|| sent + req.lease);
         // Registered with the session either way: its expiry ends the lock
         // whatever the lease.
@@ -915,6 +942,68 @@ impl Backend for ZkBackend {
                 outcomes.push(outcome);
             }
             Ok(outcomes)
+        })
+    }
+
+    /// Sets our node's data, if it holds: only the client that took the
+    /// lock knows its node, and the node goes with the hold.
+    fn proclaim<'a>(
+        &'a self,
+        _key: &'a LockKey,
+        token: &'a Token,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let held = self
+                .owned()
+                .get(token)
+                .filter(|o| o.granted)
+                .and_then(|o| Some((o.path.clone()?, o.session.clone())));
+            let Some((path, session)) = held else {
+                return Ok(false);
+            };
+            let client = match session.client() {
+                Ok(client) => client,
+                Err(ZkError::SessionExpired) => return Ok(false),
+                Err(e) => return Err(backend_error(e)),
+            };
+            match client.set_data(&path, &with_proclaimed(value), None).await {
+                Ok(_) => Ok(true),
+                Err(ZkError::NoNode | ZkError::SessionExpired) => Ok(false),
+                Err(e) => Err(backend_error(e)),
+            }
+        })
+    }
+
+    /// The first child of the key's parent, and its data: its czxid is
+    /// the holder's fence. A child deleted between the listing and the
+    /// read is read past (a few times, then the server's error).
+    fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
+        Box::pin(async move {
+            let session = self.session().await?;
+            let client = session.client().map_err(backend_error)?;
+            let parent = parent_of(self.inner.config.path(), key, Mode::Exclusive);
+            let mut last = ZkError::NoNode;
+            for _ in 0..5 {
+                let mut children = match client.list_children(&parent).await {
+                    Ok(children) => children,
+                    Err(ZkError::NoNode) => return Ok(None),
+                    Err(e) => return Err(backend_error(e)),
+                };
+                children.retain(|c| mode_of(c) == Some(Mode::Exclusive));
+                let Some(first) = children.into_iter().min_by_key(|c| sequence(c)) else {
+                    return Ok(None);
+                };
+                match client.get_data(&format!("{parent}/{first}")).await {
+                    Ok((data, stat)) => {
+                        let fence = u64::try_from(stat.czxid).unwrap_or(0);
+                        return Ok(Some(Holder::new(fence, proclaimed(&data))));
+                    }
+                    Err(e @ ZkError::NoNode) => last = e,
+                    Err(e) => return Err(backend_error(e)),
+                }
+            }
+            Err(backend_error(last))
         })
     }
 }
