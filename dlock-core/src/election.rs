@@ -61,8 +61,9 @@ impl Role {
 pub struct Leader {
     /// The leader's term.
     pub term: u64,
-    /// What the leader proclaimed ([`Election::proclaim`]); `None` for a
-    /// moment after it wins, until its value is written.
+    /// What the leader proclaimed ([`Election::proclaim`]; empty if it
+    /// set nothing); `None` for a moment after it wins, until its value is
+    /// written.
     pub value: Option<Vec<u8>>,
 }
 
@@ -90,11 +91,15 @@ impl Shared {
     }
 }
 
-/// Reads who leads `key` now.
+/// Reads who leads `key` now. A holder whose fence the backend does not
+/// know yet (on SQL, until the leader's win is written) does not count.
 async fn leader_of(locker: &Locker, key: &LockKey) -> Result<Option<Leader>> {
-    Ok(locker.backend().holder(key).await?.map(|holder| Leader {
-        term: holder.fence(),
-        value: holder.into_value(),
+    let holder = locker.backend().holder(key).await?;
+    Ok(holder.and_then(|holder| {
+        Some(Leader {
+            term: holder.fence()?,
+            value: holder.into_value(),
+        })
     }))
 }
 
@@ -236,15 +241,20 @@ async fn campaign(shared: Arc<Shared>, role: watch::Sender<Role>) {
         {
             // Proclaim before anyone is told of the leadership, and
             // before a later `proclaim` can write.
+            // Always written, empty if none was set: some backends record
+            // who holds a lock only when it proclaims.
             let value = shared.value.lock().await;
-            *lock(&shared.leading) = Some(guard.sibling());
-            if let Some(value) = value.as_deref() {
-                if let Err(error) = locker.backend().proclaim(key, guard.token(), value).await {
-                    tracing::warn!(%error, key = %key, "dlock election: the leader's value was not written");
-                }
+            let proclaimed = value.as_deref().unwrap_or_default();
+            if let Err(error) = locker
+                .backend()
+                .proclaim(key, guard.token(), proclaimed)
+                .await
+            {
+                tracing::warn!(%error, key = %key, "dlock election: the leader's value was not written");
             }
+            *lock(&shared.leading) = Some(guard.sibling());
+            role.send_replace(Role::Leader { term });
         }
-        role.send_replace(Role::Leader { term });
         tokio::select! {
             reason = guard.lost() => {
                 lock(&shared.leading).take();

@@ -994,7 +994,7 @@ impl Backend for EtcdBackend {
             .await?;
             Ok(read.kvs().first().map(|kv| {
                 let fence = u64::try_from(kv.create_revision()).unwrap_or(0);
-                Holder::new(fence, proclaimed(kv.value()))
+                Holder::new(Some(fence), proclaimed(kv.value()))
             }))
         })
     }

@@ -37,6 +37,22 @@ fn ahead(queue: &str, id: &str, number: &str) -> String {
     )
 }
 
+/// A proclaimed hold's entry lock: a one-key advisory lock named for its
+/// token, held by the holder's session while its record is its own.
+fn holder_lock(token: &Token) -> i64 {
+    dlock_sql::fnv1a("dlock-holder", &token.to_string()) as i64
+}
+
+/// Matches a one-key advisory lock `l` on `key` (an SQL expression) in
+/// this database.
+fn one_key_lock(l: &str, key: &str) -> String {
+    format!(
+        "{l}.locktype = 'advisory' AND {l}.granted AND {l}.objsubid = 1 \
+         AND {l}.classid::bigint = ({key} >> 32) & 4294967295 \
+         AND {l}.objid::bigint = {key} & 4294967295"
+    )
+}
+
 /// A permit entry's lock: a one-key advisory lock named for its token.
 fn entry_lock(token: &Token) -> i64 {
     dlock_sql::fnv1a("dlock-entry", &token.to_string()) as i64
@@ -185,6 +201,7 @@ impl PgBackend {
     pub async fn connect_with(config: PgConfig) -> Result<PgBackend> {
         let sequence = format!("{}_fence", config.lock_prefix());
         let queue = format!("{}_queue", config.lock_prefix());
+        let holders = format!("{}_holder", config.lock_prefix());
         let dialect = PgDialect {
             fence_expr: format!("nextval('{sequence}')"),
             try_lock: format!(
@@ -201,7 +218,31 @@ impl PgBackend {
                  CREATE TABLE IF NOT EXISTS {queue} (\
                  n BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, \
                  lock_id BIGINT NOT NULL, mode TEXT NOT NULL, owner BIGINT NOT NULL); \
-                 CREATE INDEX IF NOT EXISTS {queue}_lock ON {queue} (lock_id, n)"
+                 CREATE INDEX IF NOT EXISTS {queue}_lock ON {queue} (lock_id, n); \
+                 CREATE TABLE IF NOT EXISTS {holders} (\
+                 lock_id BIGINT PRIMARY KEY, owner BIGINT NOT NULL, \
+                 fence BIGINT NOT NULL, value BYTEA NOT NULL)"
+            ),
+            proclaim: format!(
+                "INSERT INTO {holders} (lock_id, owner, fence, value) \
+                 SELECT $1, $2, $3, $4 \
+                 WHERE CASE WHEN $5 THEN pg_try_advisory_lock($2) ELSE true END \
+                 ON CONFLICT (lock_id) DO UPDATE SET owner = EXCLUDED.owner, \
+                 fence = EXCLUDED.fence, value = EXCLUDED.value"
+            ),
+            disclaim: format!(
+                "WITH d AS (DELETE FROM {holders} WHERE lock_id = $1 AND owner = $2) \
+                 SELECT pg_advisory_unlock($2)"
+            ),
+            holder: format!(
+                "SELECT h.fence, h.value FROM pg_locks l \
+                 LEFT JOIN {holders} h ON h.lock_id = $1 AND EXISTS (\
+                 SELECT 1 FROM pg_locks e WHERE {entry} \
+                 AND e.database = l.database AND e.pid = l.pid) \
+                 WHERE {held} AND l.database = \
+                 (SELECT oid FROM pg_database WHERE datname = current_database())",
+                entry = one_key_lock("e", "h.owner"),
+                held = one_key_lock("l", "$1"),
             ),
             ahead: ahead(&queue, "$1", "$2"),
             dequeue: format!(
@@ -240,6 +281,13 @@ struct PgDialect {
     dequeue: String,
     /// Deletes dead entries.
     remove: String,
+    /// Records a hold and its value, taking its entry lock the first time.
+    proclaim: String,
+    /// Deletes a hold's record and releases its entry lock.
+    disclaim: String,
+    /// Whether a plain lock is held, and its holder's record if its
+    /// session holds the record's entry lock.
+    holder: String,
 }
 
 impl Dialect for PgDialect {
@@ -523,6 +571,69 @@ impl Dialect for PgDialect {
 
     fn ping<'a>(&'a self, conn: &'a mut PgConnection) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         conn.ping()
+    }
+
+    fn records_holders(&self) -> bool {
+        true
+    }
+
+    fn proclaim<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        id: &'a i64,
+        token: &'a Token,
+        fence: i64,
+        value: &'a [u8],
+        first: bool,
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            let done = sqlx::query(self.proclaim.as_str())
+                .bind(*id)
+                .bind(holder_lock(token))
+                .bind(fence)
+                .bind(value)
+                .bind(first)
+                .execute(conn)
+                .await?;
+            if done.rows_affected() == 1 {
+                Ok(())
+            } else {
+                // Another session holds the entry lock: never, short of
+                // two tokens' names colliding in 64 bits.
+                Err(sqlx::Error::RowNotFound)
+            }
+        })
+    }
+
+    fn disclaim<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        id: &'a i64,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            sqlx::query(self.disclaim.as_str())
+                .bind(*id)
+                .bind(holder_lock(token))
+                .execute(conn)
+                .await
+                .map(drop)
+        })
+    }
+
+    fn holder<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        id: &'a i64,
+    ) -> BoxFuture<'a, Result<Option<(Option<i64>, Option<Vec<u8>>)>, sqlx::Error>> {
+        Box::pin(async move {
+            let row = sqlx::query(self.holder.as_str())
+                .bind(*id)
+                .fetch_optional(conn)
+                .await?;
+            row.map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+                .transpose()
+        })
     }
 
     /// The connection failed, or the server ended the session (SQLSTATE

@@ -1113,7 +1113,7 @@ impl Backend for RedisBackend {
                 .holder(&names)
                 .await
                 .map_err(backend_error)?;
-            Ok(read.map(|(fence, value)| Holder::new(fence, value)))
+            Ok(read.map(|(fence, value)| Holder::new(Some(fence), value)))
         })
     }
 }

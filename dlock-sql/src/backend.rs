@@ -10,8 +10,8 @@ use std::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, LeaseKind, Mode,
-        ReleaseOutcome, RenewOutcome, RenewRequest, SessionHolders, Wait,
+        unsupported_holder, AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder,
+        LeaseKind, Mode, ReleaseOutcome, RenewOutcome, RenewRequest, SessionHolders, Wait,
     },
     LockError, LockKey, LostReason, Result, Token,
 };
@@ -132,6 +132,11 @@ struct Owned<D: Dialect> {
     fixed_end: Option<Instant>,
     /// The waiter slot of a lock held on a waiter session.
     slot: Option<OwnedSemaphorePermit>,
+    /// The fencing token of the grant.
+    fence: i64,
+    /// Whether the hold was recorded in the holders' table (by a proclaim):
+    /// its release deletes the record first.
+    proclaimed: bool,
 }
 
 /// One server session: its connection, the server's identifier of it, and
@@ -697,6 +702,8 @@ impl<D: Dialect> SqlBackend<D> {
                 _turn: turn,
                 fixed_end,
                 slot,
+                fence,
+                proclaimed: false,
             },
         );
         let alive_at = confirmed_at.max(sent);
@@ -744,9 +751,9 @@ impl<D: Dialect> SqlBackend<D> {
         };
         let _one_at_a_time = releasing.lock().await;
         // Read again: a release that ran first has forgotten it.
-        let Some((session, id, mode)) = lock(&self.inner.owned)
+        let Some((session, id, mode, proclaimed)) = lock(&self.inner.owned)
             .get(token)
-            .map(|o| (o.session.clone(), o.id.clone(), o.mode))
+            .map(|o| (o.session.clone(), o.id.clone(), o.mode, o.proclaimed))
         else {
             return Ok(ReleaseOutcome::NotHeld);
         };
@@ -756,10 +763,12 @@ impl<D: Dialect> SqlBackend<D> {
                 .run(move |d, c| {
                     Box::pin(async move {
                         if d.queues(mode) {
-                            d.dequeue(c, &token).await
-                        } else {
-                            d.unlock(c, &lock_id, mode).await
+                            return d.dequeue(c, &token).await;
                         }
+                        if proclaimed {
+                            d.disclaim(c, &lock_id, &token).await?;
+                        }
+                        d.unlock(c, &lock_id, mode).await
                     })
                 })
                 .await;
@@ -946,6 +955,85 @@ impl<D: Dialect> Backend for SqlBackend<D> {
                 .map_err(backend_error::<D>)
         })
     }
+
+    /// Records the hold in the holders' table, on the session that holds
+    /// it, behind its entry lock: the record is the holder's for as long
+    /// as that session holds the entry lock, which its release gives back
+    /// (after deleting the record) and the session's end takes.
+    fn proclaim<'a>(
+        &'a self,
+        _key: &'a LockKey,
+        token: &'a Token,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            if !self.records_holders() {
+                return Err(unsupported_holder(D::NAME));
+            }
+            let Some(releasing) = lock(&self.inner.owned)
+                .get(token)
+                .map(|o| o.releasing.clone())
+            else {
+                return Ok(false);
+            };
+            // Not while its release runs: that would leave a record the
+            // release did not delete.
+            let _not_releasing = releasing.lock().await;
+            let held = lock(&self.inner.owned)
+                .get(token)
+                .filter(|o| o.mode == Mode::Exclusive && o.session.is_usable())
+                .map(|o| (o.session.clone(), o.id.clone(), o.fence, !o.proclaimed));
+            let Some((session, id, fence, first)) = held else {
+                return Ok(false);
+            };
+            let (token_copy, value) = (*token, value.to_vec());
+            let written = session
+                .run(move |d, c| {
+                    Box::pin(
+                        async move { d.proclaim(c, &id, &token_copy, fence, &value, first).await },
+                    )
+                })
+                .await;
+            match written {
+                Ok(_) => {
+                    if let Some(owned) = lock(&self.inner.owned).get_mut(token) {
+                        owned.proclaimed = true;
+                    }
+                    Ok(true)
+                }
+                // The session ended meanwhile: its locks went with it.
+                Err(_) if !session.is_usable() => Ok(false),
+                Err(e) => Err(backend_error::<D>(e)),
+            }
+        })
+    }
+
+    /// Reads the server's lock table, and the holders' table, on the key's
+    /// holder session.
+    fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
+        Box::pin(async move {
+            if !self.records_holders() {
+                return Err(unsupported_holder(D::NAME));
+            }
+            let id = self.inner.dialect.lock_id(key, Mode::Exclusive);
+            let session = self.holder(&id).await?;
+            let (_, read) = session
+                .run(move |d, c| Box::pin(async move { d.holder(c, &id).await }))
+                .await
+                .map_err(backend_error::<D>)?;
+            Ok(read.map(|(fence, value)| {
+                Holder::new(fence.and_then(|f| u64::try_from(f).ok()), value)
+            }))
+        })
+    }
+}
+
+impl<D: Dialect> SqlBackend<D> {
+    /// Whether holders can be recorded and read: the dialect records them,
+    /// and grants carry fencing tokens.
+    fn records_holders(&self) -> bool {
+        self.inner.dialect.records_holders() && self.inner.dialect.fences()
+    }
 }
 
 /// Implements [`Backend`] for a newtype around a [`SqlBackend`], by
@@ -1018,6 +1106,25 @@ macro_rules! forward_backend {
                 &self,
             ) -> $crate::__private::BoxFuture<'_, $crate::__private::Result<()>> {
                 self.0.check_servers()
+            }
+
+            fn proclaim<'a>(
+                &'a self,
+                key: &'a $crate::__private::LockKey,
+                token: &'a $crate::__private::Token,
+                value: &'a [u8],
+            ) -> $crate::__private::BoxFuture<'a, $crate::__private::Result<bool>> {
+                self.0.proclaim(key, token, value)
+            }
+
+            fn holder<'a>(
+                &'a self,
+                key: &'a $crate::__private::LockKey,
+            ) -> $crate::__private::BoxFuture<
+                'a,
+                $crate::__private::Result<Option<$crate::__private::Holder>>,
+            > {
+                self.0.holder(key)
             }
         }
     };

@@ -260,9 +260,62 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         Box::pin(std::future::ready(Err(no_queue())))
     }
 
+    /// Whether the dialect records who holds a plain lock and what it
+    /// proclaimed ([`proclaim`](Dialect::proclaim),
+    /// [`holder`](Dialect::holder)). The default records nothing.
+    fn records_holders(&self) -> bool {
+        false
+    }
+
+    /// On the session that holds plain lock `id` for `token`: records the
+    /// hold, its `fence` and `value`, in the holders' table, live while
+    /// the session holds `token`'s entry lock (taken here if `first`; the
+    /// server's session locks stack, so it is taken once per hold).
+    fn proclaim<'a>(
+        &'a self,
+        conn: &'a mut Self::Conn,
+        id: &'a Self::Id,
+        token: &'a Token,
+        fence: i64,
+        value: &'a [u8],
+        first: bool,
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        let _ = (conn, id, token, fence, value, first);
+        Box::pin(std::future::ready(Err(no_holders())))
+    }
+
+    /// On the same session, before the plain lock is released: deletes
+    /// the hold's record and releases its entry lock.
+    fn disclaim<'a>(
+        &'a self,
+        conn: &'a mut Self::Conn,
+        id: &'a Self::Id,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        let _ = (conn, id, token);
+        Box::pin(std::future::ready(Err(no_holders())))
+    }
+
+    /// Whether plain lock `id` is held, on any session: if so, the fence
+    /// and value its holder recorded, if the record is the holder's own
+    /// (its session still holds the record's entry lock).
+    #[allow(clippy::type_complexity)]
+    fn holder<'a>(
+        &'a self,
+        conn: &'a mut Self::Conn,
+        id: &'a Self::Id,
+    ) -> BoxFuture<'a, Result<Option<(Option<i64>, Option<Vec<u8>>)>, sqlx::Error>> {
+        let _ = (conn, id);
+        Box::pin(std::future::ready(Err(no_holders())))
+    }
+
     /// Whether `error` means the session is gone, with every lock it held:
     /// the connection failed, or the server ended the session.
     fn ends_the_session(&self, error: &sqlx::Error) -> bool;
+}
+
+fn no_holders() -> sqlx::Error {
+    sqlx::Error::Configuration("this dialect records no holders".into())
 }
 
 fn no_queue() -> sqlx::Error {

@@ -14,8 +14,8 @@ pub use sqlx;
 pub mod __private {
     pub use dlock_core::{
         backend::{
-            AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Mode, ReleaseOutcome,
-            RenewOutcome, RenewRequest,
+            AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, Mode,
+            ReleaseOutcome, RenewOutcome, RenewRequest,
         },
         LockKey, Result, Token,
     };

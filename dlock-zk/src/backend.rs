@@ -997,7 +997,7 @@ impl Backend for ZkBackend {
                 match client.get_data(&format!("{parent}/{first}")).await {
                     Ok((data, stat)) => {
                         let fence = u64::try_from(stat.czxid).unwrap_or(0);
-                        return Ok(Some(Holder::new(fence, proclaimed(&data))));
+                        return Ok(Some(Holder::new(Some(fence), proclaimed(&data))));
                     }
                     Err(e @ ZkError::NoNode) => last = e,
                     Err(e) => return Err(backend_error(e)),

@@ -473,7 +473,7 @@ impl Backend for MemoryBackend {
             Ok(entry
                 .holders
                 .first()
-                .map(|h| Holder::new(h.fence, h.value.clone())))
+                .map(|h| Holder::new(Some(h.fence), h.value.clone())))
         })
     }
 }

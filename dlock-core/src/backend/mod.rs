@@ -168,7 +168,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// assert!(server.proclaim(&key, guard.token(), b"10.0.0.7:8080").await?);
     /// let holder = server.holder(&key).await?.expect("held");
     /// assert_eq!(holder.value(), Some(&b"10.0.0.7:8080"[..]));
-    /// assert_eq!(Some(holder.fence()), guard.fencing_token());
+    /// assert_eq!(holder.fence(), guard.fencing_token());
     /// # Ok(())
     /// # }
     /// ```
@@ -201,7 +201,7 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// assert!(server.holder(&key).await?.is_none());
     /// let guard = server.clone().into_locker().lock("leader").await?;
     /// let holder = server.holder(&key).await?.expect("held");
-    /// assert_eq!(Some(holder.fence()), guard.fencing_token());
+    /// assert_eq!(holder.fence(), guard.fencing_token());
     /// assert_eq!(holder.value(), None);
     /// # Ok(())
     /// # }
@@ -237,24 +237,26 @@ pub fn unsupported_holder(backend: &'static str) -> crate::LockError {
 /// ```
 /// use dlock_core::backend::Holder;
 ///
-/// let holder = Holder::new(7, Some(b"node-a".to_vec()));
-/// assert_eq!(holder.fence(), 7);
+/// let holder = Holder::new(Some(7), Some(b"node-a".to_vec()));
+/// assert_eq!(holder.fence(), Some(7));
 /// assert_eq!(holder.value(), Some(&b"node-a"[..]));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Holder {
-    fence: u64,
+    fence: Option<u64>,
     value: Option<Vec<u8>>,
 }
 
 impl Holder {
     /// A holder with fencing token `fence`, that proclaimed `value`.
-    pub fn new(fence: u64, value: Option<Vec<u8>>) -> Self {
+    pub fn new(fence: Option<u64>, value: Option<Vec<u8>>) -> Self {
         Holder { fence, value }
     }
 
-    /// The holder's fencing token.
-    pub fn fence(&self) -> u64 {
+    /// The holder's fencing token; `None` on a backend that records a
+    /// holder's token only when it proclaims (the SQL backends: writing it
+    /// at every acquisition would cost every lock a write).
+    pub fn fence(&self) -> Option<u64> {
         self.fence
     }
 
