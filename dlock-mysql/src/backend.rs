@@ -156,6 +156,7 @@ impl MySqlBackend {
                 + u64::from(config.session_timeout().subsec_nanos() > 0),
             table: format!("{}_fence", config.lock_prefix()),
             queue: format!("{}_queue", config.lock_prefix()),
+            holders: format!("{}_holder", config.lock_prefix()),
             config,
         };
         SqlBackend::connect(dialect).await.map(MySqlBackend)
@@ -172,6 +173,9 @@ struct MySqlDialect {
     table: String,
     /// `{prefix}_queue`: the entries of read-write locks and semaphores.
     queue: String,
+    /// `{prefix}_holder`: the records of proclaimed holds, each its
+    /// holder's while that session holds the record's entry lock.
+    holders: String,
 }
 
 /// How many counter rows the fencing tokens come from: each name always
@@ -237,6 +241,12 @@ impl MySqlDialect {
     fn entry_lock(&self, token: &Token) -> String {
         let prefix = self.config.lock_prefix();
         format!("{}%e:{token}", &prefix[..prefix.len().min(26)])
+    }
+
+    /// A proclaimed hold's entry lock, named as a queue entry's is.
+    fn holder_lock(&self, token: &Token) -> String {
+        let prefix = self.config.lock_prefix();
+        format!("{}%h:{token}", &prefix[..prefix.len().min(26)])
     }
 }
 
@@ -421,6 +431,18 @@ impl Dialect for MySqlDialect {
             );
             conn.execute(queue.as_str()).await?;
             if self.config.fence() == FenceSource::Off {
+                // No fencing tokens, so no holders to record: nothing
+                // orders them.
+                return Ok(());
+            }
+            let holders = format!(
+                "CREATE TABLE IF NOT EXISTS {} (lock_id VARCHAR(64) PRIMARY KEY, \
+                 owner VARCHAR(64) NOT NULL, fence BIGINT NOT NULL, \
+                 value MEDIUMBLOB NOT NULL) ENGINE = InnoDB",
+                self.holders
+            );
+            conn.execute(holders.as_str()).await?;
+            if self.config.fence() == FenceSource::Off {
                 return Ok(());
             }
             let rows: Vec<String> = (0..FENCE_ROWS).map(|s| format!("({s}, 0)")).collect();
@@ -533,6 +555,102 @@ impl Dialect for MySqlDialect {
 
     fn ping<'a>(&'a self, conn: &'a mut MySqlConnection) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         conn.ping()
+    }
+
+    fn records_holders(&self) -> bool {
+        true
+    }
+
+    fn proclaim<'a>(
+        &'a self,
+        conn: &'a mut MySqlConnection,
+        id: &'a String,
+        token: &'a Token,
+        fence: i64,
+        value: &'a [u8],
+        first: bool,
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            let owner = self.holder_lock(token);
+            if first {
+                let taken: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+                    .bind(&owner)
+                    .fetch_one(&mut *conn)
+                    .await?;
+                if taken != Some(1) {
+                    // Another session holds the entry lock: never, short
+                    // of a name reused.
+                    return Err(sqlx::Error::RowNotFound);
+                }
+            }
+            let upsert = format!(
+                "INSERT INTO {} (lock_id, owner, fence, value) VALUES (?, ?, ?, ?) \
+                 ON DUPLICATE KEY UPDATE owner = VALUES(owner), fence = VALUES(fence), \
+                 value = VALUES(value)",
+                self.holders
+            );
+            sqlx::query(upsert.as_str())
+                .bind(id)
+                .bind(&owner)
+                .bind(fence)
+                .bind(value)
+                .execute(conn)
+                .await
+                .map(drop)
+        })
+    }
+
+    fn disclaim<'a>(
+        &'a self,
+        conn: &'a mut MySqlConnection,
+        id: &'a String,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            let owner = self.holder_lock(token);
+            let delete = format!(
+                "DELETE FROM {} WHERE lock_id = ? AND owner = ?",
+                self.holders
+            );
+            sqlx::query(delete.as_str())
+                .bind(id)
+                .bind(&owner)
+                .execute(&mut *conn)
+                .await?;
+            sqlx::query("DO RELEASE_LOCK(?)")
+                .bind(&owner)
+                .execute(conn)
+                .await
+                .map(drop)
+        })
+    }
+
+    fn holder<'a>(
+        &'a self,
+        conn: &'a mut MySqlConnection,
+        id: &'a String,
+    ) -> BoxFuture<'a, Result<Option<(Option<i64>, Option<Vec<u8>>)>, sqlx::Error>> {
+        Box::pin(async move {
+            let read = format!(
+                "SELECT CAST(IS_USED_LOCK(?) AS SIGNED), h.fence, h.value, \
+                 CAST(IS_USED_LOCK(h.owner) AS SIGNED) \
+                 FROM (SELECT 1) x LEFT JOIN {} h ON h.lock_id = ?",
+                self.holders
+            );
+            let row = sqlx::query(read.as_str())
+                .bind(id)
+                .bind(id)
+                .fetch_one(conn)
+                .await?;
+            let Some(session) = row.try_get::<Option<i64>, _>(0)? else {
+                return Ok(None);
+            };
+            let recorder: Option<i64> = row.try_get(3)?;
+            if recorder != Some(session) {
+                return Ok(Some((None, None)));
+            }
+            Ok(Some((row.try_get(1)?, row.try_get(2)?)))
+        })
     }
 
     /// The connection failed, or the server ended the session: SQLSTATE
