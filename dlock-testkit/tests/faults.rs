@@ -715,8 +715,26 @@ async fn election_across_processes(t: Topology) {
             .and_then(|t| t.parse().ok())
             .unwrap_or_else(|| panic!("[{name}] expected `leader <term>`, got {line}"))
     };
+    // A follower outside the election asks who leads: the term the
+    // leader announced, and the process it proclaimed.
+    let follower = locker(&t.url).await;
+    let pids: Vec<u32> = children.iter().map(|c| c.id().expect("a pid")).collect();
+    let follower_reads = |term: u64, i: usize| {
+        let (follower, pid) = (&follower, pids[i]);
+        async move {
+            let leader = follower.leader("scheduler").await;
+            let leader = leader.unwrap_or_else(|e| panic!("[{name}] who leads: {e}"));
+            let leader = leader.unwrap_or_else(|| panic!("[{name}] nobody leads in term {term}"));
+            assert_eq!(
+                (leader.term, leader.value),
+                (term, Some(format!("pid {pid}").into_bytes())),
+                "[{name}] the leader a follower reads"
+            );
+        }
+    };
     let (first, line) = said(&mut lines, Duration::from_secs(60), name).await;
     let first_term = term_of(&line);
+    follower_reads(first_term, first).await;
     children[first].start_kill().unwrap();
     let killed = Instant::now();
     let (second, line) = said(&mut lines, t.lease + Duration::from_secs(10), name).await;
@@ -727,6 +745,7 @@ async fn election_across_processes(t: Topology) {
         killed.elapsed(),
         t.lease
     );
+    follower_reads(second_term, second).await;
     signal(&children[second], libc::SIGSTOP);
     let (third, line) = said(&mut lines, t.lease + Duration::from_secs(10), name).await;
     let third_term = term_of(&line);
@@ -734,6 +753,7 @@ async fn election_across_processes(t: Topology) {
         third != first && third != second,
         "[{name}] candidate {third} spoke after leading"
     );
+    follower_reads(third_term, third).await;
     // The new leader works for a while, then the stopped one resumes.
     tokio::time::sleep(Duration::from_millis(300)).await;
     signal(&children[second], libc::SIGCONT);

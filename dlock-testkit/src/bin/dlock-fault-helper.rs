@@ -237,6 +237,11 @@ async fn lead(args: &[String]) -> Result<(), String> {
     let holds = HoldLog::new(Path::new(holds));
     let locker = locker(url, Some(lease), Fallbacks::Default).await?;
     let election = locker.elect(name).map_err(|e| e.to_string())?;
+    // What followers read of this leader: its process.
+    election
+        .proclaim(format!("pid {}", std::process::id()))
+        .await
+        .map_err(|e| e.to_string())?;
     let term = election.leading().await.map_err(|e| e.to_string())?;
     let start = monotonic_ns();
     println!("leader {term}");
