@@ -129,7 +129,7 @@ pub(crate) struct Renewal<'a> {
 
 impl Renewal<'_> {
     /// The script that renews it, and the names that script takes.
-    fn script<'s>(self, scripts: &'s Scripts) -> (&'s redis::Script, Keys) {
+    fn script(self, scripts: &Scripts) -> (&redis::Script, Keys) {
         if self.shared {
             (&scripts.shared_renew, Keys::Lock)
         } else {

@@ -144,6 +144,12 @@ pub enum Outcome {
     },
     /// Another instance held the job's lock.
     Skipped,
+    /// A follower of the elected scheduler: the instance that leads, as
+    /// the election's leader proclaimed it (`None`: nobody leads now).
+    Following {
+        /// The leading instance's name.
+        leader: Option<String>,
+    },
     /// It got the lock after the tick's report was written.
     AlreadyDone,
     /// It ran the job, but its write was refused: it had stalled past its
@@ -259,12 +265,14 @@ pub async fn run_instance(
 /// leader (the old one resigned, crashed, or stalled past its lease) runs
 /// the next tick. With `resign_after_tick`, the instance that leads on
 /// that tick resigns after it, as an instance shut down for a deploy
-/// would.
+/// would. Each instance proclaims its name, and a follower's tick says who
+/// leads ([`Outcome::Following`]).
 ///
 /// # Errors
 ///
 /// [`JobError::Lock`] if the election cannot start (the backend gives no
-/// fencing tokens, or there is no runtime).
+/// fencing tokens, or there is no runtime) or the name cannot be
+/// proclaimed.
 ///
 /// # Examples
 ///
@@ -293,12 +301,19 @@ pub async fn run_scheduler(
     resign_after_tick: Option<u64>,
 ) -> Result<Vec<Event>, JobError> {
     let election = locker.elect(&config.key)?;
+    election.proclaim(name).await?;
     let mut events = Vec::new();
     for tick in 0..config.ticks {
         tokio::time::sleep_until(epoch + config.period * tick as u32).await;
         // Asked at the tick: a leader whose lease ran out says no.
         let outcome = match election.term() {
-            None => Outcome::Skipped,
+            None => Outcome::Following {
+                leader: election.leader().await?.and_then(|leader| {
+                    leader
+                        .value
+                        .map(|name| String::from_utf8_lossy(&name).into_owned())
+                }),
+            },
             Some(_) if store.has(tick) => Outcome::AlreadyDone,
             Some(term) => {
                 tokio::time::sleep(config.work).await;

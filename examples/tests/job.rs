@@ -213,8 +213,9 @@ async fn an_elected_scheduler_hands_over_and_runs_every_tick_once() {
             })
         })
         .collect();
+    let mut events = Vec::new();
     for instance in instances {
-        instance.await.expect("an instance").expect("its schedule");
+        events.extend(instance.await.expect("an instance").expect("its schedule"));
     }
     let reports = store.reports();
     let ticks: Vec<u64> = reports.iter().map(|r| r.tick).collect();
@@ -232,4 +233,19 @@ async fn an_elected_scheduler_hands_over_and_runs_every_tick_once() {
         reports[2].fence > reports[1].fence,
         "the same term after a handover"
     );
+    // Away from the handover (after tick 1), every follower names the
+    // instance that wrote the tick.
+    let following: Vec<_> = events
+        .iter()
+        .filter_map(|e| match &e.outcome {
+            Outcome::Following { leader } if e.tick != 1 => Some((e.tick, leader.clone())),
+            _ => None,
+        })
+        .collect();
+    // Two followers at tick 0, one at each of ticks 2 to 4.
+    assert_eq!(following.len(), 5, "follower ticks: {events:?}");
+    for (tick, leader) in following {
+        let wrote = &reports[tick as usize].instance;
+        assert_eq!(leader.as_ref(), Some(wrote), "tick {tick}: {events:?}");
+    }
 }

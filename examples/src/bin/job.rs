@@ -71,6 +71,10 @@ fn describe(event: &Event) -> String {
             format!("ran the job, wrote its report with fencing token {fence}")
         }
         Outcome::Skipped => "skipped: another instance holds the job".to_owned(),
+        Outcome::Following {
+            leader: Some(leader),
+        } => format!("following instance {leader}"),
+        Outcome::Following { leader: None } => "following: nobody leads now".to_owned(),
         Outcome::AlreadyDone => "skipped: this tick's report is already written".to_owned(),
         Outcome::Rejected(stale) => {
             format!("stalled past its lease; its late write was refused ({stale})")
