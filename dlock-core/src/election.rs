@@ -13,6 +13,7 @@ use tokio::{
 };
 
 use crate::{
+    backend::Holder,
     error::{LockError, Result},
     guard::LockGuard,
     key::LockKey,
@@ -63,9 +64,14 @@ pub struct Leader {
     pub term: u64,
     /// What the leader proclaimed ([`Election::proclaim`]; empty if it
     /// set nothing); `None` for a moment after it wins, until its value is
-    /// written.
+    /// written (for its whole term if the servers refused the write three
+    /// times, which the leader logs).
     pub value: Option<Vec<u8>>,
 }
+
+/// How many times a new leader tries to write its value before it leads
+/// without one.
+const PROCLAIM_ATTEMPTS: u32 = 3;
 
 /// The longest value a candidate may proclaim.
 pub const MAX_PROCLAIMED: usize = 32 * 1024;
@@ -94,13 +100,7 @@ impl Shared {
 /// Reads who leads `key` now. A holder whose fence the backend does not
 /// know yet (on SQL, until the leader's win is written) does not count.
 async fn leader_of(locker: &Locker, key: &LockKey) -> Result<Option<Leader>> {
-    let holder = locker.backend().holder(key).await?;
-    Ok(holder.and_then(|holder| {
-        Some(Leader {
-            term: holder.fence()?,
-            value: holder.into_value(),
-        })
-    }))
+    Ok(leader_from(locker.backend().holder(key).await?))
 }
 
 fn lock(m: &Mutex<Option<LockGuard>>) -> MutexGuard<'_, Option<LockGuard>> {
@@ -178,7 +178,7 @@ impl Locker {
     /// # Errors
     ///
     /// [`LockError::Unsupported`] on a backend that cannot read a lock's
-    /// holder (every backend with fencing tokens can);
+    /// holder (every backend of this workspace with fencing tokens can);
     /// [`LockError::InvalidKey`] for a name that makes no key; the
     /// server's error if it does not answer.
     ///
@@ -203,6 +203,105 @@ impl Locker {
     /// ```
     pub async fn leader(&self, name: impl AsRef<str>) -> Result<Option<Leader>> {
         leader_of(self, &election_key(name.as_ref())?).await
+    }
+}
+
+impl Locker {
+    /// Watches who leads the election `name`: a
+    /// [`tokio::sync::watch`] receiver of the leader (or `None`), updated
+    /// by a task of its own on the current runtime until every receiver
+    /// is dropped. For anyone, a candidate or not.
+    ///
+    /// It is woken by the server where the server can tell (see
+    /// [`Backend::holder_changed`](crate::backend::Backend::holder_changed)):
+    /// the in-process backend, Redis, etcd and ZooKeeper; the SQL
+    /// backends read again every
+    /// [`HOLDER_POLL`](crate::backend::HOLDER_POLL). A watch keeps the
+    /// latest value: a receiver that looks rarely sees the newest leader,
+    /// not each one between. If the servers stop answering, the last
+    /// leader read stays until they answer again.
+    ///
+    /// # Errors
+    ///
+    /// As [`Locker::leader`], for the first read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{Locker, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let backend = MemoryBackend::new();
+    /// let (node, follower) = (Locker::new(backend.clone()), Locker::new(backend));
+    /// let mut leaders = follower.observe("scheduler").await?;
+    /// assert!(leaders.borrow().is_none());
+    /// let election = node.elect("scheduler")?;
+    /// let term = election.leading().await?;
+    /// let leader = leaders.wait_for(Option::is_some).await.expect("watching");
+    /// assert_eq!(leader.as_ref().map(|l| l.term), Some(term));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn observe(&self, name: impl AsRef<str>) -> Result<watch::Receiver<Option<Leader>>> {
+        observe_key(self, election_key(name.as_ref())?).await
+    }
+}
+
+/// [`Locker::observe`] of the election held on `key`.
+async fn observe_key(locker: &Locker, key: LockKey) -> Result<watch::Receiver<Option<Leader>>> {
+    let runtime = Handle::try_current().map_err(|_| LockError::NoRuntime)?;
+    let seen = locker.backend().holder(&key).await?;
+    let (leaders, receiver) = watch::channel(leader_from(seen.clone()));
+    runtime.spawn(follow(locker.clone(), key, seen, leaders));
+    Ok(receiver)
+}
+
+/// A holder as a leader: one whose fence is known.
+fn leader_from(holder: Option<Holder>) -> Option<Leader> {
+    holder.and_then(|holder| {
+        Some(Leader {
+            term: holder.fence()?,
+            value: holder.into_value(),
+        })
+    })
+}
+
+/// Keeps `leaders` on `key`'s holder until every receiver is gone: waits
+/// for a change, reads, publishes what differs.
+async fn follow(
+    locker: Locker,
+    key: LockKey,
+    mut seen: Option<Holder>,
+    leaders: watch::Sender<Option<Leader>>,
+) {
+    let backend = locker.backend();
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let read = tokio::select! {
+            () = leaders.closed() => return,
+            read = async {
+                backend.holder_changed(&key, seen.as_ref()).await?;
+                backend.holder(&key).await
+            } => read,
+        };
+        match read {
+            Ok(holder) => {
+                backoff = Duration::from_millis(50);
+                if holder != seen {
+                    leaders.send_replace(leader_from(holder.clone()));
+                    seen = holder;
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, key = %key, "dlock election: watching the leader failed");
+                tokio::select! {
+                    () = leaders.closed() => return,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
     }
 }
 
@@ -245,12 +344,18 @@ async fn campaign(shared: Arc<Shared>, role: watch::Sender<Role>) {
             // who holds a lock only when it proclaims.
             let value = shared.value.lock().await;
             let proclaimed = value.as_deref().unwrap_or_default();
-            if let Err(error) = locker
-                .backend()
-                .proclaim(key, guard.token(), proclaimed)
-                .await
-            {
-                tracing::warn!(%error, key = %key, "dlock election: the leader's value was not written");
+            for attempt in 0..PROCLAIM_ATTEMPTS {
+                match locker
+                    .backend()
+                    .proclaim(key, guard.token(), proclaimed)
+                    .await
+                {
+                    Ok(_) | Err(LockError::Unsupported { .. }) => break,
+                    Err(error) if attempt + 1 == PROCLAIM_ATTEMPTS => {
+                        tracing::warn!(%error, key = %key, "dlock election: the leader's value was not written");
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50 << attempt)).await,
+                }
             }
             *lock(&shared.leading) = Some(guard.sibling());
             role.send_replace(Role::Leader { term });
@@ -293,9 +398,7 @@ impl Election {
     /// out by its own clock (checked now, not only when the campaign task
     /// next runs).
     pub fn is_leader(&self) -> bool {
-        lock(&self.shared.leading)
-            .as_ref()
-            .is_some_and(|guard| !guard.is_lost())
+        self.shared.leading_token().is_some()
     }
 
     /// The term of the current leadership, while leading.
@@ -361,18 +464,19 @@ impl Election {
         }
         let shared = &self.shared;
         let mut kept = shared.value.lock().await;
-        let written = match shared.leading_token() {
+        // Kept first: a write cut short may still land, and the next win
+        // must not write an older value over it.
+        let value = kept.insert(value);
+        match shared.leading_token() {
             Some(token) => {
                 shared
                     .locker
                     .backend()
-                    .proclaim(&shared.key, &token, &value)
+                    .proclaim(&shared.key, &token, value)
                     .await
             }
             None => Ok(false),
-        };
-        *kept = Some(value);
-        written
+        }
     }
 
     /// Who leads this election now (this candidate or another), and what
@@ -383,6 +487,15 @@ impl Election {
     /// As [`Locker::leader`].
     pub async fn leader(&self) -> Result<Option<Leader>> {
         leader_of(&self.shared.locker, &self.shared.key).await
+    }
+
+    /// Watches who leads this election: as [`Locker::observe`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Locker::observe`].
+    pub async fn observe(&self) -> Result<watch::Receiver<Option<Leader>>> {
+        observe_key(&self.shared.locker, self.shared.key.clone()).await
     }
 
     /// Waits until this candidate leads: its term.

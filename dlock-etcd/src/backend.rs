@@ -780,7 +780,7 @@ impl EtcdBackend {
                     .when([Compare::create_revision(name, CompareOp::Equal, revision)])
                     .and_then([TxnOp::put(
                         name,
-                        "",
+                        mode_value(req.mode),
                         Some(PutOptions::new().with_lease(grant.id())),
                     )]);
                 let answer = retried(|| {
@@ -996,6 +996,49 @@ impl Backend for EtcdBackend {
                 let fence = u64::try_from(kv.create_revision()).unwrap_or(0);
                 Holder::new(Some(fence), proclaimed(kv.value()))
             }))
+        })
+    }
+
+    /// A watch of the key's queue, armed before the read that compares:
+    /// any put or delete under it (a grant, a release, a lease that
+    /// expired, a proclaim; a waiter joining wakes it for nothing).
+    fn holder_changed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        seen: Option<&'a Holder>,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let queue = queue_of(&self.inner.prefix, key, Mode::Exclusive);
+            let mut end = queue.as_bytes().to_vec();
+            if let Some(last) = end.last_mut() {
+                *last += 1; // `/` + 1: just past every key under the queue
+            }
+            let ended =
+                || LockError::backend(NAME, std::io::Error::other("the holder's watch ended"));
+            let mut watch = self
+                .client()
+                .watch(queue.as_str(), Some(WatchOptions::new().with_range(end)))
+                .await
+                .map_err(backend_error)?;
+            loop {
+                match watch.message().await.map_err(backend_error)? {
+                    Some(response) if response.created() && !response.canceled() => break,
+                    Some(response) if response.created() => return Err(ended()),
+                    Some(_) => continue,
+                    None => return Err(ended()),
+                }
+            }
+            if self.holder(key).await?.as_ref() != seen {
+                return Ok(());
+            }
+            loop {
+                match watch.message().await.map_err(backend_error)? {
+                    Some(response) if response.canceled() => return Err(ended()),
+                    Some(response) if !response.events().is_empty() => return Ok(()),
+                    Some(_) => continue,
+                    None => return Err(ended()),
+                }
+            }
         })
     }
 }

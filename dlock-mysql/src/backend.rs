@@ -239,14 +239,18 @@ impl MySqlDialect {
     /// A queue entry's lock: a named lock for its token, under (the first
     /// 26 characters of) the prefix, within the server's 64.
     fn entry_lock(&self, token: &Token) -> String {
-        let prefix = self.config.lock_prefix();
-        format!("{}%e:{token}", &prefix[..prefix.len().min(26)])
+        self.token_lock('e', token)
     }
 
     /// A proclaimed hold's entry lock, named as a queue entry's is.
     fn holder_lock(&self, token: &Token) -> String {
+        self.token_lock('h', token)
+    }
+
+    /// A named lock for `token` in the space `tag` names.
+    fn token_lock(&self, tag: char, token: &Token) -> String {
         let prefix = self.config.lock_prefix();
-        format!("{}%h:{token}", &prefix[..prefix.len().min(26)])
+        format!("{}%{tag}:{token}", &prefix[..prefix.len().min(26)])
     }
 }
 
@@ -442,9 +446,6 @@ impl Dialect for MySqlDialect {
                 self.holders
             );
             conn.execute(holders.as_str()).await?;
-            if self.config.fence() == FenceSource::Off {
-                return Ok(());
-            }
             let rows: Vec<String> = (0..FENCE_ROWS).map(|s| format!("({s}, 0)")).collect();
             let create = format!(
                 "CREATE TABLE IF NOT EXISTS {0} (shard SMALLINT PRIMARY KEY, v BIGINT NOT NULL) \
@@ -568,20 +569,22 @@ impl Dialect for MySqlDialect {
         token: &'a Token,
         fence: i64,
         value: &'a [u8],
-        first: bool,
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
             let owner = self.holder_lock(token);
-            if first {
-                let taken: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
-                    .bind(&owner)
-                    .fetch_one(&mut *conn)
-                    .await?;
-                if taken != Some(1) {
-                    // Another session holds the entry lock: never, short
-                    // of a name reused.
-                    return Err(sqlx::Error::RowNotFound);
-                }
+            // Taken once: a second GET_LOCK of a name this session holds
+            // would stack, and the release gives it back once.
+            let taken: Option<i64> = sqlx::query_scalar(
+                "SELECT IF(IS_USED_LOCK(?) <=> CONNECTION_ID(), 1, GET_LOCK(?, 0))",
+            )
+            .bind(&owner)
+            .bind(&owner)
+            .fetch_one(&mut *conn)
+            .await?;
+            if taken != Some(1) {
+                // Another session holds the entry lock: never, short of a
+                // name reused.
+                return Err(sqlx::Error::RowNotFound);
             }
             let upsert = format!(
                 "INSERT INTO {} (lock_id, owner, fence, value) VALUES (?, ?, ?, ?) \

@@ -40,11 +40,16 @@ fn ahead(queue: &str, id: &str, number: &str) -> String {
 /// A proclaimed hold's entry lock: a one-key advisory lock named for its
 /// token, held by the holder's session while its record is its own.
 fn holder_lock(token: &Token) -> i64 {
-    dlock_sql::fnv1a("dlock-holder", &token.to_string()) as i64
+    token_lock("dlock-holder", token)
 }
 
-/// Matches a one-key advisory lock `l` on `key` (an SQL expression) in
-/// this database.
+/// A one-key advisory lock named for `token`, in the space `tag` names.
+fn token_lock(tag: &str, token: &Token) -> i64 {
+    dlock_sql::fnv1a(tag, &token.to_string()) as i64
+}
+
+/// Matches a granted one-key advisory lock `l` on `key` (an SQL
+/// expression); the caller narrows it to a database or a session.
 fn one_key_lock(l: &str, key: &str) -> String {
     format!(
         "{l}.locktype = 'advisory' AND {l}.granted AND {l}.objsubid = 1 \
@@ -55,7 +60,7 @@ fn one_key_lock(l: &str, key: &str) -> String {
 
 /// A permit entry's lock: a one-key advisory lock named for its token.
 fn entry_lock(token: &Token) -> i64 {
-    dlock_sql::fnv1a("dlock-entry", &token.to_string()) as i64
+    token_lock("dlock-entry", token)
 }
 
 /// A 64-bit identifier as the two 32-bit keys of the two-key advisory
@@ -226,9 +231,12 @@ impl PgBackend {
             proclaim: format!(
                 "INSERT INTO {holders} (lock_id, owner, fence, value) \
                  SELECT $1, $2, $3, $4 \
-                 WHERE CASE WHEN $5 THEN pg_try_advisory_lock($2) ELSE true END \
+                 WHERE CASE WHEN EXISTS (SELECT 1 FROM pg_locks e WHERE {mine} \
+                 AND e.pid = pg_backend_pid()) THEN true \
+                 ELSE pg_try_advisory_lock($2) END \
                  ON CONFLICT (lock_id) DO UPDATE SET owner = EXCLUDED.owner, \
-                 fence = EXCLUDED.fence, value = EXCLUDED.value"
+                 fence = EXCLUDED.fence, value = EXCLUDED.value",
+                mine = one_key_lock("e", "$2"),
             ),
             disclaim: format!(
                 "WITH d AS (DELETE FROM {holders} WHERE lock_id = $1 AND owner = $2) \
@@ -584,7 +592,6 @@ impl Dialect for PgDialect {
         token: &'a Token,
         fence: i64,
         value: &'a [u8],
-        first: bool,
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
             let done = sqlx::query(self.proclaim.as_str())
@@ -592,7 +599,6 @@ impl Dialect for PgDialect {
                 .bind(holder_lock(token))
                 .bind(fence)
                 .bind(value)
-                .bind(first)
                 .execute(conn)
                 .await?;
             if done.rows_affected() == 1 {

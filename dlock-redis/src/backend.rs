@@ -1113,7 +1113,48 @@ impl Backend for RedisBackend {
                 .holder(&names)
                 .await
                 .map_err(backend_error)?;
-            Ok(read.map(|(fence, value)| Holder::new(Some(fence), value)))
+            Ok(read.map(|read| Holder::new(Some(read.fence), read.value)))
+        })
+    }
+
+    /// Subscribes to the key's holder channel (a proclaim, and the release
+    /// of a proclaimed hold, publish there), then reads; woken by a
+    /// message, or when the holder's lease runs out. A grant is seen when
+    /// its holder proclaims: every elected leader does, before it is told.
+    fn holder_changed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        seen: Option<&'a Holder>,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            if self.inner.redlock {
+                return Err(unsupported_holder(NAME));
+            }
+            let names = names(&self.inner.prefix, key);
+            let node = &self.inner.nodes[0];
+            let wake = Arc::new(Notify::new());
+            let watcher = Token::generate().to_string();
+            let _watch = node
+                .watch(&names.holder_channel().to_string(), &watcher, &wake)
+                .await
+                .map_err(backend_error)?;
+            let read = node.holder(&names).await.map_err(backend_error)?;
+            let current = read
+                .as_ref()
+                .map(|read| Holder::new(Some(read.fence), read.value.clone()));
+            if current.as_ref() != seen {
+                return Ok(());
+            }
+            match read.and_then(|read| read.lease_left) {
+                Some(left) => {
+                    tokio::select! {
+                        () = wake.notified() => {}
+                        () = tokio::time::sleep(left) => {}
+                    }
+                }
+                None => wake.notified().await,
+            }
+            Ok(())
         })
     }
 }

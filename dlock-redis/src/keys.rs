@@ -29,6 +29,12 @@ impl Names {
         Suffixed(&self.lock, ":released")
     }
 
+    /// Where a proclaim, and the release of a proclaimed hold, are
+    /// published (empty messages: they wake every watcher of the holder).
+    pub(crate) fn holder_channel(&self) -> Suffixed<'_> {
+        Suffixed(&self.lock, ":holder")
+    }
+
     /// The waiting line: tickets scored by place (see `scripts.rs`).
     pub(crate) fn queue(&self) -> Suffixed<'_> {
         Suffixed(&self.lock, ":queue")

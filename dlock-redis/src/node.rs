@@ -83,6 +83,15 @@ pub(crate) enum SharedAttempt {
     OtherLimit(u32),
 }
 
+/// A plain lock's holder, as the holder script reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HolderRead {
+    pub(crate) fence: u64,
+    /// The lease it has left, if the key has one.
+    pub(crate) lease_left: Option<Duration>,
+    pub(crate) value: Option<Vec<u8>>,
+}
+
 /// Which of a lock's names a script takes as its `KEYS`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Keys {
@@ -92,6 +101,9 @@ enum Keys {
     Line,
     /// The lock, its fence counter and its proclaimed value.
     Value,
+    /// The lock, its fence counter, its waiting line and its proclaimed
+    /// value.
+    LineAndValue,
 }
 
 impl Keys {
@@ -100,6 +112,7 @@ impl Keys {
             Keys::Lock => 2,
             Keys::Value => 3,
             Keys::Line => 4,
+            Keys::LineAndValue => 5,
         };
         cmd.arg(count).arg(&names.lock).arg(names.fence());
         match self {
@@ -109,6 +122,11 @@ impl Keys {
             }
             Keys::Line => {
                 cmd.arg(names.queue()).arg(names.tickets());
+            }
+            Keys::LineAndValue => {
+                cmd.arg(names.queue())
+                    .arg(names.tickets())
+                    .arg(names.value());
             }
         }
     }
@@ -405,11 +423,12 @@ impl Node {
         ticket_ms: u64,
     ) -> RedisResult<bool> {
         let released: i64 = self
-            .run(&self.scripts().release, names, Keys::Line, |cmd| {
+            .run(&self.scripts().release, names, Keys::LineAndValue, |cmd| {
                 cmd.arg(token)
                     .arg(names.channel())
                     .arg(place)
-                    .arg(ticket_ms);
+                    .arg(ticket_ms)
+                    .arg(names.holder_channel());
             })
             .await?;
         Ok(released == 1)
@@ -480,27 +499,26 @@ impl Node {
     ) -> RedisResult<bool> {
         let written: i64 = self
             .run(&self.scripts().proclaim, names, Keys::Value, |cmd| {
-                cmd.arg(token).arg(value);
+                cmd.arg(token).arg(value).arg(names.holder_channel());
             })
             .await?;
         Ok(written == 1)
     }
 
-    /// The plain lock's holder: its fence, and what it proclaimed.
-    pub(crate) async fn holder(
-        &self,
-        names: &Names,
-    ) -> RedisResult<Option<(u64, Option<Vec<u8>>)>> {
+    /// The plain lock's holder: its fence, the lease it has left, and
+    /// what it proclaimed.
+    pub(crate) async fn holder(&self, names: &Names) -> RedisResult<Option<HolderRead>> {
         let read: Option<Vec<Vec<u8>>> = self
             .run(&self.scripts().holder, names, Keys::Value, |_| {})
             .await?;
         let Some(mut read) = read else {
             return Ok(None);
         };
-        let value = (read.len() > 1).then(|| read.swap_remove(1));
-        let fence = read
-            .first()
-            .and_then(|fence| std::str::from_utf8(fence).ok()?.parse::<u64>().ok())
+        let value = (read.len() > 2).then(|| read.swap_remove(2));
+        let number =
+            |at: usize| -> Option<i64> { std::str::from_utf8(read.get(at)?).ok()?.parse().ok() };
+        let fence = number(0)
+            .and_then(|fence| u64::try_from(fence).ok())
             .filter(|&fence| fence > 0)
             .ok_or_else(|| {
                 RedisError::from((
@@ -508,7 +526,15 @@ impl Node {
                     "the lock is held, but its fence counter is missing",
                 ))
             })?;
-        Ok(Some((fence, value)))
+        // A key without a TTL is not a lock of ours: no end to wait for.
+        let lease_left = number(1)
+            .and_then(|ms| u64::try_from(ms).ok())
+            .map(Duration::from_millis);
+        Ok(Some(HolderRead {
+            fence,
+            lease_left,
+            value,
+        }))
     }
 
     /// A handle on the node's multiplexed connection.

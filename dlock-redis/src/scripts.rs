@@ -230,10 +230,10 @@ return {0, ttl}
 
 /// Release, or give back a grant and stay in line.
 ///
-/// KEYS: as [`ACQUIRE`] (the fence counter is not touched). ARGV: token,
-/// release channel, place in line ("" to leave the line: a release or a
-/// cancelled wait; otherwise the waiter's place, as in [`ACQUIRE`]),
-/// ticket lifetime in ms.
+/// KEYS: as [`ACQUIRE`] (the fence counter is not touched), and the
+/// proclaimed value. ARGV: token, release channel, place in line ("" to
+/// leave the line: a release or a cancelled wait; otherwise the waiter's
+/// place, as in [`ACQUIRE`]), ticket lifetime in ms, holder channel.
 ///
 /// A holder's value is marked (its token and `+`) once someone stands in
 /// line behind it, so a release that finds its token unmarked knows that
@@ -263,6 +263,10 @@ local released = 0
 if holder == ARGV[1] or holder == ARGV[1] .. '+' then
   released = 1
   redis.call('DEL', KEYS[1])
+  -- A proclaimed hold: its value goes with it, and its watchers are told.
+  if KEYS[5] and redis.call('DEL', KEYS[5]) == 1 then
+    redis.call('PUBLISH', ARGV[5], '')
+  end
 elseif holder == 'next:' .. ARGV[1] then
   redis.call('DEL', KEYS[1])
 end
@@ -308,13 +312,20 @@ return 0
 /// renewal extends it as it does the fence counter, so it goes away with
 /// the lock.
 ///
-/// KEYS: lock, fence counter, proclaimed value. ARGV: token, value.
-/// Returns 1 if written, else 0.
+/// The holder's value is marked (as for a waiter in line, see
+/// [`RELEASE`]), so that its release takes the path that deletes the value
+/// and tells the holder's watchers; an empty message on the holder channel
+/// wakes every watcher of the holder (`Backend::holder_changed`).
+///
+/// KEYS: lock, fence counter, proclaimed value. ARGV: token, value,
+/// holder channel. Returns 1 if written, else 0.
 const PROCLAIM: &str = r"
 local holder = redis.call('GET', KEYS[1])
 if holder ~= ARGV[1] and holder ~= ARGV[1] .. '+' then return 0 end
+if holder == ARGV[1] then redis.call('SET', KEYS[1], holder .. '+', 'KEEPTTL') end
 local ttl = math.max(redis.call('PTTL', KEYS[1]), 1)
 redis.call('SET', KEYS[3], ARGV[1] .. '|' .. ARGV[2], 'PX', 2 * ttl)
+redis.call('PUBLISH', ARGV[3], '')
 return 1
 ";
 
@@ -324,18 +335,20 @@ return 1
 /// has not taken it yet is free.
 ///
 /// KEYS: lock, fence counter, proclaimed value. Returns nil if nobody
-/// holds it, else `{fence}` or `{fence, value}`.
+/// holds it, else `{fence, ms}` or `{fence, ms, value}`, `ms` the lease
+/// left.
 const HOLDER: &str = r"
 local holder = redis.call('GET', KEYS[1])
 if not holder or string.sub(holder, 1, 5) == 'next:' then return nil end
 if string.sub(holder, -1) == '+' then holder = string.sub(holder, 1, -2) end
 local fence = redis.call('GET', KEYS[2]) or '0'
+local ttl = tostring(redis.call('PTTL', KEYS[1]))
 local stored = redis.call('GET', KEYS[3])
 local mine = holder .. '|'
 if stored and string.sub(stored, 1, #mine) == mine then
-  return {fence, string.sub(stored, #mine + 1)}
+  return {fence, ttl, string.sub(stored, #mine + 1)}
 end
-return {fence}
+return {fence, ttl}
 ";
 
 /// What read-write locks and semaphores share: an entry's mode, the

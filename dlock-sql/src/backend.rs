@@ -962,7 +962,7 @@ impl<D: Dialect> Backend for SqlBackend<D> {
     /// (after deleting the record) and the session's end takes.
     fn proclaim<'a>(
         &'a self,
-        _key: &'a LockKey,
+        key: &'a LockKey,
         token: &'a Token,
         value: &'a [u8],
     ) -> BoxFuture<'a, Result<bool>> {
@@ -979,28 +979,37 @@ impl<D: Dialect> Backend for SqlBackend<D> {
             // Not while its release runs: that would leave a record the
             // release did not delete.
             let _not_releasing = releasing.lock().await;
-            let held = lock(&self.inner.owned)
-                .get(token)
-                .filter(|o| o.mode == Mode::Exclusive && o.session.is_usable())
-                .map(|o| (o.session.clone(), o.id.clone(), o.fence, !o.proclaimed));
-            let Some((session, id, fence, first)) = held else {
+            let id = self.inner.dialect.lock_id(key, Mode::Exclusive);
+            let held = {
+                let mut owned = lock(&self.inner.owned);
+                owned
+                    .get_mut(token)
+                    .filter(|o| {
+                        o.mode == Mode::Exclusive
+                            && o.id == id
+                            && o.session.is_usable()
+                            && o.fixed_end.is_none_or(|end| Instant::now() < end)
+                    })
+                    .map(|o| {
+                        // Marked before the statement is sent: if this
+                        // future is dropped, the statement still runs to
+                        // its end, and the release must delete what it
+                        // wrote (deleting nothing is harmless).
+                        o.proclaimed = true;
+                        (o.session.clone(), o.fence)
+                    })
+            };
+            let Some((session, fence)) = held else {
                 return Ok(false);
             };
             let (token_copy, value) = (*token, value.to_vec());
             let written = session
                 .run(move |d, c| {
-                    Box::pin(
-                        async move { d.proclaim(c, &id, &token_copy, fence, &value, first).await },
-                    )
+                    Box::pin(async move { d.proclaim(c, &id, &token_copy, fence, &value).await })
                 })
                 .await;
             match written {
-                Ok(_) => {
-                    if let Some(owned) = lock(&self.inner.owned).get_mut(token) {
-                        owned.proclaimed = true;
-                    }
-                    Ok(true)
-                }
+                Ok(_) => Ok(true),
                 // The session ended meanwhile: its locks went with it.
                 Err(_) if !session.is_usable() => Ok(false),
                 Err(e) => Err(backend_error::<D>(e)),
@@ -1125,6 +1134,14 @@ macro_rules! forward_backend {
                 $crate::__private::Result<Option<$crate::__private::Holder>>,
             > {
                 self.0.holder(key)
+            }
+
+            fn holder_changed<'a>(
+                &'a self,
+                key: &'a $crate::__private::LockKey,
+                seen: Option<&'a $crate::__private::Holder>,
+            ) -> $crate::__private::BoxFuture<'a, $crate::__private::Result<()>> {
+                self.0.holder_changed(key, seen)
             }
         }
     };

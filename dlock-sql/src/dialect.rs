@@ -269,8 +269,9 @@ pub trait Dialect: Send + Sync + Sized + 'static {
 
     /// On the session that holds plain lock `id` for `token`: records the
     /// hold, its `fence` and `value`, in the holders' table, live while
-    /// the session holds `token`'s entry lock (taken here if `first`; the
-    /// server's session locks stack, so it is taken once per hold).
+    /// the session holds `token`'s entry lock (taken here unless the
+    /// session holds it already: the server's session locks stack, and
+    /// [`disclaim`](Dialect::disclaim) releases it once).
     fn proclaim<'a>(
         &'a self,
         conn: &'a mut Self::Conn,
@@ -278,14 +279,14 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         token: &'a Token,
         fence: i64,
         value: &'a [u8],
-        first: bool,
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        let _ = (conn, id, token, fence, value, first);
+        let _ = (conn, id, token, fence, value);
         Box::pin(std::future::ready(Err(no_holders())))
     }
 
     /// On the same session, before the plain lock is released: deletes
-    /// the hold's record and releases its entry lock.
+    /// the hold's record and releases its entry lock. Harmless when the
+    /// hold recorded nothing (a proclaim dropped before it was sent).
     fn disclaim<'a>(
         &'a self,
         conn: &'a mut Self::Conn,

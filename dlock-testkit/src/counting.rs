@@ -149,6 +149,13 @@ impl Backend for CountingBackend {
     fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
         self.inner.holder(key)
     }
+    fn holder_changed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        seen: Option<&'a Holder>,
+    ) -> BoxFuture<'a, Result<()>> {
+        self.inner.holder_changed(key, seen)
+    }
 }
 
 /// Counts a renewal as answered when dropped: returned or abandoned.

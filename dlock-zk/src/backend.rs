@@ -949,15 +949,16 @@ impl Backend for ZkBackend {
     /// lock knows its node, and the node goes with the hold.
     fn proclaim<'a>(
         &'a self,
-        _key: &'a LockKey,
+        key: &'a LockKey,
         token: &'a Token,
         value: &'a [u8],
     ) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
+            let parent = parent_of(self.inner.config.path(), key, Mode::Exclusive);
             let held = self
                 .owned()
                 .get(token)
-                .filter(|o| o.granted)
+                .filter(|o| o.granted && o.parent == parent)
                 .and_then(|o| Some((o.path.clone()?, o.session.clone())));
             let Some((path, session)) = held else {
                 return Ok(false);
@@ -991,7 +992,10 @@ impl Backend for ZkBackend {
                     Err(e) => return Err(backend_error(e)),
                 };
                 children.retain(|c| mode_of(c) == Some(Mode::Exclusive));
-                let Some(first) = children.into_iter().min_by_key(|c| sequence(c)) else {
+                let Some(first) = children
+                    .into_iter()
+                    .min_by_key(|c| sequence(c).unwrap_or(i64::MAX))
+                else {
                     return Ok(None);
                 };
                 match client.get_data(&format!("{parent}/{first}")).await {
@@ -1004,6 +1008,77 @@ impl Backend for ZkBackend {
                 }
             }
             Err(backend_error(last))
+        })
+    }
+
+    /// Watches armed by the reads that compare: the parent's children (a
+    /// grant after a release, a node gone with its session; a waiter
+    /// joining wakes it for nothing), the first child's data (a proclaim,
+    /// its deletion), or the parent's creation when there is none.
+    fn holder_changed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        seen: Option<&'a Holder>,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let session = self.session().await?;
+            let client = session.client().map_err(backend_error)?;
+            let parent = parent_of(self.inner.config.path(), key, Mode::Exclusive);
+            // A first child deleted between the listing and its read is
+            // read past a few times; then the caller reads again.
+            for _ in 0..5 {
+                let (mut children, children_changed) =
+                    match client.list_and_watch_children(&parent).await {
+                        Ok(listed) => listed,
+                        Err(ZkError::NoNode) => {
+                            let (stat, created) = client
+                                .check_and_watch_stat(&parent)
+                                .await
+                                .map_err(backend_error)?;
+                            if stat.is_some() {
+                                continue;
+                            }
+                            if seen.is_some() {
+                                return Ok(());
+                            }
+                            created.changed().await;
+                            return Ok(());
+                        }
+                        Err(e) => return Err(backend_error(e)),
+                    };
+                children.retain(|c| mode_of(c) == Some(Mode::Exclusive));
+                let Some(first) = children
+                    .into_iter()
+                    .min_by_key(|c| sequence(c).unwrap_or(i64::MAX))
+                else {
+                    if seen.is_some() {
+                        return Ok(());
+                    }
+                    children_changed.changed().await;
+                    return Ok(());
+                };
+                let read = client
+                    .get_and_watch_data(&format!("{parent}/{first}"))
+                    .await;
+                let (data, stat, data_changed) = match read {
+                    Ok(read) => read,
+                    Err(ZkError::NoNode) => continue,
+                    Err(e) => return Err(backend_error(e)),
+                };
+                let current = Holder::new(
+                    Some(u64::try_from(stat.czxid).unwrap_or(0)),
+                    proclaimed(&data),
+                );
+                if Some(&current) != seen {
+                    return Ok(());
+                }
+                tokio::select! {
+                    _ = children_changed.changed() => {}
+                    _ = data_changed.changed() => {}
+                }
+                return Ok(());
+            }
+            Ok(())
         })
     }
 }

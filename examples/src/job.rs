@@ -307,8 +307,9 @@ pub async fn run_scheduler(
         tokio::time::sleep_until(epoch + config.period * tick as u32).await;
         // Asked at the tick: a leader whose lease ran out says no.
         let outcome = match election.term() {
+            // A read that fails names nobody: it must not end the schedule.
             None => Outcome::Following {
-                leader: election.leader().await?.and_then(|leader| {
+                leader: election.leader().await.ok().flatten().and_then(|leader| {
                     leader
                         .value
                         .map(|name| String::from_utf8_lossy(&name).into_owned())

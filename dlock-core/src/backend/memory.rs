@@ -65,6 +65,9 @@ pub struct MemoryBackend {
 #[derive(Default)]
 struct Server {
     state: Mutex<State>,
+    /// Woken when a plain lock is granted or released, or its holder
+    /// proclaims (see [`Backend::holder_changed`]).
+    holders_changed: Notify,
 }
 
 #[derive(Default)]
@@ -223,6 +226,24 @@ impl MemoryBackend {
         Self::default()
     }
 
+    /// Wakes the holder watches if `mode` is a plain lock's.
+    fn holders_changed(&self, mode: Mode) {
+        if Kind::of(mode) == Kind::Lock {
+            self.server.holders_changed.notify_waiters();
+        }
+    }
+
+    /// The plain lock's holder of `key` now, and when its lease ends.
+    fn current_holder(state: &mut State, key: &LockKey) -> Option<(Holder, Instant)> {
+        let entry = state.keys.get_mut(&(Kind::Lock, key.clone()))?;
+        entry.expire(Instant::now());
+        let hold = entry.holders.first()?;
+        Some((
+            Holder::new(Some(hold.fence), hold.value.clone()),
+            hold.expires,
+        ))
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         // No critical section here can panic halfway; a poisoned lock only
         // means a panic elsewhere on a thread that held it.
@@ -267,7 +288,9 @@ impl MemoryBackend {
             entry.expire(now);
             entry.check_limit(key, mode)?;
             if entry.queue.is_empty() && entry.admits(mode, &[]) {
-                return Ok(Some(state.grant(&req, now)));
+                let granted = state.grant(&req, now);
+                self.holders_changed(mode);
+                return Ok(Some(granted));
             }
             entry.queue.push_back(Waiter {
                 token: *req.token,
@@ -297,6 +320,7 @@ impl MemoryBackend {
                     entry.queue.remove(index);
                     place.queued = false;
                     let granted = state.grant(&req, now);
+                    self.holders_changed(mode);
                     // Those behind may be admitted too now (readers, permits),
                     // and the new head must watch the holders' expiry.
                     state.entry(key, mode).wake();
@@ -383,6 +407,7 @@ impl Backend for MemoryBackend {
             entry.expire(now);
             entry.check_limit(req.key, req.mode)?;
             let granted = if entry.queue.is_empty() && entry.admits(req.mode, &[]) {
+                self.holders_changed(req.mode);
                 Some(state.grant(&req, now))
             } else {
                 None
@@ -408,6 +433,7 @@ impl Backend for MemoryBackend {
             entry.holders.retain(|h| h.token != *token);
             let outcome = if entry.holders.len() < before {
                 entry.wake();
+                self.holders_changed(mode);
                 ReleaseOutcome::Released
             } else {
                 ReleaseOutcome::NotHeld
@@ -459,21 +485,53 @@ impl Backend for MemoryBackend {
             };
             entry.expire(Instant::now());
             let hold = entry.holders.iter_mut().find(|h| h.token == *token);
-            Ok(hold.map(|h| h.value = Some(value.to_vec())).is_some())
+            let written = hold.map(|h| h.value = Some(value.to_vec())).is_some();
+            if written {
+                self.holders_changed(Mode::Exclusive);
+            }
+            Ok(written)
         })
     }
 
     fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
         Box::pin(async move {
             let mut state = self.state();
-            let Some(entry) = state.keys.get_mut(&(Kind::Lock, key.clone())) else {
-                return Ok(None);
+            Ok(Self::current_holder(&mut state, key).map(|(holder, _)| holder))
+        })
+    }
+
+    /// Woken by every grant, release and proclaim of a plain lock (of any
+    /// key: this is one process), and at the end of the holder's lease,
+    /// which runs out with nobody told.
+    fn holder_changed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        seen: Option<&'a Holder>,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let woken = self.server.holders_changed.notified();
+            tokio::pin!(woken);
+            let ends = {
+                let mut state = self.state();
+                // Armed under the state lock: no change can slip between
+                // this read and the wait.
+                woken.as_mut().enable();
+                let current = Self::current_holder(&mut state, key);
+                if current.as_ref().map(|(holder, _)| holder) != seen {
+                    return Ok(());
+                }
+                current.map(|(_, ends)| ends)
             };
-            entry.expire(Instant::now());
-            Ok(entry
-                .holders
-                .first()
-                .map(|h| Holder::new(Some(h.fence), h.value.clone())))
+            match ends {
+                Some(ends) => {
+                    tokio::select! {
+                        () = woken => {}
+                        () = tokio::time::sleep_until(ends) => {}
+                    }
+                }
+                None => woken.await,
+            }
+            Ok(())
         })
     }
 }

@@ -142,8 +142,9 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 
     /// Publishes `value` as what the holder of `key`'s exclusive lock
     /// says, for [`holder`](Backend::holder) to read, if `token` holds it
-    /// now; in one atomic step on the server, checked by the token as a
-    /// release is. Returns whether it was written (`false`: the token does
+    /// now: checked by the token in the same atomic step as the write,
+    /// on the server where the server keeps tokens (Redis, etcd), or on
+    /// the session or node that holds the lock (ZooKeeper, SQL). Returns whether it was written (`false`: the token does
     /// not hold the lock, and nothing was changed). Call it on the client
     /// that took the lock: a backend may know its own holds only.
     ///
@@ -184,8 +185,9 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 
     /// Who holds `key`'s exclusive lock now: its fencing token and what it
     /// [proclaimed](Backend::proclaim), or `None` if nobody does. One read,
-    /// not a wait; a lock handed to a waiter that has not taken it yet
-    /// counts as free.
+    /// not a wait. Held is what the server says: on Redis a lock handed to
+    /// a waiter that has not taken it yet is free; on etcd and ZooKeeper
+    /// the first in line holds it from the moment it is first.
     ///
     /// The default answers [`LockError::Unsupported`](crate::LockError::Unsupported).
     ///
@@ -210,7 +212,52 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         let _ = key;
         Box::pin(std::future::ready(Err(unsupported_holder(self.name()))))
     }
+
+    /// Completes when `key`'s holder, or what it proclaimed, may no longer
+    /// be `seen` (what [`holder`](Backend::holder) last read): at once if
+    /// it differs already. [`Locker::observe`](crate::Locker::observe)
+    /// reads the holder again each time it completes, so it may complete
+    /// when nothing changed, but must not stay pending past a change:
+    /// arm the wake-up before the read that compares with `seen`.
+    ///
+    /// A backend whose server can tell (a watch, a message) is woken by
+    /// it, and at the end of the holder's lease, which runs out with
+    /// nobody told. The default, for a backend whose server cannot, waits
+    /// [`HOLDER_POLL`] and completes: the holder is read once per period.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// use dlock_core::{backend::Backend, BackendExt, LockKey, MemoryBackend};
+    ///
+    /// let server = MemoryBackend::new();
+    /// let key = LockKey::new("leader")?;
+    /// let seen = server.holder(&key).await?;
+    /// let changed = server.holder_changed(&key, seen.as_ref());
+    /// let guard = server.clone().into_locker().lock("leader").await?;
+    /// changed.await?; // woken by the grant
+    /// assert!(server.holder(&key).await?.is_some());
+    /// # drop(guard);
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn holder_changed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        seen: Option<&'a Holder>,
+    ) -> BoxFuture<'a, Result<()>> {
+        let _ = (key, seen);
+        Box::pin(async {
+            tokio::time::sleep(HOLDER_POLL).await;
+            Ok(())
+        })
+    }
 }
+
+/// How often [`Backend::holder_changed`]'s default reads the holder again.
+pub const HOLDER_POLL: Duration = Duration::from_millis(500);
 
 /// What [`Backend::proclaim`] and [`Backend::holder`] answer by default,
 /// and a backend that can read holders in some setups only answers in the
@@ -308,6 +355,13 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
         (**self).holder(key)
+    }
+    fn holder_changed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        seen: Option<&'a Holder>,
+    ) -> BoxFuture<'a, Result<()>> {
+        (**self).holder_changed(key, seen)
     }
 }
 

@@ -193,6 +193,22 @@ pub async fn a_proclaimed_value_lives_exactly_as_long_as_its_hold(h: &Harness) {
         h.name
     );
 
+    // The same client holds the key again (on SQL, on the same session):
+    // the last hold's value is not this one's, nor is a value whose
+    // proclaim was dropped in flight once this hold is released.
+    for round in 0..2 {
+        let again = must(h, "lock again", first.lock(&name).await);
+        unproclaimed(
+            h,
+            holder(h, &second, &key).await,
+            again.fencing_token(),
+            &format!("round {round}: the same client's last hold's value outlived it"),
+        );
+        let cut_short = backend1.proclaim(&key, again.token(), b"cut short");
+        let _ = tokio::time::timeout(Duration::ZERO, cut_short).await;
+        must(h, "release again", again.release().await);
+    }
+
     let g2 = must(h, "second lock", second.lock(&name).await);
     let fence2 = g2.fencing_token();
     unproclaimed(
@@ -356,4 +372,120 @@ pub async fn a_proclaimed_value_lasts_while_the_lock_is_renewed(h: &Harness) {
     }
     assert!(!guard.is_lost(), "[{}] the renewed guard was lost", h.name);
     must(h, "release", guard.release().await);
+}
+
+/// A follower outside the election observes every change of leader, in
+/// order, woken by the change: each leader with its term and value as it
+/// is elected, and nobody once everyone resigned.
+pub async fn followers_observe_every_change_of_leader(h: &Harness) {
+    let name = h.key("watched");
+    if !holders_offered(
+        h,
+        &LockKey::new(format!("election:{name}")).expect("valid key"),
+    )
+    .await
+    {
+        return;
+    }
+    let follower = h.locker().await;
+    let mut leaders = must(h, "observe", follower.observe(&name).await);
+    assert_eq!(
+        *leaders.borrow_and_update(),
+        None,
+        "[{}] a leader before any candidate",
+        h.name
+    );
+    // Everything the follower was shown, in order.
+    let mut shown = leaders.clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let log = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        tokio::pin!(stopped);
+        loop {
+            tokio::select! {
+                biased;
+                changed = shown.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                }
+                _ = &mut stopped => break,
+            }
+            let leader = shown.borrow_and_update().clone();
+            seen.push(leader.map(|l| (l.term, l.value)));
+        }
+        seen
+    });
+    let shows = |term: u64, value: &'static str| {
+        let mut leaders = leaders.clone();
+        async move {
+            let wanted = Some((term, Some(value.as_bytes().to_vec())));
+            let shown =
+                leaders.wait_for(|l| l.as_ref().map(|l| (l.term, l.value.clone())) == wanted);
+            let shown = matches!(tokio::time::timeout(PATIENCE, shown).await, Ok(Ok(_)));
+            assert!(
+                shown,
+                "[{}] the follower was not shown term {term} led by {value} within {PATIENCE:?}: {:?}",
+                h.name,
+                *leaders.borrow()
+            );
+        }
+    };
+    let mut candidates = Vec::new();
+    for node in ["node-a", "node-b", "node-c"] {
+        let election = must(h, "a candidate", h.locker().await.elect(&name));
+        must(
+            h,
+            "proclaim",
+            election.proclaim(format!("{node}:start")).await,
+        );
+        candidates.push((node, election));
+        if candidates.len() == 1 {
+            let term = must(h, "the first leads", candidates[0].1.leading().await);
+            shows(term, "node-a:start").await;
+        }
+    }
+    // Once the others stand in line, only the leader's new value changes:
+    // the follower must be woken by that alone.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for (node, election) in &candidates {
+        must(h, "proclaim again", election.proclaim(*node).await);
+    }
+    let mut terms = Vec::new();
+    for _ in 0..3 {
+        let at = candidates
+            .iter()
+            .position(|(_, e)| e.is_leader())
+            .unwrap_or_else(|| panic!("[{}] no candidate leads", h.name));
+        let (node, leader) = candidates.remove(at);
+        let term = leader.term().expect("a leader's term");
+        shows(term, node).await;
+        terms.push(term);
+        must(h, "the leader resigns", leader.resign().await);
+        if let Some((_, next)) = candidates.first() {
+            must(h, "the next leads", next.leading().await);
+        }
+    }
+    let nobody = tokio::time::timeout(PATIENCE, leaders.wait_for(Option::is_none)).await;
+    assert!(
+        matches!(nobody, Ok(Ok(_))),
+        "[{}] the follower was not shown that nobody leads",
+        h.name
+    );
+    let _ = stop.send(());
+    let seen = log.await.expect("the follower's log");
+    let shown_terms: Vec<u64> = seen.iter().flatten().map(|(term, _)| *term).collect();
+    let mut distinct = shown_terms.clone();
+    distinct.dedup();
+    assert_eq!(
+        distinct, terms,
+        "[{}] the leaders shown, in order: {seen:?}",
+        h.name
+    );
+    assert_eq!(
+        seen.last(),
+        Some(&None),
+        "[{}] the last thing shown: {seen:?}",
+        h.name
+    );
 }

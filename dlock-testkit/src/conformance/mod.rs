@@ -256,6 +256,7 @@ macro_rules! conformance_tests {
             a_proclaimed_value_lives_exactly_as_long_as_its_hold,
             followers_read_the_leader_and_its_value,
             a_proclaimed_value_lasts_while_the_lock_is_renewed,
+            followers_observe_every_change_of_leader,
         );
     };
     (@run [each $harness:expr] $($check:ident),* $(,)?) => {
