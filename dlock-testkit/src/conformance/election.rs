@@ -196,7 +196,7 @@ pub async fn a_proclaimed_value_lives_exactly_as_long_as_its_hold(h: &Harness) {
     // The same client holds the key again (on SQL, on the same session):
     // the last hold's value is not this one's, nor is a value whose
     // proclaim was dropped in flight once this hold is released.
-    for round in 0..2 {
+    for round in 0..8 {
         let again = must(h, "lock again", first.lock(&name).await);
         unproclaimed(
             h,
