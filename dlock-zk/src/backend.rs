@@ -186,6 +186,15 @@ fn proclaimed(data: &[u8]) -> Option<Vec<u8>> {
     }
 }
 
+/// The child of a plain lock's parent that holds it: the first by
+/// sequence, as acquisition orders them (an unreadable name last).
+fn holding(children: Vec<String>) -> Option<String> {
+    children
+        .into_iter()
+        .filter(|c| mode_of(c) == Some(Mode::Exclusive))
+        .min_by_key(|c| sequence(c).unwrap_or(i64::MAX))
+}
+
 /// The first byte of a proclaimed node's data.
 const PROCLAIMED: u8 = 1;
 
@@ -986,16 +995,12 @@ impl Backend for ZkBackend {
             let parent = parent_of(self.inner.config.path(), key, Mode::Exclusive);
             let mut last = ZkError::NoNode;
             for _ in 0..5 {
-                let mut children = match client.list_children(&parent).await {
+                let children = match client.list_children(&parent).await {
                     Ok(children) => children,
                     Err(ZkError::NoNode) => return Ok(None),
                     Err(e) => return Err(backend_error(e)),
                 };
-                children.retain(|c| mode_of(c) == Some(Mode::Exclusive));
-                let Some(first) = children
-                    .into_iter()
-                    .min_by_key(|c| sequence(c).unwrap_or(i64::MAX))
-                else {
+                let Some(first) = holding(children) else {
                     return Ok(None);
                 };
                 match client.get_data(&format!("{parent}/{first}")).await {
@@ -1027,7 +1032,7 @@ impl Backend for ZkBackend {
             // A first child deleted between the listing and its read is
             // read past a few times; then the caller reads again.
             for _ in 0..5 {
-                let (mut children, children_changed) =
+                let (children, children_changed) =
                     match client.list_and_watch_children(&parent).await {
                         Ok(listed) => listed,
                         Err(ZkError::NoNode) => {
@@ -1046,11 +1051,7 @@ impl Backend for ZkBackend {
                         }
                         Err(e) => return Err(backend_error(e)),
                     };
-                children.retain(|c| mode_of(c) == Some(Mode::Exclusive));
-                let Some(first) = children
-                    .into_iter()
-                    .min_by_key(|c| sequence(c).unwrap_or(i64::MAX))
-                else {
+                let Some(first) = holding(children) else {
                     if seen.is_some() {
                         return Ok(());
                     }
