@@ -377,6 +377,59 @@ async fn campaign(shared: Arc<Shared>, role: watch::Sender<Role>) {
     role.send_replace(Role::Resigned);
 }
 
+/// Completes when the role is no longer `Leader { term }`: why, or
+/// `None` if the candidate resigned.
+async fn ended(mut roles: watch::Receiver<Role>, term: u64) -> Option<LostReason> {
+    let ended = roles
+        .wait_for(|r| !matches!(r, Role::Leader { term: t } if *t == term))
+        .await
+        .map(|r| r.clone());
+    match ended {
+        Ok(Role::Deposed { reason, .. }) => Some(reason),
+        _ => None,
+    }
+}
+
+/// One leadership of an [`Election`], from [`Election::lead`]: its term,
+/// whether it still holds, and its end.
+pub struct Leadership {
+    term: u64,
+    shared: Arc<Shared>,
+    roles: watch::Receiver<Role>,
+}
+
+impl Leadership {
+    /// The term: the fencing token to write with.
+    pub fn term(&self) -> u64 {
+        self.term
+    }
+
+    /// Whether this leadership still holds: the candidate leads in this
+    /// term, and its lease has not run out by its own clock (checked now).
+    pub fn is_current(&self) -> bool {
+        lock(&self.shared.leading)
+            .as_ref()
+            .filter(|guard| !guard.is_lost())
+            .and_then(LockGuard::fencing_token)
+            == Some(self.term)
+    }
+
+    /// Completes when this leadership ends: why it was lost, or `None` if
+    /// the candidate resigned (at once if it ended already).
+    pub async fn lost(&self) -> Option<LostReason> {
+        ended(self.roles.clone(), self.term).await
+    }
+}
+
+impl fmt::Debug for Leadership {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Leadership")
+            .field("term", &self.term)
+            .field("current", &self.is_current())
+            .finish()
+    }
+}
+
 /// A candidate in a leader election: see [`Locker::elect`].
 ///
 /// Dropping it resigns (the leadership's lock is released in the
@@ -525,14 +578,42 @@ impl Election {
         let Role::Leader { term } = current else {
             return None;
         };
-        let ended = roles
-            .wait_for(|r| !matches!(r, Role::Leader { term: t } if *t == term))
-            .await
-            .map(|r| r.clone());
-        match ended {
-            Ok(Role::Deposed { reason, .. }) => Some(reason),
-            _ => None,
-        }
+        ended(roles, term).await
+    }
+
+    /// Waits until this candidate leads, and returns that leadership: its
+    /// term, whether it still holds, and its end. A handle only: the
+    /// leadership lasts until it is lost or the candidate resigns, whether
+    /// or not the handle is kept.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`] if the candidate resigned first.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{Locker, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let election = Locker::new(MemoryBackend::new()).elect("scheduler")?;
+    /// let leadership = election.lead().await?;
+    /// assert!(leadership.is_current());
+    /// // ... work, writing with leadership.term() as the fence ...
+    /// election.resign().await?;
+    /// assert!(!leadership.is_current());
+    /// assert_eq!(leadership.lost().await, None); // resigned, not lost
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn lead(&self) -> Result<Leadership> {
+        let term = self.leading().await?;
+        Ok(Leadership {
+            term,
+            shared: self.shared.clone(),
+            roles: self.roles.clone(),
+        })
     }
 
     /// Resigns: leaves the election, releasing the leadership if it holds

@@ -314,7 +314,24 @@ pub async fn followers_read_the_leader_and_its_value(h: &Harness) {
         h.name
     );
 
+    let leadership = must(h, "a's leadership", a.lead().await);
+    assert!(
+        leadership.term() == term_a && leadership.is_current(),
+        "[{}] {leadership:?} in term {term_a}",
+        h.name
+    );
     must(h, "a resigns", a.resign().await);
+    assert!(
+        !leadership.is_current(),
+        "[{}] a resigned leadership holds",
+        h.name
+    );
+    let ended = tokio::time::timeout(PATIENCE, leadership.lost()).await;
+    assert!(
+        matches!(ended, Ok(None)),
+        "[{}] a resignation ended the leadership as {ended:?}",
+        h.name
+    );
     let term_b = must(h, "b leads", b.leading().await);
     assert!(term_b > term_a, "[{}] term {term_b} after {term_a}", h.name);
     let leader = read("b leads").await.expect("a leader");
@@ -493,4 +510,72 @@ pub async fn followers_observe_every_change_of_leader(h: &Harness) {
         "[{}] the last thing shown: {seen:?}",
         h.name
     );
+}
+
+/// A leader whose lock is taken from it (released behind its back with
+/// its own token, through its own client) is told: its leadership ends as
+/// lost within a lease, it says so, and another candidate leads with a
+/// greater term.
+pub async fn a_deposed_leader_is_told(h: &Harness) {
+    if !offered(h).await {
+        return;
+    }
+    let name = h.key("deposed");
+    let lease = Duration::from_secs(3);
+    let client = h.locker_with(|b| b.watchdog_lease(lease)).await;
+    let leader = must(h, "a candidate", client.elect(&name));
+    let leadership = must(h, "it leads", leader.lead().await);
+    let other = must(h, "another candidate", h.locker().await.elect(&name));
+    let key = LockKey::new(format!("election:{name}")).expect("valid key");
+    let token = leader.token().expect("the leader's token");
+    // The answer may be `NotHeld`: on a backend that tells the guard as
+    // the release starts (etcd), the deposed campaign's own release of the
+    // dropped guard can delete the key first. Either way the lock is gone,
+    // which the next leader's term shows below.
+    must(
+        h,
+        "release behind the leader's back",
+        client
+            .backend()
+            .release(&key, dlock_core::backend::Mode::Exclusive, &token)
+            .await,
+    );
+    let told = tokio::time::timeout(PATIENCE, leadership.lost()).await;
+    assert!(
+        matches!(told, Ok(Some(_))),
+        "[{}] the deposed leader was not told: {told:?}",
+        h.name
+    );
+    assert!(
+        !leadership.is_current() && !leader.is_leader(),
+        "[{}] the deposed leader still says it leads",
+        h.name
+    );
+    assert!(
+        matches!(leader.role(), Role::Deposed { term, .. } if term == leadership.term()),
+        "[{}] the deposed leader's role: {:?}",
+        h.name,
+        leader.role()
+    );
+    // The next leader (either candidate: the deposed one campaigns again,
+    // and may stand first in line) leads with a greater term.
+    let started = Instant::now();
+    let next = loop {
+        let next = other.term().or_else(|| leader.term());
+        if next.is_some() || started.elapsed() > PATIENCE {
+            break next;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let Some(next) = next else {
+        panic!("[{}] nobody led after the deposition", h.name);
+    };
+    assert!(
+        next > leadership.term(),
+        "[{}] term {next} after {}",
+        h.name,
+        leadership.term()
+    );
+    must(h, "resign", other.resign().await);
+    must(h, "resign", leader.resign().await);
 }

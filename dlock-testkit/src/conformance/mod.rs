@@ -257,6 +257,7 @@ macro_rules! conformance_tests {
             followers_read_the_leader_and_its_value,
             a_proclaimed_value_lasts_while_the_lock_is_renewed,
             followers_observe_every_change_of_leader,
+            a_deposed_leader_is_told,
         );
     };
     (@run [each $harness:expr] $($check:ident),* $(,)?) => {
