@@ -195,6 +195,17 @@ fn holding(children: Vec<String>) -> Option<String> {
         .min_by_key(|c| sequence(c).unwrap_or(i64::MAX))
 }
 
+/// Brings the server this session reads from up to date with the leader
+/// (`sync`): a follower serves reads from its own copy, which may lag, so
+/// without it a holder released through another server could still be
+/// read as holding.
+async fn synced(client: &Client, path: &str) -> Result<()> {
+    match client.sync(path).await {
+        Ok(()) | Err(ZkError::NoNode) => Ok(()),
+        Err(e) => Err(backend_error(e)),
+    }
+}
+
 /// The first byte of a proclaimed node's data.
 const PROCLAIMED: u8 = 1;
 
@@ -993,6 +1004,7 @@ impl Backend for ZkBackend {
             let session = self.session().await?;
             let client = session.client().map_err(backend_error)?;
             let parent = parent_of(self.inner.config.path(), key, Mode::Exclusive);
+            synced(&client, &parent).await?;
             let mut last = ZkError::NoNode;
             for _ in 0..5 {
                 let children = match client.list_children(&parent).await {
@@ -1029,6 +1041,7 @@ impl Backend for ZkBackend {
             let session = self.session().await?;
             let client = session.client().map_err(backend_error)?;
             let parent = parent_of(self.inner.config.path(), key, Mode::Exclusive);
+            synced(&client, &parent).await?;
             // A first child deleted between the listing and its read is
             // read past a few times; then the caller reads again.
             for _ in 0..5 {
