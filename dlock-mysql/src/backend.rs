@@ -226,11 +226,12 @@ impl MySqlDialect {
 
 impl MySqlDialect {
     /// The entries of the key named by `id` numbered up to `number` (SQL
-    /// expressions), each live while its owner's session holds its entry
-    /// lock, as `QueueEntry::read_rows` reads them.
+    /// expressions), each live while the session that added it (by its
+    /// connection id) holds its entry lock, as `QueueEntry::read_rows`
+    /// reads them.
     fn ahead_query(&self, id: &str, number: &str) -> String {
         format!(
-            "SELECT n, mode, owner, CAST(IS_USED_LOCK(owner) IS NOT NULL AS SIGNED) \
+            "SELECT n, mode, owner, CAST(COALESCE(IS_USED_LOCK(owner) = session, 0) AS SIGNED) \
              FROM {} WHERE lock_id = {id} AND n <= {number} ORDER BY n",
             self.queue
         )
@@ -303,7 +304,8 @@ impl Dialect for MySqlDialect {
             let request = format!(
                 "SET @dlock_e = GET_LOCK('{entry}', 0); \
                  SET @dlock_q = GET_LOCK('{id}', {ENQUEUE_TIMEOUT_SECS}); \
-                 INSERT INTO {queue} (lock_id, mode, owner) SELECT '{id}', '{tag}', '{entry}' \
+                 INSERT INTO {queue} (lock_id, mode, owner, session) \
+                 SELECT '{id}', '{tag}', '{entry}', CONNECTION_ID() \
                  FROM DUAL WHERE @dlock_e = 1 AND @dlock_q = 1; \
                  SET @dlock_n = IF(ROW_COUNT() = 1, CAST(LAST_INSERT_ID() AS SIGNED), NULL); \
                  DO RELEASE_LOCK('{id}'); \
@@ -430,7 +432,8 @@ impl Dialect for MySqlDialect {
             let queue = format!(
                 "CREATE TABLE IF NOT EXISTS {} (n BIGINT AUTO_INCREMENT PRIMARY KEY, \
                  lock_id VARCHAR(64) NOT NULL, mode VARCHAR(32) NOT NULL, \
-                 owner VARCHAR(64) NOT NULL, KEY (lock_id, n), KEY (owner)) ENGINE = InnoDB",
+                 owner VARCHAR(64) NOT NULL, session BIGINT NOT NULL, \
+                 KEY (lock_id, n), KEY (owner)) ENGINE = InnoDB",
                 self.queue
             );
             conn.execute(queue.as_str()).await?;

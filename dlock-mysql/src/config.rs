@@ -58,11 +58,29 @@ pub enum FenceSource {
 /// assert_eq!(config.fence(), FenceSource::Off);
 /// # Ok::<(), dlock_core::LockError>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct MySqlConfig {
     options: MySqlConnectOptions,
     settings: SqlSettings,
     fence: FenceSource,
+}
+
+/// Shows where it connects and as whom, never the password (the driver's
+/// own options print it).
+impl std::fmt::Debug for MySqlConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let o = &self.options;
+        f.debug_struct("MySqlConfig")
+            .field("host", &o.get_host())
+            .field("port", &o.get_port())
+            .field("socket", &o.get_socket())
+            .field("username", &o.get_username())
+            .field("database", &o.get_database())
+            .field("ssl_mode", &o.get_ssl_mode())
+            .field("settings", &self.settings)
+            .field("fence", &self.fence)
+            .finish_non_exhaustive()
+    }
 }
 
 fn invalid(url: &str, why: &str) -> LockError {
@@ -312,5 +330,37 @@ mod tests {
         let short = LockKey::new("k").unwrap();
         assert_eq!(object_name("dlock", "%rw:", &short), "dlock:%rw:k");
         assert_eq!(widest.len(), 64);
+    }
+
+    #[test]
+    fn never_prints_the_password() {
+        let config =
+            MySqlConfig::from_url("mysql://app:s3cr%40t@db:1/orders?session_timeout=4s&fence=off")
+                .unwrap();
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("s3cr"), "{shown}");
+        assert!(
+            shown.contains("\"app\"") && shown.contains("\"db\""),
+            "{shown}"
+        );
+        for bad in [
+            "mysql://app:s3cret@h:port/d",
+            "mysql://app:s3cret@h:1/d?session_timeout=10",
+            "mysql://app:s3cret@h:1/d?lock_prefix=Bad",
+            "mysql://app:s3cret@h:1/d?unknown_driver_option=1",
+            "mysql://app:s3cr%4@h:1/d",
+        ] {
+            match MySqlConfig::from_url(bad) {
+                Ok(config) => {
+                    let shown = format!("{config:?}");
+                    assert!(!shown.contains("s3cr"), "{bad}: {shown}");
+                }
+                Err(e) => {
+                    for shown in [e.to_string(), format!("{e:?}")] {
+                        assert!(!shown.contains("s3cr"), "{bad}: {shown}");
+                    }
+                }
+            }
+        }
     }
 }

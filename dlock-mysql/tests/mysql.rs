@@ -302,3 +302,56 @@ async fn a_backend_from_the_applications_pool_shares_the_locks() {
     let by_url = locker(&server.url()).await;
     dlock_testkit::assert_locks_are_shared(&own, &by_url).await;
 }
+
+/// Every client session ended by the server (`KILL`) while one client
+/// holds a lock kept in the queue table (a write lock, then a 1-permit
+/// semaphore) and another waits for it: the waiter gets it once the
+/// holder's session is gone, and the key is not wedged for a third client
+/// (see `check_a_queued_wait_outlives_ended_sessions`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_wait_outlives_ended_sessions() {
+    use dlock_core::backend::Mode;
+    let server = MariaDbServer::start().expect("start MariaDB");
+    let url = format!("{}?session_timeout=3s", server.url());
+    for mode in [Mode::Write, Mode::Permits { count: 1, limit: 1 }] {
+        let (holder, waiter, third) = (locker(&url).await, locker(&url).await, locker(&url).await);
+        let admin = server.url();
+        let end_sessions = async move {
+            use sqlx::{Connection, Executor};
+            let mut conn = sqlx::MySqlConnection::connect(&admin)
+                .await
+                .expect("connect");
+            let ids: Vec<i64> = sqlx::query_scalar(
+                "SELECT CAST(ID AS SIGNED) FROM information_schema.PROCESSLIST \
+                 WHERE ID <> CONNECTION_ID() AND USER = SUBSTRING_INDEX(USER(), '@', 1)",
+            )
+            .fetch_all(&mut conn)
+            .await
+            .expect("the process list");
+            assert!(ids.len() >= 3, "only {} sessions to end", ids.len());
+            for id in ids {
+                // A session may end on its own meanwhile.
+                let _ = conn.execute(format!("KILL CONNECTION {id}").as_str()).await;
+            }
+        };
+        database_faults::check_a_queued_wait_outlives_ended_sessions(
+            &holder,
+            waiter,
+            &third,
+            mode,
+            end_sessions,
+        )
+        .await;
+    }
+}
+
+/// A lock won by waiting frees its waiter slot at the grant: with
+/// `max_waiters=1`, a client that holds such a lock can still wait for
+/// another key (see `check_a_lock_won_by_waiting_frees_its_waiter_slot`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_won_by_waiting_frees_its_waiter_slot() {
+    let server = MariaDbServer::start().expect("start the server");
+    let waits = locker(&format!("{}?max_waiters=1", server.url())).await;
+    let other = locker(&server.url()).await;
+    database_faults::check_a_lock_won_by_waiting_frees_its_waiter_slot(&waits, &other).await;
+}

@@ -22,13 +22,14 @@ const READ_WRITE_SALT: i64 = 0x5257;
 const SEMAPHORE_SALT: i64 = 0x0053_454d;
 
 /// The entries of semaphore `id` in `queue` numbered up to `number` (SQL
-/// expressions), each live while its owner's session holds its entry lock
-/// (`pg_locks`), as `QueueEntry::read_rows` reads them.
+/// expressions), each live while the session that added it (by its
+/// process id) holds its entry lock (`pg_locks`), as
+/// `QueueEntry::read_rows` reads them.
 fn ahead(queue: &str, id: &str, number: &str) -> String {
     format!(
         "SELECT q.n, q.mode, q.owner::text, (EXISTS (SELECT 1 FROM pg_locks l \
          WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
-         AND l.database = d.oid \
+         AND l.database = d.oid AND l.pid = q.pid \
          AND l.classid::bigint = (q.owner >> 32) & 4294967295 \
          AND l.objid::bigint = q.owner & 4294967295))::int::bigint \
          FROM {queue} q, (SELECT oid FROM pg_database \
@@ -222,7 +223,8 @@ impl PgBackend {
                 "CREATE SEQUENCE IF NOT EXISTS {sequence}; \
                  CREATE TABLE IF NOT EXISTS {queue} (\
                  n BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, \
-                 lock_id BIGINT NOT NULL, mode TEXT NOT NULL, owner BIGINT NOT NULL); \
+                 lock_id BIGINT NOT NULL, mode TEXT NOT NULL, owner BIGINT NOT NULL, \
+                 pid INT NOT NULL); \
                  CREATE INDEX IF NOT EXISTS {queue}_lock ON {queue} (lock_id, n); \
                  CREATE TABLE IF NOT EXISTS {holders} (\
                  lock_id BIGINT PRIMARY KEY, owner BIGINT NOT NULL, \
@@ -334,8 +336,9 @@ impl Dialect for PgDialect {
             let mine = format!("currval(pg_get_serial_sequence('{queue}', 'n'))");
             let request = format!(
                 "SELECT pg_advisory_xact_lock({id}); \
-                 INSERT INTO {queue} (lock_id, mode, owner) \
-                 SELECT {id}, '{tag}', {owner} WHERE pg_try_advisory_lock({owner}) \
+                 INSERT INTO {queue} (lock_id, mode, owner, pid) \
+                 SELECT {id}, '{tag}', {owner}, pg_backend_pid() \
+                 WHERE pg_try_advisory_lock({owner}) \
                  RETURNING n; {ahead}",
                 tag = mode.tag(),
                 ahead = ahead(queue, &id.to_string(), &mine),

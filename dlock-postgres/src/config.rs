@@ -42,10 +42,27 @@ use sqlx::postgres::PgConnectOptions;
 /// assert_eq!(config.lock_prefix(), "dlock");
 /// # Ok::<(), dlock_core::LockError>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PgConfig {
     options: PgConnectOptions,
     settings: SqlSettings,
+}
+
+/// Shows where it connects and as whom, never the password (the driver's
+/// own options print it).
+impl std::fmt::Debug for PgConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let o = &self.options;
+        f.debug_struct("PgConfig")
+            .field("host", &o.get_host())
+            .field("port", &o.get_port())
+            .field("socket", &o.get_socket())
+            .field("username", &o.get_username())
+            .field("database", &o.get_database())
+            .field("ssl_mode", &o.get_ssl_mode())
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
 }
 
 fn invalid(url: &str, why: &str) -> LockError {
@@ -167,5 +184,38 @@ mod tests {
         assert_ne!(lock_id("dlock", "order:42"), lock_id("other", "order:42"));
         assert_ne!(lock_id("dlock", "a"), lock_id("dlocka", ""));
         assert_eq!(lock_id("", ""), 0xaf63_bd4c_8601_b7df_u64 as i64);
+    }
+
+    #[test]
+    fn never_prints_the_password() {
+        let config = PgConfig::from_url(
+            "postgres://app:s3cr%40t@db:1/orders?session_timeout=4s&sslmode=prefer",
+        )
+        .unwrap();
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("s3cr"), "{shown}");
+        assert!(
+            shown.contains("\"app\"") && shown.contains("\"db\""),
+            "{shown}"
+        );
+        for bad in [
+            "postgres://app:s3cret@h:port/d",
+            "postgres://app:s3cret@h:1/d?session_timeout=10",
+            "postgres://app:s3cret@h:1/d?lock_prefix=Bad",
+            "postgres://app:s3cret@h:1/d?unknown_driver_option=1",
+            "postgres://app:s3cr%4@h:1/d",
+        ] {
+            match PgConfig::from_url(bad) {
+                Ok(config) => {
+                    let shown = format!("{config:?}");
+                    assert!(!shown.contains("s3cr"), "{bad}: {shown}");
+                }
+                Err(e) => {
+                    for shown in [e.to_string(), format!("{e:?}")] {
+                        assert!(!shown.contains("s3cr"), "{bad}: {shown}");
+                    }
+                }
+            }
+        }
     }
 }

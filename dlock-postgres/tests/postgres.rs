@@ -231,3 +231,47 @@ async fn a_backend_from_the_applications_pool_shares_the_locks() {
     let by_url = locker(&server.url()).await;
     dlock_testkit::assert_locks_are_shared(&own, &by_url).await;
 }
+
+/// Every client session ended by the server (`pg_terminate_backend`)
+/// while one client holds a 1-permit semaphore and another waits for it:
+/// the waiter gets the permit once the holder's session is gone, and the
+/// key is not wedged for a third client (see
+/// `check_a_queued_wait_outlives_ended_sessions`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_wait_outlives_ended_sessions() {
+    use sqlx::Connection;
+    let server = PostgresServer::start().expect("start PostgreSQL");
+    let url = format!("{}?session_timeout=3s", server.url());
+    let (holder, waiter, third) = (locker(&url).await, locker(&url).await, locker(&url).await);
+    let admin = server.url();
+    let end_sessions = async move {
+        let mut conn = sqlx::PgConnection::connect(&admin).await.expect("connect");
+        let ended: Vec<bool> = sqlx::query_scalar(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE application_name = 'dlock' AND pid <> pg_backend_pid()",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .expect("pg_terminate_backend");
+        assert!(ended.len() >= 3, "only {} sessions to end", ended.len());
+    };
+    database_faults::check_a_queued_wait_outlives_ended_sessions(
+        &holder,
+        waiter,
+        &third,
+        dlock_core::backend::Mode::Permits { count: 1, limit: 1 },
+        end_sessions,
+    )
+    .await;
+}
+
+/// A lock won by waiting frees its waiter slot at the grant: with
+/// `max_waiters=1`, a client that holds such a lock can still wait for
+/// another key (see `check_a_lock_won_by_waiting_frees_its_waiter_slot`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_won_by_waiting_frees_its_waiter_slot() {
+    let server = PostgresServer::start().expect("start the server");
+    let waits = locker(&format!("{}?max_waiters=1", server.url())).await;
+    let other = locker(&server.url()).await;
+    database_faults::check_a_lock_won_by_waiting_frees_its_waiter_slot(&waits, &other).await;
+}

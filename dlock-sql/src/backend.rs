@@ -55,10 +55,19 @@ const CONTENDED_FOR: Duration = Duration::from_secs(1);
 ///   second, which skips the try) takes a waiter session (at most
 ///   `max_waiters`, reused) and blocks on the server there, with the wait
 ///   limit as the statement's timeout; nothing polls. The waiter session
-///   then holds the lock until its release. A wait that is dropped ends its
+///   then holds the lock until its release (a connection per such lock),
+///   and gives its waiter slot back at the grant: `max_waiters` bounds
+///   waits, not holds. A wait that is dropped ends its
 ///   session from another one, so a grant that arrives after the caller
 ///   left cannot outlive it; an attempt dropped in flight is unlocked after
-///   it.
+///   it, by the statement's own task and only if the server granted it.
+/// - **Every undo matches its effect.** A session's holds of one key stack
+///   on the server (readers of one process share a session), so an unlock
+///   for a hold the session was never granted would remove another one's.
+///   An attempt's undo is armed from the server's answer, and a release
+///   takes its lock out of the books right before its statement is sent:
+///   a release cut off after that runs to its end, and the next one finds
+///   nothing to send.
 /// - **A dropped future never cuts a statement half-way** on a session
 ///   that holds locks: once sent, the statement runs to its end in a task
 ///   of its own, and the next one on the session follows it. A connection
@@ -130,10 +139,15 @@ struct Owned<D: Dialect> {
     /// When a fixed lease ends: the lock is not renewable from then on,
     /// though its release (sent then) may not have been answered yet.
     fixed_end: Option<Instant>,
-    /// The waiter slot of a lock held on a waiter session.
-    slot: Option<OwnedSemaphorePermit>,
+    /// Whether the lock is held on a waiter session (won by waiting),
+    /// which holds nothing else: back to the idle ones once released. Its
+    /// waiter slot was given back at the grant.
+    on_waiter: bool,
     /// The fencing token of the grant.
     fence: i64,
+    /// The token a queued mode's entry is named for: the lock's own, or
+    /// a retry's new one.
+    entry: Token,
     /// Whether the hold was recorded in the holders' table (by a proclaim):
     /// its release deletes the record first.
     proclaimed: bool,
@@ -507,7 +521,7 @@ impl<D: Dialect> SqlBackend<D> {
                 let (holder, sent, fence, back) =
                     self.try_on_holder(&id, req.mode, turn, &mut retry).await?;
                 if let Some(fence) = fence {
-                    return self.granted(req, holder, id, Some(back), None, sent, fence);
+                    return self.granted(req, holder, id, Some(back), false, sent, fence);
                 }
                 turn = back;
                 self.mark_contended(&id);
@@ -531,13 +545,24 @@ impl<D: Dialect> SqlBackend<D> {
     /// One uncontended attempt on `id`'s holder session, on a new session
     /// if it ended (within `retry`): the session, when the attempt was sent,
     /// the fence if granted, and the turn back.
+    ///
+    /// The undo of a grant nobody takes is armed inside the statement's own
+    /// task, from the server's answer: an attempt dropped before it was
+    /// sent undoes nothing, and one dropped after undoes exactly the hold
+    /// the server granted to it. An unlock sent for a read that was never
+    /// granted would remove another reader's hold of the same session,
+    /// where the server stacks them.
     async fn try_on_holder(
         &self,
         id: &D::Id,
         mode: Mode,
-        mut turn: OwnedSemaphorePermit,
+        turn: OwnedSemaphorePermit,
         retry: &mut Retry,
     ) -> Result<(Arc<Session<D>>, Instant, Option<i64>, OwnedSemaphorePermit)> {
+        // The turn goes with the statement once it is sent: a grant's undo
+        // keeps it until the unlock ran, so that no other task's hold of
+        // the key on the session is undone instead.
+        let turn = Arc::new(Mutex::new(Some(turn)));
         loop {
             let holder = match self.holder(id).await {
                 Ok(holder) => holder,
@@ -546,32 +571,50 @@ impl<D: Dialect> SqlBackend<D> {
                     continue;
                 }
             };
-            let mut undo = UnlockOnDrop {
-                session: Some(holder.clone()),
-                id: id.clone(),
-                mode,
-                turn: Some(turn),
-            };
-            let attempt = id.clone();
+            let (attempt, on, cell) = (id.clone(), holder.clone(), turn.clone());
             let answer = holder
-                .run(move |d, c| Box::pin(async move { d.try_lock(c, &attempt, mode).await }))
+                .run(move |d, c| {
+                    Box::pin(async move {
+                        let answer = d.try_lock(c, &attempt, mode).await;
+                        let undo = |granted| UnlockOnDrop {
+                            session: Some(on.clone()),
+                            id: attempt.clone(),
+                            mode,
+                            turn: lock(&cell).take(),
+                            granted,
+                        };
+                        match answer {
+                            // Undone when dropped unclaimed: with the task's
+                            // output, if the caller left.
+                            Ok(Some(fence)) => Ok(Some((fence, undo(true)))),
+                            Ok(None) => Ok(None),
+                            // The session ended, and its locks with it.
+                            Err(e) if d.ends_the_session(&e) => Err(e),
+                            // A failure after the grant is possible (the
+                            // token could not be taken): undone at once.
+                            Err(e) => {
+                                drop(undo(false));
+                                Err(e)
+                            }
+                        }
+                    })
+                })
                 .await;
             match answer {
-                Ok((sent, fence)) => {
-                    // Answered: nothing to undo.
-                    undo.session = None;
-                    let turn = undo.turn.take().expect("the turn is ours until answered");
-                    return Ok((holder, sent, fence, turn));
+                Ok((sent, Some((fence, undo)))) => {
+                    let turn = undo.defuse().expect("a grant's undo holds the turn");
+                    return Ok((holder, sent, Some(fence), turn));
+                }
+                Ok((sent, None)) => {
+                    let turn = lock(&turn).take().expect("a refusal leaves the turn");
+                    return Ok((holder, sent, None, turn));
                 }
                 // The session ended (the server restarted, the connection
-                // was cut): its locks went with it; try on a new one.
-                Err(e) if !holder.is_usable() => {
-                    undo.session = None;
-                    turn = undo.turn.take().expect("the turn is ours until answered");
+                // was cut) before or while the attempt ran: its locks went
+                // with it; try on a new one.
+                Err(e) if !holder.is_usable() && lock(&turn).is_some() => {
                     retry.after(backend_error::<D>(e)).await?;
                 }
-                // Any other failure may have come after the grant (the
-                // token could not be taken): `undo` unlocks on its way out.
                 Err(e) => return Err(backend_error::<D>(e)),
             }
         }
@@ -645,12 +688,14 @@ impl<D: Dialect> SqlBackend<D> {
                 // no later than the server's end of it, where its idle
                 // clock starts: the lease counts from there.
                 abandon.session = None;
+                // The slot bounds waits, not holds: free at the grant.
+                drop(slot);
                 self.granted(
                     req,
                     session,
                     id.clone(),
                     Some(turn),
-                    Some(slot),
+                    true,
                     sent + took,
                     fence,
                 )
@@ -679,7 +724,7 @@ impl<D: Dialect> SqlBackend<D> {
         session: Arc<Session<D>>,
         id: D::Id,
         turn: Option<OwnedSemaphorePermit>,
-        slot: Option<OwnedSemaphorePermit>,
+        on_waiter: bool,
         sent: Instant,
         fence: i64,
     ) -> Result<Option<Acquired>> {
@@ -701,8 +746,9 @@ impl<D: Dialect> SqlBackend<D> {
                 releasing: Arc::default(),
                 _turn: turn,
                 fixed_end,
-                slot,
+                on_waiter,
                 fence,
+                entry: *req.token,
                 proclaimed: false,
             },
         );
@@ -739,83 +785,144 @@ impl<D: Dialect> SqlBackend<D> {
         }
     }
 
-    /// Releases the lock `token` holds, on the session that holds it. The
-    /// lock is forgotten only once the server answered: a release cut off
-    /// half-way is sent again by core, and finds it still there.
+    /// Releases the lock `token` holds, on the session that holds it.
+    ///
+    /// The lock is taken out of `owned` by the statement's own task, right
+    /// before the unlock is sent on the session's connection: a release
+    /// dropped before that sent nothing and leaves the lock to the next
+    /// release; one dropped after runs to its end, and a second release
+    /// (core sends one for a guard whose release was cut off) finds nothing
+    /// to send. An unlock sent twice would remove another hold of the same
+    /// session where the server stacks them (a second reader's).
     async fn unlock(&self, token: &Token) -> Result<ReleaseOutcome> {
-        let Some(releasing) = lock(&self.inner.owned)
+        let Some((releasing, session)) = lock(&self.inner.owned)
             .get(token)
-            .map(|o| o.releasing.clone())
+            .map(|o| (o.releasing.clone(), o.session.clone()))
         else {
             return Ok(ReleaseOutcome::NotHeld);
         };
         let _one_at_a_time = releasing.lock().await;
-        // Read again: a release that ran first has forgotten it.
-        let Some((session, id, mode, proclaimed)) = lock(&self.inner.owned)
-            .get(token)
-            .map(|o| (o.session.clone(), o.id.clone(), o.mode, o.proclaimed))
-        else {
-            return Ok(ReleaseOutcome::NotHeld);
-        };
-        let released = if session.is_usable() {
-            let (token, lock_id) = (*token, id.clone());
-            let unlocked = session
-                .run(move |d, c| {
-                    Box::pin(async move {
-                        if d.queues(mode) {
-                            return d.dequeue(c, &token).await;
-                        }
-                        if proclaimed {
-                            d.disclaim(c, &lock_id, &token).await?;
-                        }
-                        d.unlock(c, &lock_id, mode).await
-                    })
-                })
-                .await;
-            match unlocked {
-                Ok((_, released)) => released,
-                // The session ended meanwhile: its locks went with it.
-                Err(_) if !session.is_usable() => false,
-                Err(e) => return Err(backend_error::<D>(e)),
-            }
-        } else {
+        if !session.is_usable() {
             // The session ended, and its locks with it; its guards were told.
-            false
-        };
-        let owned = lock(&self.inner.owned).remove(token);
-        session.holders.forget(token, LostReason::NotHeld);
-        let on_waiter_session = owned.as_ref().is_some_and(|o| o.slot.is_some());
+            if let Some(owned) = self.take_owned(token) {
+                self.forget(owned, token, false);
+            }
+            return Ok(ReleaseOutcome::NotHeld);
+        }
+        let (backend, token) = (self.clone(), *token);
+        let unlocked = session
+            .run(move |d, c| {
+                Box::pin(async move {
+                    let Some(owned) = backend.take_owned(&token) else {
+                        // Released already, by a release cut off after
+                        // this point.
+                        return Ok(false);
+                    };
+                    let answer = async {
+                        if d.queues(owned.mode) {
+                            return d.dequeue(c, &owned.entry).await;
+                        }
+                        if owned.proclaimed {
+                            d.disclaim(c, &owned.id, &token).await?;
+                        }
+                        d.unlock(c, &owned.id, owned.mode).await
+                    }
+                    .await;
+                    match &answer {
+                        Ok(_) => backend.forget(owned, &token, true),
+                        // Whether the lock went is unknown: ending the
+                        // session makes sure (its other guards are told).
+                        Err(e) => {
+                            if !d.ends_the_session(e) {
+                                owned.session.end();
+                            }
+                            backend.forget(owned, &token, false);
+                        }
+                    }
+                    answer
+                })
+            })
+            .await;
+        match unlocked {
+            Ok((_, true)) => Ok(ReleaseOutcome::Released),
+            Ok((_, false)) => Ok(ReleaseOutcome::NotHeld),
+            // The session ended meanwhile: its locks went with it.
+            Err(_) if !session.is_usable() => {
+                if let Some(owned) = self.take_owned(&token) {
+                    self.forget(owned, &token, false);
+                }
+                Ok(ReleaseOutcome::NotHeld)
+            }
+            Err(e) => Err(backend_error::<D>(e)),
+        }
+    }
+
+    /// Records that the queued lock `token` holds is in the entry named
+    /// for `entry`.
+    fn entry_named(&self, token: &Token, entry: Token) {
+        if let Some(owned) = lock(&self.inner.owned).get_mut(token) {
+            owned.entry = entry;
+        }
+    }
+
+    /// Takes the lock `token` holds out of `owned`: from here on, its
+    /// release is the taker's.
+    fn take_owned(&self, token: &Token) -> Option<Owned<D>> {
+        lock(&self.inner.owned).remove(token)
+    }
+
+    /// Forgets a lock taken out of `owned`: its guard, its turn at the key,
+    /// and (a lock won by waiting, once `unlocked`) its session back to
+    /// the idle waiter sessions.
+    fn forget(&self, owned: Owned<D>, token: &Token, unlocked: bool) {
+        owned.session.holders.forget(token, LostReason::NotHeld);
+        let (session, id, on_waiter) = (owned.session.clone(), owned.id.clone(), owned.on_waiter);
         drop(owned);
         self.sweep_local(&id);
-        if on_waiter_session {
+        if on_waiter && unlocked {
             self.put_idle(session);
         }
-        Ok(if released {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::NotHeld
-        })
     }
 }
 
-/// Undoes an uncontended attempt on the holder session that was dropped
-/// before its answer was read (or failed after the grant): the server may
-/// have granted the lock to the session, with nobody to release it. Keeps
-/// this process's turn at the key until the unlock ran after the attempt
-/// (the session runs one statement at a time, in order), so no other
-/// task's grant of the same key on that session is undone instead.
+/// Undoes an uncontended attempt's grant on the holder session that nobody
+/// took: its caller left before reading the answer, or the attempt failed
+/// after the grant. Made in the statement's task from the server's answer,
+/// so that it undoes exactly what the server granted. Keeps this process's
+/// turn at the key until the unlock ran after the attempt (the session
+/// runs one statement at a time, in order), so no other task's grant of
+/// the key on that session is undone instead.
 struct UnlockOnDrop<D: Dialect> {
     session: Option<Arc<Session<D>>>,
     id: D::Id,
     mode: Mode,
     turn: Option<OwnedSemaphorePermit>,
+    /// Whether the server said it granted the lock: if unknown (a failure
+    /// after the statement was sent), a read ends the session instead, as
+    /// an unlock could remove another reader's hold that the session holds
+    /// too.
+    granted: bool,
+}
+
+impl<D: Dialect> UnlockOnDrop<D> {
+    /// Claims the grant: nothing to undo; the turn back.
+    fn defuse(mut self) -> Option<OwnedSemaphorePermit> {
+        self.session = None;
+        self.turn.take()
+    }
 }
 
 impl<D: Dialect> Drop for UnlockOnDrop<D> {
     fn drop(&mut self) {
-        let (Some(session), Some(turn)) = (self.session.take(), self.turn.take()) else {
+        let Some(session) = self.session.take() else {
             return;
         };
+        let turn = self.turn.take();
+        if !self.granted && self.mode == Mode::Read {
+            // Every hold on the session goes, and their guards are told.
+            session.end();
+            return;
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // No runtime to send it from: end the session instead, when
             // it is dropped with its connection.
@@ -980,36 +1087,39 @@ impl<D: Dialect> Backend for SqlBackend<D> {
             // release did not delete.
             let _not_releasing = releasing.lock().await;
             let id = self.inner.dialect.lock_id(key, Mode::Exclusive);
-            let held = {
-                let mut owned = lock(&self.inner.owned);
-                owned
-                    .get_mut(token)
-                    .filter(|o| {
-                        o.mode == Mode::Exclusive
-                            && o.id == id
-                            && o.session.is_usable()
-                            && o.fixed_end.is_none_or(|end| Instant::now() < end)
-                    })
-                    .map(|o| {
-                        // Marked before the statement is sent: if this
-                        // future is dropped, the statement still runs to
-                        // its end, and the release must delete what it
-                        // wrote (deleting nothing is harmless).
-                        o.proclaimed = true;
-                        (o.session.clone(), o.fence)
-                    })
-            };
-            let Some((session, fence)) = held else {
+            let Some(session) = lock(&self.inner.owned)
+                .get(token)
+                .map(|o| o.session.clone())
+            else {
                 return Ok(false);
             };
-            let (token_copy, value) = (*token, value.to_vec());
+            let (backend, token, value) = (self.clone(), *token, value.to_vec());
             let written = session
                 .run(move |d, c| {
-                    Box::pin(async move { d.proclaim(c, &id, &token_copy, fence, &value).await })
+                    Box::pin(async move {
+                        // Checked and marked by the statement's own task,
+                        // right before it is sent: a release queued behind
+                        // it deletes what it writes, and one that ran
+                        // first leaves nothing to write for.
+                        let fence = {
+                            let mut owned = lock(&backend.inner.owned);
+                            let Some(o) = owned.get_mut(&token).filter(|o| {
+                                o.mode == Mode::Exclusive
+                                    && o.id == id
+                                    && o.fixed_end.is_none_or(|end| Instant::now() < end)
+                            }) else {
+                                return Ok(false);
+                            };
+                            o.proclaimed = true;
+                            o.fence
+                        };
+                        d.proclaim(c, &id, &token, fence, &value).await?;
+                        Ok(true)
+                    })
                 })
                 .await;
             match written {
-                Ok(_) => Ok(true),
+                Ok((_, written)) => Ok(written),
                 // The session ended meanwhile: its locks went with it.
                 Err(_) if !session.is_usable() => Ok(false),
                 Err(e) => Err(backend_error::<D>(e)),

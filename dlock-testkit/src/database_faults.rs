@@ -5,7 +5,7 @@
 
 use std::{future::Future, time::Duration};
 
-use dlock_core::{LockError, LockOptions, Locker};
+use dlock_core::{backend::Mode, LockError, LockOptions, Locker};
 use tokio::time::Instant;
 
 use crate::fixture::{FixtureError, TcpProxy};
@@ -121,6 +121,101 @@ pub async fn check_wait_outlives_a_restart(
         .expect("the wait ended in an error at the restart");
     assert!(token.unwrap() > before, "fencing went back");
     drop(held);
+}
+
+/// The server ends every client session (an operator's
+/// `pg_terminate_backend` or `KILL`, a failover) while `holder` holds the
+/// one permit of a semaphore (kept in the queue table) and `waiter` waits
+/// for it with a 30 s limit: the holder's guard reports lost, the waiter
+/// gets the permit soon after (within 15 s: its retry must not take its
+/// own entry, left behind by its ended session, for a live one ahead of
+/// it), and a third client gets the key after the waiter released it.
+///
+/// # Panics
+///
+/// When a check fails.
+pub async fn check_a_queued_wait_outlives_ended_sessions<F: Future<Output = ()>>(
+    holder: &Locker,
+    waiter: Locker,
+    third: &Locker,
+    mode: Mode,
+    end_sessions: F,
+) {
+    const KEY: &str = "queued-through-ended-sessions";
+    let held = holder
+        .lock_mode(KEY, mode, LockOptions::new())
+        .await
+        .expect("the holder's lock");
+    let waiting = tokio::spawn(async move {
+        waiter
+            .lock_mode(KEY, mode, LockOptions::new().wait(Duration::from_secs(30)))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "granted while held");
+    end_sessions.await;
+    tokio::time::timeout(Duration::from_secs(10), held.lost())
+        .await
+        .expect("the holder's guard never said lost after its session ended");
+    let granted = tokio::time::timeout(Duration::from_secs(15), waiting)
+        .await
+        .expect("the waiter still waits 15 s after every session ended: wedged")
+        .expect("the waiter's task")
+        .expect("the waiter's lock");
+    granted.release().await.expect("the waiter's release");
+    let next = third
+        .lock_mode(KEY, mode, LockOptions::new().wait(Duration::from_secs(10)))
+        .await
+        .expect("a third client is kept out of a free key");
+    next.release().await.expect("the third client's release");
+}
+
+/// A lock won by waiting gives its waiter slot back at the grant: with
+/// `waits` a client whose URL allows one wait at a time (`max_waiters=1`),
+/// it wins a key by waiting and keeps it, then waits for a second key,
+/// which `other` releases after 300 ms: granted (a slot held for the life
+/// of the first lock would leave the second wait no slot until its limit).
+///
+/// # Panics
+///
+/// When a check fails.
+pub async fn check_a_lock_won_by_waiting_frees_its_waiter_slot(waits: &Locker, other: &Locker) {
+    let patient = || LockOptions::new().wait(Duration::from_secs(10));
+    for round in 0..2 {
+        let first = format!("slot-first-{round}");
+        let second = format!("slot-second-{round}");
+        let held = other.lock(first.as_str()).await.expect("the first key");
+        let (w, key) = (waits.clone(), first.clone());
+        let waiting = tokio::spawn(async move { w.lock_with(&key, patient()).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        held.release().await.expect("release the first key");
+        let won = waiting
+            .await
+            .expect("the waiter's task")
+            .expect("the first key, won by waiting");
+        let held = other.lock(second.as_str()).await.expect("the second key");
+        let releasing = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            held.release().await
+        });
+        let next = waits
+            .lock_with(
+                second.as_str(),
+                LockOptions::new().wait(Duration::from_secs(3)),
+            )
+            .await
+            .unwrap_or_else(|e| {
+                panic!("round {round}: a second wait beside a lock won by waiting: {e}")
+            });
+        releasing
+            .await
+            .expect("the releasing task")
+            .expect("release the second key");
+        next.release()
+            .await
+            .expect("release the second key's grant");
+        won.release().await.expect("release the first key's grant");
+    }
 }
 
 /// Connects to each `(what, url)` with `connect`: each must be a

@@ -49,3 +49,22 @@ pub async fn locker(url: Option<&str>) -> Result<Locker, LockError> {
 pub fn is_in_process(url: Option<&str>) -> bool {
     url.is_none_or(|url| url == "memory")
 }
+
+/// How to show the backend `url` in output: its password replaced by
+/// `***`, and `memory` when there is none. Output is copied into tickets
+/// and logs, where a password must never go.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_examples::backend::shown;
+///
+/// assert_eq!(shown(None), "memory");
+/// assert_eq!(shown(Some("postgres://app:s3cret@db/app")), "postgres://app:***@db/app");
+/// ```
+pub fn shown(url: Option<&str>) -> std::borrow::Cow<'_, str> {
+    url.map_or(
+        std::borrow::Cow::Borrowed("memory"),
+        dlock::backend::redact_url,
+    )
+}

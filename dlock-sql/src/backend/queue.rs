@@ -114,11 +114,17 @@ impl<D: Dialect> SqlBackend<D> {
     ) -> Result<Option<Acquired>> {
         let id = self.inner.dialect.lock_id(req.key, req.mode);
         let mut retry = Retry::new(req.wait, self.inner.dialect.settings().connect_timeout());
+        // The first entry is named for the lock's token; a retry's for a
+        // new one. An entry of an ended session may outlive it in the
+        // table, and with its name taken again by the new session, it
+        // would read as live, ahead of the retry's own entry: the wait
+        // would wait for itself, and the key be wedged for everyone.
+        let mut entry = *req.token;
         loop {
-            match self.queue_once(req, &id).await {
+            match self.queue_once(req, &id, entry).await {
                 Ok(outcome) => return Ok(outcome),
                 Err(Failed::SessionEnded(error)) => match retry.after(error).await {
-                    Ok(()) => {}
+                    Ok(()) => entry = Token::generate(),
                     // No time left for a new session: not granted within
                     // the limit (core asks the servers whether that is a
                     // timeout or their error).
@@ -130,17 +136,20 @@ impl<D: Dialect> SqlBackend<D> {
         }
     }
 
+    /// One try: enqueues the entry named for `token` on the key's holder
+    /// session, and waits until it is admitted.
     async fn queue_once(
         &self,
         req: &AcquireRequest<'_>,
         id: &D::Id,
+        token: Token,
     ) -> std::result::Result<Option<Acquired>, Failed> {
         let holder = self.holder(id).await.map_err(Failed::SessionEnded)?;
         let mut entry = DequeueOnDrop {
             session: Some(holder.clone()),
-            token: *req.token,
+            token,
         };
-        let (mode, token) = (req.mode, req.token);
+        let mode = req.mode;
         let (sent, (number, entries)) =
             on_holder!(holder, |d, c| d.enqueue(c, &id, mode, &token), id, token)?;
         // The enqueue read the entries ahead: the first check needs no
@@ -190,7 +199,8 @@ impl<D: Dialect> SqlBackend<D> {
             if admitted(mode, ahead.iter().map(|(_, m)| *m)) {
                 entry.session = None;
                 return self
-                    .granted(req, holder.clone(), id.clone(), None, None, sent, number)
+                    .granted(req, holder.clone(), id.clone(), None, false, sent, number)
+                    .inspect(|_| self.entry_named(req.token, token))
                     .map_err(Failed::Other);
             }
             let Some((target, most)) = watched(mode, &ahead) else {

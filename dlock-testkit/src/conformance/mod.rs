@@ -3,8 +3,8 @@
 //! clients) and panics with a message when the backend misbehaves.
 //!
 //! The checks live in one file per group of properties: exclusion,
-//! ownership, scope (reentrancy), cancel, leases, input, primitives and
-//! multi (several keys at once).
+//! ownership, scope (reentrancy), cancel, leases, input, primitives,
+//! undo (cleanup matches its effect) and multi (several keys at once).
 //!
 //! Every wait in here is bounded: checks use wait limits, and
 //! [`conformance_tests!`](crate::conformance_tests) bounds each check as a
@@ -26,6 +26,7 @@ mod multi;
 mod ownership;
 mod primitives;
 mod scope;
+mod undo;
 
 pub use cancel::*;
 pub use election::*;
@@ -36,6 +37,7 @@ pub use multi::*;
 pub use ownership::*;
 pub use primitives::*;
 pub use scope::*;
+pub use undo::*;
 
 /// The longest any one check may take.
 pub const CHECK_LIMIT: Duration = Duration::from_secs(120);
@@ -245,6 +247,9 @@ macro_rules! conformance_tests {
             cancelled_permit_waits_leave_nothing,
             stale_permits_cannot_release_or_renew,
             bad_permit_counts_are_typed_errors,
+            // undo.rs
+            cancelled_reads_never_undo_a_live_readers_hold,
+            a_release_cut_off_mid_statement_is_not_sent_twice,
             // multi.rs
             lock_all_in_opposite_orders_neither_deadlocks_nor_overlaps,
             lock_all_that_times_out_gives_back_what_it_took,

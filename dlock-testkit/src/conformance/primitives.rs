@@ -24,7 +24,7 @@ use super::{must, patient, Harness, PATIENCE};
 
 /// Whether the backend offers `mode`; if not, checks that asking for it is
 /// [`LockError::Unsupported`], and the caller's check ends there.
-async fn offered(h: &Harness, locker: &Locker, key: &str, mode: Mode) -> bool {
+pub(super) async fn offered(h: &Harness, locker: &Locker, key: &str, mode: Mode) -> bool {
     if h.capabilities().await.supports(mode) {
         return true;
     }

@@ -98,7 +98,7 @@ async fn main() -> ExitCode {
         args.config.ticks,
         args.config.period,
         args.config.lease,
-        args.backend.as_deref().unwrap_or("memory"),
+        backend::shown(args.backend.as_deref()),
         if args.stall {
             "; whoever runs tick 0 stalls past its lease"
         } else {

@@ -58,7 +58,7 @@ async fn main() -> ExitCode {
             }
         }
     }
-    let backend_name = url.as_deref().unwrap_or("memory");
+    let backend_name = backend::shown(url.as_deref());
     let mut failed = false;
     match run_pool(&lockers, "limits:partner-api", permits, 4, 10).await {
         Ok(report) => {

@@ -114,7 +114,7 @@ async fn main() -> ExitCode {
 }
 
 async fn parent(args: &Args) -> Result<(), String> {
-    let backend_name = args.backend.as_deref().unwrap_or("memory");
+    let backend_name = backend::shown(args.backend.as_deref());
     println!(
         "{} concurrent purchase requests against a stock of {}, in {} process{} (backend: {backend_name})",
         args.config.requests,
