@@ -85,6 +85,10 @@ struct Shared {
     /// to the server, so that two writes never land out of order.
     value: tokio::sync::Mutex<Option<Vec<u8>>>,
     resign: Notify,
+    /// The last leadership that was lost: its term, and why. The role says
+    /// it too, until the campaign moves on (and a watcher that looks later
+    /// sees only the newest role).
+    deposed: Mutex<Option<(u64, LostReason)>>,
 }
 
 impl Shared {
@@ -103,7 +107,7 @@ async fn leader_of(locker: &Locker, key: &LockKey) -> Result<Option<Leader>> {
     Ok(leader_from(locker.backend().holder(key).await?))
 }
 
-fn lock(m: &Mutex<Option<LockGuard>>) -> MutexGuard<'_, Option<LockGuard>> {
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -163,6 +167,7 @@ impl Locker {
             leading: Mutex::new(None),
             value: tokio::sync::Mutex::new(None),
             resign: Notify::new(),
+            deposed: Mutex::new(None),
         });
         let task = runtime.spawn(campaign(shared.clone(), role));
         Ok(Election {
@@ -363,6 +368,7 @@ async fn campaign(shared: Arc<Shared>, role: watch::Sender<Role>) {
         tokio::select! {
             reason = guard.lost() => {
                 lock(&shared.leading).take();
+                *lock(&shared.deposed) = Some((term, reason.clone()));
                 role.send_replace(Role::Deposed { term, reason });
                 drop(guard);
             }
@@ -378,15 +384,20 @@ async fn campaign(shared: Arc<Shared>, role: watch::Sender<Role>) {
 }
 
 /// Completes when the role is no longer `Leader { term }`: why, or
-/// `None` if the candidate resigned.
-async fn ended(mut roles: watch::Receiver<Role>, term: u64) -> Option<LostReason> {
+/// `None` if the candidate resigned. A campaign that was deposed may have
+/// moved on (candidate again, or leading a later term) before this looks:
+/// the reason is then read from `shared`.
+async fn ended(mut roles: watch::Receiver<Role>, term: u64, shared: &Shared) -> Option<LostReason> {
     let ended = roles
         .wait_for(|r| !matches!(r, Role::Leader { term: t } if *t == term))
         .await
         .map(|r| r.clone());
     match ended {
-        Ok(Role::Deposed { reason, .. }) => Some(reason),
-        _ => None,
+        Ok(Role::Deposed { term: t, reason }) if t == term => Some(reason),
+        _ => match &*lock(&shared.deposed) {
+            Some((t, reason)) if *t == term => Some(reason.clone()),
+            _ => None,
+        },
     }
 }
 
@@ -417,7 +428,7 @@ impl Leadership {
     /// Completes when this leadership ends: why it was lost, or `None` if
     /// the candidate resigned (at once if it ended already).
     pub async fn lost(&self) -> Option<LostReason> {
-        ended(self.roles.clone(), self.term).await
+        ended(self.roles.clone(), self.term, &self.shared).await
     }
 }
 
@@ -578,7 +589,7 @@ impl Election {
         let Role::Leader { term } = current else {
             return None;
         };
-        ended(roles, term).await
+        ended(roles, term, &self.shared).await
     }
 
     /// Waits until this candidate leads, and returns that leadership: its

@@ -97,6 +97,19 @@ pub enum LockError {
         #[source]
         source: Arc<dyn StdError + Send + Sync>,
     },
+    /// The deployment cannot hold locks safely, and the backend refused it
+    /// at connect: for example a pooler in transaction pooling between a
+    /// database backend and its server, which moves statements between
+    /// server sessions, so that a session-level lock would sit on a
+    /// session the client no longer talks to. The reason says what to
+    /// change.
+    #[error("the {backend} deployment cannot hold locks safely: {reason}")]
+    UnsafeDeployment {
+        /// The backend's name.
+        backend: &'static str,
+        /// What is unsafe, and what to change.
+        reason: String,
+    },
     /// [`default_locker`](crate::default_locker) was called before
     /// [`set_default_locker`](crate::set_default_locker).
     #[error("no default locker is set; call dlock_core::set_default_locker at startup")]

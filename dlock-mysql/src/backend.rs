@@ -7,7 +7,7 @@ use dlock_core::{
     backend::{BoxFuture, Mode},
     LockKey, Result, Token,
 };
-use dlock_sql::{sqlx, Dialect, Granted, QueueEntry, SqlBackend, SqlSettings};
+use dlock_sql::{session_moved, sqlx, Dialect, Granted, QueueEntry, SqlBackend, SqlSettings};
 use sqlx::{
     mysql::{MySqlConnection, MySqlDatabaseError},
     Connection, Executor, Row,
@@ -63,6 +63,15 @@ const FOREVER_SECS: u64 = 365 * 24 * 3600;
 ///   out again after a crash (measured: a sequence answered 1 after 13
 ///   values and a SIGKILL). `fence=off` skips the write, and the token
 ///   (see [`FenceSource`]).
+/// - **One server session per connection.** Every statement that takes or
+///   gives back a lock, and every ping, runs only on the server session
+///   the connection opened (`CONNECTION_ID()`, checked in the same round
+///   trip); on another one it takes nothing, and the session's guards are
+///   lost. `connect` refuses a pooler that moves statements between
+///   sessions
+///   ([`LockError::UnsafeDeployment`](dlock_core::LockError::UnsafeDeployment)):
+///   connect directly, or through a proxy that keeps each client on
+///   one server session.
 /// - **Fixed leases**: the lock is released when the lease ends, by this
 ///   process; if the process dies first, its connection closes.
 /// - **Read-write locks and semaphores** live in the queue table
@@ -151,15 +160,22 @@ impl MySqlBackend {
     ///
     /// As [`MySqlBackend::connect`].
     pub async fn connect_with(config: MySqlConfig) -> Result<MySqlBackend> {
-        let dialect = MySqlDialect {
+        SqlBackend::connect(MySqlDialect::new(config))
+            .await
+            .map(MySqlBackend)
+    }
+}
+
+impl MySqlDialect {
+    fn new(config: MySqlConfig) -> MySqlDialect {
+        MySqlDialect {
             wait_timeout: config.session_timeout().as_secs()
                 + u64::from(config.session_timeout().subsec_nanos() > 0),
             table: format!("{}_fence", config.lock_prefix()),
             queue: format!("{}_queue", config.lock_prefix()),
             holders: format!("{}_holder", config.lock_prefix()),
             config,
-        };
-        SqlBackend::connect(dialect).await.map(MySqlBackend)
+        }
     }
 }
 
@@ -183,13 +199,22 @@ struct MySqlDialect {
 /// grants of different keys mostly update different rows.
 const FENCE_ROWS: u64 = 64;
 
+/// The counter row that numbers queue entries (read-write locks and
+/// semaphores), after the keys' rows: an entry's number is its fencing
+/// token, so it comes from a committed counter, never `AUTO_INCREMENT`,
+/// which MySQL 5.7 and MariaDB before 10.2.4 reset to `MAX(n) + 1` at a
+/// restart, and every version at a `TRUNCATE`: numbers, and fences, would
+/// repeat once old entries are gone.
+const QUEUE_ROW: u64 = FENCE_ROWS;
+
 impl MySqlDialect {
-    /// One request: `GET_LOCK(name, timeout)` then, if granted, the token
-    /// from the name's counter row (`-1` if the row is missing); answers
-    /// the lock's state (1 granted, 0 timed out, `NULL` interrupted), the
+    /// One request: `GET_LOCK(name, timeout)` (only on the server session
+    /// `session`) then, if granted, the token from the name's counter row
+    /// (`-1` if the row is missing); answers the lock's state (1 granted,
+    /// 0 timed out, `NULL` interrupted, -1 on another session), the
     /// token, and the server's time on it in µs. Names are ASCII letters,
     /// digits and `-_.:/%#` only: safe inside quotes.
-    fn get_lock(&self, name: &str, timeout: &str) -> String {
+    fn get_lock(&self, session: i64, name: &str, timeout: &str) -> String {
         let (take, token) = match self.config.fence() {
             FenceSource::Row => (
                 format!(
@@ -202,8 +227,11 @@ impl MySqlDialect {
             FenceSource::Off => (String::new(), "0"),
         };
         format!(
-            "SET @dlock_t = SYSDATE(6); SET @dlock_g = GET_LOCK('{name}', {timeout}); {take}\
-             SELECT @dlock_g, {token}, TIMESTAMPDIFF(MICROSECOND, @dlock_t, SYSDATE(6))"
+            "SET @dlock_t = SYSDATE(6); \
+             SET @dlock_g = IF(CONNECTION_ID() = {session}, GET_LOCK('{name}', {timeout}), -1); \
+             {take}\
+             SELECT @dlock_g, {token}, TIMESTAMPDIFF(MICROSECOND, @dlock_t, SYSDATE(6)), \
+             CAST(CONNECTION_ID() AS SIGNED)"
         )
     }
 
@@ -255,8 +283,26 @@ impl MySqlDialect {
     }
 }
 
+/// A dlock session's connection, and the connection id of the server
+/// session it opened: every lock statement checks it is still there.
+struct MySqlSession {
+    conn: MySqlConnection,
+    id: i64,
+}
+
+impl MySqlSession {
+    /// [`session_moved`] unless `id` is this session's.
+    fn check(&self, id: i64) -> Result<(), sqlx::Error> {
+        if id == self.id {
+            Ok(())
+        } else {
+            Err(session_moved(self.id as u64, id as u64))
+        }
+    }
+}
+
 impl Dialect for MySqlDialect {
-    type Conn = MySqlConnection;
+    type Conn = MySqlSession;
     type Id = String;
 
     const NAME: &'static str = "mysql";
@@ -289,7 +335,7 @@ impl Dialect for MySqlDialect {
 
     fn enqueue<'a>(
         &'a self,
-        conn: &'a mut MySqlConnection,
+        conn: &'a mut MySqlSession,
         id: &'a String,
         mode: Mode,
         token: &'a Token,
@@ -299,29 +345,52 @@ impl Dialect for MySqlDialect {
             // the tag is letters, digits and `/`: safe to write inline.
             // The key's name is held until the insert committed, so entry
             // numbers become visible in order; the entries up to the new
-            // one are read in the same round trip.
+            // one are read in the same round trip. With fencing, the
+            // number is taken from the queue's counter row first (a
+            // committed write), else it is the table's `AUTO_INCREMENT`.
             let entry = self.entry_lock(token);
+            let (take, number) = match self.config.fence() {
+                FenceSource::Row => (
+                    format!(
+                        "UPDATE {table} SET v = LAST_INSERT_ID(v + 1) \
+                         WHERE shard = {QUEUE_ROW} AND @dlock_e = 1 AND @dlock_q = 1; \
+                         SET @dlock_f = IF(ROW_COUNT() = 1, LAST_INSERT_ID(), NULL); ",
+                        table = self.table
+                    ),
+                    "@dlock_f",
+                ),
+                FenceSource::Off => ("SET @dlock_f = 0; ".to_owned(), "NULL"),
+            };
             let request = format!(
-                "SET @dlock_e = GET_LOCK('{entry}', 0); \
-                 SET @dlock_q = GET_LOCK('{id}', {ENQUEUE_TIMEOUT_SECS}); \
-                 INSERT INTO {queue} (lock_id, mode, owner, session) \
-                 SELECT '{id}', '{tag}', '{entry}', CONNECTION_ID() \
-                 FROM DUAL WHERE @dlock_e = 1 AND @dlock_q = 1; \
+                "SET @dlock_e = IF(CONNECTION_ID() = {session}, GET_LOCK('{entry}', 0), -1); \
+                 SET @dlock_q = GET_LOCK('{id}', {ENQUEUE_TIMEOUT_SECS}); {take}\
+                 INSERT INTO {queue} (n, lock_id, mode, owner, session) \
+                 SELECT {number}, '{id}', '{tag}', '{entry}', CONNECTION_ID() \
+                 FROM DUAL WHERE @dlock_e = 1 AND @dlock_q = 1 AND @dlock_f IS NOT NULL; \
                  SET @dlock_n = IF(ROW_COUNT() = 1, CAST(LAST_INSERT_ID() AS SIGNED), NULL); \
                  DO RELEASE_LOCK('{id}'); \
-                 SELECT @dlock_n, @dlock_e, @dlock_q; {ahead}",
+                 SELECT @dlock_n, @dlock_e, @dlock_q, CAST(CONNECTION_ID() AS SIGNED), \
+                 CAST(@dlock_f AS SIGNED); {ahead}",
+                session = conn.id,
                 queue = self.queue,
                 tag = mode.tag(),
                 ahead = self.ahead_query(&format!("'{id}'"), "@dlock_n"),
             );
-            let rows = conn.fetch_all(request.as_str()).await?;
+            let rows = conn.conn.fetch_all(request.as_str()).await?;
             let status = rows.first().ok_or(sqlx::Error::RowNotFound)?;
+            conn.check(status.try_get(3)?)?;
+            let (taken, queued) = (
+                status.try_get::<Option<i64>, _>(1)?,
+                status.try_get::<Option<i64>, _>(2)?,
+            );
+            if taken == Some(1) && queued == Some(1) {
+                // The counter row is missing: the entry was not added.
+                self.token(status.try_get(4)?)?;
+            }
             let Some(number) = status.try_get::<Option<i64>, _>(0)? else {
                 return Err(sqlx::Error::Protocol(format!(
-                    "no queue entry: entry lock {:?}, the key's enqueue lock {:?} \
+                    "no queue entry: entry lock {taken:?}, the key's enqueue lock {queued:?} \
                      (0: held elsewhere for {ENQUEUE_TIMEOUT_SECS} s)",
-                    status.try_get::<Option<i64>, _>(1)?,
-                    status.try_get::<Option<i64>, _>(2)?,
                 )));
             };
             let (entries, mine) = QueueEntry::read_rows(&rows[1..], number)?;
@@ -334,7 +403,7 @@ impl Dialect for MySqlDialect {
 
     fn ahead<'a>(
         &'a self,
-        conn: &'a mut MySqlConnection,
+        conn: &'a mut MySqlSession,
         id: &'a String,
         number: i64,
     ) -> BoxFuture<'a, Result<(Vec<QueueEntry>, bool), sqlx::Error>> {
@@ -343,7 +412,7 @@ impl Dialect for MySqlDialect {
             let rows = sqlx::query(&query)
                 .bind(id)
                 .bind(number)
-                .fetch_all(conn)
+                .fetch_all(&mut conn.conn)
                 .await?;
             QueueEntry::read_rows(&rows, number)
         })
@@ -351,37 +420,39 @@ impl Dialect for MySqlDialect {
 
     fn dequeue<'a>(
         &'a self,
-        conn: &'a mut MySqlConnection,
+        conn: &'a mut MySqlSession,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
         Box::pin(async move {
             let entry = self.entry_lock(token);
             let request = format!(
                 "DELETE FROM {} WHERE owner = '{entry}'; SET @dlock_d = ROW_COUNT(); \
-                 DO RELEASE_LOCK('{entry}'); SELECT CAST(@dlock_d AS SIGNED)",
-                self.queue
+                 DO IF(CONNECTION_ID() = {}, RELEASE_LOCK('{entry}'), NULL); \
+                 SELECT CAST(@dlock_d AS SIGNED), CAST(CONNECTION_ID() AS SIGNED)",
+                self.queue, conn.id
             );
-            let rows = conn.fetch_all(request.as_str()).await?;
+            let rows = conn.conn.fetch_all(request.as_str()).await?;
             let row = rows.last().ok_or(sqlx::Error::RowNotFound)?;
+            conn.check(row.try_get(1)?)?;
             Ok(row.try_get::<Option<i64>, _>(0)?.unwrap_or(0) > 0)
         })
     }
 
     fn remove<'a>(
         &'a self,
-        conn: &'a mut MySqlConnection,
+        conn: &'a mut MySqlSession,
         numbers: &'a [i64],
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
             let list: Vec<String> = numbers.iter().map(i64::to_string).collect();
             let request = format!("DELETE FROM {} WHERE n IN ({})", self.queue, list.join(","));
-            conn.execute(request.as_str()).await.map(drop)
+            conn.conn.execute(request.as_str()).await.map(drop)
         })
     }
 
     fn watch<'a>(
         &'a self,
-        conn: &'a mut MySqlConnection,
+        conn: &'a mut MySqlSession,
         owner: &'a str,
         limit: Option<Duration>,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
@@ -393,7 +464,7 @@ impl Dialect for MySqlDialect {
             let got =
                 sqlx::query_scalar::<_, Option<i64>>(&format!("SELECT GET_LOCK(?, {timeout})"))
                     .bind(owner)
-                    .fetch_one(&mut *conn)
+                    .fetch_one(&mut conn.conn)
                     .await?;
             if got != Some(1) {
                 return Ok(false);
@@ -401,7 +472,7 @@ impl Dialect for MySqlDialect {
             // Its owner left: give it back at once.
             sqlx::query("DO RELEASE_LOCK(?)")
                 .bind(owner)
-                .execute(conn)
+                .execute(&mut conn.conn)
                 .await?;
             Ok(true)
         })
@@ -411,23 +482,21 @@ impl Dialect for MySqlDialect {
         dlock_sql::fnv1a("", id)
     }
 
-    fn open(&self) -> BoxFuture<'_, Result<(MySqlConnection, u64), sqlx::Error>> {
+    fn open(&self) -> BoxFuture<'_, Result<(MySqlSession, u64), sqlx::Error>> {
         Box::pin(async move {
             let mut conn = MySqlConnection::connect_with(self.config.connect_options()).await?;
             let opened = format!(
-                "SET SESSION wait_timeout = {}; SELECT CAST(CONNECTION_ID() AS SIGNED)",
+                "SET SESSION wait_timeout = {}, autocommit = 1; \
+                 SELECT CAST(CONNECTION_ID() AS SIGNED)",
                 self.wait_timeout.max(1)
             );
             let rows = conn.fetch_all(opened.as_str()).await?;
             let id: i64 = rows.last().ok_or(sqlx::Error::RowNotFound)?.try_get(0)?;
-            Ok((conn, id as u64))
+            Ok((MySqlSession { conn, id }, id as u64))
         })
     }
 
-    fn setup<'a>(
-        &'a self,
-        conn: &'a mut MySqlConnection,
-    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+    fn setup<'a>(&'a self, conn: &'a mut MySqlSession) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
             let queue = format!(
                 "CREATE TABLE IF NOT EXISTS {} (n BIGINT AUTO_INCREMENT PRIMARY KEY, \
@@ -436,7 +505,7 @@ impl Dialect for MySqlDialect {
                  KEY (lock_id, n), KEY (owner)) ENGINE = InnoDB",
                 self.queue
             );
-            conn.execute(queue.as_str()).await?;
+            conn.conn.execute(queue.as_str()).await?;
             if self.config.fence() == FenceSource::Off {
                 // No fencing tokens, so no holders to record: nothing
                 // orders them.
@@ -448,35 +517,41 @@ impl Dialect for MySqlDialect {
                  value MEDIUMBLOB NOT NULL) ENGINE = InnoDB",
                 self.holders
             );
-            conn.execute(holders.as_str()).await?;
-            let rows: Vec<String> = (0..FENCE_ROWS).map(|s| format!("({s}, 0)")).collect();
+            conn.conn.execute(holders.as_str()).await?;
+            let rows: Vec<String> = (0..=QUEUE_ROW).map(|s| format!("({s}, 0)")).collect();
             let create = format!(
                 "CREATE TABLE IF NOT EXISTS {0} (shard SMALLINT PRIMARY KEY, v BIGINT NOT NULL) \
                  ENGINE = InnoDB; INSERT IGNORE INTO {0} (shard, v) VALUES {1}",
                 self.table,
                 rows.join(", ")
             );
-            conn.execute(create.as_str()).await.map(drop)
+            conn.conn.execute(create.as_str()).await.map(drop)
         })
     }
 
     fn try_lock<'a>(
         &'a self,
-        conn: &'a mut MySqlConnection,
+        conn: &'a mut MySqlSession,
         id: &'a String,
         _mode: Mode,
     ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
         Box::pin(async move {
             if self.config.fence() == FenceSource::Off {
-                let granted = sqlx::query_scalar::<_, Option<i64>>("SELECT GET_LOCK(?, 0)")
-                    .bind(id)
-                    .fetch_one(conn)
-                    .await?;
+                let (granted, session): (Option<i64>, i64) = sqlx::query_as(
+                    "SELECT IF(CONNECTION_ID() = ?, GET_LOCK(?, 0), -1), \
+                     CAST(CONNECTION_ID() AS SIGNED)",
+                )
+                .bind(conn.id)
+                .bind(id)
+                .fetch_one(&mut conn.conn)
+                .await?;
+                conn.check(session)?;
                 return Ok((granted == Some(1)).then_some(0));
             }
-            let request = self.get_lock(id, "0");
-            let rows = conn.fetch_all(request.as_str()).await?;
+            let request = self.get_lock(conn.id, id, "0");
+            let rows = conn.conn.fetch_all(request.as_str()).await?;
             let row = rows.last().ok_or(sqlx::Error::RowNotFound)?;
+            conn.check(row.try_get(3)?)?;
             match row.try_get::<Option<i64>, _>(0)? {
                 Some(1) => self.token(row.try_get(1)?).map(Some),
                 _ => Ok(None),
@@ -486,7 +561,7 @@ impl Dialect for MySqlDialect {
 
     fn wait<'a>(
         &'a self,
-        conn: &'a mut MySqlConnection,
+        conn: &'a mut MySqlSession,
         id: &'a String,
         _mode: Mode,
         limit: Option<Duration>,
@@ -496,9 +571,10 @@ impl Dialect for MySqlDialect {
                 Some(limit) => format!("{:.6}", limit.as_secs_f64()),
                 None => FOREVER_SECS.to_string(),
             };
-            let request = self.get_lock(id, &timeout);
-            let rows = conn.fetch_all(request.as_str()).await?;
+            let request = self.get_lock(conn.id, id, &timeout);
+            let rows = conn.conn.fetch_all(request.as_str()).await?;
             let row = rows.last().ok_or(sqlx::Error::RowNotFound)?;
+            conn.check(row.try_get(3)?)?;
             match row.try_get::<Option<i64>, _>(0)? {
                 Some(1) => {
                     let took_us: i64 = row.try_get(2)?;
@@ -521,26 +597,32 @@ impl Dialect for MySqlDialect {
 
     fn unlock<'a>(
         &'a self,
-        conn: &'a mut MySqlConnection,
+        conn: &'a mut MySqlSession,
         id: &'a String,
         _mode: Mode,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
         Box::pin(async move {
-            let released = sqlx::query_scalar::<_, Option<i64>>("SELECT RELEASE_LOCK(?)")
-                .bind(id)
-                .fetch_one(conn)
-                .await?;
+            let (released, session): (Option<i64>, i64) = sqlx::query_as(
+                "SELECT IF(CONNECTION_ID() = ?, RELEASE_LOCK(?), -1), \
+                 CAST(CONNECTION_ID() AS SIGNED)",
+            )
+            .bind(conn.id)
+            .bind(id)
+            .fetch_one(&mut conn.conn)
+            .await?;
+            conn.check(session)?;
             Ok(released == Some(1))
         })
     }
 
     fn end_session<'a>(
         &'a self,
-        conn: &'a mut MySqlConnection,
+        conn: &'a mut MySqlSession,
         session: u64,
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
             match conn
+                .conn
                 .execute(format!("KILL CONNECTION {session}").as_str())
                 .await
             {
@@ -557,8 +639,13 @@ impl Dialect for MySqlDialect {
         })
     }
 
-    fn ping<'a>(&'a self, conn: &'a mut MySqlConnection) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        conn.ping()
+    fn ping<'a>(&'a self, conn: &'a mut MySqlSession) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            let session: i64 = sqlx::query_scalar("SELECT CAST(CONNECTION_ID() AS SIGNED)")
+                .fetch_one(&mut conn.conn)
+                .await?;
+            conn.check(session)
+        })
     }
 
     fn records_holders(&self) -> bool {
@@ -567,7 +654,7 @@ impl Dialect for MySqlDialect {
 
     fn proclaim<'a>(
         &'a self,
-        conn: &'a mut MySqlConnection,
+        conn: &'a mut MySqlSession,
         id: &'a String,
         token: &'a Token,
         fence: i64,
@@ -577,13 +664,17 @@ impl Dialect for MySqlDialect {
             let owner = self.holder_lock(token);
             // Taken once: a second GET_LOCK of a name this session holds
             // would stack, and the release gives it back once.
-            let taken: Option<i64> = sqlx::query_scalar(
-                "SELECT IF(IS_USED_LOCK(?) <=> CONNECTION_ID(), 1, GET_LOCK(?, 0))",
+            let (taken, session): (Option<i64>, i64) = sqlx::query_as(
+                "SELECT IF(CONNECTION_ID() <> ?, -1, \
+                 IF(IS_USED_LOCK(?) <=> CONNECTION_ID(), 1, GET_LOCK(?, 0))), \
+                 CAST(CONNECTION_ID() AS SIGNED)",
             )
+            .bind(conn.id)
             .bind(&owner)
             .bind(&owner)
-            .fetch_one(&mut *conn)
+            .fetch_one(&mut conn.conn)
             .await?;
+            conn.check(session)?;
             if taken != Some(1) {
                 // Another session holds the entry lock: never, short of a
                 // name reused.
@@ -600,7 +691,7 @@ impl Dialect for MySqlDialect {
                 .bind(&owner)
                 .bind(fence)
                 .bind(value)
-                .execute(conn)
+                .execute(&mut conn.conn)
                 .await
                 .map(drop)
         })
@@ -608,7 +699,7 @@ impl Dialect for MySqlDialect {
 
     fn disclaim<'a>(
         &'a self,
-        conn: &'a mut MySqlConnection,
+        conn: &'a mut MySqlSession,
         id: &'a String,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
@@ -621,19 +712,23 @@ impl Dialect for MySqlDialect {
             sqlx::query(delete.as_str())
                 .bind(id)
                 .bind(&owner)
-                .execute(&mut *conn)
+                .execute(&mut conn.conn)
                 .await?;
-            sqlx::query("DO RELEASE_LOCK(?)")
-                .bind(&owner)
-                .execute(conn)
-                .await
-                .map(drop)
+            let (_, session): (Option<i64>, i64) = sqlx::query_as(
+                "SELECT IF(CONNECTION_ID() = ?, RELEASE_LOCK(?), -1), \
+                 CAST(CONNECTION_ID() AS SIGNED)",
+            )
+            .bind(conn.id)
+            .bind(&owner)
+            .fetch_one(&mut conn.conn)
+            .await?;
+            conn.check(session)
         })
     }
 
     fn holder<'a>(
         &'a self,
-        conn: &'a mut MySqlConnection,
+        conn: &'a mut MySqlSession,
         id: &'a String,
     ) -> BoxFuture<'a, Result<Option<(Option<i64>, Option<Vec<u8>>)>, sqlx::Error>> {
         Box::pin(async move {
@@ -646,7 +741,7 @@ impl Dialect for MySqlDialect {
             let row = sqlx::query(read.as_str())
                 .bind(id)
                 .bind(id)
-                .fetch_one(conn)
+                .fetch_one(&mut conn.conn)
                 .await?;
             let Some(session) = row.try_get::<Option<i64>, _>(0)? else {
                 return Ok(None);
@@ -673,5 +768,69 @@ impl Dialect for MySqlDialect {
             }
             _ => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlock_testkit::fixture::MariaDbServer;
+
+    /// With the session's recorded connection id changed, as if a proxy
+    /// had moved the connection to another server session, the ping and
+    /// every statement that takes or gives back a lock answer
+    /// `SessionMoved`, and take nothing: no named lock, no queue entry, no
+    /// fencing token, no holder record.
+    #[tokio::test]
+    async fn statements_off_their_session_take_nothing() {
+        let server = MariaDbServer::start().expect("start MariaDB");
+        let dialect = MySqlDialect::new(MySqlConfig::from_url(&server.url()).unwrap());
+        let (mut session, _) = dialect.open().await.expect("open a session");
+        dialect.setup(&mut session).await.expect("set up");
+        let key = LockKey::new("moved").unwrap();
+        let (plain, queued) = (
+            dialect.lock_id(&key, Mode::Exclusive),
+            dialect.lock_id(&key, Mode::Write),
+        );
+        let token = Token::generate();
+        session.id += 1;
+        let moved = |what: &str, e: sqlx::Error| {
+            assert!(dlock_sql::is_session_moved(&e), "{what}: {e}");
+        };
+        moved("ping", dialect.ping(&mut session).await.unwrap_err());
+        let e = dialect
+            .try_lock(&mut session, &plain, Mode::Exclusive)
+            .await;
+        moved("try_lock", e.unwrap_err());
+        let limit = Some(Duration::from_millis(10));
+        let e = dialect
+            .wait(&mut session, &plain, Mode::Exclusive, limit)
+            .await;
+        moved("wait", e.unwrap_err());
+        let e = dialect
+            .enqueue(&mut session, &queued, Mode::Write, &token)
+            .await;
+        moved("enqueue", e.unwrap_err());
+        let e = dialect
+            .proclaim(&mut session, &plain, &token, 1, b"v")
+            .await;
+        moved("proclaim", e.unwrap_err());
+        let e = dialect.unlock(&mut session, &plain, Mode::Exclusive).await;
+        moved("unlock", e.unwrap_err());
+        let e = dialect.dequeue(&mut session, &token).await;
+        moved("dequeue", e.unwrap_err());
+        let e = dialect.disclaim(&mut session, &plain, &token).await;
+        moved("disclaim", e.unwrap_err());
+        let (used, entries, fences, records): (Option<i64>, i64, i64, i64) =
+            sqlx::query_as(&format!(
+                "SELECT CAST(IS_USED_LOCK(?) AS SIGNED), (SELECT COUNT(*) FROM {}), \
+             (SELECT CAST(SUM(v) AS SIGNED) FROM {}), (SELECT COUNT(*) FROM {})",
+                dialect.queue, dialect.table, dialect.holders
+            ))
+            .bind(&plain)
+            .fetch_one(&mut session.conn)
+            .await
+            .unwrap();
+        assert_eq!((used, entries, fences, records), (None, 0, 0, 0));
     }
 }

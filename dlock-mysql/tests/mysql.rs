@@ -54,8 +54,15 @@ async fn a_try_lock_dropped_in_flight_leaves_no_lock() {
         .release()
         .await
         .unwrap();
+    // The holder session, and the idle waiter session that connect
+    // opened beside it (to check that connections keep their server
+    // sessions).
     let sessions = dlock_sessions(&server).await;
-    assert_eq!(sessions.len(), 1, "one holder session: {sessions:?}");
+    assert_eq!(
+        sessions.len(),
+        2,
+        "a holder and a waiter session: {sessions:?}"
+    );
     server.process().pause().unwrap();
     let attempt = tokio::time::timeout(Duration::from_millis(300), a.try_lock("in-flight")).await;
     server.process().resume().unwrap();
@@ -354,4 +361,60 @@ async fn a_lock_won_by_waiting_frees_its_waiter_slot() {
     let waits = locker(&format!("{}?max_waiters=1", server.url())).await;
     let other = locker(&server.url()).await;
     database_faults::check_a_lock_won_by_waiting_frees_its_waiter_slot(&waits, &other).await;
+}
+
+/// Queue entries (read-write locks, semaphores) are numbered, and fenced,
+/// by a committed counter row, not by the table's `AUTO_INCREMENT`: after
+/// an operator empties the queue table (`TRUNCATE`, which resets
+/// `AUTO_INCREMENT`, as a restart does on MySQL 5.7 and MariaDB before
+/// 10.2.4) and the server restarts, every mode's next fence is still above
+/// every fence given before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_fences_survive_an_emptied_table_and_a_restart() {
+    use dlock_core::backend::Mode;
+    let mut server = MariaDbServer::start().expect("start MariaDB");
+    let url = format!("{}?session_timeout=3s", server.url());
+    let modes = [
+        Mode::Write,
+        Mode::Read,
+        Mode::Permits { count: 1, limit: 2 },
+    ];
+    let mut last = 0;
+    let a = locker(&url).await;
+    for round in 0..3 {
+        for mode in modes {
+            let guard = a
+                .lock_mode(&format!("queued-fence-{round}"), mode, LockOptions::new())
+                .await
+                .expect("a queued lock");
+            let fence = guard.fencing_token().expect("a fence");
+            assert!(fence > last, "{mode:?}: fence {fence} after {last}");
+            last = fence;
+            guard.release().await.expect("release");
+        }
+    }
+    {
+        use sqlx::{Connection, Executor};
+        let mut conn = sqlx::MySqlConnection::connect(&server.url())
+            .await
+            .expect("connect");
+        conn.execute("TRUNCATE TABLE dlock_queue")
+            .await
+            .expect("empty the queue table");
+    }
+    tokio::task::block_in_place(|| server.restart()).expect("restart MariaDB");
+    let b = locker(&url).await;
+    for mode in modes {
+        let guard = b
+            .lock_mode("queued-fence-after", mode, LockOptions::new())
+            .await
+            .expect("a queued lock after the restart");
+        let fence = guard.fencing_token().expect("a fence");
+        assert!(
+            fence > last,
+            "{mode:?}: fence {fence} after {last}, across the restart"
+        );
+        last = fence;
+        guard.release().await.expect("release");
+    }
 }

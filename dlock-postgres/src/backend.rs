@@ -7,7 +7,7 @@ use dlock_core::{
     backend::{BoxFuture, Mode},
     LockKey, Result, Token,
 };
-use dlock_sql::{sqlx, Dialect, Granted, QueueEntry, SqlBackend, SqlSettings};
+use dlock_sql::{session_moved, sqlx, Dialect, Granted, QueueEntry, SqlBackend, SqlSettings};
 use sqlx::{postgres::PgConnection, Connection, Executor, Row};
 
 use crate::config::{lock_id, PgConfig};
@@ -36,6 +36,20 @@ fn ahead(queue: &str, id: &str, number: &str) -> String {
          WHERE datname = current_database()) d \
          WHERE q.lock_id = {id} AND q.n <= {number} ORDER BY q.n"
     )
+}
+
+/// A statement that runs `expr` only on the server session whose process
+/// id is parameter `pid`: answers `expr` (`NULL` on another session) and
+/// the session's process id.
+fn on_own_session(pid: &str, expr: &str) -> String {
+    format!("SELECT CASE WHEN pg_backend_pid() = {pid} THEN {expr} END, pg_backend_pid()")
+}
+
+/// The answer of a statement made by [`on_own_session`] on `session`:
+/// `expr`'s value, or [`session_moved`] if it ran on another session.
+fn own<T>(session: &PgSession, (value, pid): (Option<T>, i32)) -> Result<Option<T>, sqlx::Error> {
+    session.check(pid)?;
+    Ok(value)
 }
 
 /// A proclaimed hold's entry lock: a one-key advisory lock named for its
@@ -117,6 +131,14 @@ const LOCK_NOT_AVAILABLE: &str = "55P03";
 ///   created at connect if missing: they increase across all keys, so per
 ///   key too. A waiter's token is taken right after its grant, on the
 ///   session that holds it.
+/// - **One server session per connection.** Every statement that takes or
+///   gives back a lock, and every ping, runs only on the server process
+///   the session opened (`pg_backend_pid()`, checked in the same round
+///   trip); on another one it takes nothing, and the session's guards are
+///   lost. `connect` refuses a pooler that moves statements between
+///   sessions
+///   ([`LockError::UnsafeDeployment`](dlock_core::LockError::UnsafeDeployment)):
+///   connect directly, or through PgBouncer in `pool_mode = session`.
 /// - **Fixed leases**: the lock is released when the lease ends, by this
 ///   process; if the process dies first, its connection closes.
 /// - **Read-write locks** are shared and exclusive advisory locks in the
@@ -205,19 +227,32 @@ impl PgBackend {
     ///
     /// As [`PgBackend::connect`].
     pub async fn connect_with(config: PgConfig) -> Result<PgBackend> {
+        SqlBackend::connect(PgDialect::new(config))
+            .await
+            .map(PgBackend)
+    }
+}
+
+impl PgDialect {
+    fn new(config: PgConfig) -> PgDialect {
         let sequence = format!("{}_fence", config.lock_prefix());
         let queue = format!("{}_queue", config.lock_prefix());
         let holders = format!("{}_holder", config.lock_prefix());
-        let dialect = PgDialect {
+        PgDialect {
             fence_expr: format!("nextval('{sequence}')"),
-            try_lock: format!(
-                "SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('{sequence}') END"
+            try_lock: on_own_session(
+                "$2",
+                &format!("CASE WHEN pg_try_advisory_lock($1) THEN nextval('{sequence}') END"),
             ),
-            try_read: format!(
-                "SELECT CASE WHEN pg_try_advisory_lock_shared($1, $2) THEN nextval('{sequence}') END"
+            try_read: on_own_session(
+                "$3",
+                &format!(
+                    "CASE WHEN pg_try_advisory_lock_shared($1, $2) THEN nextval('{sequence}') END"
+                ),
             ),
-            try_write: format!(
-                "SELECT CASE WHEN pg_try_advisory_lock($1, $2) THEN nextval('{sequence}') END"
+            try_write: on_own_session(
+                "$3",
+                &format!("CASE WHEN pg_try_advisory_lock($1, $2) THEN nextval('{sequence}') END"),
             ),
             create: format!(
                 "CREATE SEQUENCE IF NOT EXISTS {sequence}; \
@@ -231,18 +266,21 @@ impl PgBackend {
                  fence BIGINT NOT NULL, value BYTEA NOT NULL)"
             ),
             proclaim: format!(
-                "INSERT INTO {holders} (lock_id, owner, fence, value) \
+                "WITH i AS (INSERT INTO {holders} (lock_id, owner, fence, value) \
                  SELECT $1, $2, $3, $4 \
-                 WHERE CASE WHEN EXISTS (SELECT 1 FROM pg_locks e WHERE {mine} \
+                 WHERE CASE WHEN pg_backend_pid() <> $5 THEN false \
+                 WHEN EXISTS (SELECT 1 FROM pg_locks e WHERE {mine} \
                  AND e.pid = pg_backend_pid()) THEN true \
                  ELSE pg_try_advisory_lock($2) END \
                  ON CONFLICT (lock_id) DO UPDATE SET owner = EXCLUDED.owner, \
-                 fence = EXCLUDED.fence, value = EXCLUDED.value",
+                 fence = EXCLUDED.fence, value = EXCLUDED.value RETURNING 1) \
+                 SELECT (SELECT count(*) FROM i), pg_backend_pid()",
                 mine = one_key_lock("e", "$2"),
             ),
             disclaim: format!(
                 "WITH d AS (DELETE FROM {holders} WHERE lock_id = $1 AND owner = $2) \
-                 SELECT pg_advisory_unlock($2)"
+                 SELECT CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock($2) END, \
+                 pg_backend_pid()"
             ),
             holder: format!(
                 "SELECT h.fence, h.value FROM pg_locks l \
@@ -257,13 +295,14 @@ impl PgBackend {
             ahead: ahead(&queue, "$1", "$2"),
             dequeue: format!(
                 "WITH d AS (DELETE FROM {queue} WHERE owner = $1 RETURNING n) \
-                 SELECT EXISTS (SELECT 1 FROM d), pg_advisory_unlock($1)"
+                 SELECT EXISTS (SELECT 1 FROM d), \
+                 CASE WHEN pg_backend_pid() = $2 THEN pg_advisory_unlock($1) END, \
+                 pg_backend_pid()"
             ),
             remove: format!("DELETE FROM {queue} WHERE n = ANY($1)"),
             queue,
             config,
-        };
-        SqlBackend::connect(dialect).await.map(PgBackend)
+        }
     }
 }
 
@@ -300,8 +339,26 @@ struct PgDialect {
     holder: String,
 }
 
+/// A dlock session's connection, and the process id of the server
+/// session it opened: every lock statement checks it is still there.
+struct PgSession {
+    conn: PgConnection,
+    pid: i32,
+}
+
+impl PgSession {
+    /// [`session_moved`] unless `pid` is this session's.
+    fn check(&self, pid: i32) -> Result<(), sqlx::Error> {
+        if pid == self.pid {
+            Ok(())
+        } else {
+            Err(session_moved(self.pid as u64, pid as u64))
+        }
+    }
+}
+
 impl Dialect for PgDialect {
-    type Conn = PgConnection;
+    type Conn = PgSession;
     type Id = i64;
 
     const NAME: &'static str = "postgres";
@@ -322,28 +379,32 @@ impl Dialect for PgDialect {
     /// One simple query, so one implicit transaction: the key's
     /// transaction lock (the key's enqueues take turns until each insert
     /// commits, so numbers become visible in order), the entry lock and
-    /// the insert, then the entries up to it. Every value written inline
-    /// is a number, or a tag of letters, digits and `/`.
+    /// the insert (only on the session's own server process), then the
+    /// entries up to it. Every value written inline is a number, or a tag
+    /// of letters, digits and `/`.
     fn enqueue<'a>(
         &'a self,
-        conn: &'a mut PgConnection,
+        session: &'a mut PgSession,
         id: &'a i64,
         mode: Mode,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<(i64, Vec<QueueEntry>), sqlx::Error>> {
         Box::pin(async move {
-            let (owner, queue) = (entry_lock(token), &self.queue);
+            let (owner, queue, pid) = (entry_lock(token), &self.queue, session.pid);
             let mine = format!("currval(pg_get_serial_sequence('{queue}', 'n'))");
             let request = format!(
-                "SELECT pg_advisory_xact_lock({id}); \
+                "SELECT pg_backend_pid(), pg_advisory_xact_lock({id}); \
                  INSERT INTO {queue} (lock_id, mode, owner, pid) \
                  SELECT {id}, '{tag}', {owner}, pg_backend_pid() \
-                 WHERE pg_try_advisory_lock({owner}) \
+                 WHERE CASE WHEN pg_backend_pid() = {pid} \
+                 THEN pg_try_advisory_lock({owner}) ELSE false END \
                  RETURNING n; {ahead}",
                 tag = mode.tag(),
                 ahead = ahead(queue, &id.to_string(), &mine),
             );
-            let rows = conn.fetch_all(request.as_str()).await?;
+            let rows = session.conn.fetch_all(request.as_str()).await?;
+            let ran_on: i32 = rows.first().ok_or(sqlx::Error::RowNotFound)?.try_get(0)?;
+            session.check(ran_on)?;
             // The transaction lock's row, the insert's, then the entries.
             let inserted = rows
                 .get(1)
@@ -360,7 +421,7 @@ impl Dialect for PgDialect {
 
     fn ahead<'a>(
         &'a self,
-        conn: &'a mut PgConnection,
+        session: &'a mut PgSession,
         id: &'a i64,
         number: i64,
     ) -> BoxFuture<'a, Result<(Vec<QueueEntry>, bool), sqlx::Error>> {
@@ -368,7 +429,7 @@ impl Dialect for PgDialect {
             let rows = sqlx::query(self.ahead.as_str())
                 .bind(*id)
                 .bind(number)
-                .fetch_all(conn)
+                .fetch_all(&mut session.conn)
                 .await?;
             QueueEntry::read_rows(&rows, number)
         })
@@ -376,27 +437,30 @@ impl Dialect for PgDialect {
 
     fn dequeue<'a>(
         &'a self,
-        conn: &'a mut PgConnection,
+        session: &'a mut PgSession,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
         Box::pin(async move {
-            let row = sqlx::query(self.dequeue.as_str())
-                .bind(entry_lock(token))
-                .fetch_one(conn)
-                .await?;
-            row.try_get(0)
+            let (deleted, _, pid): (bool, Option<bool>, i32) =
+                sqlx::query_as(self.dequeue.as_str())
+                    .bind(entry_lock(token))
+                    .bind(session.pid)
+                    .fetch_one(&mut session.conn)
+                    .await?;
+            session.check(pid)?;
+            Ok(deleted)
         })
     }
 
     fn remove<'a>(
         &'a self,
-        conn: &'a mut PgConnection,
+        session: &'a mut PgSession,
         numbers: &'a [i64],
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
             sqlx::query(self.remove.as_str())
                 .bind(numbers)
-                .execute(conn)
+                .execute(&mut session.conn)
                 .await
                 .map(drop)
         })
@@ -404,7 +468,7 @@ impl Dialect for PgDialect {
 
     fn watch<'a>(
         &'a self,
-        conn: &'a mut PgConnection,
+        session: &'a mut PgSession,
         owner: &'a str,
         limit: Option<Duration>,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
@@ -413,12 +477,13 @@ impl Dialect for PgDialect {
                 .parse()
                 .map_err(|_| sqlx::Error::Protocol(format!("a queue entry's owner: {owner}")))?;
             let lock_timeout = limit.map_or(0, |l| l.as_millis().max(1));
-            // Taken and given back at once: its owner left.
+            // Taken and given back at once: its owner left. One simple
+            // query, so one server session whatever is in between.
             let watch = format!(
                 "SET lock_timeout = {lock_timeout}; SELECT pg_advisory_lock({owner}); \
                  SELECT pg_advisory_unlock({owner}); SET lock_timeout = 0"
             );
-            match conn.execute(watch.as_str()).await {
+            match session.conn.execute(watch.as_str()).await {
                 Ok(_) => Ok(true),
                 Err(sqlx::Error::Database(e))
                     if e.code().as_deref() == Some(LOCK_NOT_AVAILABLE) =>
@@ -447,24 +512,25 @@ impl Dialect for PgDialect {
         *id as u64
     }
 
-    fn open(&self) -> BoxFuture<'_, Result<(PgConnection, u64), sqlx::Error>> {
+    /// A simple query (no prepared statement: a pooler in transaction
+    /// mode would break those before dlock could tell it is there).
+    fn open(&self) -> BoxFuture<'_, Result<(PgSession, u64), sqlx::Error>> {
         Box::pin(async move {
             let mut conn = PgConnection::connect_with(self.config.connect_options()).await?;
-            let row = sqlx::query(
-                "SELECT pg_backend_pid(), set_config('idle_session_timeout', $1, false), \
+            let opened = format!(
+                "SELECT pg_backend_pid(), set_config('idle_session_timeout', '{}', false), \
                  set_config('client_connection_check_interval', '1000', false)",
-            )
-            .bind(self.config.session_timeout().as_millis().to_string())
-            .fetch_one(&mut conn)
-            .await?;
+                self.config.session_timeout().as_millis()
+            );
+            let row = conn.fetch_one(opened.as_str()).await?;
             let pid: i32 = row.try_get(0)?;
-            Ok((conn, pid as u64))
+            Ok((PgSession { conn, pid }, pid as u64))
         })
     }
 
-    fn setup<'a>(&'a self, conn: &'a mut PgConnection) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+    fn setup<'a>(&'a self, session: &'a mut PgSession) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
-            match conn.execute(self.create.as_str()).await {
+            match session.conn.execute(self.create.as_str()).await {
                 Ok(_) => Ok(()),
                 // Two clients creating it at once: one of them is told it
                 // exists (unique_violation or duplicate_table). It does now.
@@ -480,29 +546,28 @@ impl Dialect for PgDialect {
 
     fn try_lock<'a>(
         &'a self,
-        conn: &'a mut PgConnection,
+        session: &'a mut PgSession,
         id: &'a i64,
         mode: Mode,
     ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
         let (hi, lo) = split(*id);
-        Box::pin(match mode {
-            Mode::Read => sqlx::query_scalar::<_, Option<i64>>(self.try_read.as_str())
-                .bind(hi)
-                .bind(lo)
-                .fetch_one(conn),
-            Mode::Write => sqlx::query_scalar::<_, Option<i64>>(self.try_write.as_str())
-                .bind(hi)
-                .bind(lo)
-                .fetch_one(conn),
-            _ => sqlx::query_scalar::<_, Option<i64>>(self.try_lock.as_str())
-                .bind(*id)
-                .fetch_one(conn),
+        Box::pin(async move {
+            let pid = session.pid;
+            let answer = match mode {
+                Mode::Read => sqlx::query_as(self.try_read.as_str()).bind(hi).bind(lo),
+                Mode::Write => sqlx::query_as(self.try_write.as_str()).bind(hi).bind(lo),
+                _ => sqlx::query_as(self.try_lock.as_str()).bind(*id),
+            }
+            .bind(pid)
+            .fetch_one(&mut session.conn)
+            .await?;
+            own(session, answer)
         })
     }
 
     fn wait<'a>(
         &'a self,
-        conn: &'a mut PgConnection,
+        session: &'a mut PgSession,
         id: &'a i64,
         mode: Mode,
         limit: Option<Duration>,
@@ -515,16 +580,19 @@ impl Dialect for PgDialect {
                 Mode::Write => format!("pg_advisory_lock({hi}, {lo})"),
                 _ => format!("pg_advisory_lock({id})"),
             };
-            // One round trip: the wait, then (a statement of its own, so
-            // only after the grant) the token, and how long the server took
-            // since it received the query.
+            // One round trip, one server session: the session's process
+            // id, the wait (only on the session's own process), then (a
+            // statement of its own, so only after the grant) the token,
+            // and how long the server took since it received the query.
             let wait = format!(
-                "SET lock_timeout = {lock_timeout}; SELECT {lock}; \
-                 SELECT {}, (extract(epoch FROM clock_timestamp() - statement_timestamp()) \
-                 * 1000000)::bigint; SET lock_timeout = 0",
-                self.fence_expr
+                "SET lock_timeout = {lock_timeout}; SELECT pg_backend_pid(); \
+                 SELECT {lock} WHERE pg_backend_pid() = {pid}; \
+                 SELECT {fence}, (extract(epoch FROM clock_timestamp() - statement_timestamp()) \
+                 * 1000000)::bigint WHERE pg_backend_pid() = {pid}; SET lock_timeout = 0",
+                pid = session.pid,
+                fence = self.fence_expr,
             );
-            let rows = match conn.fetch_all(wait.as_str()).await {
+            let rows = match session.conn.fetch_all(wait.as_str()).await {
                 Ok(rows) => rows,
                 // Not granted: the session is as it was (its `lock_timeout`
                 // is set again at the next wait).
@@ -535,7 +603,9 @@ impl Dialect for PgDialect {
                 }
                 Err(e) => return Err(e),
             };
-            let row = rows.last().ok_or(sqlx::Error::RowNotFound)?;
+            let ran_on: i32 = rows.first().ok_or(sqlx::Error::RowNotFound)?.try_get(0)?;
+            session.check(ran_on)?;
+            let row = rows.get(2).ok_or(sqlx::Error::RowNotFound)?;
             let took_us: i64 = row.try_get(1)?;
             Ok(Some(Granted {
                 fence: row.try_get(0)?,
@@ -546,42 +616,46 @@ impl Dialect for PgDialect {
 
     fn unlock<'a>(
         &'a self,
-        conn: &'a mut PgConnection,
+        session: &'a mut PgSession,
         id: &'a i64,
         mode: Mode,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
         let (hi, lo) = split(*id);
-        Box::pin(match mode {
-            Mode::Read => sqlx::query_scalar::<_, bool>("SELECT pg_advisory_unlock_shared($1, $2)")
-                .bind(hi)
-                .bind(lo)
-                .fetch_one(conn),
-            Mode::Write => sqlx::query_scalar::<_, bool>("SELECT pg_advisory_unlock($1, $2)")
-                .bind(hi)
-                .bind(lo)
-                .fetch_one(conn),
-            _ => sqlx::query_scalar::<_, bool>("SELECT pg_advisory_unlock($1)")
-                .bind(*id)
-                .fetch_one(conn),
+        Box::pin(async move {
+            let pid = session.pid;
+            let answer = match mode {
+                Mode::Read => sqlx::query_as(UNLOCK_SHARED).bind(hi).bind(lo),
+                Mode::Write => sqlx::query_as(UNLOCK_TWO_KEY).bind(hi).bind(lo),
+                _ => sqlx::query_as(UNLOCK).bind(*id),
+            }
+            .bind(pid)
+            .fetch_one(&mut session.conn)
+            .await?;
+            Ok(own(session, answer)?.unwrap_or(false))
         })
     }
 
     fn end_session<'a>(
         &'a self,
-        conn: &'a mut PgConnection,
-        session: u64,
+        session: &'a mut PgSession,
+        other: u64,
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
             sqlx::query("SELECT pg_terminate_backend($1)")
-                .bind(session as i32)
-                .execute(conn)
+                .bind(other as i32)
+                .execute(&mut session.conn)
                 .await
                 .map(drop)
         })
     }
 
-    fn ping<'a>(&'a self, conn: &'a mut PgConnection) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        conn.ping()
+    fn ping<'a>(&'a self, session: &'a mut PgSession) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                .fetch_one(&mut session.conn)
+                .await?;
+            session.check(pid)
+        })
     }
 
     fn records_holders(&self) -> bool {
@@ -590,21 +664,23 @@ impl Dialect for PgDialect {
 
     fn proclaim<'a>(
         &'a self,
-        conn: &'a mut PgConnection,
+        session: &'a mut PgSession,
         id: &'a i64,
         token: &'a Token,
         fence: i64,
         value: &'a [u8],
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
-            let done = sqlx::query(self.proclaim.as_str())
+            let (written, pid): (i64, i32) = sqlx::query_as(self.proclaim.as_str())
                 .bind(*id)
                 .bind(holder_lock(token))
                 .bind(fence)
                 .bind(value)
-                .execute(conn)
+                .bind(session.pid)
+                .fetch_one(&mut session.conn)
                 .await?;
-            if done.rows_affected() == 1 {
+            session.check(pid)?;
+            if written == 1 {
                 Ok(())
             } else {
                 // Another session holds the entry lock: never, short of
@@ -616,29 +692,30 @@ impl Dialect for PgDialect {
 
     fn disclaim<'a>(
         &'a self,
-        conn: &'a mut PgConnection,
+        session: &'a mut PgSession,
         id: &'a i64,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
-            sqlx::query(self.disclaim.as_str())
+            let answer: (Option<bool>, i32) = sqlx::query_as(self.disclaim.as_str())
                 .bind(*id)
                 .bind(holder_lock(token))
-                .execute(conn)
-                .await
-                .map(drop)
+                .bind(session.pid)
+                .fetch_one(&mut session.conn)
+                .await?;
+            own(session, answer).map(drop)
         })
     }
 
     fn holder<'a>(
         &'a self,
-        conn: &'a mut PgConnection,
+        session: &'a mut PgSession,
         id: &'a i64,
     ) -> BoxFuture<'a, Result<Option<(Option<i64>, Option<Vec<u8>>)>, sqlx::Error>> {
         Box::pin(async move {
             let row = sqlx::query(self.holder.as_str())
                 .bind(*id)
-                .fetch_optional(conn)
+                .fetch_optional(&mut session.conn)
                 .await?;
             row.map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
                 .transpose()
@@ -647,7 +724,8 @@ impl Dialect for PgDialect {
 
     /// The connection failed, or the server ended the session (SQLSTATE
     /// class 08, connection exception, or 57, operator intervention: a
-    /// shutdown, `pg_terminate_backend`, the idle session timeout).
+    /// shutdown, `pg_terminate_backend`, the idle session timeout), or
+    /// the connection is no longer on its server session.
     fn ends_the_session(&self, e: &sqlx::Error) -> bool {
         match e {
             sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => true,
@@ -656,5 +734,78 @@ impl Dialect for PgDialect {
                 .is_some_and(|code| code.starts_with("08") || code.starts_with("57")),
             _ => false,
         }
+    }
+}
+
+/// Releases a hold, on the session's own server process only (`$2`):
+/// whether it was held, and the process id.
+const UNLOCK: &str = "SELECT CASE WHEN pg_backend_pid() = $2 THEN pg_advisory_unlock($1) END, \
+     pg_backend_pid()";
+/// The same for a writer (two-key space; `$3` the process id).
+const UNLOCK_TWO_KEY: &str =
+    "SELECT CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock($1, $2) END, \
+     pg_backend_pid()";
+/// The same for a reader.
+const UNLOCK_SHARED: &str =
+    "SELECT CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock_shared($1, $2) END, \
+     pg_backend_pid()";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dlock_testkit::fixture::PostgresServer;
+
+    /// With the session's recorded process id changed, as if a pooler had
+    /// moved the connection to another server session, the ping and every
+    /// statement that takes or gives back a lock answer `SessionMoved`,
+    /// and take nothing: no advisory lock, no queue entry, no fencing
+    /// token, no holder record.
+    #[tokio::test]
+    async fn statements_off_their_session_take_nothing() {
+        let server = PostgresServer::start().expect("start PostgreSQL");
+        let dialect = PgDialect::new(PgConfig::from_url(&server.url()).unwrap());
+        let (mut session, _) = dialect.open().await.expect("open a session");
+        dialect.setup(&mut session).await.expect("set up");
+        let key = LockKey::new("moved").unwrap();
+        let token = Token::generate();
+        session.pid += 1;
+        let moved = |what: &str, e: sqlx::Error| {
+            assert!(dlock_sql::is_session_moved(&e), "{what}: {e}");
+        };
+        moved("ping", dialect.ping(&mut session).await.unwrap_err());
+        for mode in [Mode::Exclusive, Mode::Read, Mode::Write] {
+            let id = dialect.lock_id(&key, mode);
+            let e = dialect.try_lock(&mut session, &id, mode).await;
+            moved("try_lock", e.unwrap_err());
+            let limit = Some(Duration::from_millis(10));
+            let e = dialect.wait(&mut session, &id, mode, limit).await;
+            moved("wait", e.unwrap_err());
+            let e = dialect.unlock(&mut session, &id, mode).await;
+            moved("unlock", e.unwrap_err());
+        }
+        let permits = Mode::Permits { count: 1, limit: 1 };
+        let queued = dialect.lock_id(&key, permits);
+        let e = dialect
+            .enqueue(&mut session, &queued, permits, &token)
+            .await;
+        moved("enqueue", e.unwrap_err());
+        let e = dialect.dequeue(&mut session, &token).await;
+        moved("dequeue", e.unwrap_err());
+        let plain = dialect.lock_id(&key, Mode::Exclusive);
+        let e = dialect
+            .proclaim(&mut session, &plain, &token, 1, b"v")
+            .await;
+        moved("proclaim", e.unwrap_err());
+        let e = dialect.disclaim(&mut session, &plain, &token).await;
+        moved("disclaim", e.unwrap_err());
+        let (locks, entries, fenced, records): (i64, i64, bool, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'), \
+             (SELECT count(*) FROM dlock_queue), \
+             (SELECT is_called FROM dlock_fence), (SELECT count(*) FROM dlock_holder)",
+        )
+        .fetch_one(&mut session.conn)
+        .await
+        .unwrap();
+        assert_eq!((locks, entries, fenced, records), (0, 0, false, 0));
     }
 }

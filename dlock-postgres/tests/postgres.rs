@@ -31,6 +31,21 @@ async fn dlock_sessions(url: &str) -> Vec<i32> {
     .expect("pg_stat_activity")
 }
 
+/// The server process of the dlock session whose last statement took or
+/// gave back an advisory lock: the holder session, beside waiter sessions
+/// that only pinged.
+async fn holder_session(url: &str) -> i32 {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(url).await.expect("connect");
+    sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = 'dlock' \
+         AND query LIKE '%advisory%'",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .expect("the holder session in pg_stat_activity")
+}
+
 fn signal(pid: i32, signal: i32) {
     // SAFETY: kill has no memory preconditions; a stale PID is an error
     // code, checked below.
@@ -57,11 +72,19 @@ async fn a_try_lock_dropped_in_flight_leaves_no_lock() {
         .release()
         .await
         .unwrap();
+    // The holder session, and the idle waiter session that connect
+    // opened beside it (to check that connections keep their server
+    // sessions): the holder is the one that ran the attempt.
     let sessions = dlock_sessions(&server.url()).await;
-    assert_eq!(sessions.len(), 1, "one holder session: {sessions:?}");
-    signal(sessions[0], libc::SIGSTOP);
+    assert_eq!(
+        sessions.len(),
+        2,
+        "a holder and a waiter session: {sessions:?}"
+    );
+    let holder = holder_session(&server.url()).await;
+    signal(holder, libc::SIGSTOP);
     let attempt = tokio::time::timeout(Duration::from_millis(300), a.try_lock("in-flight")).await;
-    signal(sessions[0], libc::SIGCONT);
+    signal(holder, libc::SIGCONT);
     assert!(attempt.is_err(), "the paused server answered: {attempt:?}");
     let b = locker(&server.url()).await;
     let started = Instant::now();

@@ -432,6 +432,7 @@ impl<D: Dialect> SqlBackend<D> {
             }),
         };
         let holder = backend.holder_at(0).await?;
+        backend.refuse_moving_sessions(&holder).await?;
         let set_up = match holder.live().await {
             Ok(mut live) => {
                 let answer = backend.inner.dialect.setup(live.conn()).await;
@@ -441,6 +442,52 @@ impl<D: Dialect> SqlBackend<D> {
         };
         set_up.map_err(backend_error::<D>)?;
         Ok(backend)
+    }
+
+    /// Refuses a deployment that moves a connection's statements between
+    /// server sessions (a pooler in transaction or statement mode, a
+    /// multiplexing proxy): opens a second session beside `first`, and
+    /// pings both. Two connections given one server session, or a ping
+    /// that finds its connection on another one, is
+    /// [`LockError::UnsafeDeployment`]. The second session stays, as an
+    /// idle waiter session.
+    ///
+    /// A pooler hands a connection's next statement the server session
+    /// that ran the last one, if it is idle (PgBouncer's default): the
+    /// second connection's first statement gets the first one's.
+    async fn refuse_moving_sessions(&self, first: &Arc<Session<D>>) -> Result<()> {
+        let second = Session::open(&self.inner.dialect).await?;
+        let mut moved = (second.server_id == first.server_id).then(|| {
+            format!(
+                "two connections were given one server session ({})",
+                first.server_id
+            )
+        });
+        for session in [first, &second] {
+            if moved.is_some() {
+                break;
+            }
+            match session.run(|d, c| d.ping(c)).await {
+                Ok(_) => {}
+                Err(e) if crate::is_session_moved(&e) => moved = Some(e.to_string()),
+                Err(e) => return Err(backend_error::<D>(e)),
+            }
+        }
+        if let Some(why) = moved {
+            first.end();
+            second.end();
+            return Err(LockError::UnsafeDeployment {
+                backend: D::NAME,
+                reason: format!(
+                    "{why}. A session-level lock would then sit on a server session this \
+                     client no longer talks to, or go with it, and two owners could hold \
+                     it. Connect to the server directly, or through a pooler in session \
+                     mode (PgBouncer `pool_mode = session`; no ProxySQL multiplexing)"
+                ),
+            });
+        }
+        self.put_idle(second);
+        Ok(())
     }
 
     /// The dialect this backend speaks.

@@ -72,6 +72,54 @@ impl QueueEntry {
     }
 }
 
+/// What a dialect answers (through [`session_moved`]) when a statement ran
+/// on a server session other than the one its connection opened: a
+/// pooler in transaction or statement mode, or a proxy that reconnects in
+/// silence, is between the client and the server. The session's locks sit
+/// on a server session the client no longer talks to, or went with it:
+/// the session counts as ended, and every guard on it is lost.
+///
+/// # Examples
+///
+/// ```
+/// let error = dlock_sql::session_moved(41, 42);
+/// assert!(dlock_sql::is_session_moved(&error));
+/// assert!(error.to_string().contains("server session 42, not 41"));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionMoved {
+    /// The server's identifier of the session the connection opened.
+    pub expected: u64,
+    /// The one the statement ran on.
+    pub found: u64,
+}
+
+impl fmt::Display for SessionMoved {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "a statement ran on server session {}, not {}, the one its connection opened: \
+             a pooler in transaction or statement mode, or a proxy that reconnects, moves \
+             statements between server sessions",
+            self.found, self.expected
+        )
+    }
+}
+
+impl std::error::Error for SessionMoved {}
+
+/// The driver error a dialect answers for [`SessionMoved`]: an I/O error,
+/// so the session counts as ended.
+pub fn session_moved(expected: u64, found: u64) -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::other(SessionMoved { expected, found }))
+}
+
+/// Whether `error` is a [`SessionMoved`] (see [`session_moved`]).
+pub fn is_session_moved(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Io(e)
+        if e.get_ref().is_some_and(|inner| inner.is::<SessionMoved>()))
+}
+
 /// The statements of one database server's session-level named locks.
 ///
 /// A [`SqlBackend`](crate::SqlBackend) holds locks on a few holder
@@ -84,6 +132,11 @@ impl QueueEntry {
 /// The server's locks must be held by a session until it unlocks them or
 /// ends, and a session that is idle for the session timeout must be ended
 /// by the server.
+///
+/// A connection must stay on the server session [`open`](Dialect::open)
+/// identified. Every statement that takes or gives back a lock, and the
+/// ping, checks in the same round trip that it runs on that session, takes
+/// nothing when it does not, and answers [`session_moved`] then.
 ///
 /// # Examples
 ///
@@ -170,7 +223,9 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         session: u64,
     ) -> BoxFuture<'a, Result<(), sqlx::Error>>;
 
-    /// The cheapest statement the server answers, to keep a session busy.
+    /// The cheapest statement the server answers, to keep a session busy,
+    /// which checks that the connection is still on its server session
+    /// ([`session_moved`] otherwise).
     fn ping<'a>(&'a self, conn: &'a mut Self::Conn) -> BoxFuture<'a, Result<(), sqlx::Error>>;
 
     /// Whether `mode` is kept in the dialect's queue table, for a mode the

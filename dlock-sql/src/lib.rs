@@ -5,7 +5,7 @@ mod dialect;
 mod settings;
 
 pub use backend::SqlBackend;
-pub use dialect::{Dialect, Granted, QueueEntry};
+pub use dialect::{is_session_moved, session_moved, Dialect, Granted, QueueEntry, SessionMoved};
 pub use settings::{fnv1a, SqlSettings};
 /// The driver the dialects speak through.
 pub use sqlx;
