@@ -15,9 +15,10 @@ use sqlx::{
 
 use crate::config::{lock_name, object_name, FenceSource, MySqlConfig};
 
-/// How long an enqueue waits for the key's other enqueues (each one
-/// insert long) before it fails.
-const ENQUEUE_TIMEOUT_SECS: u32 = 10;
+/// How long an enqueue waits at most for the key's other enqueues (each
+/// one insert long) before it answers busy (and is tried again, within the
+/// wait limit): a third of the session timeout, or this if shorter.
+const ENQUEUE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `GET_LOCK`'s timeout for a wait without limit: a year, after which the
 /// wait starts again (MariaDB answers a negative timeout at once).
@@ -362,8 +363,9 @@ impl Dialect for MySqlDialect {
                 FenceSource::Off => ("SET @dlock_f = 0; ".to_owned(), "NULL"),
             };
             let request = format!(
-                "SET @dlock_e = IF(CONNECTION_ID() = {session}, GET_LOCK('{entry}', 0), -1); \
-                 SET @dlock_q = GET_LOCK('{id}', {ENQUEUE_TIMEOUT_SECS}); {take}\
+                "SET @dlock_e = IF(CONNECTION_ID() = {session}, \
+                 IF(IS_USED_LOCK('{entry}') <=> CONNECTION_ID(), 1, GET_LOCK('{entry}', 0)), -1); \
+                 SET @dlock_q = GET_LOCK('{id}', {enqueue_timeout:.3}); {take}\
                  INSERT INTO {queue} (n, lock_id, mode, owner, session) \
                  SELECT {number}, '{id}', '{tag}', '{entry}', CONNECTION_ID() \
                  FROM DUAL WHERE @dlock_e = 1 AND @dlock_q = 1 AND @dlock_f IS NOT NULL; \
@@ -372,6 +374,9 @@ impl Dialect for MySqlDialect {
                  SELECT @dlock_n, @dlock_e, @dlock_q, CAST(CONNECTION_ID() AS SIGNED), \
                  CAST(@dlock_f AS SIGNED); {ahead}",
                 session = conn.id,
+                enqueue_timeout = (self.config.session_timeout() / 3)
+                    .min(ENQUEUE_TIMEOUT)
+                    .as_secs_f64(),
                 queue = self.queue,
                 tag = mode.tag(),
                 ahead = self.ahead_query(&format!("'{id}'"), "@dlock_n"),
@@ -387,10 +392,16 @@ impl Dialect for MySqlDialect {
                 // The counter row is missing: the entry was not added.
                 self.token(status.try_get(4)?)?;
             }
+            if taken == Some(1) && queued == Some(0) {
+                // The entry lock stays with the session, for the next try
+                // (taken once: held already, it is not taken again).
+                return Err(dlock_sql::busy(
+                    "the key's other enqueues held it up for a third of the session timeout",
+                ));
+            }
             let Some(number) = status.try_get::<Option<i64>, _>(0)? else {
                 return Err(sqlx::Error::Protocol(format!(
-                    "no queue entry: entry lock {taken:?}, the key's enqueue lock {queued:?} \
-                     (0: held elsewhere for {ENQUEUE_TIMEOUT_SECS} s)",
+                    "no queue entry: entry lock {taken:?}, the key's enqueue lock {queued:?}"
                 )));
             };
             let (entries, mine) = QueueEntry::read_rows(&rows[1..], number)?;

@@ -298,3 +298,29 @@ async fn a_lock_won_by_waiting_frees_its_waiter_slot() {
     let other = locker(&server.url()).await;
     database_faults::check_a_lock_won_by_waiting_frees_its_waiter_slot(&waits, &other).await;
 }
+
+/// A connection whose traffic is dropped, not refused, under a held lock:
+/// the guard reports lost within the session timeout and before another
+/// client gets the key, and lock calls through it answer in bounded time
+/// (see `check_a_black_holed_connection_is_bounded`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_black_holed_connection_is_bounded() {
+    let server = PostgresServer::start().expect("start PostgreSQL");
+    let proxy = dlock_testkit::fixture::TcpProxy::start(server.host_port().parse().unwrap())
+        .await
+        .unwrap();
+    let session = Duration::from_secs(3);
+    let options = "session_timeout=3s&connect_timeout=2s&holder_sessions=1";
+    let holed = locker(&format!(
+        "postgres://postgres:{POSTGRES_PASSWORD}@127.0.0.1:{}/postgres?{options}",
+        proxy.port()
+    ))
+    .await;
+    let other = locker(&format!("{}?{options}", server.url())).await;
+    // A ping's wait, the statement's own deadline, and a connect attempt.
+    let bound = 2 * session + Duration::from_secs(3);
+    database_faults::check_a_black_holed_connection_is_bounded(
+        &holed, &other, &proxy, session, bound,
+    )
+    .await;
+}

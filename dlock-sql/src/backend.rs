@@ -336,9 +336,10 @@ impl<D: Dialect> Session<D> {
     {
         let mut live = self.live().await?;
         let dialect = self.dialect.clone();
+        let within = self.timeout;
         let task = tokio::spawn(async move {
             let sent = live.sent;
-            let answer = statement(&dialect, live.conn()).await;
+            let answer = answered_within(within, statement(&dialect, live.conn())).await;
             live.done(answer).map(|value| (sent, value))
         });
         match task.await {
@@ -371,6 +372,24 @@ impl<D: Dialect> Session<D> {
     }
 }
 
+/// `statement`'s answer, or, if none comes `within`, an I/O error that ends
+/// the session: the connection is cut or black-holed, and the server ends
+/// a session it hears nothing from for the session timeout, with its
+/// locks. Without it, a statement on a connection whose traffic is
+/// dropped waits for the operating system's TCP retries, about 15 minutes.
+pub(crate) async fn answered_within<T>(
+    within: Duration,
+    statement: impl std::future::Future<Output = std::result::Result<T, sqlx::Error>>,
+) -> std::result::Result<T, sqlx::Error> {
+    match tokio::time::timeout(within, statement).await {
+        Ok(answer) => answer,
+        Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer within {within:?}: the connection is cut or its traffic dropped"),
+        ))),
+    }
+}
+
 /// Pings the session once a third of its timeout has passed without a
 /// statement, so that the server never finds it idle for the timeout
 /// while this process runs. Ends with the session.
@@ -390,7 +409,7 @@ async fn keep_alive<D: Dialect>(session: Weak<Session<D>>) {
         }
         let pinged = match s.live().await {
             Ok(mut live) => {
-                let answer = s.dialect.ping(live.conn()).await;
+                let answer = answered_within(s.timeout, s.dialect.ping(live.conn())).await;
                 live.done(answer)
             }
             Err(e) => Err(e),
@@ -720,11 +739,14 @@ impl<D: Dialect> SqlBackend<D> {
         let waited = match session.live().await {
             Ok(mut live) => {
                 let sent = live.sent;
-                let answer = self
-                    .inner
-                    .dialect
-                    .wait(live.conn(), id, req.mode, limit)
-                    .await;
+                // A wait blocks on the server for its limit; past that and
+                // a session timeout with no answer, the connection is gone.
+                let within = limit.map_or(Duration::MAX, |l| l.saturating_add(session.timeout));
+                let answer = answered_within(
+                    within,
+                    self.inner.dialect.wait(live.conn(), id, req.mode, limit),
+                )
+                .await;
                 live.done(answer).map(|granted| (sent, granted))
             }
             Err(e) => Err(e),

@@ -120,6 +120,39 @@ pub fn is_session_moved(error: &sqlx::Error) -> bool {
         if e.get_ref().is_some_and(|inner| inner.is::<SessionMoved>()))
 }
 
+/// What a dialect answers (through [`busy`]) when a statement could not
+/// do its work for now, and left the session as it was: the caller may
+/// try again, within its wait limit. An answer, not a failure of the
+/// session.
+///
+/// # Examples
+///
+/// ```
+/// let error = dlock_sql::busy("the key's enqueue lock is held elsewhere");
+/// assert!(dlock_sql::is_busy(&error));
+/// assert!(!dlock_sql::is_busy(&dlock_sql::session_moved(1, 2)));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Busy(pub String);
+
+impl fmt::Display for Busy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "busy, try again: {}", self.0)
+    }
+}
+
+impl std::error::Error for Busy {}
+
+/// The driver error a dialect answers for [`Busy`].
+pub fn busy(why: impl Into<String>) -> sqlx::Error {
+    sqlx::Error::Decode(Box::new(Busy(why.into())))
+}
+
+/// Whether `error` is a [`Busy`] (see [`busy`]).
+pub fn is_busy(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Decode(e) if e.is::<Busy>())
+}
+
 /// The statements of one database server's session-level named locks.
 ///
 /// A [`SqlBackend`](crate::SqlBackend) holds locks on a few holder

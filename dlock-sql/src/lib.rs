@@ -5,7 +5,10 @@ mod dialect;
 mod settings;
 
 pub use backend::SqlBackend;
-pub use dialect::{is_session_moved, session_moved, Dialect, Granted, QueueEntry, SessionMoved};
+pub use dialect::{
+    busy, is_busy, is_session_moved, session_moved, Busy, Dialect, Granted, QueueEntry,
+    SessionMoved,
+};
 pub use settings::{fnv1a, SqlSettings};
 /// The driver the dialects speak through.
 pub use sqlx;

@@ -88,6 +88,75 @@ pub async fn check_cut_connection_hands_the_key_on(
     next.release().await.unwrap();
 }
 
+/// Drops the traffic of `holed`'s connections (through `proxy`: nothing
+/// is refused or reset, nothing arrives, as when a route goes dark) under
+/// a held lock, while `other` waits for the key. The guard reports lost
+/// within `session` by its own clock, and before `other` gets the key
+/// (once the server ended the silent session), with a greater fence. A
+/// `try_lock` sent through the black-holed client right away (on the
+/// guard's session, with `holed` on one holder session), and the lost
+/// guard's release, each answer within `bound` (without a deadline, a
+/// statement waits for the operating system's TCP retries, about 15
+/// minutes).
+///
+/// # Panics
+///
+/// When a check fails.
+pub async fn check_a_black_holed_connection_is_bounded(
+    holed: &Locker,
+    other: &Locker,
+    proxy: &TcpProxy,
+    session: Duration,
+    bound: Duration,
+) {
+    let guard = holed.lock("black-holed").await.expect("lock");
+    let fence = guard.fencing_token();
+    proxy.black_hole();
+    let dark = Instant::now();
+    let trying = holed.clone();
+    let attempt = tokio::spawn(async move {
+        tokio::time::timeout(bound, trying.try_lock("black-holed-other"))
+            .await
+            .map(|r| r.map(|g| g.is_some()))
+    });
+    let waiter = other.clone();
+    let waiting = tokio::spawn(async move {
+        let next = waiter
+            .lock_with("black-holed", LockOptions::new().wait(6 * session))
+            .await;
+        (next, Instant::now())
+    });
+    tokio::time::timeout(session + Duration::from_secs(1), guard.lost())
+        .await
+        .expect("the guard did not report lost within its session timeout");
+    let lost_at = Instant::now();
+    let (next, taken_at) = waiting.await.expect("the waiter's task");
+    let next = next.expect("the server kept a silent session's lock");
+    println!(
+        "black-holed guard lost after {:?}; the key taken after {:?}",
+        lost_at - dark,
+        taken_at - dark
+    );
+    assert!(
+        lost_at <= taken_at,
+        "the key was taken before the guard said lost"
+    );
+    assert!(next.fencing_token() > fence, "fencing went back");
+    let attempt = attempt.await.expect("the attempt's task");
+    println!("attempt after {:?}: {attempt:?}", dark.elapsed());
+    assert!(
+        matches!(attempt, Ok(Err(_))),
+        "a try_lock through a black-holed connection, after {:?}: {attempt:?}",
+        dark.elapsed()
+    );
+    let release = tokio::time::timeout(bound, guard.release()).await;
+    assert!(
+        matches!(release, Ok(Err(_))),
+        "a lost guard's release through a black-holed connection: {release:?}"
+    );
+    next.release().await.expect("release");
+}
+
 /// A waiter whose wait the server cut short by restarting waits again on a
 /// new session, within its wait limit, and gets the key (its holder's
 /// session went with the restart), with a token above the holder's.

@@ -18,18 +18,25 @@ use dlock_core::{
 };
 use tokio::time::Instant;
 
-use super::{backend_error, EndOnDrop, Retry, Session, SqlBackend};
+use super::{answered_within, backend_error, EndOnDrop, Retry, Session, SqlBackend};
 use crate::{Dialect, QueueEntry};
 
 /// How long a permit waiter blocks on the oldest entry ahead before it
 /// checks the queue again: another holder may have left first.
 const PERMIT_RECHECK: Duration = Duration::from_millis(100);
 
+/// How long an enqueue that found the key's other enqueues holding it up
+/// waits before it tries again (the dialect already waited on the server).
+const ENQUEUE_AGAIN_AFTER: Duration = Duration::from_millis(20);
+
 /// Why one queued attempt gave no answer.
 enum Failed {
     /// The holder session ended (a server restart, a cut connection), and
     /// the entry with it: worth trying again on a new session.
     SessionEnded(LockError),
+    /// The statement could not do its work for now, and left the session
+    /// as it was (see [`crate::Busy`]): worth trying again on it.
+    Busy,
     /// Anything else: the caller's error.
     Other(LockError),
 }
@@ -82,6 +89,9 @@ fn watched(mode: Mode, ahead: &[(QueueEntry, Mode)]) -> Option<(&QueueEntry, Opt
 /// A statement's failure on `session`: a [`Failed::SessionEnded`] if the
 /// session ended.
 fn failed<D: Dialect>(session: &Session<D>, e: sqlx::Error) -> Failed {
+    if crate::is_busy(&e) {
+        return Failed::Busy;
+    }
     let error = backend_error::<D>(e);
     if session.is_usable() {
         Failed::Other(error)
@@ -132,6 +142,12 @@ impl<D: Dialect> SqlBackend<D> {
                     Err(error) => return Err(error),
                 },
                 Err(Failed::Other(error)) => return Err(error),
+                // Only an enqueue answers it, and that one is retried.
+                Err(Failed::Busy) => {
+                    return Err(backend_error::<D>(std::io::Error::other(
+                        "a statement that is never busy said it was",
+                    )))
+                }
             }
         }
     }
@@ -150,12 +166,21 @@ impl<D: Dialect> SqlBackend<D> {
             token,
         };
         let mode = req.mode;
-        let (sent, (number, entries)) =
-            on_holder!(holder, |d, c| d.enqueue(c, &id, mode, &token), id, token)?;
+        let deadline = req.wait.deadline();
+        // Within the limit: the key's other enqueues may hold it up.
+        let (sent, (number, entries)) = loop {
+            match on_holder!(holder, |d, c| d.enqueue(c, &id, mode, &token), id, token) {
+                Err(Failed::Busy) if deadline.is_some_and(|d| Instant::now() >= d) => {
+                    // Not enqueued in time (`entry` gives back its lock).
+                    return Ok(None);
+                }
+                Err(Failed::Busy) => tokio::time::sleep(ENQUEUE_AGAIN_AFTER).await,
+                enqueued => break enqueued?,
+            }
+        };
         // The enqueue read the entries ahead: the first check needs no
         // statement of its own.
         let mut enqueued = Some((sent, (entries, true)));
-        let deadline = req.wait.deadline();
         loop {
             let (sent, (entries, mine)) = match enqueued.take() {
                 Some(read) => read,
@@ -252,7 +277,9 @@ impl<D: Dialect> SqlBackend<D> {
         // Not `run`: a watch dropped mid-wait ends its session (above).
         let watched = match session.live().await {
             Ok(mut live) => {
-                let answer = session.dialect.watch(live.conn(), owner, limit).await;
+                let within = limit.map_or(Duration::MAX, |l| l.saturating_add(session.timeout));
+                let answer =
+                    answered_within(within, session.dialect.watch(live.conn(), owner, limit)).await;
                 live.done(answer).map_err(|e| failed(&session, e))
             }
             Err(e) => Err(failed(&session, e)),
