@@ -42,7 +42,9 @@ pub enum FenceSource {
 ///   [`SqlSettings`].
 /// - `lock_prefix` (default `dlock`): the namespace of this application's
 ///   lock names, and the fencing object's name stem (`{prefix}_fence`), at
-///   most 46 long.
+///   most 46 long. Lock names are server-wide, the tables per database:
+///   applications on different databases of one server need different
+///   prefixes.
 /// - `fence` (default `row`): `row` or `off`, see [`FenceSource`].
 ///
 /// # Examples

@@ -444,3 +444,105 @@ async fn a_black_holed_connection_is_bounded() {
     )
     .await;
 }
+
+/// An enqueue held up by the key's enqueue lock (held here from another
+/// session for 4 s, longer than a third of the session timeout, and than
+/// the session timeout itself) is a wait, not a failure: the write lock is
+/// granted once the enqueue lock goes, and the other lock on the same
+/// holder session is not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_up_enqueue_waits_and_costs_the_session_nothing() {
+    use dlock_core::backend::Mode;
+    use sqlx::Connection;
+    let server = MariaDbServer::start().expect("start MariaDB");
+    let client = locker(&format!(
+        "{}?session_timeout=3s&holder_sessions=1",
+        server.url()
+    ))
+    .await;
+    let mut admin = sqlx::MySqlConnection::connect(&server.url())
+        .await
+        .expect("connect");
+    let first = client
+        .lock_mode("held-up", Mode::Write, LockOptions::new())
+        .await
+        .expect("a write lock");
+    let name: String = sqlx::query_scalar("SELECT lock_id FROM dlock_queue")
+        .fetch_one(&mut admin)
+        .await
+        .expect("the key's queue name");
+    first.release().await.expect("release");
+    let bystander = client.lock("held-up-bystander").await.expect("a lock");
+    let taken: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+        .bind(&name)
+        .fetch_one(&mut admin)
+        .await
+        .expect("GET_LOCK");
+    assert_eq!(taken, Some(1), "the key's enqueue lock");
+    let waiting = tokio::spawn({
+        let client = client.clone();
+        async move {
+            client
+                .lock_mode(
+                    "held-up",
+                    Mode::Write,
+                    LockOptions::new().wait(Duration::from_secs(20)),
+                )
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(!waiting.is_finished(), "granted past the held enqueue lock");
+    let _: Option<i64> = sqlx::query_scalar("SELECT RELEASE_LOCK(?)")
+        .bind(&name)
+        .fetch_one(&mut admin)
+        .await
+        .expect("RELEASE_LOCK");
+    let granted = waiting
+        .await
+        .expect("the waiter's task")
+        .expect("the write lock, once the enqueue lock went");
+    assert!(
+        !bystander.is_lost(),
+        "the held-up enqueue cost the session its other lock"
+    );
+    granted.release().await.expect("release");
+    bystander.release().await.expect("release the bystander");
+}
+
+/// A queue entry whose session ended stays in the table until the next
+/// enqueue of its key reads it as dead; for a key nobody locks again, the
+/// next connect deletes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_queue_entries_are_reaped_at_connect() {
+    use dlock_core::backend::Mode;
+    use sqlx::{Connection, Executor};
+    let server = MariaDbServer::start().expect("start MariaDB");
+    let url = format!("{}?session_timeout=3s", server.url());
+    let held = locker(&url)
+        .await
+        .lock_mode("reaped", Mode::Write, LockOptions::new())
+        .await
+        .expect("a write lock");
+    let mut admin = sqlx::MySqlConnection::connect(&server.admin_url())
+        .await
+        .expect("connect");
+    async fn count(admin: &mut sqlx::MySqlConnection) -> i64 {
+        sqlx::query_scalar("SELECT COUNT(*) FROM dlock.dlock_queue")
+            .fetch_one(admin)
+            .await
+            .expect("count the queue's entries")
+    }
+    assert_eq!(count(&mut admin).await, 1, "the lock's entry");
+    for id in dlock_sessions(&server).await {
+        let _ = admin
+            .execute(format!("KILL CONNECTION {id}").as_str())
+            .await;
+    }
+    tokio::time::timeout(Duration::from_secs(5), held.lost())
+        .await
+        .expect("the lock's guard learned its session ended");
+    assert_eq!(count(&mut admin).await, 1, "the dead entry stays");
+    let _next = locker(&url).await;
+    assert_eq!(count(&mut admin).await, 0, "the dead entry was not reaped");
+}

@@ -250,6 +250,19 @@ impl PgDialect {
                     "CASE WHEN pg_try_advisory_lock_shared($1, $2) THEN nextval('{sequence}') END"
                 ),
             ),
+            try_read_behind_writers: on_own_session(
+                "$3",
+                &format!(
+                    "CASE WHEN EXISTS (SELECT 1 FROM pg_locks w \
+                     WHERE w.locktype = 'advisory' AND NOT w.granted \
+                     AND w.mode = 'ExclusiveLock' AND w.objsubid = 2 \
+                     AND w.database = (SELECT oid FROM pg_database \
+                     WHERE datname = current_database()) \
+                     AND w.classid::bigint = ($1::bigint & 4294967295) \
+                     AND w.objid::bigint = ($2::bigint & 4294967295)) THEN NULL \
+                     WHEN pg_try_advisory_lock_shared($1, $2) THEN nextval('{sequence}') END"
+                ),
+            ),
             try_write: on_own_session(
                 "$3",
                 &format!("CASE WHEN pg_try_advisory_lock($1, $2) THEN nextval('{sequence}') END"),
@@ -300,8 +313,15 @@ impl PgDialect {
                  pg_backend_pid()"
             ),
             remove: format!("DELETE FROM {queue} WHERE n = ANY($1)"),
+            reap: format!(
+                "DELETE FROM {queue} q WHERE NOT EXISTS (SELECT 1 FROM pg_locks l \
+                 WHERE {held} AND l.pid = q.pid AND l.database = \
+                 (SELECT oid FROM pg_database WHERE datname = current_database()))",
+                held = one_key_lock("l", "q.owner"),
+            ),
             queue,
             config,
+            scope: std::sync::OnceLock::new(),
         }
     }
 }
@@ -310,6 +330,11 @@ impl PgDialect {
 #[derive(Debug)]
 struct PgDialect {
     config: PgConfig,
+    /// What lock identifiers are hashed under: the prefix, and the schema
+    /// the tables live in (`current_schema()`, read at setup). Advisory
+    /// locks span the database, and the queue and holders' tables are per
+    /// schema: two schemas' locks of one key must not meet.
+    scope: std::sync::OnceLock<String>,
     /// `nextval('{prefix}_fence')`.
     fence_expr: String,
     /// The uncontended acquire: the lock, and the fence when granted.
@@ -317,6 +342,9 @@ struct PgDialect {
     /// The same for a reader of a read-write lock (the two-key advisory
     /// lock space, apart from plain locks' one-key space).
     try_read: String,
+    /// The same for a reader whose session may hold the lock shared
+    /// already: refused while a writer waits.
+    try_read_behind_writers: String,
     /// The same for a writer.
     try_write: String,
     /// Creates the fencing sequence and the semaphores' queue table.
@@ -330,6 +358,8 @@ struct PgDialect {
     dequeue: String,
     /// Deletes dead entries.
     remove: String,
+    /// Deletes every dead entry (its session's entry lock is not held).
+    reap: String,
     /// Records a hold and its value, taking its entry lock the first time.
     proclaim: String,
     /// Deletes a hold's record and releases its entry lock.
@@ -500,7 +530,11 @@ impl Dialect for PgDialect {
     /// two never meet), and it goes to the server as two 32-bit keys, a
     /// space of advisory locks apart from the one-key space.
     fn lock_id(&self, key: &LockKey, mode: Mode) -> i64 {
-        let id = lock_id(self.config.lock_prefix(), key.as_str());
+        let scope = self
+            .scope
+            .get()
+            .map_or(self.config.lock_prefix(), String::as_str);
+        let id = lock_id(scope, key.as_str());
         match mode {
             Mode::Exclusive => id,
             Mode::Permits { .. } => id ^ SEMAPHORE_SALT,
@@ -528,19 +562,29 @@ impl Dialect for PgDialect {
         })
     }
 
+    /// Also reads the schema the tables live in, for the lock identifiers.
     fn setup<'a>(&'a self, session: &'a mut PgSession) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
+            let schema: Option<String> = sqlx::query_scalar("SELECT current_schema()")
+                .fetch_one(&mut session.conn)
+                .await?;
+            let prefix = self.config.lock_prefix();
+            // The default schema keeps the plain prefix's identifiers.
+            let _ = self.scope.set(match schema.as_deref() {
+                None | Some("public") => prefix.to_owned(),
+                Some(schema) => format!("{prefix}\0{schema}"),
+            });
             match session.conn.execute(self.create.as_str()).await {
-                Ok(_) => Ok(()),
+                Ok(_) => {}
                 // Two clients creating it at once: one of them is told it
                 // exists (unique_violation or duplicate_table). It does now.
                 Err(sqlx::Error::Database(e))
-                    if matches!(e.code().as_deref(), Some("23505" | "42P07")) =>
-                {
-                    Ok(())
-                }
-                Err(e) => Err(e),
+                    if matches!(e.code().as_deref(), Some("23505" | "42P07")) => {}
+                Err(e) => return Err(e),
             }
+            // Entries whose sessions ended are deleted by the next enqueue
+            // of their key; those of keys nobody locks again, here.
+            session.conn.execute(self.reap.as_str()).await.map(drop)
         })
     }
 
@@ -565,6 +609,26 @@ impl Dialect for PgDialect {
         })
     }
 
+    /// Reads `pg_locks` for a waiting writer first (only when this
+    /// process may hold the key shared already, so off the common path).
+    fn try_read_behind_writers<'a>(
+        &'a self,
+        session: &'a mut PgSession,
+        id: &'a i64,
+    ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
+        let (hi, lo) = split(*id);
+        Box::pin(async move {
+            let pid = session.pid;
+            let answer = sqlx::query_as(self.try_read_behind_writers.as_str())
+                .bind(hi)
+                .bind(lo)
+                .bind(pid)
+                .fetch_one(&mut session.conn)
+                .await?;
+            own(session, answer)
+        })
+    }
+
     fn wait<'a>(
         &'a self,
         session: &'a mut PgSession,
@@ -584,11 +648,15 @@ impl Dialect for PgDialect {
             // id, the wait (only on the session's own process), then (a
             // statement of its own, so only after the grant) the token,
             // and how long the server took since it received the query.
+            // The limit is lifted before the token: a `lock_not_available`
+            // can then only mean the lock was not granted (one from the
+            // token's statement would leave a granted lock on a session
+            // that goes back to the idle ones, held by nobody).
             let wait = format!(
                 "SET lock_timeout = {lock_timeout}; SELECT pg_backend_pid(); \
-                 SELECT {lock} WHERE pg_backend_pid() = {pid}; \
+                 SELECT {lock} WHERE pg_backend_pid() = {pid}; SET lock_timeout = 0; \
                  SELECT {fence}, (extract(epoch FROM clock_timestamp() - statement_timestamp()) \
-                 * 1000000)::bigint WHERE pg_backend_pid() = {pid}; SET lock_timeout = 0",
+                 * 1000000)::bigint WHERE pg_backend_pid() = {pid}",
                 pid = session.pid,
                 fence = self.fence_expr,
             );

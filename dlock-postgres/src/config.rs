@@ -25,9 +25,10 @@ use sqlx::postgres::PgConnectOptions;
 ///   locks, each key always on the same one; more let more tasks on
 ///   different keys lock at once.
 /// - `lock_prefix` (default `dlock`): the namespace of this application's
-///   locks, hashed into every lock's 64-bit identifier, and the name of the
-///   fencing sequence (`{prefix}_fence`). Letters, digits and `_`, starting
-///   with a letter.
+///   locks, hashed into every lock's 64-bit identifier (with the schema
+///   the tables live in, `current_schema()`, unless it is `public`), and
+///   the name of the fencing sequence (`{prefix}_fence`). Letters, digits
+///   and `_`, starting with a letter.
 ///
 /// # Examples
 ///

@@ -324,3 +324,151 @@ async fn a_black_holed_connection_is_bounded() {
     )
     .await;
 }
+
+/// A wait granted while its fencing token cannot be taken at once (an
+/// operator alters the sequence in a transaction held open past the wait
+/// limit, which blocks `nextval`) never leaves
+/// the lock parked on a session nobody uses: the waiter either gets the
+/// key, or the key is free for a third client at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_token_waits_is_never_parked() {
+    use sqlx::{Connection, Executor};
+    let server = PostgresServer::start().expect("start PostgreSQL");
+    let url = format!("{}?session_timeout=5s", server.url());
+    let (holder, waiter, third) = (locker(&url).await, locker(&url).await, locker(&url).await);
+    let held = holder.lock("parked").await.expect("lock");
+    let waiting = tokio::spawn(async move {
+        waiter
+            .lock_with("parked", LockOptions::new().wait(Duration::from_secs(2)))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut admin = sqlx::PgConnection::connect(&server.url())
+        .await
+        .expect("connect");
+    admin
+        .execute("BEGIN; ALTER SEQUENCE dlock_fence INCREMENT BY 1")
+        .await
+        .expect("lock the fencing sequence");
+    held.release().await.expect("release");
+    // Past the waiter's limit.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    admin.execute("COMMIT").await.expect("unlock the sequence");
+    let waited = waiting.await.expect("the waiter's task");
+    match waited {
+        Ok(guard) => guard.release().await.expect("release"),
+        Err(_) => {
+            let next = third
+                .lock_with("parked", LockOptions::new().wait(Duration::from_secs(1)))
+                .await
+                .expect("the key is parked on a session nobody uses");
+            next.release().await.expect("release");
+        }
+    }
+}
+
+/// Two applications whose tables live in different schemas (their
+/// `search_path`) keep apart locks of the same key: advisory locks span
+/// the database, so the schema is part of every lock's identifier. Each
+/// holds the key, and each one's 1-permit semaphore admits one holder of
+/// its own, and only one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemas_keep_locks_of_one_key_apart() {
+    use dlock_core::backend::Mode;
+    use sqlx::{Connection, Executor};
+    let server = PostgresServer::start().expect("start PostgreSQL");
+    let mut admin = sqlx::PgConnection::connect(&server.url())
+        .await
+        .expect("connect");
+    admin
+        .execute("CREATE SCHEMA app_one; CREATE SCHEMA app_two")
+        .await
+        .expect("create the schemas");
+    let in_schema = |schema: &str| {
+        format!(
+            "{}?options=-c%20search_path%3D{schema}&session_timeout=5s",
+            server.url()
+        )
+    };
+    let (one, two) = (
+        locker(&in_schema("app_one")).await,
+        locker(&in_schema("app_two")).await,
+    );
+    let one_more = locker(&in_schema("app_one")).await;
+    let held = one
+        .try_lock("shared-key")
+        .await
+        .unwrap()
+        .expect("app one's lock");
+    let theirs = two
+        .try_lock("shared-key")
+        .await
+        .unwrap()
+        .expect("app two's lock of the same key, in its own schema");
+    assert!(
+        one_more.try_lock("shared-key").await.unwrap().is_none(),
+        "two holders of one key in one schema"
+    );
+    let permit = Mode::Permits { count: 1, limit: 1 };
+    let options = dlock_core::LockOptions::new;
+    let a = one.try_lock_mode("sem", permit, options()).await.unwrap();
+    let b = two.try_lock_mode("sem", permit, options()).await.unwrap();
+    assert!(
+        a.is_some() && b.is_some(),
+        "each schema's semaphore admits one"
+    );
+    assert!(
+        one_more
+            .try_lock_mode("sem", permit, options())
+            .await
+            .unwrap()
+            .is_none(),
+        "a 1-permit semaphore admitted two in one schema"
+    );
+    for guard in [held, theirs, a.unwrap(), b.unwrap()] {
+        guard.release().await.expect("release");
+    }
+}
+
+/// A queue entry whose session ended stays in the table until the next
+/// enqueue of its key reads it as dead; for a key nobody locks again, the
+/// next connect deletes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_queue_entries_are_reaped_at_connect() {
+    use dlock_core::backend::Mode;
+    use sqlx::Connection;
+    let server = PostgresServer::start().expect("start PostgreSQL");
+    let url = format!("{}?session_timeout=3s", server.url());
+    let held = locker(&url)
+        .await
+        .lock_mode(
+            "reaped",
+            Mode::Permits { count: 1, limit: 1 },
+            LockOptions::new(),
+        )
+        .await
+        .expect("a permit");
+    let mut admin = sqlx::PgConnection::connect(&server.url())
+        .await
+        .expect("connect");
+    async fn count(admin: &mut sqlx::PgConnection) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM dlock_queue")
+            .fetch_one(admin)
+            .await
+            .expect("count the queue's entries")
+    }
+    assert_eq!(count(&mut admin).await, 1, "the permit's entry");
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE application_name = 'dlock'",
+    )
+    .execute(&mut admin)
+    .await
+    .expect("end the sessions");
+    tokio::time::timeout(Duration::from_secs(5), held.lost())
+        .await
+        .expect("the permit's guard learned its session ended");
+    assert_eq!(count(&mut admin).await, 1, "the dead entry stays");
+    let _next = locker(&url).await;
+    assert_eq!(count(&mut admin).await, 0, "the dead entry was not reaped");
+}

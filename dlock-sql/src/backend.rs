@@ -459,7 +459,13 @@ impl<D: Dialect> SqlBackend<D> {
             }
             Err(e) => Err(e),
         };
-        set_up.map_err(backend_error::<D>)?;
+        set_up.map_err(|e| match crate::deployment_refused(&e) {
+            Some(why) => LockError::UnsafeDeployment {
+                backend: D::NAME,
+                reason: why.to_owned(),
+            },
+            None => backend_error::<D>(e),
+        })?;
         Ok(backend)
     }
 
@@ -561,6 +567,14 @@ impl<D: Dialect> SqlBackend<D> {
         }
     }
 
+    /// Whether a task of this process other than the caller (which holds
+    /// a turn) holds or waits for a turn at `id`.
+    fn other_local_turns(&self, id: &D::Id) -> bool {
+        lock(&self.inner.local)
+            .get(id)
+            .is_some_and(|queue| queue.available_permits() < TURN as usize - 1)
+    }
+
     /// Forgets the turn queue of `id` once nobody uses it.
     fn sweep_local(&self, id: &D::Id) {
         let mut local = lock(&self.inner.local);
@@ -638,10 +652,17 @@ impl<D: Dialect> SqlBackend<D> {
                 }
             };
             let (attempt, on, cell) = (id.clone(), holder.clone(), turn.clone());
+            // Another reader of this process may hold the key on the
+            // session: then a writer that waits comes first.
+            let behind_writers = mode == Mode::Read && self.other_local_turns(id);
             let answer = holder
                 .run(move |d, c| {
                     Box::pin(async move {
-                        let answer = d.try_lock(c, &attempt, mode).await;
+                        let answer = if behind_writers {
+                            d.try_read_behind_writers(c, &attempt).await
+                        } else {
+                            d.try_lock(c, &attempt, mode).await
+                        };
                         let undo = |granted| UnlockOnDrop {
                             session: Some(on.clone()),
                             id: attempt.clone(),
@@ -755,7 +776,11 @@ impl<D: Dialect> SqlBackend<D> {
             Ok((sent, Some(Granted { fence, took }))) => {
                 // The statement's send time plus the server's time on it is
                 // no later than the server's end of it, where its idle
-                // clock starts: the lease counts from there.
+                // clock starts: the lease counts from there. Never later
+                // than the answer's arrival, whatever the server's clock
+                // said (a lease counted from the future would outlast the
+                // server's).
+                let took = took.min(sent.elapsed());
                 abandon.session = None;
                 // The slot bounds waits, not holds: free at the grant.
                 drop(slot);

@@ -120,6 +120,45 @@ pub fn is_session_moved(error: &sqlx::Error) -> bool {
         if e.get_ref().is_some_and(|inner| inner.is::<SessionMoved>()))
 }
 
+/// What a dialect's [`setup`](Dialect::setup) answers (through
+/// [`unsafe_deployment`]) for a server that cannot hold its locks safely:
+/// connect then fails with
+/// [`LockError::UnsafeDeployment`](dlock_core::LockError::UnsafeDeployment),
+/// and this reason.
+///
+/// # Examples
+///
+/// ```
+/// let error = dlock_sql::unsafe_deployment("MySQL 5.6 holds one named lock per session");
+/// assert_eq!(
+///     dlock_sql::deployment_refused(&error),
+///     Some("MySQL 5.6 holds one named lock per session")
+/// );
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnsafeDeployment(pub String);
+
+impl fmt::Display for UnsafeDeployment {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UnsafeDeployment {}
+
+/// The driver error a dialect answers for [`UnsafeDeployment`].
+pub fn unsafe_deployment(why: impl Into<String>) -> sqlx::Error {
+    sqlx::Error::Configuration(Box::new(UnsafeDeployment(why.into())))
+}
+
+/// The reason, if `error` is an [`UnsafeDeployment`].
+pub fn deployment_refused(error: &sqlx::Error) -> Option<&str> {
+    match error {
+        sqlx::Error::Configuration(e) => e.downcast_ref::<UnsafeDeployment>().map(|u| u.0.as_str()),
+        _ => None,
+    }
+}
+
 /// What a dialect answers (through [`busy`]) when a statement could not
 /// do its work for now, and left the session as it was: the caller may
 /// try again, within its wait limit. An answer, not a failure of the
@@ -228,6 +267,21 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         id: &'a Self::Id,
         mode: Mode,
     ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>>;
+
+    /// A read attempt, as [`try_lock`](Dialect::try_lock) in
+    /// [`Mode::Read`], on a session that may hold `id` shared already (for
+    /// another reader of this process): refused while a writer waits for
+    /// `id`. A server grants a session more of a lock it holds at once,
+    /// ahead of waiting writers, and a busy process's readers would keep a
+    /// writer out for good. The default is a plain attempt, for a dialect
+    /// whose reads never stack on a session.
+    fn try_read_behind_writers<'a>(
+        &'a self,
+        conn: &'a mut Self::Conn,
+        id: &'a Self::Id,
+    ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
+        self.try_lock(conn, id, Mode::Read)
+    }
 
     /// Blocks on the server until the lock is granted (`Some`) or `limit`
     /// passes (`None`; `None` limit: no limit), in one round trip. The

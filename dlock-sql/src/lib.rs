@@ -6,8 +6,8 @@ mod settings;
 
 pub use backend::SqlBackend;
 pub use dialect::{
-    busy, is_busy, is_session_moved, session_moved, Busy, Dialect, Granted, QueueEntry,
-    SessionMoved,
+    busy, deployment_refused, is_busy, is_session_moved, session_moved, unsafe_deployment, Busy,
+    Dialect, Granted, QueueEntry, SessionMoved, UnsafeDeployment,
 };
 pub use settings::{fnv1a, SqlSettings};
 /// The driver the dialects speak through.

@@ -106,6 +106,18 @@ fn two_processes_share_the_stock(url: &str) {
         url,
     ]);
     check_both_runs(&out, 120);
+    // The output names the backend, never with its password.
+    let password = url
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split_once('@'))
+        .and_then(|(user_info, _)| user_info.split_once(':'))
+        .map(|(_, password)| password);
+    if let Some(password) = password.filter(|p| !p.is_empty()) {
+        for shown in [&out.stdout, &out.stderr] {
+            let shown = String::from_utf8_lossy(shown);
+            assert!(!shown.contains(password), "the password is shown: {shown}");
+        }
+    }
 }
 
 #[test]

@@ -242,6 +242,7 @@ macro_rules! conformance_tests {
             // primitives.rs
             readers_share_and_a_writer_excludes_everyone,
             a_waiting_writer_keeps_new_readers_out,
+            a_waiting_writer_keeps_out_the_readers_own_client,
             permits_are_never_exceeded,
             a_crashed_permit_holder_gives_them_back_after_its_lease,
             cancelled_permit_waits_leave_nothing,

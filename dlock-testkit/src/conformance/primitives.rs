@@ -184,6 +184,81 @@ pub async fn a_waiting_writer_keeps_new_readers_out(h: &Harness) {
     drop(late);
 }
 
+/// A waiting writer keeps out new readers of the reading client itself,
+/// not only of others: client A reads, a writer on B waits for it, and a
+/// second read through A then waits behind the writer (no writer
+/// starvation by one busy client). Once A's first read goes, the writer
+/// gets the key, and A's second read only after it.
+pub async fn a_waiting_writer_keeps_out_the_readers_own_client(h: &Harness) {
+    let key = h.key("rw-own-client");
+    let (a, b, c) = (h.locker().await, h.locker().await, h.locker().await);
+    if !offered(h, &a, &key, Mode::Write).await {
+        return;
+    }
+    let reading = must(h, "read", a.lock_mode(&key, Mode::Read, patient()).await);
+    let (writer_key, writer) = (key.clone(), b.clone());
+    let writing = tokio::spawn(async move {
+        writer
+            .lock_mode(
+                &writer_key,
+                Mode::Write,
+                LockOptions::new().wait(4 * PATIENCE),
+            )
+            .await
+    });
+    // Until the writer waits on the server, another client's reader may
+    // still pass it.
+    let queued = Instant::now();
+    loop {
+        let late = must(
+            h,
+            "try read",
+            c.try_lock_mode(&key, Mode::Read, LockOptions::new()).await,
+        );
+        match late {
+            None => break,
+            Some(late) => drop(late),
+        }
+        assert!(
+            queued.elapsed() < PATIENCE,
+            "[{}] readers kept passing a waiting writer",
+            h.name
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (reader_key, reader) = (key.clone(), a.clone());
+    let own_reader = tokio::spawn(async move {
+        reader
+            .lock_mode(
+                &reader_key,
+                Mode::Read,
+                LockOptions::new().wait(4 * PATIENCE),
+            )
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !own_reader.is_finished(),
+        "[{}] a second read of the reading client passed a waiting writer",
+        h.name
+    );
+    drop(reading);
+    let written = must(h, "the writer's turn", writing.await.expect("writer task"));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !own_reader.is_finished(),
+        "[{}] a reader joined the writer",
+        h.name
+    );
+    drop(written);
+    let late = must(
+        h,
+        "the second read's turn",
+        own_reader.await.expect("reader task"),
+    );
+    drop(late);
+}
+
 /// `N` clients hold the `N` permits at once, the next is refused, and
 /// under 16 contenders the permits held never exceed `N`, and every
 /// waiter is woken in time (a wake-up lost between reading the queue and
