@@ -413,7 +413,18 @@ impl Dialect for MySqlDialect {
                 tag = mode.tag(),
                 ahead = self.ahead_query(&format!("'{id}'"), "@dlock_n"),
             );
-            let rows = conn.conn.fetch_all(request.as_str()).await?;
+            let rows = match conn.conn.fetch_all(request.as_str()).await {
+                Ok(rows) => rows,
+                // The request stopped at its error, maybe with the key's
+                // enqueue lock taken: given back, or every later enqueue
+                // of the key would answer busy.
+                Err(e @ sqlx::Error::Database(_)) => {
+                    let release = format!("DO RELEASE_LOCK('{id}')");
+                    conn.conn.execute(release.as_str()).await?;
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            };
             let status = rows.first().ok_or(sqlx::Error::RowNotFound)?;
             conn.check(status.try_get(3)?)?;
             let (taken, queued) = (
@@ -504,11 +515,15 @@ impl Dialect for MySqlDialect {
                 Some(limit) => format!("{:.6}", limit.as_secs_f64()),
                 None => FOREVER_SECS.to_string(),
             };
-            let got =
-                sqlx::query_scalar::<_, Option<i64>>(&format!("SELECT GET_LOCK(?, {timeout})"))
-                    .bind(owner)
-                    .fetch_one(&mut conn.conn)
-                    .await?;
+            let (got, session): (Option<i64>, i64) = sqlx::query_as(&format!(
+                "SELECT IF(CONNECTION_ID() = ?, GET_LOCK(?, {timeout}), -1), \
+                 CAST(CONNECTION_ID() AS SIGNED)"
+            ))
+            .bind(conn.id)
+            .bind(owner)
+            .fetch_one(&mut conn.conn)
+            .await?;
+            conn.check(session)?;
             if got != Some(1) {
                 return Ok(false);
             }

@@ -546,3 +546,57 @@ async fn dead_queue_entries_are_reaped_at_connect() {
     let _next = locker(&url).await;
     assert_eq!(count(&mut admin).await, 0, "the dead entry was not reaped");
 }
+
+/// An enqueue whose request fails half-way (here its insert meets a
+/// duplicate number: an operator set the queue's counter row back) gives
+/// back the key's enqueue lock: the next client's enqueue of the key is
+/// not answered busy until its limit, and gets the lock once its holder
+/// goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_enqueue_leaves_the_key_to_the_next() {
+    use dlock_core::backend::Mode;
+    use sqlx::{Connection, Executor};
+    let server = MariaDbServer::start().expect("start MariaDB");
+    let url = format!("{}?session_timeout=3s", server.url());
+    let (a, b, c) = (locker(&url).await, locker(&url).await, locker(&url).await);
+    let held = a
+        .lock_mode("failed-enqueue", Mode::Write, LockOptions::new())
+        .await
+        .expect("a write lock");
+    let mut admin = sqlx::MySqlConnection::connect(&server.url())
+        .await
+        .expect("connect");
+    admin
+        .execute("UPDATE dlock_fence SET v = v - 1 WHERE shard = 64")
+        .await
+        .expect("set the queue's counter back");
+    let failed = b
+        .lock_mode(
+            "failed-enqueue",
+            Mode::Write,
+            LockOptions::new().wait(Duration::from_secs(1)),
+        )
+        .await;
+    assert!(
+        failed.is_err(),
+        "an enqueue on a duplicate number: {failed:?}"
+    );
+    let waiting = tokio::spawn({
+        let c = c.clone();
+        async move {
+            c.lock_mode(
+                "failed-enqueue",
+                Mode::Write,
+                LockOptions::new().wait(Duration::from_secs(5)),
+            )
+            .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    held.release().await.expect("release");
+    let next = waiting
+        .await
+        .expect("the waiter's task")
+        .expect("the key, once its holder went");
+    next.release().await.expect("release");
+}

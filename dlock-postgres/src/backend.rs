@@ -515,9 +515,13 @@ impl Dialect for PgDialect {
             );
             match session.conn.execute(watch.as_str()).await {
                 Ok(_) => Ok(true),
+                // As for a wait: a grant in the instant of the timeout is
+                // given back (a waiter session holds nothing else).
                 Err(sqlx::Error::Database(e))
                     if e.code().as_deref() == Some(LOCK_NOT_AVAILABLE) =>
                 {
+                    let unlock = format!("SELECT pg_advisory_unlock({owner})");
+                    session.conn.execute(unlock.as_str()).await?;
                     Ok(false)
                 }
                 Err(e) => Err(e),
@@ -648,10 +652,8 @@ impl Dialect for PgDialect {
             // id, the wait (only on the session's own process), then (a
             // statement of its own, so only after the grant) the token,
             // and how long the server took since it received the query.
-            // The limit is lifted before the token: a `lock_not_available`
-            // can then only mean the lock was not granted (one from the
-            // token's statement would leave a granted lock on a session
-            // that goes back to the idle ones, held by nobody).
+            // The limit is lifted before the token, so the token's
+            // statement never times out after a grant.
             let wait = format!(
                 "SET lock_timeout = {lock_timeout}; SELECT pg_backend_pid(); \
                  SELECT {lock} WHERE pg_backend_pid() = {pid}; SET lock_timeout = 0; \
@@ -662,12 +664,22 @@ impl Dialect for PgDialect {
             );
             let rows = match session.conn.fetch_all(wait.as_str()).await {
                 Ok(rows) => rows,
-                // Not granted: the session is as it was (its `lock_timeout`
-                // is set again at the next wait).
+                // Not granted, most likely; but the server may grant the
+                // lock in the very instant it times the wait out, and a
+                // session-level lock outlives the failed statement. A
+                // waiter session holds nothing else, so an unlock can only
+                // undo this wait's own grant: then the session is as it
+                // was (its `lock_timeout` is set again at the next wait).
                 Err(sqlx::Error::Database(e))
                     if e.code().as_deref() == Some(LOCK_NOT_AVAILABLE) =>
                 {
-                    return Ok(None)
+                    let unlock = match mode {
+                        Mode::Read => format!("SELECT pg_advisory_unlock_shared({hi}, {lo})"),
+                        Mode::Write => format!("SELECT pg_advisory_unlock({hi}, {lo})"),
+                        _ => format!("SELECT pg_advisory_unlock({id})"),
+                    };
+                    session.conn.execute(unlock.as_str()).await?;
+                    return Ok(None);
                 }
                 Err(e) => return Err(e),
             };

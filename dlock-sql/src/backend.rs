@@ -454,7 +454,8 @@ impl<D: Dialect> SqlBackend<D> {
         backend.refuse_moving_sessions(&holder).await?;
         let set_up = match holder.live().await {
             Ok(mut live) => {
-                let answer = backend.inner.dialect.setup(live.conn()).await;
+                let answer =
+                    answered_within(holder.timeout, backend.inner.dialect.setup(live.conn())).await;
                 live.done(answer)
             }
             Err(e) => Err(e),
@@ -601,7 +602,16 @@ impl<D: Dialect> SqlBackend<D> {
                 let (holder, sent, fence, back) =
                     self.try_on_holder(&id, req.mode, turn, &mut retry).await?;
                 if let Some(fence) = fence {
-                    return self.granted(req, holder, id, Some(back), false, sent, fence);
+                    return self.granted(
+                        req,
+                        holder,
+                        id,
+                        Some(back),
+                        false,
+                        sent,
+                        fence,
+                        *req.token,
+                    );
                 }
                 turn = back;
                 self.mark_contended(&id);
@@ -792,6 +802,7 @@ impl<D: Dialect> SqlBackend<D> {
                     true,
                     sent + took,
                     fence,
+                    *req.token,
                 )
                 .map_err(WaitFailed::Other)
             }
@@ -821,6 +832,7 @@ impl<D: Dialect> SqlBackend<D> {
         on_waiter: bool,
         sent: Instant,
         fence: i64,
+        entry: Token,
     ) -> Result<Option<Acquired>> {
         let fixed_end = (req.lease_kind == LeaseKind::Fixed).then(|| sent + req.lease);
         let Some(confirmed_at) = session
@@ -842,7 +854,7 @@ impl<D: Dialect> SqlBackend<D> {
                 fixed_end,
                 on_waiter,
                 fence,
-                entry: *req.token,
+                entry,
                 proclaimed: false,
             },
         );
@@ -951,14 +963,6 @@ impl<D: Dialect> SqlBackend<D> {
         }
     }
 
-    /// Records that the queued lock `token` holds is in the entry named
-    /// for `entry`.
-    fn entry_named(&self, token: &Token, entry: Token) {
-        if let Some(owned) = lock(&self.inner.owned).get_mut(token) {
-            owned.entry = entry;
-        }
-    }
-
     /// Takes the lock `token` holds out of `owned`: from here on, its
     /// release is the taker's.
     fn take_owned(&self, token: &Token) -> Option<Owned<D>> {
@@ -1026,7 +1030,11 @@ impl<D: Dialect> Drop for UnlockOnDrop<D> {
         let (id, mode) = (self.id.clone(), self.mode);
         runtime.spawn(async move {
             if let Ok(mut live) = session.live().await {
-                let answer = session.dialect.unlock(live.conn(), &id, mode).await;
+                let answer = answered_within(
+                    session.timeout,
+                    session.dialect.unlock(live.conn(), &id, mode),
+                )
+                .await;
                 if live.done(answer).is_err() && session.is_usable() {
                     session.end();
                 }
@@ -1049,7 +1057,16 @@ impl<D: Dialect> Drop for EndOnDrop<D> {
         let Some(session) = self.session.take() else {
             return;
         };
+        // A session that ended already (its connection failed, or went
+        // unanswered) is not ended by id: after a server restart, its id
+        // may name another client's session. The server ends it on its
+        // own: at once if its connection closed, after the session
+        // timeout if it hears nothing.
+        let alive = session.is_usable();
         session.end();
+        if !alive {
+            return;
+        }
         let backend = self.backend.clone();
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -1059,7 +1076,11 @@ impl<D: Dialect> Drop for EndOnDrop<D> {
             let ended = match backend.holder_at(server_id).await {
                 Ok(holder) => match holder.live().await {
                     Ok(mut live) => {
-                        let answer = holder.dialect.end_session(live.conn(), server_id).await;
+                        let answer = answered_within(
+                            holder.timeout,
+                            holder.dialect.end_session(live.conn(), server_id),
+                        )
+                        .await;
                         live.done(answer).map_err(backend_error::<D>)
                     }
                     Err(e) => Err(backend_error::<D>(e)),

@@ -63,7 +63,11 @@ impl<D: Dialect> Drop for DequeueOnDrop<D> {
         let token = self.token;
         runtime.spawn(async move {
             if let Ok(mut live) = session.live().await {
-                let answer = session.dialect.dequeue(live.conn(), &token).await;
+                let answer = answered_within(
+                    session.timeout,
+                    session.dialect.dequeue(live.conn(), &token),
+                )
+                .await;
                 if live.done(answer).is_err() && session.is_usable() {
                     session.end();
                 }
@@ -187,8 +191,11 @@ impl<D: Dialect> SqlBackend<D> {
                 None => on_holder!(holder, |d, c| d.ahead(c, &id, number), id)?,
             };
             if !mine {
-                // Deleted as dead: the holder session ended under it.
-                entry.session = None;
+                // Deleted as dead: the holder session ended under it (or
+                // someone deleted it: then `entry` gives back its lock).
+                if !holder.is_usable() {
+                    entry.session = None;
+                }
                 return Err(Failed::SessionEnded(backend_error::<D>(
                     std::io::Error::other("the entry's session ended while it waited"),
                 )));
@@ -224,8 +231,16 @@ impl<D: Dialect> SqlBackend<D> {
             if admitted(mode, ahead.iter().map(|(_, m)| *m)) {
                 entry.session = None;
                 return self
-                    .granted(req, holder.clone(), id.clone(), None, false, sent, number)
-                    .inspect(|_| self.entry_named(req.token, token))
+                    .granted(
+                        req,
+                        holder.clone(),
+                        id.clone(),
+                        None,
+                        false,
+                        sent,
+                        number,
+                        token,
+                    )
                     .map_err(Failed::Other);
             }
             let Some((target, most)) = watched(mode, &ahead) else {
