@@ -600,3 +600,43 @@ async fn a_failed_enqueue_leaves_the_key_to_the_next() {
         .expect("the key, once its holder went");
     next.release().await.expect("release");
 }
+
+/// dlock's sessions commit each statement (`autocommit = 1` is set on
+/// them) even on a server whose default is `autocommit = 0`: a grant's
+/// fencing token is a committed write at once, seen by another session,
+/// and the counter row is not left locked by an open transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_are_committed_whatever_the_servers_autocommit() {
+    use sqlx::{Connection, Executor};
+    let server = MariaDbServer::start().expect("start MariaDB");
+    let mut admin = sqlx::MySqlConnection::connect(&server.admin_url())
+        .await
+        .expect("connect");
+    admin
+        .execute("SET GLOBAL autocommit = 0")
+        .await
+        .expect("turn autocommit off for new sessions");
+    let client = locker(&format!("{}?session_timeout=5s", server.url())).await;
+    let guard = client.lock("committed").await.expect("lock");
+    let fence = guard.fencing_token().expect("a fence") as i64;
+    let mut reader = sqlx::MySqlConnection::connect(&server.admin_url())
+        .await
+        .expect("connect");
+    reader
+        .execute("SET SESSION autocommit = 1, innodb_lock_wait_timeout = 2")
+        .await
+        .expect("set the reader up");
+    let committed: i64 = sqlx::query_scalar("SELECT CAST(MAX(v) AS SIGNED) FROM dlock.dlock_fence")
+        .fetch_one(&mut reader)
+        .await
+        .expect("read the counters");
+    assert!(
+        committed >= fence,
+        "the grant's token {fence} is not committed: {committed}"
+    );
+    guard.release().await.expect("release");
+    admin
+        .execute("SET GLOBAL autocommit = 1")
+        .await
+        .expect("autocommit back on");
+}
