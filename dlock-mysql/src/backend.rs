@@ -316,6 +316,14 @@ fn holds_several_locks(version: &str) -> Result<(), String> {
     }
 }
 
+/// A statement that runs `expr` (an integer, its parameters after the
+/// first) only on the server session whose connection id is the first
+/// parameter: answers `expr` (-1 on another session) and the session's
+/// connection id, for [`MySqlSession::check`].
+fn on_own_session(expr: &str) -> String {
+    format!("SELECT IF(CONNECTION_ID() = ?, {expr}, -1), CAST(CONNECTION_ID() AS SIGNED)")
+}
+
 /// A dlock session's connection, and the connection id of the server
 /// session it opened: every lock statement checks it is still there.
 struct MySqlSession {
@@ -515,14 +523,12 @@ impl Dialect for MySqlDialect {
                 Some(limit) => format!("{:.6}", limit.as_secs_f64()),
                 None => FOREVER_SECS.to_string(),
             };
-            let (got, session): (Option<i64>, i64) = sqlx::query_as(&format!(
-                "SELECT IF(CONNECTION_ID() = ?, GET_LOCK(?, {timeout}), -1), \
-                 CAST(CONNECTION_ID() AS SIGNED)"
-            ))
-            .bind(conn.id)
-            .bind(owner)
-            .fetch_one(&mut conn.conn)
-            .await?;
+            let (got, session): (Option<i64>, i64) =
+                sqlx::query_as(&on_own_session(&format!("GET_LOCK(?, {timeout})")))
+                    .bind(conn.id)
+                    .bind(owner)
+                    .fetch_one(&mut conn.conn)
+                    .await?;
             conn.check(session)?;
             if got != Some(1) {
                 return Ok(false);
@@ -608,14 +614,12 @@ impl Dialect for MySqlDialect {
     ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
         Box::pin(async move {
             if self.config.fence() == FenceSource::Off {
-                let (granted, session): (Option<i64>, i64) = sqlx::query_as(
-                    "SELECT IF(CONNECTION_ID() = ?, GET_LOCK(?, 0), -1), \
-                     CAST(CONNECTION_ID() AS SIGNED)",
-                )
-                .bind(conn.id)
-                .bind(id)
-                .fetch_one(&mut conn.conn)
-                .await?;
+                let (granted, session): (Option<i64>, i64) =
+                    sqlx::query_as(&on_own_session("GET_LOCK(?, 0)"))
+                        .bind(conn.id)
+                        .bind(id)
+                        .fetch_one(&mut conn.conn)
+                        .await?;
                 conn.check(session)?;
                 return Ok((granted == Some(1)).then_some(0));
             }
@@ -673,14 +677,12 @@ impl Dialect for MySqlDialect {
         _mode: Mode,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
         Box::pin(async move {
-            let (released, session): (Option<i64>, i64) = sqlx::query_as(
-                "SELECT IF(CONNECTION_ID() = ?, RELEASE_LOCK(?), -1), \
-                 CAST(CONNECTION_ID() AS SIGNED)",
-            )
-            .bind(conn.id)
-            .bind(id)
-            .fetch_one(&mut conn.conn)
-            .await?;
+            let (released, session): (Option<i64>, i64) =
+                sqlx::query_as(&on_own_session("RELEASE_LOCK(?)"))
+                    .bind(conn.id)
+                    .bind(id)
+                    .fetch_one(&mut conn.conn)
+                    .await?;
             conn.check(session)?;
             Ok(released == Some(1))
         })
@@ -785,14 +787,12 @@ impl Dialect for MySqlDialect {
                 .bind(&owner)
                 .execute(&mut conn.conn)
                 .await?;
-            let (_, session): (Option<i64>, i64) = sqlx::query_as(
-                "SELECT IF(CONNECTION_ID() = ?, RELEASE_LOCK(?), -1), \
-                 CAST(CONNECTION_ID() AS SIGNED)",
-            )
-            .bind(conn.id)
-            .bind(&owner)
-            .fetch_one(&mut conn.conn)
-            .await?;
+            let (_, session): (Option<i64>, i64) =
+                sqlx::query_as(&on_own_session("RELEASE_LOCK(?)"))
+                    .bind(conn.id)
+                    .bind(&owner)
+                    .fetch_one(&mut conn.conn)
+                    .await?;
             conn.check(session)
         })
     }

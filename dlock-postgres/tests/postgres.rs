@@ -325,48 +325,6 @@ async fn a_black_holed_connection_is_bounded() {
     .await;
 }
 
-/// A wait granted while its fencing token cannot be taken at once (an
-/// operator alters the sequence in a transaction held open past the wait
-/// limit, which blocks `nextval`) never leaves
-/// the lock parked on a session nobody uses: the waiter either gets the
-/// key, or the key is free for a third client at once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_grant_whose_token_waits_is_never_parked() {
-    use sqlx::{Connection, Executor};
-    let server = PostgresServer::start().expect("start PostgreSQL");
-    let url = format!("{}?session_timeout=5s", server.url());
-    let (holder, waiter, third) = (locker(&url).await, locker(&url).await, locker(&url).await);
-    let held = holder.lock("parked").await.expect("lock");
-    let waiting = tokio::spawn(async move {
-        waiter
-            .lock_with("parked", LockOptions::new().wait(Duration::from_secs(2)))
-            .await
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut admin = sqlx::PgConnection::connect(&server.url())
-        .await
-        .expect("connect");
-    admin
-        .execute("BEGIN; ALTER SEQUENCE dlock_fence INCREMENT BY 1")
-        .await
-        .expect("lock the fencing sequence");
-    held.release().await.expect("release");
-    // Past the waiter's limit.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    admin.execute("COMMIT").await.expect("unlock the sequence");
-    let waited = waiting.await.expect("the waiter's task");
-    match waited {
-        Ok(guard) => guard.release().await.expect("release"),
-        Err(_) => {
-            let next = third
-                .lock_with("parked", LockOptions::new().wait(Duration::from_secs(1)))
-                .await
-                .expect("the key is parked on a session nobody uses");
-            next.release().await.expect("release");
-        }
-    }
-}
-
 /// Two applications whose tables live in different schemas (their
 /// `search_path`) keep apart locks of the same key: advisory locks span
 /// the database, so the schema is part of every lock's identifier. Each

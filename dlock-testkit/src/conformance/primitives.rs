@@ -37,6 +37,46 @@ pub(super) async fn offered(h: &Harness, locker: &Locker, key: &str, mode: Mode)
     }
 }
 
+/// A writer through `locker` that waits for `key` (up to four times
+/// [`PATIENCE`]), in a task of its own.
+pub(super) fn waiting_writer(
+    locker: &Locker,
+    key: &str,
+) -> tokio::task::JoinHandle<dlock_core::Result<dlock_core::LockGuard>> {
+    let (locker, key) = (locker.clone(), key.to_owned());
+    tokio::spawn(async move {
+        locker
+            .lock_mode(&key, Mode::Write, LockOptions::new().wait(4 * PATIENCE))
+            .await
+    })
+}
+
+/// Returns once a reader through `other` (a client that holds nothing of
+/// `key`) is refused: a writer waits on the server. Until then a reader
+/// may still pass it.
+async fn until_the_writer_waits(h: &Harness, other: &Locker, key: &str) {
+    let queued = Instant::now();
+    loop {
+        let late = must(
+            h,
+            "try read",
+            other
+                .try_lock_mode(key, Mode::Read, LockOptions::new())
+                .await,
+        );
+        match late {
+            None => return,
+            Some(late) => drop(late),
+        }
+        assert!(
+            queued.elapsed() < PATIENCE,
+            "[{}] readers kept passing a waiting writer",
+            h.name
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Readers of different clients hold at once, and a writer overlaps
 /// nobody: 4 clients with 2 reader tasks and 1 writer task each, 6 rounds
 /// apiece, counted by who is inside.
@@ -117,35 +157,8 @@ pub async fn a_waiting_writer_keeps_new_readers_out(h: &Harness) {
         return;
     }
     let reading = must(h, "read", a.lock_mode(&key, Mode::Read, patient()).await);
-    let (writer_key, writer) = (key.clone(), b.clone());
-    let writing = tokio::spawn(async move {
-        writer
-            .lock_mode(
-                &writer_key,
-                Mode::Write,
-                LockOptions::new().wait(4 * PATIENCE),
-            )
-            .await
-    });
-    // Until the writer waits on the server, a reader may still pass it.
-    let queued = Instant::now();
-    loop {
-        let late = must(
-            h,
-            "try read",
-            c.try_lock_mode(&key, Mode::Read, LockOptions::new()).await,
-        );
-        match late {
-            None => break,
-            Some(late) => drop(late),
-        }
-        assert!(
-            queued.elapsed() < PATIENCE,
-            "[{}] readers kept passing a waiting writer",
-            h.name
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let writing = waiting_writer(&b, &key);
+    until_the_writer_waits(h, &c, &key).await;
     let (reader_key, reader) = (key.clone(), c.clone());
     let late_reader = tokio::spawn(async move {
         reader
@@ -196,36 +209,8 @@ pub async fn a_waiting_writer_keeps_out_the_readers_own_client(h: &Harness) {
         return;
     }
     let reading = must(h, "read", a.lock_mode(&key, Mode::Read, patient()).await);
-    let (writer_key, writer) = (key.clone(), b.clone());
-    let writing = tokio::spawn(async move {
-        writer
-            .lock_mode(
-                &writer_key,
-                Mode::Write,
-                LockOptions::new().wait(4 * PATIENCE),
-            )
-            .await
-    });
-    // Until the writer waits on the server, another client's reader may
-    // still pass it.
-    let queued = Instant::now();
-    loop {
-        let late = must(
-            h,
-            "try read",
-            c.try_lock_mode(&key, Mode::Read, LockOptions::new()).await,
-        );
-        match late {
-            None => break,
-            Some(late) => drop(late),
-        }
-        assert!(
-            queued.elapsed() < PATIENCE,
-            "[{}] readers kept passing a waiting writer",
-            h.name
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let writing = waiting_writer(&b, &key);
+    until_the_writer_waits(h, &c, &key).await;
     let (reader_key, reader) = (key.clone(), a.clone());
     let own_reader = tokio::spawn(async move {
         reader

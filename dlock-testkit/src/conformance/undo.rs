@@ -10,7 +10,11 @@ use std::time::Duration;
 use dlock_core::{backend::Mode, LockKey, LockOptions};
 use tokio::time::Instant;
 
-use super::{must, patient, primitives::offered, Harness, PATIENCE};
+use super::{
+    must, patient,
+    primitives::{offered, waiting_writer},
+    Harness,
+};
 
 /// How many reads are cut off, and how many other keys keep the reader's
 /// client busy meanwhile.
@@ -31,16 +35,7 @@ pub async fn cancelled_reads_never_undo_a_live_readers_hold(h: &Harness) {
         return;
     }
     let reading = must(h, "read", a.lock_mode(&key, Mode::Read, patient()).await);
-    let (writer_key, writer) = (key.clone(), w.clone());
-    let writing = tokio::spawn(async move {
-        writer
-            .lock_mode(
-                &writer_key,
-                Mode::Write,
-                LockOptions::new().wait(4 * PATIENCE),
-            )
-            .await
-    });
+    let writing = waiting_writer(&w, &key);
     // Let the writer queue on the server.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let busy_until = Instant::now() + Duration::from_millis(1500);
