@@ -419,17 +419,25 @@ pub async fn followers_observe_every_change_of_leader(h: &Harness) {
         let mut seen = Vec::new();
         tokio::pin!(stopped);
         loop {
-            tokio::select! {
+            let stopping = tokio::select! {
                 biased;
-                changed = shown.changed() => {
-                    if changed.is_err() {
-                        break;
-                    }
-                }
-                _ = &mut stopped => break,
+                changed = shown.changed() => match changed {
+                    Ok(()) => false,
+                    Err(_) => break,
+                },
+                _ = &mut stopped => true,
+            };
+            // Stopped with a change not yet read (the runtime's task
+            // budget can leave `changed` pending for a poll even so):
+            // the change is logged before the log ends.
+            if stopping && !shown.has_changed().unwrap_or(false) {
+                break;
             }
             let leader = shown.borrow_and_update().clone();
             seen.push(leader.map(|l| (l.term, l.value)));
+            if stopping {
+                break;
+            }
         }
         seen
     });
@@ -546,13 +554,22 @@ pub async fn a_deposed_leader_is_told(h: &Harness) {
         "[{}] the deposed leader was not told: {told:?}",
         h.name
     );
+    // The deposed candidate campaigns again at once, and may already
+    // lead again, in a later term: never in the lost one.
+    let term = leadership.term();
     assert!(
-        !leadership.is_current() && !leader.is_leader(),
-        "[{}] the deposed leader still says it leads",
-        h.name
+        !leadership.is_current() && leader.term().is_none_or(|t| t > term),
+        "[{}] the deposed leader still says it leads in term {term}: {:?}",
+        h.name,
+        leader.term()
     );
     assert!(
-        matches!(leader.role(), Role::Deposed { term, .. } if term == leadership.term()),
+        match leader.role() {
+            Role::Deposed { term: t, .. } => t == term,
+            Role::Candidate => true,
+            Role::Leader { term: t } => t > term,
+            _ => false,
+        },
         "[{}] the deposed leader's role: {:?}",
         h.name,
         leader.role()
