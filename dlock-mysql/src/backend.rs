@@ -543,7 +543,7 @@ impl Dialect for MySqlDialect {
     }
 
     fn shard(&self, id: &String) -> u64 {
-        dlock_sql::fnv1a("", id)
+        dlock_sql::key_hash("", id)
     }
 
     fn open(&self) -> BoxFuture<'_, Result<(MySqlSession, u64), sqlx::Error>> {

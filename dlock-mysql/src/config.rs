@@ -4,7 +4,7 @@
 use std::{str::FromStr, time::Duration};
 
 use dlock_core::{backend::redact_url, LockError, LockKey};
-use dlock_sql::{fnv1a, SqlSettings};
+use dlock_sql::{key_hash, SqlSettings};
 use sqlx::mysql::MySqlConnectOptions;
 
 /// Whether grants carry fencing tokens, and from where.
@@ -225,7 +225,7 @@ impl MySqlConfig {
 /// but lowercase ASCII letters, digits and `-_.:/` escaped (so that names,
 /// which the server compares without case, keep keys apart that differ
 /// only in case). A name longer than MySQL's 64 characters keeps its first
-/// part and ends in `#` and 16 hex digits of FNV-1a over the prefix and
+/// part and ends in `#` and 16 hex digits of truncated SHA-256 over the prefix and
 /// the key: such keys share a lock only if their hashes collide, which
 /// costs a wait, never exclusion (`#` is always escaped in whole names, so
 /// the two forms never meet).
@@ -250,9 +250,9 @@ pub(crate) fn object_name(prefix: &str, object: &str, key: &LockKey) -> String {
         // The escaped name is ASCII: every byte is a character boundary.
         name.truncate(MAX_NAME - HASH_TAIL);
         let hash = if object.is_empty() {
-            fnv1a(prefix, key.as_str())
+            key_hash(prefix, key.as_str())
         } else {
-            fnv1a(prefix, &format!("{object}{}", key.as_str()))
+            key_hash(prefix, &format!("{object}{}", key.as_str()))
         };
         name.push_str(&format!("#{hash:016x}"));
     }

@@ -60,7 +60,7 @@ fn holder_lock(token: &Token) -> i64 {
 
 /// A one-key advisory lock named for `token`, in the space `tag` names.
 fn token_lock(tag: &str, token: &Token) -> i64 {
-    dlock_sql::fnv1a(tag, &token.to_string()) as i64
+    dlock_sql::key_hash(tag, &token.to_string()) as i64
 }
 
 /// Matches a granted one-key advisory lock `l` on `key` (an SQL
@@ -96,7 +96,7 @@ const LOCK_NOT_AVAILABLE: &str = "55P03";
 /// # How it locks
 ///
 /// - **Identifiers.** A key maps to a 64-bit advisory lock identifier,
-///   FNV-1a of the URL's `lock_prefix` and the key, so dlock's locks never
+///   truncated SHA-256 of the URL's `lock_prefix` and the key, so dlock's locks never
 ///   meet an application's own advisory locks by accident. Two keys whose
 ///   identifiers collide contend as if they were one: a collision costs a
 ///   wait, never exclusion.

@@ -4,7 +4,7 @@
 use std::{str::FromStr, time::Duration};
 
 use dlock_core::{backend::redact_url, LockError};
-use dlock_sql::{fnv1a, SqlSettings};
+use dlock_sql::{key_hash, SqlSettings};
 use sqlx::postgres::PgConnectOptions;
 
 /// Where and how to connect.
@@ -147,10 +147,10 @@ impl PgConfig {
     }
 }
 
-/// A lock's 64-bit advisory lock identifier: FNV-1a of the prefix and the
-/// key (see [`dlock_sql::fnv1a`] for what a collision costs).
+/// A lock's 64-bit advisory lock identifier: truncated SHA-256 of the prefix and the
+/// key (see [`dlock_sql::key_hash`] for what a collision costs).
 pub(crate) fn lock_id(prefix: &str, key: &str) -> i64 {
-    fnv1a(prefix, key) as i64
+    key_hash(prefix, key) as i64
 }
 
 #[cfg(test)]
@@ -180,11 +180,15 @@ mod tests {
 
     #[test]
     fn lock_ids_are_stable_and_namespaced() {
-        // FNV-1a: fixed values, the same on every platform and version.
+        // truncated SHA-256: fixed values, the same on every platform and version.
         assert_eq!(lock_id("dlock", "order:42"), lock_id("dlock", "order:42"));
         assert_ne!(lock_id("dlock", "order:42"), lock_id("other", "order:42"));
         assert_ne!(lock_id("dlock", "a"), lock_id("dlocka", ""));
-        assert_eq!(lock_id("", ""), 0xaf63_bd4c_8601_b7df_u64 as i64);
+        assert_eq!(lock_id("", ""), 0x6e34_0b9c_ffb3_7a98_u64 as i64);
+        assert_eq!(
+            lock_id("dlock", "order:42"),
+            0xbd68_c79f_891c_043b_u64 as i64
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ pub use dialect::{
     busy, deployment_refused, is_busy, is_session_moved, session_moved, unsafe_deployment, Busy,
     Dialect, Granted, QueueEntry, SessionMoved, UnsafeDeployment,
 };
-pub use settings::{fnv1a, SqlSettings};
+pub use settings::{key_hash, SqlSettings};
 /// The driver the dialects speak through.
 pub use sqlx;
 
