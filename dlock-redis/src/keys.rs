@@ -15,10 +15,10 @@ pub(crate) struct Names {
 }
 
 impl Names {
-    /// Counts acquisitions: the fencing token. Lives twice the lease past
-    /// the last acquisition or renewal, and is seeded from the server's
-    /// clock when missing, so that tokens keep growing across idle periods
-    /// (see `scripts.rs`).
+    /// Counts acquisitions: the fencing token. Lives twice the lease (at
+    /// least ten minutes) past the last acquisition or renewal, and never
+    /// falls behind the server's clock, so that tokens keep growing across
+    /// idle periods, failovers and restarts (see `scripts.rs`).
     pub(crate) fn fence(&self) -> Suffixed<'_> {
         Suffixed(&self.lock, ":fence")
     }

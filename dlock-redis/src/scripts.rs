@@ -114,24 +114,31 @@ end
 ///
 /// # The fence counter, and why its tokens only grow
 ///
-/// The counter lives beside the lock with a TTL of twice the lease, set at
-/// every acquisition and renewal, so it goes away with the lock: a service
-/// that locks `order:{id}` for ever more ids does not grow Redis for ever.
+/// Every token is `max(INCR counter, TIME in µs)`, and the larger value is
+/// written back to the counter. The counter lives beside the lock with a
+/// TTL of twice the lease, but never less than ten minutes (600 000 ms in
+/// the scripts), set at every acquisition and renewal, so it goes away some time after
+/// the lock: a service that locks `order:{id}` for ever more ids does not
+/// grow Redis for ever. The tokens of one key strictly increase, whatever
+/// happened to the counter:
 ///
-/// A counter that is missing (never made, expired, or lost) is seeded from
-/// the server's clock, `TIME` in microseconds; `INCR` then adds 1 per
-/// acquisition. The tokens of one key still strictly increase:
-///
-/// - While the counter lives, each token is the previous one plus 1.
-/// - A counter seeded at time `T` (in µs) has handed out `T + n - 1` by its
-///   `n`-th acquisition. Each acquisition is one script run of several
-///   microseconds (measured: 3 to 7 µs of server time), and a server runs
-///   one script at a time, so `n` acquisitions span at least `n` µs: no
-///   token is ever ahead of the server's clock at the moment it is issued.
-/// - So when the counter is gone and is seeded again at a later time `T'`,
-///   `T'` exceeds every token issued before, as long as the server's clock
-///   does not go backwards (a restart without persistence, or a failover
-///   to a replica, included: the seed comes from the clock, not the data).
+/// - While the counter lives and is current, each token is above the last
+///   one: `INCR` adds 1, and the clock can only raise it.
+/// - No token is ahead of the server's clock by more than the number of
+///   acquisitions made within the same microsecond. Each acquisition is a
+///   script run of several microseconds (measured: 3 to 7 µs of server
+///   time), and a server runs one script at a time, so that number is 0:
+///   every token is at most the clock's reading when it was issued.
+/// - So a counter that is set back (a failover to a replica that had not
+///   seen the last `INCR`s, a restart from an older RDB or AOF) or lost
+///   (expired, `FLUSHALL`, a restart without persistence) is overtaken by
+///   the clock: the next token is at least `TIME` now, above every token
+///   issued before, as long as the server's clock did not go backwards
+///   since (the seed comes from the clock, not the data).
+/// - A clock that steps back is covered while the counter lives (`INCR`
+///   keeps counting from the last token): the TTL floor keeps it alive for
+///   ten minutes after the last use, however short the lease, so only a
+///   key idle that long and a clock stepped back further than that meet.
 const ACQUIRE: &str = concat!(
     // The common case first, before the line's functions are defined: a
     // free key. Nobody is passed over by taking it, because the key is
@@ -139,14 +146,17 @@ const ACQUIRE: &str = concat!(
     // to the first waiter (see `hand_first`).
     r"
 local token = ARGV[1]
+-- The fence: above every earlier one, even if the counter was set back
+-- or lost (see the argument above).
 local function fence()
   local value = redis.call('INCR', KEYS[2])
-  if value == 1 then
-    local now = redis.call('TIME')
-    value = now[1] * 1000000 + now[2]
+  local now = redis.call('TIME')
+  local now_us = now[1] * 1000000 + now[2]
+  if value < now_us then
+    value = now_us
     redis.call('SET', KEYS[2], value)
   end
-  redis.call('PEXPIRE', KEYS[2], 2 * ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], math.max(2 * ARGV[2], 600000))
   return value
 end
 -- `in_line`: the token may have a ticket, to take out; if others still
@@ -181,7 +191,7 @@ if holder == token or holder == token .. '+' then
   if ARGV[3] == '1' then
     local value = tonumber(redis.call('GET', KEYS[2]))
     if value then
-      redis.call('PEXPIRE', KEYS[2], 2 * ARGV[2])
+      redis.call('PEXPIRE', KEYS[2], math.max(2 * ARGV[2], 600000))
       return {1, value}
     end
     return {1, fence()}
@@ -288,15 +298,15 @@ return released
 /// life with it (see [`ACQUIRE`]; a key without a counter, as on Redlock,
 /// is left so).
 ///
-/// A proclaimed value (see [`PROCLAIM`]) lives as long as the counter,
-/// and is kept alive with it.
+/// A proclaimed value (see [`PROCLAIM`]) lives twice the lease, and is
+/// kept alive with the counter (whose TTL has a floor, see [`ACQUIRE`]).
 ///
 /// KEYS: lock, fence counter, proclaimed value. ARGV: token, lease in ms.
 /// Returns 1 if renewed, else 0.
 const RENEW: &str = r"
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] or holder == ARGV[1] .. '+' then
-  redis.call('PEXPIRE', KEYS[2], 2 * ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], math.max(2 * ARGV[2], 600000))
   redis.call('PEXPIRE', KEYS[3], 2 * ARGV[2])
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
@@ -429,13 +439,14 @@ const SHARED_ACQUIRE: &str = concat!(
     r"
 local entry, lease = ARGV[1], tonumber(ARGV[2])
 local now_us, now = clock()
+-- As `ACQUIRE`'s fence: above every earlier one.
 local function fence()
   local value = redis.call('INCR', KEYS[2])
-  if value == 1 then
+  if value < now_us then
     value = now_us
     redis.call('SET', KEYS[2], value)
   end
-  keep(KEYS[2], 2 * lease)
+  keep(KEYS[2], math.max(2 * lease, 600000))
   return value
 end
 local function hold()
@@ -541,7 +552,7 @@ local lapses = redis.call('ZSCORE', KEYS[1], entry)
 if lapses and tonumber(lapses) > now then
   redis.call('ZADD', KEYS[1], 'XX', now + lease, entry)
   keep(KEYS[1], lease)
-  keep(KEYS[2], 2 * lease)
+  keep(KEYS[2], math.max(2 * lease, 600000))
   return 1
 end
 return 0
