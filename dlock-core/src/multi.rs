@@ -8,7 +8,7 @@ use crate::{
     error::{LockError, Result},
     guard::LockGuard,
     locker::Locker,
-    options::LockOptions,
+    options::{wait_deadline, LockOptions},
     scope::Scoped,
     LostReason,
 };
@@ -38,6 +38,10 @@ impl Locker {
     /// [`LockError::InvalidOptions`] for an empty list, or a key named
     /// twice; otherwise as [`lock_with`](Locker::lock_with), for the first
     /// key that was not granted (a [`LockError::Timeout`] names it).
+    /// [`LockError::Lost`] if a key taken first was lost by the time the
+    /// last was granted (a fixed lease shorter than the wait), three times
+    /// or past the wait limit: each time, every key is given back and
+    /// taken again, so the guard returned never names a lost key.
     ///
     /// # Cancel safety
     ///
@@ -80,12 +84,37 @@ impl Locker {
             });
         }
         let options = options.or(self.defaults());
-        let deadline = options
-            .get_wait()
-            .flatten()
-            .map(|limit| Instant::now() + limit);
+        // A limit too large for the clock (`Duration::MAX`) waits forever.
+        let deadline = wait_deadline(Instant::now(), options.get_wait().flatten());
+        let mut attempt = 1;
+        loop {
+            let guards = self.take_each(&sorted, options, deadline).await?;
+            // A key taken first can lapse while a later one is awaited
+            // (a fixed lease shorter than the wait): never handed out.
+            let Some(lost) = guards.iter().find(|guard| guard.is_lost()) else {
+                return Ok(MultiGuard { guards });
+            };
+            let key = lost.key().to_owned();
+            let reason = lost.lost().await;
+            give_back(guards).await;
+            let out_of_time = deadline.is_some_and(|d| Instant::now() >= d);
+            if attempt == LOCK_ALL_ATTEMPTS || out_of_time {
+                return Err(LockError::Lost { key, reason });
+            }
+            attempt += 1;
+        }
+    }
+
+    /// Takes every key in order, each within what is left of `deadline`;
+    /// on the first refusal or failure, gives back what it took.
+    async fn take_each(
+        &self,
+        sorted: &BTreeSet<String>,
+        options: LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Vec<LockGuard>> {
         let mut guards = Vec::with_capacity(sorted.len());
-        for key in &sorted {
+        for key in sorted {
             let options = match deadline {
                 Some(deadline) => options.wait(deadline.saturating_duration_since(Instant::now())),
                 None => options,
@@ -95,14 +124,23 @@ impl Locker {
                 Err(error) => {
                     // Given back before the caller hears, so that the keys
                     // are free when it does.
-                    for guard in guards.into_iter().rev() {
-                        let _ = guard.release().await;
-                    }
+                    give_back(guards).await;
                     return Err(error);
                 }
             }
         }
-        Ok(MultiGuard { guards })
+        Ok(guards)
+    }
+}
+
+/// How many times [`Locker::lock_all`] takes the keys again after finding
+/// one lost by the time it had them all.
+const LOCK_ALL_ATTEMPTS: u32 = 3;
+
+/// Releases `guards`, last taken first.
+async fn give_back(guards: Vec<LockGuard>) {
+    for guard in guards.into_iter().rev() {
+        let _ = guard.release().await;
     }
 }
 

@@ -256,6 +256,7 @@ macro_rules! conformance_tests {
             lock_all_that_times_out_gives_back_what_it_took,
             lock_all_cancel_storm_leaves_nothing,
             one_lost_key_makes_the_whole_guard_lost,
+            lock_all_never_returns_a_lost_part,
             lock_all_rejects_empty_and_repeated_lists,
             // election.rs
             an_election_has_one_leader_at_a_time_and_rising_terms,

@@ -205,3 +205,48 @@ pub async fn lock_all_rejects_empty_and_repeated_lists(h: &Harness) {
     );
     assert!(free.is_some(), "[{}] a refused list took its key", h.name);
 }
+
+/// `lock_all` never returns a guard that names a lost key: with a fixed
+/// lease shorter than its wait for the second key, the first lapses while
+/// it waits, and the caller gets either every key held or an error. A
+/// limit too large for the clock (`Duration::MAX`) waits, as forever does.
+pub async fn lock_all_never_returns_a_lost_part(h: &Harness) {
+    let (first, second) = (h.key("lapsing-1"), h.key("lapsing-2"));
+    let (holder, caller) = (h.locker().await, h.locker().await);
+    let held = must(
+        h,
+        "the second key",
+        holder.lock_with(&second, patient()).await,
+    );
+    let lease = Duration::from_millis(300);
+    let freed = tokio::spawn(async move {
+        tokio::time::sleep(lease * 3).await;
+        held.release().await
+    });
+    let options = LockOptions::new().lease(lease).wait(PATIENCE);
+    match caller.lock_all([&first, &second], options).await {
+        Ok(all) => {
+            assert!(
+                !all.is_lost(),
+                "[{}] lock_all returned a guard with a lost key: {all:?}",
+                h.name
+            );
+            drop(all);
+        }
+        Err(LockError::Lost { .. }) => {}
+        Err(other) => panic!("[{}] lock_all past a lapsed key: {other:?}", h.name),
+    }
+    must(
+        h,
+        "the holder's release",
+        freed.await.expect("the release task"),
+    );
+    let all = must(
+        h,
+        "lock_all with a limit of Duration::MAX",
+        caller
+            .lock_all([&first, &second], LockOptions::new().wait(Duration::MAX))
+            .await,
+    );
+    must(h, "release", all.release().await);
+}
