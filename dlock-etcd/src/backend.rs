@@ -2,7 +2,7 @@
 //! prefix), with the handoff served at once and every waiter an owner.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     fmt,
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -39,6 +39,10 @@ fn vanished() -> LockError {
     )
 }
 
+
+/// The longest a waiter trusts its watch alone before it reads the queue
+/// again.
+const RECHECK: Duration = Duration::from_secs(10);
 /// How waiting for the predecessor ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Waited {
@@ -664,22 +668,28 @@ impl EtcdBackend {
         let Some(key) = blocking.map(|kv| kv.key().to_vec()) else {
             return Ok(Waited::Changed);
         };
-        // Permits wait for any entry ahead: watch from the first one to
-        // the queue's end (entries behind ours only wake us for nothing).
+        // Permits wait for any entry ahead: watch the whole queue, and
+        // count the deletions of the entries ahead only. Names sort by
+        // lease, not by age, so no narrower key range holds exactly the
+        // entries ahead: one that starts at the oldest entry ahead misses
+        // a younger entry whose lease sorts before it.
         let permits = matches!(mode, Mode::Permits { .. });
-        let range = permits.then(|| {
+        let (watched, range) = if permits {
             let mut end = queue.as_bytes().to_vec();
             if let Some(last) = end.last_mut() {
                 *last += 1; // `/` + 1: just past every key under the queue
             }
-            WatchOptions::new().with_range(end)
-        });
+            (
+                queue.as_bytes().to_vec(),
+                Some(WatchOptions::new().with_range(end)),
+            )
+        } else {
+            (key.clone(), None)
+        };
+        let ahead_names: HashSet<&[u8]> = predecessors.kvs().iter().map(|kv| kv.key()).collect();
         // Watch from now, then check the predecessor still exists: a watch
         // from an older revision would be served by etcd's slow catch-up.
-        let mut watch = client
-            .watch(key.clone(), range)
-            .await
-            .map_err(backend_error)?;
+        let mut watch = client.watch(watched, range).await.map_err(backend_error)?;
         loop {
             match watch.message().await.map_err(backend_error)? {
                 Some(response) if response.created() && !response.canceled() => break,
@@ -717,11 +727,10 @@ impl EtcdBackend {
                 match watch.message().await {
                     Ok(Some(response)) if response.canceled() => return Waited::Interrupted,
                     Ok(Some(response)) => {
-                        if response
-                            .events()
-                            .iter()
-                            .any(|e| e.event_type() == EventType::Delete)
-                        {
+                        if response.events().iter().any(|e| {
+                            e.event_type() == EventType::Delete
+                                && e.kv().is_some_and(|kv| ahead_names.contains(kv.key()))
+                        }) {
                             return Waited::Changed;
                         }
                     }
@@ -729,12 +738,13 @@ impl EtcdBackend {
                 }
             }
         };
-        Ok(match deadline {
-            Some(d) => tokio::time::timeout_at(d, deleted)
-                .await
-                .unwrap_or(Waited::Changed),
-            None => deleted.await,
-        })
+        // Looks again at least every `RECHECK`, whatever the watch says: a
+        // wait never rests on one watch alone.
+        let recheck = Instant::now() + RECHECK;
+        let until = deadline.map_or(recheck, |d| d.min(recheck));
+        Ok(tokio::time::timeout_at(until, deleted)
+            .await
+            .unwrap_or(Waited::Changed))
     }
 
     /// Our key is first in the queue: the lock is ours.

@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use dlock_core::{BackendExt, LockOptions, Locker, LostReason};
+use dlock_core::{BackendExt, DistSemaphore, LockOptions, Locker, LostReason};
 use dlock_etcd::{etcd_client, EtcdBackend};
 use dlock_testkit::{
     fixture::{EtcdServer, TcpProxy},
@@ -326,4 +326,64 @@ async fn a_backend_on_the_applications_client_shares_the_locks() {
     // `from_client` takes the default prefix, `dlock`.
     let by_url = locker(&format!("etcd://{endpoint}/dlock")).await;
     dlock_testkit::assert_locks_are_shared(&own, &by_url).await;
+}
+
+/// A permit waiter wakes when any holder ahead of it releases, whatever
+/// its entry's name: here the holder that releases entered second, but its
+/// lease (the first part of its name) sorts before the first holder's, so
+/// a watch of the names from the oldest entry on would never see it go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_waiter_sees_a_release_whose_name_sorts_first() {
+    let server = EtcdServer::start().expect("start etcd");
+    let url = format!("etcd://{}/p", server.endpoint());
+    let (early, late, waiter) = (locker(&url).await, locker(&url).await, locker(&url).await);
+    // `early` starts its session (and lease) first, so its names sort
+    // first; it then queues second.
+    drop(early.lock("warm-up").await.expect("warm-up"));
+    let first = DistSemaphore::new(&late, "sorted", 2);
+    let second = DistSemaphore::new(&early, "sorted", 2);
+    let third = DistSemaphore::new(&waiter, "sorted", 2);
+    let held_first = first.acquire().await.expect("the first permit");
+    let held_second = second.acquire().await.expect("the second permit");
+    let waiting = tokio::spawn(async move { third.acquire().await.map(|_| ()) });
+    // The names, oldest first: the second holder's sorts before the first's.
+    let mut client = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .expect("connect");
+    let started = Instant::now();
+    let names = loop {
+        let queue = client
+            .get(
+                "p/",
+                Some(etcd_client::GetOptions::new().with_prefix().with_sort(
+                    etcd_client::SortTarget::Create,
+                    etcd_client::SortOrder::Ascend,
+                )),
+            )
+            .await
+            .expect("read the queue");
+        let names: Vec<String> = queue
+            .kvs()
+            .iter()
+            .filter_map(|kv| kv.key_str().ok())
+            .filter(|name| name.contains("sorted"))
+            .map(str::to_owned)
+            .collect();
+        if names.len() == 3 || started.elapsed() > Duration::from_secs(5) {
+            break names;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(names.len(), 3, "two holders and a waiter: {names:?}");
+    assert!(
+        names[1] < names[0],
+        "the set-up: the second holder's name sorts first: {names:?}"
+    );
+    held_second.release().await.expect("release");
+    let got = tokio::time::timeout(Duration::from_secs(5), waiting).await;
+    assert!(
+        matches!(got, Ok(Ok(Ok(())))),
+        "the waiter missed a free permit: {got:?}"
+    );
+    drop(held_first);
 }
