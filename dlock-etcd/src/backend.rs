@@ -39,10 +39,10 @@ fn vanished() -> LockError {
     )
 }
 
-
 /// The longest a waiter trusts its watch alone before it reads the queue
 /// again.
 const RECHECK: Duration = Duration::from_secs(10);
+
 /// How waiting for the predecessor ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Waited {
