@@ -84,8 +84,11 @@ impl LockOptions {
         self
     }
 
-    /// A fixed lease: the lock expires `lease` after the acquire request was
-    /// sent, and is never renewed.
+    /// A fixed lease: the lock expires `lease` after it was granted, and is
+    /// never renewed. A lock won after a wait gets its whole lease, on every
+    /// backend; the holder counts it from just before the request that won
+    /// the lock was sent (the grant, or a little earlier), so its guard
+    /// ends no later than the server's hold.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = Some(Lease::Fixed(lease));
         self

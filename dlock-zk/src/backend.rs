@@ -497,6 +497,9 @@ impl ZkBackend {
         let deadline = req.wait.deadline();
         let mut failing_since: Option<Instant> = None;
         let mut backoff = Duration::from_millis(20);
+        // When the listing that admits us was asked for: the grant, where
+        // a fixed lease starts (our create, for a lock free at once).
+        let mut listed_at = sent;
         loop {
             if strays {
                 // Our own older nodes must not make us (or anyone) wait:
@@ -510,7 +513,7 @@ impl ZkBackend {
                 .position(|c| *c == name)
                 .ok_or_else(vanished)?;
             if admitted(&children, position, mode) {
-                return self.granted(req, &session, &path, sent, fence);
+                return self.granted(req, &session, &path, sent, listed_at, fence);
             }
             if req.wait == Wait::No || deadline.is_some_and(|d| Instant::now() >= d) {
                 // We answer for ourselves here, so core will not release:
@@ -554,7 +557,8 @@ impl ZkBackend {
                         }
                     }
                 }
-                client.list_children(&parent).await
+                let asked = Instant::now();
+                client.list_children(&parent).await.map(|l| (asked, l))
             };
             let step = async {
                 tokio::select! {
@@ -564,7 +568,8 @@ impl ZkBackend {
                 }
             };
             match step.await {
-                Ok(listed) => {
+                Ok((asked, listed)) => {
+                    listed_at = asked;
                     children = listed;
                     failing_since = None;
                 }
@@ -711,13 +716,16 @@ impl ZkBackend {
         session: &Arc<Session>,
         path: &str,
         sent: Instant,
+        granted_at: Instant,
         fence: u64,
     ) -> Result<Option<Acquired>> {
         let acquired = Acquired::new(sent).with_fence(fence);
         if let Some(owned) = self.owned().get_mut(req.token) {
             owned.granted = true;
         }
-        let fixed_end = (req.lease_kind == LeaseKind::Fixed).then(|| sent + req.lease);
+        // A fixed lease counts from the grant, as on every backend: a lock
+        // won after a long wait gets its whole lease.
+        let fixed_end = (req.lease_kind == LeaseKind::Fixed).then(|| granted_at + req.lease);
         // Registered with the session either way: its expiry ends the lock
         // whatever the lease.
         let confirmed_at = session
@@ -750,7 +758,7 @@ impl ZkBackend {
                 let acquired = if session_end < ends {
                     acquired.with_lease_from(alive_at, session.timeout)
                 } else {
-                    acquired.with_lease_from(sent, req.lease)
+                    acquired.with_lease_from(granted_at, req.lease)
                 };
                 Ok(Some(acquired.kept_alive_by_backend()))
             }

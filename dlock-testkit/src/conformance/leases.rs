@@ -247,6 +247,48 @@ pub async fn fixed_lease_reports_lost_before_others_acquire(h: &Harness) {
     drop(next);
 }
 
+/// A fixed lease counts from the grant, not from the request: a lock won
+/// after a wait longer than its lease comes back held, and holds (to
+/// others too) for its whole lease from the grant.
+pub async fn a_fixed_lease_counts_from_the_grant(h: &Harness) {
+    let key = h.key("lease-after-wait");
+    let (holder, waiter, other) = (h.locker().await, h.locker().await, h.locker().await);
+    let lease = Duration::from_millis(800);
+    let held = must(h, "the first hold", holder.lock_with(&key, patient()).await);
+    let released = tokio::spawn(async move {
+        // Longer than the waiter's lease.
+        tokio::time::sleep(lease + Duration::from_millis(400)).await;
+        held.release().await
+    });
+    let guard = must(
+        h,
+        "a lock won after a wait longer than its lease",
+        waiter.lock_with(&key, patient().lease(lease)).await,
+    );
+    let granted = Instant::now();
+    must(
+        h,
+        "the first release",
+        released.await.expect("the release task"),
+    );
+    assert!(
+        !guard.is_lost(),
+        "[{}] a lock won after a wait came back lost",
+        h.name
+    );
+    // Well inside the lease from the grant, it still holds, for everyone.
+    tokio::time::sleep(lease / 2).await;
+    let refused = must(h, "try_lock", other.try_lock(&key).await);
+    assert!(
+        refused.is_none() && !guard.is_lost(),
+        "[{}] the lease ended {:?} after the grant, before its {lease:?} (lost: {})",
+        h.name,
+        granted.elapsed(),
+        guard.is_lost()
+    );
+    drop(guard);
+}
+
 /// A guard whose key was taken over by another owner (its own entry
 /// removed behind its back, then the key acquired by another client) is
 /// told by its next renewal, and nothing it does afterwards touches the

@@ -234,6 +234,7 @@ macro_rules! conformance_tests {
             stopped_client_lets_others_in_after_its_lease,
             watchdog_keeps_lock_past_its_lease,
             fixed_lease_reports_lost_before_others_acquire,
+            a_fixed_lease_counts_from_the_grant,
             renewal_that_finds_another_owner_reports_lost,
             abort_on_lost_drops_the_body_the_server_took_the_lock_from,
             // input.rs
