@@ -17,7 +17,8 @@ use dlock_core::{
 };
 use tokio::time::Instant;
 use zookeeper_client::{
-    Acls, Client, Connector, CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult,
+    Acls, Client, Connector, CreateMode, Error as ZkError, EventType, MultiWriteError,
+    MultiWriteResult,
 };
 
 use crate::{config::ZkConfig, session::Session};
@@ -121,6 +122,10 @@ fn vanished() -> LockError {
 ///   [`HoldState::Unsure`](dlock_core::HoldState::Unsure). They are lost
 ///   when the server says the session expired, or once a whole timeout
 ///   passed without a confirmation. Later acquisitions open a new session.
+/// - **A node deleted behind the holder's back** (an operator's `delete`,
+///   a forced unlock) loses its guard: a lock held longer than 100 ms
+///   watches its own node, and one held less finds its node gone when it
+///   sets the watch.
 /// - **Fixed leases** (ZooKeeper has no per-node TTL for ephemeral nodes):
 ///   the node is deleted when the lease ends, by this process; if the
 ///   process dies first, the session's expiry removes it. The guard ends at
@@ -731,6 +736,7 @@ impl ZkBackend {
         let confirmed_at = session
             .hold(*req.token, req.loss.clone(), fixed_end)
             .ok_or_else(vanished)?;
+        watch_our_node(session, *req.token, path.to_owned());
         // Only what the leader saw proves the session alive: the last
         // `sync`, or our create (a write, applied by the leader after
         // `sent`). A listing does not: a follower cut off from the leader
@@ -798,6 +804,64 @@ impl ZkBackend {
     }
 }
 
+/// How long a lock is held before its node is watched: a lock released
+/// sooner costs no watch (the common lock-and-release stays at three
+/// packets), and a node deleted behind its holder's back meanwhile is
+/// found gone when the watch is set.
+const WATCH_AFTER: Duration = Duration::from_millis(100);
+
+/// Tells the guard of `token` its lock is lost once its node at `path` is
+/// deleted by anyone but us (an operator's `delete`, a forced unlock):
+/// another client may hold the key from then on. Within [`WATCH_AFTER`]
+/// and a round trip of the delete. Our own deletes (release, a fixed
+/// lease's end) stop tracking the lock first, which ends this. Ends with
+/// the node, or with the session.
+fn watch_our_node(session: &Arc<Session>, token: Token, path: String) {
+    let session = Arc::downgrade(session);
+    tokio::spawn(async move {
+        tokio::time::sleep(WATCH_AFTER).await;
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let Some(client) = session
+                .upgrade()
+                .filter(|s| s.holds(&token))
+                .and_then(|s| s.client().ok())
+            else {
+                return;
+            };
+            let watched = client.check_and_watch_stat(&path).await;
+            drop(client);
+            let watcher = match watched {
+                Ok((Some(_), watcher)) => watcher,
+                Ok((None, _)) => break,
+                // The session ended, and the lock with it: its guards
+                // were told.
+                Err(ZkError::SessionExpired | ZkError::SessionMoved | ZkError::ClientClosed) => {
+                    return
+                }
+                // Cut off for now: the session's own clock loses the lock
+                // if it stays so; look again.
+                Err(_) => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    continue;
+                }
+            };
+            backoff = Duration::from_millis(50);
+            match watcher.changed().await.event_type {
+                EventType::NodeDeleted => break,
+                // A terminal session state: the session's monitor tells.
+                EventType::Session => return,
+                // A proclaim set the data: watch again.
+                _ => {}
+            }
+        }
+        if let Some(session) = session.upgrade() {
+            session.forget(&token);
+        }
+    });
+}
+
 /// Deletes `path`, or without it (the create unanswered, or strays
 /// possible) every child of `parent` carrying `token`. Once: a failure is
 /// sent again by core, with backoff (see `Backend::abandon`).
@@ -810,8 +874,14 @@ async fn delete_ours(
     let paths = match path {
         Some(path) => vec![path],
         // The create may still be in flight: this listing runs after it on
-        // the same session.
+        // the same session. Synced first: after a reconnect the session may
+        // read from another server, which may not have applied every write
+        // of ours yet.
         None => {
+            match client.sync(parent).await {
+                Ok(()) | Err(ZkError::NoNode) => {}
+                Err(e) => return Err(e),
+            }
             let mine = format!("lock-{token}-");
             match client.list_children(parent).await {
                 Ok(children) => children

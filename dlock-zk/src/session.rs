@@ -94,6 +94,11 @@ impl Session {
         self.holders.hold(token, loss, ends, ())
     }
 
+    /// Whether the lock `token` holds is still tracked on this session.
+    pub(crate) fn holds(&self, token: &Token) -> bool {
+        self.holders.holds(token)
+    }
+
     /// Stops tracking a lock that is being released.
     pub(crate) fn forget(&self, token: &Token) {
         self.holders.forget(token, LostReason::NotHeld);

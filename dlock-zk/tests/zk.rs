@@ -481,3 +481,41 @@ async fn a_backend_from_the_applications_connector_uses_its_settings() {
         .into_locker();
     dlock_testkit::assert_locks_are_shared(&a, &b).await;
 }
+
+/// A holder whose lock node is deleted by another client (an operator's
+/// `delete`, a forced unlock) is told at once: its guard is lost, as the
+/// key is free to others from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_node_another_client_deletes_is_told() {
+    let server = ZooKeeperServer::start().expect("start ZooKeeper");
+    let url = format!("zk://{}/del", server.endpoint());
+    let holder = ZkBackend::connect(&url).await.unwrap().into_locker();
+    let other = ZkBackend::connect(&url).await.unwrap().into_locker();
+    let guard = holder.lock("k").await.unwrap();
+    // What an operator sees and deletes: the one lock node under the key.
+    let raw = zookeeper_client::Client::connect(&server.endpoint())
+        .await
+        .unwrap();
+    let mut nodes = Vec::new();
+    for parent in raw.list_children("/del").await.unwrap() {
+        for child in raw.list_children(&format!("/del/{parent}")).await.unwrap() {
+            nodes.push(format!("/del/{parent}/{child}"));
+        }
+    }
+    assert_eq!(nodes.len(), 1, "the held lock's node: {nodes:?}");
+    raw.delete(&nodes[0], None).await.unwrap();
+    let deleted = Instant::now();
+    let told = tokio::time::timeout(Duration::from_secs(5), guard.lost()).await;
+    assert!(
+        matches!(told, Ok(dlock_core::LostReason::NotHeld)),
+        "the holder was not told its node was deleted: {told:?}"
+    );
+    assert!(guard.is_lost(), "the guard still says it holds");
+    assert!(
+        deleted.elapsed() < Duration::from_secs(2),
+        "told {:?} after the delete",
+        deleted.elapsed()
+    );
+    let taken = other.try_lock("k").await.unwrap();
+    assert!(taken.is_some(), "the key is free to others");
+}

@@ -106,6 +106,12 @@ impl<T: Clone> SessionHolders<T> {
         }
     }
 
+    /// Whether the lock `token` holds is still tracked: held, and neither
+    /// released nor lost.
+    pub fn holds(&self, token: &Token) -> bool {
+        self.inner().holders.contains_key(token)
+    }
+
     /// The session was renewed by a request sent at `sent`, for `lease`:
     /// every guard holds until then (a fixed lease no further than its end),
     /// and none is unsure any more.
