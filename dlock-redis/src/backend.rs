@@ -64,11 +64,11 @@ const UNKNOWN_TTL_RECHECK: Duration = Duration::from_millis(500);
 ///   polling.
 /// - **A departed waiter leaves, a crashed one lapses.** A waiter that
 ///   gives up, or whose future is dropped, takes its ticket out (and
-///   passes the lock on if it had been handed to it). A ticket lapses one
-///   lease after its waiter last refreshed it (at every attempt, and at
-///   least every third of its lease), and a lock handed to a waiter lasts
-///   only as long as its ticket: a crashed waiter holds up the line for at
-///   most its lease. The line's keys expire with their last ticket. Only a
+///   passes the lock on if it had been handed to it). A ticket lapses its
+///   life (the waiter's lease, at most 3 s) after its waiter last
+///   refreshed it (at every attempt, and at least every third of that),
+///   and a lock handed to a waiter lasts only as long as its ticket: a
+///   crashed waiter holds up the line for at most 3 s, whatever its lease. The line's keys expire with their last ticket. Only a
 ///   crash leaves a key free with waiters in line (a holder's lease, or a
 ///   handed lock, that ran out); whoever asks next takes it, and the
 ///   release after that serves the line in order again.
@@ -402,13 +402,14 @@ impl RedisBackend {
         place: Place,
     ) -> Result<Round> {
         let lease_ms = lease.as_millis().max(1) as u64;
+        let ticket_ms = ticket_life(lease).as_millis().max(1) as u64;
         let fence = !self.inner.redlock;
         let timeout = self.node_timeout(lease);
         let sent = Instant::now();
         let quorum = self.inner.quorum;
         let answers = match &self.inner.nodes[..] {
             [node] => {
-                let step = node.acquire(names, token, lease_ms, fence, place, lease_ms);
+                let step = node.acquire(names, token, lease_ms, fence, place, ticket_ms);
                 vec![bounded(timeout, step).await]
             }
             nodes => {
@@ -420,7 +421,7 @@ impl RedisBackend {
                     .iter()
                     .enumerate()
                     .map(|(i, node)| async move {
-                        let step = node.acquire(names, token, lease_ms, fence, place, lease_ms);
+                        let step = node.acquire(names, token, lease_ms, fence, place, ticket_ms);
                         (i, bounded(timeout, step).await)
                     })
                     .collect();
@@ -580,9 +581,10 @@ impl RedisBackend {
         };
         let mut turn = None;
         let mut place = Place::None;
-        // A ticket lapses one lease after its last refresh: a waiter that
-        // crashed holds up the line for at most that long.
-        let refresh = req.lease / 3;
+        // A ticket lapses `ticket_life` after its last refresh: a waiter
+        // that crashed holds up the line for at most that long, whatever
+        // its lease.
+        let refresh = ticket_life(req.lease) / 3;
         // Made at the first subscription: an uncontended lock needs none.
         let mut wake: Option<Arc<Notify>> = None;
         let mut watches = Vec::new();
@@ -635,10 +637,14 @@ impl RedisBackend {
                 Err(error) => pacing.failed(now, error)?,
             };
             if !pacing.pause(now, sleep, wake.as_ref()).await {
-                // Out of line, so that nobody waits for our turn.
-                let _ = self
+                // Out of line, so that nobody waits for our turn (if this
+                // fails, the ticket lapses within its short life).
+                if let Err(error) = self
                     .release_names(&names, &token, self.node_timeout(req.lease))
-                    .await;
+                    .await
+                {
+                    tracing::warn!(%error, key = %names.lock, "dlock redis: leaving the line failed");
+                }
                 return Ok(None);
             }
         }
@@ -791,6 +797,17 @@ impl RedisBackend {
             })
             .collect()
     }
+}
+
+/// The longest a waiter's ticket lives without a refresh: a waiter that
+/// crashed in line holds it up for no longer, however long its lease.
+const TICKET_LIFE: Duration = Duration::from_secs(3);
+
+/// How long a waiter's ticket (and a lock handed to it, until it takes
+/// it) lives after its last refresh: its lease, at most [`TICKET_LIFE`].
+/// The waiter refreshes it every third of that.
+fn ticket_life(lease: Duration) -> Duration {
+    lease.min(TICKET_LIFE)
 }
 
 /// A waiter's timers between attempts: the backoff while the servers fail

@@ -376,6 +376,57 @@ async fn stock_without_a_lock_is_seen_overlapping() {
     assert!(overlaps > 0, "the detector saw no overlap without a lock");
 }
 
+/// A waiter killed while it stands in line, with a lease of an hour,
+/// holds the line up for seconds, not for its lease: once the holder
+/// releases, the next waiter gets the lock within a few seconds: 6 s on
+/// Redis (a ticket lives 3 s unrefreshed), elsewhere the longer of 15 s
+/// and two leases or session timeouts (etcd's waiting session lives 10 s,
+/// ZooKeeper's its timeout; a database ends the session at once).
+async fn waiter_killed_in_line(t: Topology) {
+    let bound = if t.name.starts_with("red") {
+        Duration::from_secs(6)
+    } else {
+        Duration::from_secs(15).max(t.lease * 2)
+    };
+    let holder = locker(&t.url).await;
+    let held = holder
+        .lock_with("line", LockOptions::new().wait(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let mut child = helper(&["wait-long", &t.url, "line", "3600000"]);
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(
+        next_line(&mut lines, Duration::from_secs(30)).await,
+        "waiting"
+    );
+    // In line (on every backend a first attempt takes well under this).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let next = locker(&t.url).await;
+    let waiting = tokio::spawn(async move {
+        let won = next
+            .lock_with("line", LockOptions::new().wait(bound + Duration::from_secs(5)))
+            .await;
+        (won, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    signal(&child, libc::SIGKILL);
+    let _ = child.wait().await;
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (won, at) = waiting.await.unwrap();
+    let after = at.saturating_duration_since(released);
+    println!(
+        "[{}] the next waiter got the lock {after:?} after the release, behind a killed one",
+        t.name
+    );
+    let _won = won.unwrap_or_else(|e| panic!("[{}] the next waiter: {e}", t.name));
+    assert!(
+        after < bound,
+        "[{}] a killed waiter held the line up for {after:?} (bound {bound:?})",
+        t.name
+    );
+}
+
 async fn holder_killed(t: Topology) {
     let lease = t.lease.as_millis().to_string();
     let dir = tempfile::tempdir().unwrap();
@@ -986,6 +1037,11 @@ macro_rules! per_topology {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn holder_killed() {
                     super::holder_killed($make).await;
+                }
+
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn waiter_killed_in_line() {
+                    super::waiter_killed_in_line($make).await;
                 }
 
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

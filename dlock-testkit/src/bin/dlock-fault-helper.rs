@@ -35,6 +35,10 @@
 //!     log to the moment it asked. Once it is told it no longer leads,
 //!     prints `deposed` and `late-write <term> accepted|rejected` for the
 //!     write a careless leader would still send, and ends.
+//! dlock-fault-helper wait-long <url> <key> <fixed-lease-ms>
+//!     prints `waiting`, then waits for <key> as long as it takes, asking
+//!     for a fixed lease of <fixed-lease-ms> (the fault tests ask for an
+//!     hour, and kill it while it waits); prints `acquired` if it gets it.
 //! dlock-fault-helper permit-hold <url> <key> <limit> <watchdog-lease-ms> <hold-log>
 //!     takes one of the <limit> permits of <key>, prints `acquired`, then
 //!     every 10 ms checks the permit and, while it holds, extends its hold
@@ -278,6 +282,22 @@ async fn lead(args: &[String]) -> Result<(), String> {
 /// granted promptly was woken by the release.
 const LONG: Duration = dlock_testkit::HANDOFF_FALLBACKS;
 
+async fn wait_long(args: &[String]) -> Result<(), String> {
+    let [url, key, lease] = args else {
+        return Err("wait-long <url> <key> <fixed-lease-ms>".into());
+    };
+    let lease = Duration::from_millis(lease.parse().map_err(|_| "lease: a number of ms")?);
+    let locker = locker(url, None, Fallbacks::Default).await?;
+    println!("waiting");
+    let options = LockOptions::new().lease(lease).wait_forever();
+    let guard = locker
+        .lock_with(key, options)
+        .await
+        .map_err(|e| e.to_string())?;
+    println!("acquired");
+    guard.release().await.map_err(|e| e.to_string())
+}
+
 async fn waiters(args: &[String]) -> Result<(), String> {
     let [url, key, tasks, hold, holds] = args else {
         return Err("waiters <url> <key> <tasks> <hold-ms> <hold-log>".into());
@@ -403,9 +423,11 @@ async fn main() -> ExitCode {
         Some("permits") => permits(&args[1..]).await,
         Some("permit-hold") => permit_hold(&args[1..]).await,
         Some("lead") => lead(&args[1..]).await,
-        _ => {
-            Err("usage: dlock-fault-helper stock|hold|waiters|permits|permit-hold|lead ...".into())
-        }
+        Some("wait-long") => wait_long(&args[1..]).await,
+        _ => Err(
+            "usage: dlock-fault-helper stock|hold|waiters|permits|permit-hold|lead|wait-long ..."
+                .into(),
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
