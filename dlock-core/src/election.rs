@@ -89,9 +89,26 @@ struct Shared {
     /// it too, until the campaign moves on (and a watcher that looks later
     /// sees only the newest role).
     deposed: Mutex<Option<(u64, LostReason)>>,
+    /// The candidate's role. Held here, not only by the campaign task, so
+    /// that dropping the [`Election`] (which aborts the task) can say
+    /// [`Role::Resigned`].
+    role: watch::Sender<Role>,
 }
 
 impl Shared {
+    /// Announces `role`, unless the candidate resigned already: nothing
+    /// follows [`Role::Resigned`], not even a campaign step that was
+    /// running on another thread as the election was dropped.
+    fn set_role(&self, role: Role) {
+        self.role.send_if_modified(|current| {
+            if *current == Role::Resigned {
+                return false;
+            }
+            *current = role;
+            true
+        });
+    }
+
     /// The current leadership's token, unless it is lost.
     fn leading_token(&self) -> Option<crate::Token> {
         lock(&self.leading)
@@ -168,8 +185,9 @@ impl Locker {
             value: tokio::sync::Mutex::new(None),
             resign: Notify::new(),
             deposed: Mutex::new(None),
+            role,
         });
-        let task = runtime.spawn(campaign(shared.clone(), role));
+        let task = runtime.spawn(campaign(shared.clone()));
         Ok(Election {
             shared,
             roles,
@@ -299,7 +317,7 @@ async fn follow(
                 }
             }
             Err(error) => {
-                tracing::warn!(%error, key = %key, "dlock election: watching the leader failed");
+                tracing::warn!(%error, key = %locker.traced(&key), "dlock election: watching the leader failed");
                 tokio::select! {
                     () = leaders.closed() => return,
                     () = tokio::time::sleep(backoff) => {}
@@ -316,19 +334,22 @@ fn election_key(name: &str) -> Result<LockKey> {
 }
 
 /// Campaigns until resigned: lock, lead until lost, campaign again.
-async fn campaign(shared: Arc<Shared>, role: watch::Sender<Role>) {
+async fn campaign(shared: Arc<Shared>) {
     let (locker, key) = (&shared.locker, &shared.key);
     let mut backoff = Duration::from_millis(50);
     loop {
         let won = tokio::select! {
-            won = locker.lock_with(key.as_str(), LockOptions::new().wait_forever()) => won,
+            // Renewed while it leads, whatever the locker's default lease:
+            // a fixed one would depose every leader at its end, and churn
+            // the terms every follower sees.
+            won = locker.lock_with(key.as_str(), LockOptions::new().wait_forever().watchdog()) => won,
             () = shared.resign.notified() => break,
         };
         let guard = match won {
             Ok(guard) => guard,
             Err(error) => {
                 // The servers are down: campaign again, with backoff.
-                tracing::warn!(%error, key = %key, "dlock election campaign failed");
+                tracing::warn!(%error, key = %locker.traced(key), "dlock election campaign failed");
                 tokio::select! {
                     () = tokio::time::sleep(backoff) => {}
                     () = shared.resign.notified() => break,
@@ -339,7 +360,7 @@ async fn campaign(shared: Arc<Shared>, role: watch::Sender<Role>) {
         };
         backoff = Duration::from_millis(50);
         let Some(term) = guard.fencing_token() else {
-            tracing::error!(key = %key, "dlock election: the backend gave no fencing token");
+            tracing::error!(key = %locker.traced(key), "dlock election: the backend gave no fencing token");
             break;
         };
         {
@@ -349,27 +370,44 @@ async fn campaign(shared: Arc<Shared>, role: watch::Sender<Role>) {
             // who holds a lock only when it proclaims.
             let value = shared.value.lock().await;
             let proclaimed = value.as_deref().unwrap_or_default();
+            let mut held = true;
             for attempt in 0..PROCLAIM_ATTEMPTS {
                 match locker
                     .backend()
                     .proclaim(key, guard.token(), proclaimed)
                     .await
                 {
-                    Ok(_) | Err(LockError::Unsupported { .. }) => break,
+                    Ok(true) | Err(LockError::Unsupported { .. }) => break,
+                    // The server says the lock is not ours any more: the
+                    // win is never announced.
+                    Ok(false) => {
+                        held = false;
+                        break;
+                    }
                     Err(error) if attempt + 1 == PROCLAIM_ATTEMPTS => {
-                        tracing::warn!(%error, key = %key, "dlock election: the leader's value was not written");
+                        tracing::warn!(%error, key = %locker.traced(key), "dlock election: the leader's value was not written");
                     }
                     Err(_) => tokio::time::sleep(Duration::from_millis(50 << attempt)).await,
                 }
             }
+            if !held {
+                tracing::warn!(key = %locker.traced(key), term, "dlock election: the lock was lost as it was won; campaigning again");
+                drop(value);
+                drop(guard);
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    () = shared.resign.notified() => break,
+                }
+                continue;
+            }
             *lock(&shared.leading) = Some(guard.sibling());
-            role.send_replace(Role::Leader { term });
+            shared.set_role(Role::Leader { term });
         }
         tokio::select! {
             reason = guard.lost() => {
                 lock(&shared.leading).take();
                 *lock(&shared.deposed) = Some((term, reason.clone()));
-                role.send_replace(Role::Deposed { term, reason });
+                shared.set_role(Role::Deposed { term, reason });
                 drop(guard);
             }
             () = shared.resign.notified() => {
@@ -380,7 +418,7 @@ async fn campaign(shared: Arc<Shared>, role: watch::Sender<Role>) {
         }
     }
     lock(&shared.leading).take();
-    role.send_replace(Role::Resigned);
+    shared.set_role(Role::Resigned);
 }
 
 /// Completes when the role is no longer `Leader { term }`: why, or
@@ -648,6 +686,8 @@ impl Drop for Election {
             task.abort();
         }
         lock(&self.shared.leading).take();
+        // Every watcher of `changes()` hears it, as on `resign`.
+        self.shared.set_role(Role::Resigned);
     }
 }
 

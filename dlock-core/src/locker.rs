@@ -164,6 +164,11 @@ impl Locker {
             shared: Arc::new(shared),
         }
     }
+    /// `key` as this locker's traces show it (see
+    /// [`LockerBuilder::trace_keys`](crate::LockerBuilder::trace_keys)).
+    pub(crate) fn traced<'a>(&self, key: &'a LockKey) -> crate::key::TracedKey<'a> {
+        self.shared.traced(key)
+    }
 
     /// The backend this locker talks to.
     pub fn backend(&self) -> &Arc<dyn Backend> {

@@ -71,3 +71,27 @@ fn keys_can_be_kept_out_of_traces() {
     }
     assert!(!text.contains("example.com"), "a key was traced:\n{text}");
 }
+
+/// An election's own traces (here: a win lost before its first write)
+/// hide the key too.
+#[test]
+fn election_traces_hide_keys_too() {
+    let captured = dlock_testkit::CapturedLog::default();
+    captured.block_on(tracing::Level::TRACE, async {
+        let faulty =
+            dlock_testkit::ReleasedAtFirstProclaim::new(std::sync::Arc::new(MemoryBackend::new()));
+        let locker = dlock_core::Locker::builder(faulty)
+            .trace_keys(false)
+            .build()
+            .unwrap();
+        let election = locker.elect("carol@example.com").unwrap();
+        election.leading().await.unwrap();
+        election.resign().await.unwrap();
+    });
+    let text = captured.text();
+    assert!(
+        text.contains("the lock was lost as it was won"),
+        "the election's warning was not traced:\n{text}"
+    );
+    assert!(!text.contains("example.com"), "a key was traced:\n{text}");
+}

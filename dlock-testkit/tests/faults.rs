@@ -404,7 +404,10 @@ async fn waiter_killed_in_line(t: Topology) {
     let next = locker(&t.url).await;
     let waiting = tokio::spawn(async move {
         let won = next
-            .lock_with("line", LockOptions::new().wait(bound + Duration::from_secs(5)))
+            .lock_with(
+                "line",
+                LockOptions::new().wait(bound + Duration::from_secs(5)),
+            )
             .await;
         (won, Instant::now())
     });

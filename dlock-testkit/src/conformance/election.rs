@@ -596,3 +596,55 @@ pub async fn a_deposed_leader_is_told(h: &Harness) {
     must(h, "resign", other.resign().await);
     must(h, "resign", leader.resign().await);
 }
+
+/// Dropping an election (rather than resigning it) tells every watcher of
+/// its role that it resigned, and its leadership that it ended, as
+/// `resign` does; the next candidate then leads.
+pub async fn dropping_an_election_says_resigned(h: &Harness) {
+    if !offered(h).await {
+        return;
+    }
+    let name = h.key("dropped");
+    let (first, second) = (h.locker().await, h.locker().await);
+    let leader = must(h, "a candidate", first.elect(&name));
+    let leadership = must(h, "it leads", leader.lead().await);
+    let mut changes = leader.changes();
+    let next = must(h, "another candidate", second.elect(&name));
+    drop(leader);
+    let resigned = tokio::time::timeout(PATIENCE, changes.wait_for(|r| *r == Role::Resigned))
+        .await
+        .map(|r| r.map(|_| ()));
+    assert!(
+        matches!(resigned, Ok(Ok(()))),
+        "[{}] a dropped election's role: {:?}",
+        h.name,
+        *changes.borrow()
+    );
+    let ended = tokio::time::timeout(PATIENCE, leadership.lost()).await;
+    assert_eq!(ended, Ok(None), "[{}] a dropped leadership ended", h.name);
+    must(h, "the next leads", next.leading().await);
+    must(h, "resign", next.resign().await);
+}
+
+/// A candidate on a locker whose default lease is fixed (and short) still
+/// leads for as long as it lives: elections renew their lock, so the
+/// leader is not deposed at each lease's end with a new term each time.
+pub async fn an_election_renews_whatever_the_default_lease(h: &Harness) {
+    if !offered(h).await {
+        return;
+    }
+    let name = h.key("fixed-default");
+    let lease = Duration::from_millis(500);
+    let locker = h.locker_with(|b| b.lease(lease)).await;
+    let election = must(h, "a candidate", locker.elect(&name));
+    let term = must(h, "it leads", election.leading().await);
+    tokio::time::sleep(lease * 4).await;
+    assert_eq!(
+        election.term(),
+        Some(term),
+        "[{}] the leader's term after four default leases: {:?}",
+        h.name,
+        election.role()
+    );
+    must(h, "resign", election.resign().await);
+}

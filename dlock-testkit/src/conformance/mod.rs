@@ -265,6 +265,8 @@ macro_rules! conformance_tests {
             followers_read_the_leader_and_its_value,
             a_proclaimed_value_lasts_while_the_lock_is_renewed,
             followers_observe_every_change_of_leader,
+            dropping_an_election_says_resigned,
+            an_election_renews_whatever_the_default_lease,
             a_deposed_leader_is_told,
         );
     };
