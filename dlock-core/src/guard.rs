@@ -98,7 +98,13 @@ impl Hold {
     /// Whether this is a plain (exclusive) hold of `key` taken through
     /// `shared`'s locker: the only kind a scope re-enters.
     pub(crate) fn is_of(&self, shared: &Arc<Shared>, key: &LockKey) -> bool {
-        Arc::ptr_eq(&self.shared, shared) && self.key == *key && self.mode == Mode::Exclusive
+        self.is_on(shared, key) && self.mode == Mode::Exclusive
+    }
+
+    /// Whether this is a hold of `key`, in any mode, through `shared`'s
+    /// locker.
+    pub(crate) fn is_on(&self, shared: &Arc<Shared>, key: &LockKey) -> bool {
+        Arc::ptr_eq(&self.shared, shared) && self.key == *key
     }
 
     /// What this hold takes of its key.

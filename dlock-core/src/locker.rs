@@ -164,6 +164,14 @@ impl Locker {
             shared: Arc::new(shared),
         }
     }
+    /// Whether the current scope holds `key` through this locker in any
+    /// mode (a read-write lock's share included).
+    pub(crate) fn holds_in_scope_any_mode(&self, key: &str) -> bool {
+        LockKey::new(key)
+            .ok()
+            .is_some_and(|key| Scope::holds_any(&self.shared, &key))
+    }
+
     /// `key` as this locker's traces show it (see
     /// [`LockerBuilder::trace_keys`](crate::LockerBuilder::trace_keys)).
     pub(crate) fn traced<'a>(&self, key: &'a LockKey) -> crate::key::TracedKey<'a> {

@@ -112,13 +112,16 @@ impl<T> DistRwLock<T> {
     ///
     /// [`LockError::Timeout`] when the wait limit passes;
     /// [`LockError::Unsupported`] if the backend has no read-write locks;
-    /// otherwise as [`Locker::lock`].
+    /// [`LockError::WouldDeadlock`] at once inside the scope of a hold of
+    /// the key (a guard's [`scope`](LockGuard::scope)), as
+    /// [`DistMutex`](crate::DistMutex) does; otherwise as [`Locker::lock`].
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: a dropped wait leaves nothing behind, locally or on the
     /// server.
     pub async fn read(&self) -> Result<DistRwLockReadGuard<'_, T>> {
+        self.refuse_in_own_scope()?;
         let start = Instant::now();
         let deadline = self.deadline(start);
         let local = match deadline {
@@ -141,6 +144,7 @@ impl<T> DistRwLock<T> {
     ///
     /// As [`read`](DistRwLock::read), without `Timeout`.
     pub async fn try_read(&self) -> Result<Option<DistRwLockReadGuard<'_, T>>> {
+        self.refuse_in_own_scope()?;
         let Ok(local) = self.local.try_read() else {
             return Ok(None);
         };
@@ -165,6 +169,7 @@ impl<T> DistRwLock<T> {
     ///
     /// Cancel safe.
     pub async fn write(&self) -> Result<DistRwLockWriteGuard<'_, T>> {
+        self.refuse_in_own_scope()?;
         let start = Instant::now();
         let deadline = self.deadline(start);
         let local = match deadline {
@@ -187,6 +192,7 @@ impl<T> DistRwLock<T> {
     ///
     /// As [`read`](DistRwLock::read), without `Timeout`.
     pub async fn try_write(&self) -> Result<Option<DistRwLockWriteGuard<'_, T>>> {
+        self.refuse_in_own_scope()?;
         let Ok(local) = self.local.try_write() else {
             return Ok(None);
         };
@@ -224,6 +230,18 @@ impl<T> DistRwLock<T> {
     }
 
     /// The distributed lock, within what is left of the wait limit.
+    /// [`LockError::WouldDeadlock`] inside the scope of a hold of this
+    /// lock's key: a read or write there would wait for the scope's own
+    /// hold (the local lock, or a writer queued behind it) for ever.
+    fn refuse_in_own_scope(&self) -> Result<()> {
+        if self.locker.holds_in_scope_any_mode(&self.key) {
+            return Err(LockError::WouldDeadlock {
+                key: self.key.clone(),
+            });
+        }
+        Ok(())
+    }
+
     async fn remote(
         &self,
         mode: Mode,

@@ -57,6 +57,17 @@ impl Scope {
     /// The live hold of `key` through `shared`'s locker in the current
     /// scope, if there is one.
     pub(crate) fn find(shared: &Arc<Shared>, key: &LockKey) -> Option<Arc<Hold>> {
+        Self::find_where(|hold| hold.is_of(shared, key))
+    }
+
+    /// Whether the current scope holds `key` through `shared`'s locker in
+    /// any mode (a read or write share included).
+    pub(crate) fn holds_any(shared: &Arc<Shared>, key: &LockKey) -> bool {
+        Self::find_where(|hold| hold.is_on(shared, key)).is_some()
+    }
+
+    /// The innermost live hold of the current scope that `wanted` picks.
+    fn find_where(wanted: impl Fn(&Hold) -> bool) -> Option<Arc<Hold>> {
         SCOPE
             .try_with(|scope| {
                 // Bounded: every link was made by one `Scoped` future, and
@@ -64,7 +75,7 @@ impl Scope {
                 let mut next = scope.0.as_deref();
                 while let Some(link) = next {
                     if let Some(hold) = link.hold.upgrade() {
-                        if hold.is_of(shared, key) {
+                        if wanted(&hold) {
                             return Some(hold);
                         }
                     }

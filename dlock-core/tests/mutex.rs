@@ -134,3 +134,37 @@ async fn debug_never_blocks_and_hides_a_locked_value() {
     assert!(format!("{m:?}").contains("<locked>"));
     drop(g);
 }
+
+/// Inside the scope of its own hold, a `DistRwLock` refuses every read and
+/// write at once (`WouldDeadlock`), as `DistMutex` does, instead of
+/// waiting for itself: each would wait on the scope's own local guard.
+#[tokio::test]
+async fn a_read_write_lock_refuses_to_wait_for_its_own_scope() {
+    let locker = Locker::new(MemoryBackend::new());
+    let rw = dlock_core::DistRwLock::new(&locker, "config", 0_u32);
+    let refused = |what: &str, result: Result<(), LockError>| {
+        assert!(
+            matches!(result, Err(LockError::WouldDeadlock { .. })),
+            "{what} in its own scope: {result:?}"
+        );
+    };
+    let within = Duration::from_secs(2);
+    let w = rw.write().await.unwrap();
+    let lock = dlock_core::DistRwLockWriteGuard::lock_guard(&w);
+    let (read, write) = lock
+        .scope(async {
+            let read = tokio::time::timeout(within, rw.read()).await;
+            let write = tokio::time::timeout(within, rw.try_write()).await;
+            (read, write)
+        })
+        .await;
+    refused("a read", read.expect("no answer").map(drop));
+    refused("a try_write", write.expect("no answer").map(drop));
+    drop(w);
+    let r = rw.read().await.unwrap();
+    let lock = dlock_core::DistRwLockReadGuard::lock_guard(&r);
+    let write = lock
+        .scope(async { tokio::time::timeout(within, rw.write()).await })
+        .await;
+    refused("a write under a read", write.expect("no answer").map(drop));
+}
