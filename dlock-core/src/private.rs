@@ -72,6 +72,8 @@ pub trait Held {
     fn scoped<F: Future>(&self, body: F) -> Scoped<'_, F>;
     /// Completes when a lock held is lost, with the error that says so.
     fn lost_error(&self) -> impl Future<Output = LockError> + Send + '_;
+    /// Whether a lock held is lost now.
+    fn is_lost(&self) -> bool;
 }
 
 impl Held for LockGuard {
@@ -85,6 +87,10 @@ impl Held for LockGuard {
             reason: self.lost().await,
         }
     }
+
+    fn is_lost(&self) -> bool {
+        LockGuard::is_lost(self)
+    }
 }
 
 impl Held for MultiGuard {
@@ -95,6 +101,10 @@ impl Held for MultiGuard {
     async fn lost_error(&self) -> LockError {
         let (key, reason) = self.lost().await;
         LockError::Lost { key, reason }
+    }
+
+    fn is_lost(&self) -> bool {
+        MultiGuard::is_lost(self)
     }
 }
 
@@ -117,6 +127,23 @@ where
         error = guard.lost_error() => R::from_lock_error(error),
         output = body => output,
     }
+}
+
+/// Runs `body` to its end; if a lock was lost meanwhile, drops its output
+/// and returns [`LockError::Lost`]: the body's work may have overlapped
+/// another owner's, and the caller must not take it as done under the
+/// lock.
+pub async fn run_then_check<G, F, R>(guard: &G, body: F) -> R
+where
+    G: Held,
+    F: Future<Output = R>,
+    R: FromLockError,
+{
+    let output = body.await;
+    if guard.is_lost() {
+        return R::from_lock_error(guard.lost_error().await);
+    }
+    output
 }
 
 /// The return type of an annotated fn: a `Result` whose error can be made

@@ -232,7 +232,7 @@ fn expand(mut args: Args, func: ItemFn) -> syn::Result<TokenStream> {
     let run = if args.abort_on_lost {
         quote! { #private::run_until_lost(&#guard, #scoped).await }
     } else {
-        quote! { #scoped.await }
+        quote! { #private::run_then_check(&#guard, #scoped).await }
     };
     let body = quote! {
         #acquire

@@ -61,7 +61,7 @@ use proc_macro::TokenStream;
 /// | `wait = "5s"` | Wait at most this long (`ms`, `s`, `m`, `h`), then return `LockError::Timeout`. `wait = "none"` makes one attempt and returns `LockError::WouldBlock` at once if the lock is held; `wait = "forever"` never gives up. Default: the locker's default. |
 /// | `lease = "30s"` | A fixed lease (at least `10ms`): the lock expires after it, and is never renewed. Default: the watchdog keeps the lock alive while the body runs. |
 /// | `guard = lock` | The body sees the lock's guard as `lock: &LockGuard`: its fencing token for fenced writes, `is_lost()` and `lost()`. It is a reference, so the body cannot release or move the guard. Default: the guard is hidden. |
-/// | `abort_on_lost` | If the lock is lost while the body runs (a fixed lease ran out, the server could not be reached), drop the body at once and return `LockError::Lost`. Without it, the body runs to its end. |
+/// | `abort_on_lost` | If the lock is lost while the body runs (a fixed lease ran out, the server could not be reached), drop the body at once and return `LockError::Lost`. Without it, the body runs to its end, and then, if the lock was lost meanwhile, its value is dropped and the call returns `LockError::Lost` all the same: a caller never takes work as done under the lock when it was not. |
 /// | `crate = "path"` | Where `dlock_core` is, when it is re-exported under another path. Default: `dlock` if the crate depends on it (it re-exports `dlock_core`), else `dlock_core`, each under the name the crate's `Cargo.toml` gives it. |
 ///
 /// Unknown, duplicated or malformed arguments are compile errors that say
@@ -116,7 +116,13 @@ use proc_macro::TokenStream;
 ///         let _fence = lock.fencing_token();
 ///         Ok(amount)
 ///     };
-///     guard.scope(body).await
+///     let output = guard.scope(body).await;
+///     if guard.is_lost() {
+///         // Lost while the body ran: its value is dropped.
+///         let reason = guard.lost().await;
+///         return Err(LockError::Lost { key: guard.key().to_owned(), reason }.into());
+///     }
+///     output
 ///     // `guard` drops here, after the body: the release is scheduled.
 /// }
 /// # #[tokio::main(flavor = "current_thread")]

@@ -139,6 +139,45 @@ async fn the_lock_is_released_on_err_panic_and_cancellation() {
     );
 }
 
+#[distributed_lock(key = "slow-report", locker = locker, lease = "200ms")]
+async fn slow_report(locker: &Locker, finished: &AtomicU32) -> Result<u32, AppError> {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    finished.fetch_add(1, Ordering::SeqCst);
+    Ok(7)
+}
+
+#[distributed_lock(key = "quick-report", locker = locker, lease = "200ms")]
+async fn quick_report(locker: &Locker) -> Result<u32, AppError> {
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    Ok(7)
+}
+
+/// Without `abort_on_lost`, a body that outlives its lock runs to its end,
+/// and the call then says the lock was lost instead of returning the
+/// body's value as if it had been done under the lock.
+#[tokio::test(start_paused = true)]
+async fn a_body_that_outlived_its_lock_returns_lost_not_its_value() {
+    let locker = MemoryBackend::new().into_locker();
+    let finished = AtomicU32::new(0);
+    match slow_report(&locker, &finished).await {
+        Err(AppError::Lock(LockError::Lost { key, reason })) => {
+            assert_eq!(key, "slow-report");
+            assert_eq!(reason, LostReason::LeaseExpired);
+        }
+        other => panic!("expected the lost error, got {other:?}"),
+    }
+    assert_eq!(
+        finished.load(Ordering::SeqCst),
+        1,
+        "the body ran to its end"
+    );
+    assert_eq!(
+        quick_report(&locker).await.unwrap(),
+        7,
+        "a body within its lease"
+    );
+}
+
 #[distributed_lock(key = "report", locker = locker, lease = "200ms", abort_on_lost)]
 async fn long_report(locker: &Locker, progress: &AtomicU32) -> Result<(), AppError> {
     loop {
