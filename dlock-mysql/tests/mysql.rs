@@ -640,3 +640,12 @@ async fn fences_are_committed_whatever_the_servers_autocommit() {
         .await
         .expect("autocommit back on");
 }
+
+/// Fixed leases that were released leave no task behind (see
+/// `check_released_fixed_leases_leave_no_tasks`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_fixed_leases_leave_no_timer_tasks_behind() {
+    let server = MariaDbServer::start().expect("start the server");
+    let locker = locker(&server.url()).await;
+    dlock_testkit::session_faults::check_released_fixed_leases_leave_no_tasks(&locker).await;
+}

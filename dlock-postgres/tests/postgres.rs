@@ -430,3 +430,12 @@ async fn dead_queue_entries_are_reaped_at_connect() {
     let _next = locker(&url).await;
     assert_eq!(count(&mut admin).await, 0, "the dead entry was not reaped");
 }
+
+/// Fixed leases that were released leave no task behind (see
+/// `check_released_fixed_leases_leave_no_tasks`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_fixed_leases_leave_no_timer_tasks_behind() {
+    let server = PostgresServer::start().expect("start the server");
+    let locker = locker(&server.url()).await;
+    dlock_testkit::session_faults::check_released_fixed_leases_leave_no_tasks(&locker).await;
+}

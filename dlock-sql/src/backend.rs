@@ -11,7 +11,8 @@ use std::{
 use dlock_core::{
     backend::{
         unsupported_holder, AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder,
-        LeaseKind, Mode, ReleaseOutcome, RenewOutcome, RenewRequest, SessionHolders, Wait,
+        LeaseKind, LeaseTimers, Mode, ReleaseOutcome, RenewOutcome, RenewRequest, SessionHolders,
+        Wait,
     },
     LockError, LockKey, LostReason, Result, Token,
 };
@@ -121,6 +122,8 @@ struct Inner<D: Dialect> {
     local: Mutex<HashMap<D::Id, Arc<Semaphore>>>,
     /// When an attempt at each identifier was last refused.
     contended: Mutex<HashMap<D::Id, Instant>>,
+    /// Ends fixed leases (session locks have no TTL): one task for all.
+    lease_ends: LeaseTimers,
 }
 
 /// A lock this process holds.
@@ -436,18 +439,34 @@ impl<D: Dialect> SqlBackend<D> {
         // bring aws-lc-rs): ring, unless the application installed its own.
         #[cfg(feature = "tls")]
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let settings = dialect.settings();
+        let (max_waiters, holder_sessions) = {
+            let settings = dialect.settings();
+            (settings.max_waiters(), settings.holder_sessions())
+        };
         let backend = SqlBackend {
-            inner: Arc::new(Inner {
-                waiters: Arc::new(Semaphore::new(settings.max_waiters())),
-                holders: (0..settings.holder_sessions())
-                    .map(|_| tokio::sync::Mutex::new(None))
-                    .collect(),
-                idle: Mutex::new(Vec::new()),
-                owned: Mutex::new(HashMap::new()),
-                local: Mutex::new(HashMap::new()),
-                contended: Mutex::new(HashMap::new()),
-                dialect: Arc::new(dialect),
+            inner: Arc::new_cyclic(|inner: &std::sync::Weak<Inner<D>>| {
+                let inner = inner.clone();
+                Inner {
+                    waiters: Arc::new(Semaphore::new(max_waiters)),
+                    holders: (0..holder_sessions)
+                        .map(|_| tokio::sync::Mutex::new(None))
+                        .collect(),
+                    idle: Mutex::new(Vec::new()),
+                    owned: Mutex::new(HashMap::new()),
+                    local: Mutex::new(HashMap::new()),
+                    contended: Mutex::new(HashMap::new()),
+                    dialect: Arc::new(dialect),
+                    lease_ends: LeaseTimers::new(move |token| {
+                        // A lease ended: release it, if still held (a
+                        // release that raced the timer finds nothing).
+                        if let Some(inner) = inner.upgrade() {
+                            let backend = SqlBackend { inner };
+                            tokio::spawn(async move {
+                                let _ = backend.unlock(&token).await;
+                            });
+                        }
+                    }),
+                }
             }),
         };
         let holder = backend.holder_at(0).await?;
@@ -867,11 +886,7 @@ impl<D: Dialect> SqlBackend<D> {
             None => acquired.with_lease_from(alive_at, session.timeout),
             Some(ends) => {
                 // Session locks have no TTL: end the lease here.
-                let (backend, token) = (self.clone(), *req.token);
-                tokio::spawn(async move {
-                    tokio::time::sleep_until(ends).await;
-                    let _ = backend.unlock(&token).await;
-                });
+                self.inner.lease_ends.add(*req.token, ends);
                 if alive_at + session.timeout < ends {
                     acquired.with_lease_from(alive_at, session.timeout)
                 } else {
@@ -974,6 +989,9 @@ impl<D: Dialect> SqlBackend<D> {
     /// the idle waiter sessions.
     fn forget(&self, owned: Owned<D>, token: &Token, unlocked: bool) {
         owned.session.holders.forget(token, LostReason::NotHeld);
+        if owned.fixed_end.is_some() {
+            self.inner.lease_ends.cancel(*token);
+        }
         let (session, id, on_waiter) = (owned.session.clone(), owned.id.clone(), owned.on_waiter);
         drop(owned);
         self.sweep_local(&id);

@@ -187,3 +187,30 @@ pub async fn check_fencing_across_a_restart(
     next.release().await.unwrap();
     fresh.release().await.unwrap();
 }
+
+/// Fixed leases that were released leave no task behind, on a backend
+/// that ends fixed leases itself (ZooKeeper, the databases): its leases
+/// share one timer task, and a released one is cancelled. One sleeping
+/// task per acquisition would keep 50 tasks alive here for an hour.
+pub async fn check_released_fixed_leases_leave_no_tasks(locker: &Locker) {
+    let hour = LockOptions::new().lease(Duration::from_secs(3600));
+    let take_and_release = |key: String| async move {
+        let guard = locker.lock_with(&key, hour).await.expect("lock");
+        guard.release().await.expect("release");
+    };
+    take_and_release("timers-warm".to_owned()).await;
+    locker.wait_for_releases().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let before = metrics.num_alive_tasks();
+    for i in 0..50 {
+        take_and_release(format!("timers-{i}")).await;
+    }
+    locker.wait_for_releases().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = metrics.num_alive_tasks();
+    assert!(
+        after <= before + 5,
+        "{after} tasks alive after 50 released fixed leases ({before} before)"
+    );
+}

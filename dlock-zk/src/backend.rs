@@ -10,8 +10,8 @@ use std::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, LeaseKind, Mode,
-        ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
+        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, LeaseKind, LeaseTimers,
+        Mode, ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
     },
     LockError, LockKey, Result, Token,
 };
@@ -159,6 +159,8 @@ struct Inner {
     connector: Option<Connector>,
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
     owned: Mutex<HashMap<Token, Owned>>,
+    /// Ends fixed leases (ephemeral nodes have no TTL): one task for all.
+    lease_ends: LeaseTimers,
 }
 
 struct Owned {
@@ -399,11 +401,26 @@ impl ZkBackend {
             None => connector,
         };
         let backend = ZkBackend {
-            inner: Arc::new(Inner {
-                config,
-                connector,
-                session: tokio::sync::Mutex::default(),
-                owned: Mutex::default(),
+            inner: Arc::new_cyclic(|inner: &std::sync::Weak<Inner>| {
+                let inner = inner.clone();
+                Inner {
+                    config,
+                    connector,
+                    session: tokio::sync::Mutex::default(),
+                    owned: Mutex::default(),
+                    lease_ends: LeaseTimers::new(move |token| {
+                        // A lease ended: delete the node if it is still
+                        // ours (a release may have raced the timer).
+                        if let Some(inner) = inner.upgrade() {
+                            let backend = ZkBackend { inner };
+                            tokio::spawn(async move {
+                                if backend.owned().contains_key(&token) {
+                                    let _ = backend.delete_owned(&token).await;
+                                }
+                            });
+                        }
+                    }),
+                }
             }),
         };
         let session = backend.session().await?;
@@ -752,15 +769,7 @@ impl ZkBackend {
             Some(ends) => {
                 // Ephemeral nodes have no TTL: end the lease ourselves, no
                 // earlier than the guard reports it lost.
-                let (backend, token, path) = (self.clone(), *req.token, path.to_owned());
-                tokio::spawn(async move {
-                    tokio::time::sleep_until(ends).await;
-                    let still_ours =
-                        backend.owned().get(&token).and_then(|o| o.path.clone()) == Some(path);
-                    if still_ours {
-                        let _ = backend.delete_owned(&token).await;
-                    }
-                });
+                self.inner.lease_ends.add(*req.token, ends);
                 let acquired = if session_end < ends {
                     acquired.with_lease_from(alive_at, session.timeout)
                 } else {
@@ -800,6 +809,7 @@ impl ZkBackend {
             Err(e) => return Err(backend_error(e)),
         };
         self.owned().remove(token);
+        self.inner.lease_ends.cancel(*token);
         Ok(outcome)
     }
 }
@@ -1009,6 +1019,7 @@ impl Backend for ZkBackend {
     ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             if let Some(owned) = self.owned().remove(token) {
+                self.inner.lease_ends.cancel(*token);
                 owned.session.abandon();
             }
         })

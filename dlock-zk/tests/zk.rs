@@ -519,3 +519,13 @@ async fn a_holder_whose_node_another_client_deletes_is_told() {
     let taken = other.try_lock("k").await.unwrap();
     assert!(taken.is_some(), "the key is free to others");
 }
+
+/// Fixed leases that were released leave no task behind (see
+/// `check_released_fixed_leases_leave_no_tasks`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_fixed_leases_leave_no_timer_tasks_behind() {
+    let server = ZooKeeperServer::start().expect("start ZooKeeper");
+    let url = format!("zk://{}/timers", server.endpoint());
+    let locker = ZkBackend::connect(&url).await.unwrap().into_locker();
+    session_faults::check_released_fixed_leases_leave_no_tasks(&locker).await;
+}

@@ -12,8 +12,8 @@ use std::{
 use tokio::{sync::Notify, time::Instant};
 
 use super::{
-    AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, LossReporter,
-    Mode, ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
+    AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, LossReporter, Mode,
+    ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
 };
 use crate::{
     error::{LockError, LostReason, Result},

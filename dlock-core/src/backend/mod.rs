@@ -17,9 +17,11 @@ pub use crate::lease::LossReporter;
 
 pub mod memory;
 mod session;
+mod timers;
 mod url;
 
 pub use session::SessionHolders;
+pub use timers::LeaseTimers;
 pub use url::{parse_url_duration, percent_decode, redact_url, TlsFiles};
 
 /// A boxed, `Send` future, so that [`Backend`] can be used as `dyn Backend`.
