@@ -484,7 +484,7 @@ impl RedisBackend {
             let giving = give_back.iter().map(|&i| {
                 bounded(
                     timeout,
-                    self.inner.nodes[i].release(names, token, place, lease_ms),
+                    self.inner.nodes[i].release(names, token, place, ticket_ms),
                 )
             });
             let _ = join_all(giving).await;

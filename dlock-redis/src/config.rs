@@ -166,6 +166,13 @@ impl RedisConfig {
         let mut files = TlsFiles::default();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let timeout = match pair.split_once('=') {
+                Some(("prefix", value)) if value.contains(['{', '}']) => {
+                    return Err(invalid(
+                        url,
+                        "the prefix may not contain `{` or `}`: Redis would take the \
+                         hash tag from the prefix instead of the key",
+                    ));
+                }
                 Some(("prefix", value)) if !value.is_empty() => {
                     prefix = value.to_owned();
                     continue;
@@ -471,6 +478,8 @@ mod tests {
             ("redis+redlock://a,b", "three"),
             ("redis+redlock://a,,b,c", "host is missing"),
             ("redis+redlock://a:1,b:1,a:1", "listed twice"),
+            ("redis://h?prefix=app{1}", "may not contain `{`"),
+            ("redis+cluster://h?prefix=a}b", "may not contain `{`"),
         ] {
             match RedisConfig::from_url(url) {
                 Err(LockError::InvalidOptions { reason }) => {

@@ -34,15 +34,18 @@ local function prune(now)
   end
   return #stale
 end
--- The first live ticket and when it lapses, or nil.
+-- The first live ticket and when it lapses, or nil. Lapsed tickets met
+-- on the way are dropped, however many `prune` left (it drops at most
+-- 100 per run, to bound the script's time).
 local function first_in_line(now)
   prune(now)
-  for _ = 1, 8 do
+  for _ = 1, 100 do
     local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
     if not first then return nil end
-    local lapses = redis.call('ZSCORE', KEYS[4], first)
-    if lapses then return first, tonumber(lapses) end
+    local lapses = tonumber(redis.call('ZSCORE', KEYS[4], first))
+    if lapses and lapses > now then return first, lapses end
     redis.call('ZREM', KEYS[3], first)
+    redis.call('ZREM', KEYS[4], first)
   end
   return nil
 end
@@ -263,7 +266,13 @@ const RELEASE: &str = concat!(
     r"
 local holder = redis.call('GET', KEYS[1])
 if ARGV[3] == '' and holder == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+  if not KEYS[5] then
+    redis.call('DEL', KEYS[1])
+  -- A proclaimed value goes with the hold (one command for both), and
+  -- its watchers are told.
+  elseif redis.call('DEL', KEYS[1], KEYS[5]) == 2 then
+    redis.call('PUBLISH', ARGV[5], '')
+  end
   return 1
 end
 ",
@@ -287,7 +296,14 @@ if ARGV[3] == '' then
 else
   local now_us, now = clock()
   enqueue(ARGV[1], ARGV[3], ARGV[4], now_us, now)
-  if redis.call('EXISTS', KEYS[1]) == 0 then hand_first(ARGV[2], ARGV[1]) end
+  local after = redis.call('GET', KEYS[1])
+  if not after then
+    hand_first(ARGV[2], ARGV[1])
+  elseif string.sub(after, 1, 5) ~= 'next:' and string.sub(after, -1) ~= '+' then
+    -- Someone else holds it, and now someone waits: marked, so that its
+    -- release hands the lock on (see above).
+    redis.call('SET', KEYS[1], after .. '+', 'KEEPTTL')
+  end
 end
 return released
 "
@@ -322,17 +338,17 @@ return 0
 /// renewal extends it as it does the fence counter, so it goes away with
 /// the lock.
 ///
-/// The holder's value is marked (as for a waiter in line, see
-/// [`RELEASE`]), so that its release takes the path that deletes the value
-/// and tells the holder's watchers; an empty message on the holder channel
-/// wakes every watcher of the holder (`Backend::holder_changed`).
+/// The lock's value is left as it is: its `+` mark says only that someone
+/// waits in line. Every release deletes the value key with the lock and
+/// tells the holder's watchers if there was one; an empty message on the
+/// holder channel wakes every watcher of the holder
+/// (`Backend::holder_changed`).
 ///
 /// KEYS: lock, fence counter, proclaimed value. ARGV: token, value,
 /// holder channel. Returns 1 if written, else 0.
 const PROCLAIM: &str = r"
 local holder = redis.call('GET', KEYS[1])
 if holder ~= ARGV[1] and holder ~= ARGV[1] .. '+' then return 0 end
-if holder == ARGV[1] then redis.call('SET', KEYS[1], holder .. '+', 'KEEPTTL') end
 local ttl = math.max(redis.call('PTTL', KEYS[1]), 1)
 redis.call('SET', KEYS[3], ARGV[1] .. '|' .. ARGV[2], 'PX', 2 * ttl)
 redis.call('PUBLISH', ARGV[3], '')
@@ -805,6 +821,118 @@ mod tests {
         assert!(again > first, "re-acquired fence {again} after {first}");
         let (won, _) = acquire(&mut conn, "t2").await;
         assert_eq!(won, 0, "another token does not");
+    }
+
+    /// A release hands the lock to the first live waiter, however many
+    /// lapsed tickets stand ahead of it (pruning drops 100 per run; the
+    /// rest are passed over, never handed the lock).
+    #[tokio::test]
+    async fn a_release_passes_over_any_number_of_lapsed_tickets() {
+        let server = RedisServer::start().expect("redis-server");
+        let mut conn = connect(&server).await;
+        assert_eq!(acquire(&mut conn, "holder").await.0, 1);
+        // More than the two prunes before the hand-over drop (the live
+        // waiter's refused attempt runs one, the release another).
+        for i in 0..300 {
+            let () = redis::pipe()
+                .cmd("ZADD")
+                .arg("dlock:{k}:queue")
+                .arg(i + 1)
+                .arg(format!("dead{i}"))
+                .ignore()
+                .cmd("ZADD")
+                .arg("dlock:{k}:tickets")
+                .arg(1)
+                .arg(format!("dead{i}"))
+                .ignore()
+                .query_async(&mut conn)
+                .await
+                .expect("ZADD");
+        }
+        assert_eq!(acquire(&mut conn, "live").await.0, 0, "held: live queues");
+        assert_eq!(release(&mut conn, "holder").await, 1);
+        let handed: Option<String> = redis::cmd("GET")
+            .arg("dlock:{k}")
+            .query_async(&mut conn)
+            .await
+            .expect("GET");
+        assert_eq!(handed.as_deref(), Some("next:live"));
+    }
+
+    async fn get(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<String> {
+        redis::cmd("GET")
+            .arg(key)
+            .query_async(conn)
+            .await
+            .expect("GET")
+    }
+
+    /// A give-back (Redlock's, of a minority grant) that stays in line
+    /// behind another holder marks that holder, so that its release hands
+    /// the lock to the line instead of freeing it unannounced.
+    #[tokio::test]
+    async fn a_give_back_that_stays_in_line_marks_the_holder() {
+        let server = RedisServer::start().expect("redis-server");
+        let mut conn = connect(&server).await;
+        assert_eq!(acquire(&mut conn, "holder").await.0, 1);
+        let released: i64 = on_key(&scripts(false).release)
+            .arg("waiter")
+            .arg("dlock:{k}:released")
+            .arg("0")
+            .arg(10_000)
+            .arg("")
+            .invoke_async(&mut conn)
+            .await
+            .expect("give back");
+        assert_eq!(released, 0, "the waiter held nothing");
+        assert_eq!(
+            get(&mut conn, "dlock:{k}").await.as_deref(),
+            Some("holder+")
+        );
+        assert_eq!(release(&mut conn, "holder").await, 1);
+        assert_eq!(
+            get(&mut conn, "dlock:{k}").await.as_deref(),
+            Some("next:waiter")
+        );
+    }
+
+    /// A proclaim leaves the waiting-line mark alone (it says only that
+    /// someone waits), and a release with nobody in line still deletes
+    /// the value.
+    #[tokio::test]
+    async fn a_proclaim_does_not_mark_the_line_and_its_value_goes_with_the_release() {
+        let server = RedisServer::start().expect("redis-server");
+        let mut conn = connect(&server).await;
+        assert_eq!(acquire(&mut conn, "holder").await.0, 1);
+        let written: i64 = scripts(false)
+            .proclaim
+            .key("dlock:{k}")
+            .key("dlock:{k}:fence")
+            .key("dlock:{k}:value")
+            .arg("holder")
+            .arg("v")
+            .arg("dlock:{k}:holder")
+            .invoke_async(&mut conn)
+            .await
+            .expect("proclaim");
+        assert_eq!(written, 1);
+        assert_eq!(get(&mut conn, "dlock:{k}").await.as_deref(), Some("holder"));
+        let released: i64 = on_key(&scripts(false).release)
+            .key("dlock:{k}:value")
+            .arg("holder")
+            .arg("dlock:{k}:released")
+            .arg("")
+            .arg(0)
+            .arg("dlock:{k}:holder")
+            .invoke_async(&mut conn)
+            .await
+            .expect("release");
+        assert_eq!(released, 1);
+        assert_eq!(
+            get(&mut conn, "dlock:{k}:value").await,
+            None,
+            "the value stayed"
+        );
     }
 
     /// Runs a read-write lock's acquire for `entry` on key `k`, standing
