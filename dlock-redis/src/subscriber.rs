@@ -15,7 +15,11 @@
 //! a waiter either finds it live or asks for it again. If the connection
 //! drops, the task reconnects, subscribes again to every channel still
 //! watched, and wakes all waiters to check again (they may have missed a
-//! release meanwhile).
+//! release meanwhile). On a cluster, a shard channel the server
+//! unsubscribes (its slot moved to another shard) is subscribed again,
+//! now on the new owner, and its waiters are woken to check at once; a
+//! shard that does not answer a subscription leaves the others' channels
+//! subscribed.
 
 use std::{
     collections::HashMap,
@@ -82,36 +86,48 @@ impl Sink {
     }
 }
 
+/// What the connection brought.
+enum Event {
+    /// A message on a channel.
+    Message(String, Vec<u8>),
+    /// The server unsubscribed us from a shard channel: its slot moved to
+    /// another shard (our own `SUNSUBSCRIBE`s of idle channels come back
+    /// this way too, for channels no longer in the table).
+    Unsubscribed(String),
+    /// The cluster client lost a connection (and subscribes again
+    /// itself): releases may have been missed meanwhile.
+    Disconnected,
+}
+
 impl Stream {
-    /// The next message's channel and payload; `None` once the connection
-    /// is gone (the cluster client reconnects and subscribes again by
-    /// itself, and says so with a `Disconnection` push, taken as an empty
-    /// message on every channel: wake everyone to check).
-    async fn next(&mut self) -> Option<(Option<String>, Vec<u8>)> {
+    /// The next event; `None` once the connection is gone.
+    async fn next(&mut self) -> Option<Event> {
         match self {
             Stream::Node(stream) => stream.next().await.map(|m| {
-                (
-                    Some(m.get_channel_name().to_owned()),
+                Event::Message(
+                    m.get_channel_name().to_owned(),
                     m.get_payload_bytes().to_vec(),
                 )
             }),
             Stream::Cluster(pushes) => loop {
                 let push = pushes.recv().await?;
-                match push.kind {
-                    PushKind::SMessage | PushKind::Message => {
-                        let mut data = push.data.into_iter();
-                        let channel = data
-                            .next()
-                            .and_then(|c| redis::from_redis_value::<String>(c).ok());
+                let kind = push.kind;
+                let mut data = push.data.into_iter();
+                let channel = data
+                    .next()
+                    .and_then(|c| redis::from_redis_value::<String>(c).ok());
+                match (kind, channel) {
+                    (PushKind::SMessage | PushKind::Message, Some(channel)) => {
                         let payload = data
                             .next()
                             .and_then(|p| redis::from_redis_value::<Vec<u8>>(p).ok())
                             .unwrap_or_default();
-                        if channel.is_some() {
-                            return Some((channel, payload));
-                        }
+                        return Some(Event::Message(channel, payload));
                     }
-                    PushKind::Disconnection => return Some((None, Vec::new())),
+                    (PushKind::SUnsubscribe, Some(channel)) => {
+                        return Some(Event::Unsubscribed(channel))
+                    }
+                    (PushKind::Disconnection, _) => return Some(Event::Disconnected),
                     _ => {}
                 }
             },
@@ -333,16 +349,37 @@ async fn manage(
                         }
                         None => return,
                     },
-                    message = stream.next() => match message {
-                        Some((Some(channel), payload)) => {
+                    event = stream.next() => match event {
+                        Some(Event::Message(channel, payload)) => {
                             if let Some(watched) = lock(&channels).watched.get(&channel) {
                                 watched.wake(&payload);
                             }
                         }
-                        // The cluster client lost a connection (and
-                        // subscribes again itself): releases may have
-                        // been missed meanwhile.
-                        Some((None, _)) => wake_all(&channels),
+                        Some(Event::Unsubscribed(channel)) => {
+                            // Its slot moved: subscribe again (the client
+                            // routes it to the new owner), and tell its
+                            // waiters at once, as a release may have gone
+                            // unheard meanwhile.
+                            let watched = {
+                                let mut table = lock(&channels);
+                                table.watched.get_mut(&channel).map(|w| {
+                                    w.live = false;
+                                    w.wake_all();
+                                })
+                            };
+                            if watched.is_some() {
+                                match tokio::time::timeout(within, sink.subscribe(&channel)).await {
+                                    Ok(Ok(())) => {
+                                        if let Some(w) = lock(&channels).watched.get_mut(&channel) {
+                                            w.live = true;
+                                        }
+                                    }
+                                    Ok(Err(error)) => tracing::debug!(%error, "dlock redis: subscribing again failed"),
+                                    Err(_) => break,
+                                }
+                            }
+                        }
+                        Some(Event::Disconnected) => wake_all(&channels),
                         None => break,
                     },
                     _ = sweep.tick() => {
@@ -428,11 +465,21 @@ async fn connect(
     // and one answer must confirm exactly one request.
     for name in names {
         let answer = tokio::time::timeout(timeouts.response, sink.subscribe(&name)).await;
-        if !matches!(answer, Ok(Ok(()))) {
-            return None;
-        }
-        if let Some(watched) = lock(channels).watched.get_mut(&name) {
-            watched.live = true;
+        match answer {
+            Ok(Ok(())) => {
+                if let Some(watched) = lock(channels).watched.get_mut(&name) {
+                    watched.live = true;
+                }
+            }
+            // On a cluster, one shard that does not answer leaves the
+            // others' channels subscribed: its waiters are told, and fall
+            // back to their own checks until a later subscription works.
+            _ if matches!(source, Source::Cluster(_)) => {
+                if let Some(watched) = lock(channels).watched.get(&name) {
+                    watched.wake_all();
+                }
+            }
+            _ => return None,
         }
     }
     Some((sink, stream))

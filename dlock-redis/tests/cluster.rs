@@ -159,3 +159,102 @@ async fn a_killed_master_hands_its_locks_to_the_replica() {
         .await;
     assert!(fresh.is_ok(), "a new key after the failover: {fresh:?}");
 }
+
+/// The slot of a key with a waiter moves to another master (as a reshard
+/// does): the old owner unsubscribes the waiter's shard channel, and the
+/// backend subscribes again, now on the new owner, which then counts the
+/// subscriber; the release wakes the waiter there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_follows_its_channel_when_the_slot_moves() {
+    let cluster = RedisCluster::start(3, 0).expect("start a Redis Cluster");
+    let config = dlock_redis::RedisConfig::from_url(&cluster.url())
+        .unwrap()
+        .with_unwatched_poll(Duration::from_secs(30));
+    let connect = || async {
+        RedisBackend::connect_with(config.clone())
+            .await
+            .expect("connect to the cluster")
+            .into_locker()
+    };
+    let (holder, other) = (connect().await, connect().await);
+    let key = "moving";
+    let held = holder.lock(key).await.expect("the holder's lock");
+    let waiter = tokio::spawn(async move {
+        other
+            .lock_with(key, LockOptions::new().wait(Duration::from_secs(40)))
+            .await
+    });
+    let channel = "dlock:{moving}:released";
+    let subscribers = |node: usize| {
+        cluster
+            .cli(node, &["pubsub", "shardnumsub", channel])
+            .unwrap_or_default()
+            .lines()
+            .nth(1)
+            .and_then(|n| n.trim().parse::<u32>().ok())
+            .unwrap_or(0)
+    };
+    let until_subscribed = |node: usize| {
+        let started = std::time::Instant::now();
+        while subscribers(node) == 0 && started.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        subscribers(node)
+    };
+    let from = cluster.master_of("moving", 0).expect("the key's master");
+    assert_eq!(until_subscribed(from), 1, "the waiter never subscribed");
+    let to = (from + 1) % 3;
+    cluster.move_slot("moving", to).expect("move the slot");
+    assert_eq!(
+        cluster.master_of("moving", to).unwrap(),
+        to,
+        "the slot moved"
+    );
+    assert_eq!(
+        until_subscribed(to),
+        1,
+        "the waiter's channel was not subscribed again on the slot's new master"
+    );
+    held.release().await.expect("the release");
+    let granted = waiter.await.expect("the waiter's task");
+    assert!(granted.is_ok(), "the waiter: {granted:?}");
+}
+
+/// Every master's script cache is flushed (a restart, `SCRIPT FLUSH`)
+/// under a held lock: its renewals load the scripts again where they run
+/// (`NOSCRIPT` answered by loading), so the lock stays held, and new
+/// locks and releases work on every shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushed_script_caches_are_loaded_again_where_needed() {
+    let cluster = RedisCluster::start(3, 0).expect("start a Redis Cluster");
+    let lease = Duration::from_millis(900);
+    let locker = dlock_core::Locker::builder(
+        RedisBackend::connect(&cluster.url())
+            .await
+            .expect("connect to the cluster"),
+    )
+    .watchdog_lease(lease)
+    .build()
+    .unwrap();
+    let held = locker.lock("flushed").await.expect("the lock");
+    for node in 0..3 {
+        cluster
+            .cli(node, &["script", "flush"])
+            .expect("SCRIPT FLUSH");
+    }
+    // Several renewals later, still held.
+    tokio::time::sleep(lease * 3).await;
+    assert!(!held.is_lost(), "the lock was lost after the flush");
+    // Keys on every shard: each master needs the scripts again.
+    for i in 0..12 {
+        let guard = locker
+            .lock_with(
+                format!("flushed-{i}"),
+                LockOptions::new().wait(Duration::from_secs(5)),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("key {i} after the flush: {e}"));
+        guard.release().await.expect("release");
+    }
+    held.release().await.expect("the release");
+}
