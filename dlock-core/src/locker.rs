@@ -164,12 +164,12 @@ impl Locker {
             shared: Arc::new(shared),
         }
     }
-    /// Whether the current scope holds `key` through this locker in any
-    /// mode (a read-write lock's share included).
-    pub(crate) fn holds_in_scope_any_mode(&self, key: &str) -> bool {
+    /// Whether the current scope holds a read or write share of `key`'s
+    /// read-write lock through this locker.
+    pub(crate) fn holds_share_in_scope(&self, key: &str) -> bool {
         LockKey::new(key)
             .ok()
-            .is_some_and(|key| Scope::holds_any(&self.shared, &key))
+            .is_some_and(|key| Scope::holds_share(&self.shared, &key))
     }
 
     /// `key` as this locker's traces show it (see

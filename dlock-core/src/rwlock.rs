@@ -112,8 +112,8 @@ impl<T> DistRwLock<T> {
     ///
     /// [`LockError::Timeout`] when the wait limit passes;
     /// [`LockError::Unsupported`] if the backend has no read-write locks;
-    /// [`LockError::WouldDeadlock`] at once inside the scope of a hold of
-    /// the key (a guard's [`scope`](LockGuard::scope)), as
+    /// [`LockError::WouldDeadlock`] at once inside the scope of a share of
+    /// this lock (a guard's [`scope`](LockGuard::scope)), as
     /// [`DistMutex`](crate::DistMutex) does; otherwise as [`Locker::lock`].
     ///
     /// # Cancel safety
@@ -230,11 +230,12 @@ impl<T> DistRwLock<T> {
     }
 
     /// The distributed lock, within what is left of the wait limit.
-    /// [`LockError::WouldDeadlock`] inside the scope of a hold of this
-    /// lock's key: a read or write there would wait for the scope's own
-    /// hold (the local lock, or a writer queued behind it) for ever.
+    /// [`LockError::WouldDeadlock`] inside the scope of a read or write
+    /// share of this lock: a read or write there would wait for the
+    /// scope's own hold (the local lock, or a writer queued behind it) for
+    /// ever. The key's plain lock and semaphore are other objects.
     fn refuse_in_own_scope(&self) -> Result<()> {
-        if self.locker.holds_in_scope_any_mode(&self.key) {
+        if self.locker.holds_share_in_scope(&self.key) {
             return Err(LockError::WouldDeadlock {
                 key: self.key.clone(),
             });

@@ -24,7 +24,7 @@ use std::{
 
 use pin_project::pin_project;
 
-use crate::{guard::Hold, key::LockKey, shared::Shared};
+use crate::{backend::Mode, guard::Hold, key::LockKey, shared::Shared};
 
 tokio::task_local! {
     static SCOPE: Scope;
@@ -60,10 +60,14 @@ impl Scope {
         Self::find_where(|hold| hold.is_of(shared, key))
     }
 
-    /// Whether the current scope holds `key` through `shared`'s locker in
-    /// any mode (a read or write share included).
-    pub(crate) fn holds_any(shared: &Arc<Shared>, key: &LockKey) -> bool {
-        Self::find_where(|hold| hold.is_on(shared, key)).is_some()
+    /// Whether the current scope holds a read or write share of `key`'s
+    /// read-write lock through `shared`'s locker (the plain lock and the
+    /// semaphore of a key are other objects).
+    pub(crate) fn holds_share(shared: &Arc<Shared>, key: &LockKey) -> bool {
+        Self::find_where(|hold| {
+            hold.is_on(shared, key) && matches!(hold.mode(), Mode::Read | Mode::Write)
+        })
+        .is_some()
     }
 
     /// The innermost live hold of the current scope that `wanted` picks.

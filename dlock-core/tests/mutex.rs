@@ -167,4 +167,18 @@ async fn a_read_write_lock_refuses_to_wait_for_its_own_scope() {
         .scope(async { tokio::time::timeout(within, rw.write()).await })
         .await;
     refused("a write under a read", write.expect("no answer").map(drop));
+    drop(r);
+    // The key's plain lock is another object: its scope may read and write.
+    let plain = locker.lock("config").await.unwrap();
+    let shared = plain
+        .scope(async {
+            let read = rw.read().await.map(drop);
+            let write = rw.write().await.map(drop);
+            (read, write)
+        })
+        .await;
+    assert!(
+        matches!(shared, (Ok(()), Ok(()))),
+        "a read or write under the key's plain lock: {shared:?}"
+    );
 }

@@ -65,10 +65,11 @@ const UNKNOWN_TTL_RECHECK: Duration = Duration::from_millis(500);
 /// - **A departed waiter leaves, a crashed one lapses.** A waiter that
 ///   gives up, or whose future is dropped, takes its ticket out (and
 ///   passes the lock on if it had been handed to it). A ticket lapses its
-///   life (the waiter's lease, at most 3 s) after its waiter last
-///   refreshed it (at every attempt, and at least every third of that),
-///   and a lock handed to a waiter lasts only as long as its ticket: a
-///   crashed waiter holds up the line for at most 3 s, whatever its lease. The line's keys expire with their last ticket. Only a
+///   life (the waiter's lease, at most two response timeouts: 10 s by
+///   default) after its waiter last refreshed it (at every attempt, and at
+///   least every third of that), and a lock handed to a waiter lasts only
+///   as long as its ticket: a crashed waiter holds up the line for seconds,
+///   whatever its lease. The line's keys expire with their last ticket. Only a
 ///   crash leaves a key free with waiters in line (a holder's lease, or a
 ///   handed lock, that ran out); whoever asks next takes it, and the
 ///   release after that serves the line in order again.
@@ -365,6 +366,16 @@ impl RedisBackend {
         }))
     }
 
+    /// How long a waiter's ticket (and a lock handed to it, until it takes
+    /// it) lives after its last refresh: its lease, but no more than the
+    /// longer of [`TICKET_LIFE`] and two response timeouts, so that a
+    /// waiter that crashed in line holds it up for seconds whatever its
+    /// lease, while a live one, refreshing every third of it, keeps its
+    /// place through one slow answer.
+    fn ticket_life(&self, lease: Duration) -> Duration {
+        lease.min(TICKET_LIFE.max(self.inner.subscribe_timeout * 2))
+    }
+
     /// How long one node may take to answer one step: for Redlock much
     /// shorter than the lease, so a slow node cannot eat the validity.
     fn node_timeout(&self, lease: Duration) -> Option<Duration> {
@@ -402,7 +413,7 @@ impl RedisBackend {
         place: Place,
     ) -> Result<Round> {
         let lease_ms = lease.as_millis().max(1) as u64;
-        let ticket_ms = ticket_life(lease).as_millis().max(1) as u64;
+        let ticket_ms = self.ticket_life(lease).as_millis().max(1) as u64;
         let fence = !self.inner.redlock;
         let timeout = self.node_timeout(lease);
         let sent = Instant::now();
@@ -584,7 +595,7 @@ impl RedisBackend {
         // A ticket lapses `ticket_life` after its last refresh: a waiter
         // that crashed holds up the line for at most that long, whatever
         // its lease.
-        let refresh = ticket_life(req.lease) / 3;
+        let refresh = self.ticket_life(req.lease) / 3;
         // Made at the first subscription: an uncontended lock needs none.
         let mut wake: Option<Arc<Notify>> = None;
         let mut watches = Vec::new();
@@ -799,16 +810,9 @@ impl RedisBackend {
     }
 }
 
-/// The longest a waiter's ticket lives without a refresh: a waiter that
-/// crashed in line holds it up for no longer, however long its lease.
+/// The shortest cap on a waiter's ticket life (see
+/// [`RedisBackend::ticket_life`]).
 const TICKET_LIFE: Duration = Duration::from_secs(3);
-
-/// How long a waiter's ticket (and a lock handed to it, until it takes
-/// it) lives after its last refresh: its lease, at most [`TICKET_LIFE`].
-/// The waiter refreshes it every third of that.
-fn ticket_life(lease: Duration) -> Duration {
-    lease.min(TICKET_LIFE)
-}
 
 /// A waiter's timers between attempts: the backoff while the servers fail
 /// to answer, the fallback poll while no release channel can be watched,

@@ -137,7 +137,10 @@ end
 ///   (expired, `FLUSHALL`, a restart without persistence) is overtaken by
 ///   the clock: the next token is at least `TIME` now, above every token
 ///   issued before, as long as the server's clock did not go backwards
-///   since (the seed comes from the clock, not the data).
+///   since (the seed comes from the clock, not the data). After a
+///   failover that means the new master's clock is not behind the old
+///   one's by more than the time the failover took: keep the servers'
+///   clocks in sync (NTP), as every clock-seeded counter needs.
 /// - A clock that steps back is covered while the counter lives (`INCR`
 ///   keeps counting from the last token): the TTL floor keeps it alive for
 ///   ten minutes after the last use, however short the lease, so only a

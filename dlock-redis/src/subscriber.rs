@@ -360,20 +360,20 @@ async fn manage(
                             // routes it to the new owner), and tell its
                             // waiters at once, as a release may have gone
                             // unheard meanwhile.
-                            let watched = {
-                                let mut table = lock(&channels);
-                                table.watched.get_mut(&channel).map(|w| {
-                                    w.live = false;
-                                    w.wake_all();
-                                })
-                            };
+                            let watched = lock(&channels)
+                                .watched
+                                .get_mut(&channel)
+                                .map(|w| w.live = false);
                             if watched.is_some() {
-                                match tokio::time::timeout(within, sink.subscribe(&channel)).await {
-                                    Ok(Ok(())) => {
-                                        if let Some(w) = lock(&channels).watched.get_mut(&channel) {
-                                            w.live = true;
-                                        }
-                                    }
+                                // Subscribed first, then woken: a waiter's
+                                // check then runs with the channel live.
+                                let answer = tokio::time::timeout(within, sink.subscribe(&channel)).await;
+                                if let Some(w) = lock(&channels).watched.get_mut(&channel) {
+                                    w.live = matches!(answer, Ok(Ok(())));
+                                    w.wake_all();
+                                }
+                                match answer {
+                                    Ok(Ok(())) => {}
                                     Ok(Err(error)) => tracing::debug!(%error, "dlock redis: subscribing again failed"),
                                     Err(_) => break,
                                 }

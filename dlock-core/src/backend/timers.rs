@@ -2,7 +2,7 @@
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex, OnceLock},
+    sync::{Arc, Mutex},
 };
 
 use tokio::{sync::mpsc, time::Instant};
@@ -22,7 +22,8 @@ enum Command {
 /// leaves nothing behind.
 ///
 /// The task starts with the first lease, on the runtime current then, and
-/// ends once the `LeaseTimers` is dropped.
+/// ends once the `LeaseTimers` is dropped; if that runtime shuts down, the
+/// next lease starts a new task on its own caller's runtime.
 ///
 /// # Examples
 ///
@@ -48,9 +49,8 @@ enum Command {
 /// ```
 pub struct LeaseTimers {
     on_end: Arc<dyn Fn(Token) + Send + Sync>,
-    commands: OnceLock<mpsc::UnboundedSender<Command>>,
-    /// Serializes the task's start.
-    starting: Mutex<()>,
+    /// The running task's commands; `None` before the first lease.
+    commands: Mutex<Option<mpsc::UnboundedSender<Command>>>,
 }
 
 impl LeaseTimers {
@@ -59,38 +59,46 @@ impl LeaseTimers {
     pub fn new(on_end: impl Fn(Token) + Send + Sync + 'static) -> Self {
         LeaseTimers {
             on_end: Arc::new(on_end),
-            commands: OnceLock::new(),
-            starting: Mutex::new(()),
+            commands: Mutex::new(None),
         }
     }
 
     /// Ends `token`'s lease at `ends`, unless cancelled first.
     pub fn add(&self, token: Token, ends: Instant) {
-        self.send(Command::Add(token, ends));
+        self.send(Command::Add(token, ends), true);
     }
 
     /// Forgets `token`'s lease: it was released before its end. A no-op
     /// for a lease not added, or ended already.
     pub fn cancel(&self, token: Token) {
-        if self.commands.get().is_some() {
-            self.send(Command::Cancel(token));
-        }
+        self.send(Command::Cancel(token), false);
     }
 
-    fn send(&self, command: Command) {
-        let commands = match self.commands.get() {
-            Some(commands) => commands,
-            None => {
-                let _starting = self.starting.lock().unwrap_or_else(|e| e.into_inner());
-                self.commands.get_or_init(|| {
-                    let (tx, rx) = mpsc::unbounded_channel();
-                    tokio::spawn(run(rx, self.on_end.clone()));
-                    tx
-                })
-            }
+    /// Sends `command` to the task. If there is none, or it is gone (the
+    /// runtime it ran on shut down), a new one starts on the caller's
+    /// runtime (`start`: for an `Add`, which needs it; a `Cancel` has
+    /// nothing to cancel in a new task). Leases the gone task held end
+    /// with their guards' own clocks and their releases.
+    fn send(&self, command: Command, start: bool) {
+        let mut commands = self.commands.lock().unwrap_or_else(|e| e.into_inner());
+        let command = match commands.as_ref() {
+            Some(tx) => match tx.send(command) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(command)) => command,
+            },
+            None => command,
         };
-        // The task ends only once every sender is gone.
-        let _ = commands.send(command);
+        if !start {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!("dlock: a fixed lease was taken outside a Tokio runtime; it ends with its release only");
+            return;
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        runtime.spawn(run(rx, self.on_end.clone()));
+        let _ = tx.send(command);
+        *commands = Some(tx);
     }
 }
 
@@ -127,5 +135,40 @@ async fn run(
                 on_end(token);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("a runtime")
+    }
+
+    /// The runtime of the first lease shuts down: the next lease starts a
+    /// task on its own runtime, and still ends on time.
+    #[test]
+    fn leases_still_end_after_the_first_runtime_is_gone() {
+        let ended = Arc::new(Mutex::new(Vec::new()));
+        let timers = LeaseTimers::new({
+            let ended = ended.clone();
+            move |token| ended.lock().unwrap().push(token)
+        });
+        let (first, second) = (Token::generate(), Token::generate());
+        runtime().block_on(async {
+            timers.add(first, Instant::now() + Duration::from_millis(10));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        });
+        runtime().block_on(async {
+            timers.add(second, Instant::now() + Duration::from_millis(10));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        });
+        assert_eq!(*ended.lock().unwrap(), [first, second]);
     }
 }
