@@ -25,6 +25,15 @@ const SEMAPHORE_SALT: i64 = 0x0053_454d;
 /// expressions), each live while the session that added it (by its
 /// process id) holds its entry lock (`pg_locks`), as
 /// `QueueEntry::read_rows` reads them.
+/// As [`ahead`], with every entry counted as live: no `pg_locks` scan
+/// (see `Dialect::enqueue_counts_all_as_live`).
+fn ahead_all_live(queue: &str, id: &str, number: &str) -> String {
+    format!(
+        "SELECT q.n, q.mode, q.owner::text, 1::bigint FROM {queue} q \
+         WHERE q.lock_id = {id} AND q.n <= {number} ORDER BY q.n"
+    )
+}
+
 fn ahead(queue: &str, id: &str, number: &str) -> String {
     format!(
         "SELECT q.n, q.mode, q.owner::text, (EXISTS (SELECT 1 FROM pg_locks l \
@@ -412,6 +421,13 @@ impl Dialect for PgDialect {
     /// the insert (only on the session's own server process), then the
     /// entries up to it. Every value written inline is a number, or a tag
     /// of letters, digits and `/`.
+    /// An uncontended permit or share reads no `pg_locks`: that scan
+    /// takes every lock partition of the server, so it is left to the
+    /// entries that are refused.
+    fn enqueue_counts_all_as_live(&self) -> bool {
+        true
+    }
+
     fn enqueue<'a>(
         &'a self,
         session: &'a mut PgSession,
@@ -430,7 +446,7 @@ impl Dialect for PgDialect {
                  THEN pg_try_advisory_lock({owner}) ELSE false END \
                  RETURNING n; {ahead}",
                 tag = mode.tag(),
-                ahead = ahead(queue, &id.to_string(), &mine),
+                ahead = ahead_all_live(queue, &id.to_string(), &mine),
             );
             let rows = session.conn.fetch_all(request.as_str()).await?;
             let ran_on: i32 = rows.first().ok_or(sqlx::Error::RowNotFound)?.try_get(0)?;

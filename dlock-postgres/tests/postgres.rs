@@ -439,3 +439,48 @@ async fn released_fixed_leases_leave_no_timer_tasks_behind() {
     let locker = locker(&server.url()).await;
     dlock_testkit::session_faults::check_released_fixed_leases_leave_no_tasks(&locker).await;
 }
+
+/// Uncontended permits and read shares send no `pg_locks` scan (it takes
+/// every lock partition of the server): an entry is counted live without
+/// one, and only an entry that is refused reads the liveness of those
+/// ahead. A contended one does, and still gets its permit once the holder
+/// goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncontended_permits_and_reads_scan_no_pg_locks() {
+    let server = PostgresServer::start().expect("start the server");
+    let (locker, other) = (locker(&server.url()).await, locker(&server.url()).await);
+    let semaphore = dlock_core::DistSemaphore::new(&locker, "scan:permits", 2);
+    let rw = dlock_core::DistRwLock::new(&locker, "scan:rw", ());
+    // The tables exist, and every session is open, before counting.
+    semaphore.acquire().await.unwrap().release().await.unwrap();
+    let count = server.count_statements().expect("log_statement");
+    for _ in 0..10 {
+        semaphore.acquire().await.unwrap().release().await.unwrap();
+        let read = rw.read().await.unwrap();
+        dlock_core::DistRwLockReadGuard::release(read)
+            .await
+            .unwrap();
+    }
+    assert!(
+        count.so_far().unwrap() >= 20,
+        "the statements were not logged"
+    );
+    assert_eq!(
+        count.containing("pg_locks").unwrap(),
+        0,
+        "uncontended permits and reads scanned pg_locks"
+    );
+    // Contended: the waiter reads who is alive, and gets its turn.
+    let holder = dlock_core::DistSemaphore::new(&other, "scan:one", 1);
+    let held = holder.acquire().await.unwrap();
+    let waiter = dlock_core::DistSemaphore::new(&locker, "scan:one", 1);
+    let waiting = tokio::spawn(async move { waiter.acquire().await.map(drop) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    held.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), waiting).await;
+    assert!(matches!(got, Ok(Ok(Ok(())))), "the waiter: {got:?}");
+    assert!(
+        count.containing("pg_locks").unwrap() > 0,
+        "the refused entry read no liveness"
+    );
+}

@@ -365,9 +365,14 @@ impl<D: Dialect> Session<D> {
         let session = self.clone();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                session.conn.lock().await.take();
+                session.close().await;
             });
         }
+    }
+
+    /// Closes the connection, once no statement runs on it.
+    async fn close(&self) {
+        self.conn.lock().await.take();
     }
 
     fn is_usable(&self) -> bool {
@@ -1081,14 +1086,17 @@ impl<D: Dialect> Drop for EndOnDrop<D> {
         // own: at once if its connection closed, after the session
         // timeout if it hears nothing.
         let alive = session.is_usable();
-        session.end();
-        if !alive {
-            return;
-        }
-        let backend = self.backend.clone();
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        let runtime = tokio::runtime::Handle::try_current();
+        let (true, Ok(runtime)) = (alive, runtime) else {
+            session.end();
             return;
         };
+        // Its guards are lost now; its connection stays open until the
+        // server session is ended by id, then closes. Closed first, a
+        // pooler in session mode (PgBouncer) could hand the server session
+        // to another client before the id ends it, and end that client's.
+        session.holders.expire();
+        let backend = self.backend.clone();
         runtime.spawn(async move {
             let server_id = session.server_id;
             let ended = match backend.holder_at(server_id).await {
@@ -1106,10 +1114,11 @@ impl<D: Dialect> Drop for EndOnDrop<D> {
                 Err(e) => Err(e),
             };
             if let Err(error) = ended {
-                // Its connection still closes when the session is dropped,
-                // and the server ends the session when it notices.
+                // Its connection closes below, and the server ends the
+                // session when it notices.
                 tracing::debug!(%error, server_id, "dlock {} could not end an abandoned wait", D::NAME);
             }
+            session.close().await;
         });
     }
 }

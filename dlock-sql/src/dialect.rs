@@ -332,10 +332,22 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         false
     }
 
+    /// Whether [`enqueue`](Dialect::enqueue) reads the entries ahead
+    /// without their liveness, every one as live: cheaper where liveness
+    /// costs a scan (PostgreSQL's `pg_locks`). Counting a dead entry as
+    /// live can only refuse, never admit too many: an entry refused on such
+    /// a read reads them again with [`ahead`](Dialect::ahead) before it
+    /// waits.
+    fn enqueue_counts_all_as_live(&self) -> bool {
+        false
+    }
+
     /// Takes the entry lock of `token` on this session, adds its entry for
     /// `id` in `mode` to the queue table, and reads the entries ahead of it
-    /// as [`ahead`](Dialect::ahead) does, in one round trip: the entry's
-    /// number, and the entries ahead.
+    /// as [`ahead`](Dialect::ahead) does (or, see
+    /// [`enqueue_counts_all_as_live`](Dialect::enqueue_counts_all_as_live),
+    /// every one as live), in one round trip: the entry's number, and the
+    /// entries ahead.
     fn enqueue<'a>(
         &'a self,
         conn: &'a mut Self::Conn,

@@ -186,6 +186,9 @@ impl<D: Dialect> SqlBackend<D> {
         // statement of its own.
         let mut enqueued = Some((sent, (entries, true)));
         loop {
+            // Whether this read counted every entry as live (see
+            // `Dialect::enqueue_counts_all_as_live`).
+            let all_live = enqueued.is_some() && self.inner.dialect.enqueue_counts_all_as_live();
             let (sent, (entries, mine)) = match enqueued.take() {
                 Some(read) => read,
                 None => on_holder!(holder, |d, c| d.ahead(c, &id, number), id)?,
@@ -242,6 +245,11 @@ impl<D: Dialect> SqlBackend<D> {
                         token,
                     )
                     .map_err(Failed::Other);
+            }
+            if all_live {
+                // Refused counting every entry as live: some may be dead.
+                // Read them again, with their liveness, before waiting.
+                continue;
             }
             let Some((target, most)) = watched(mode, &ahead) else {
                 // Admitted behind nothing: cannot happen; check again.
