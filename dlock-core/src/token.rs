@@ -15,10 +15,12 @@ use std::{
 ///
 /// The server stores it with the lock, and release and renewal compare it
 /// atomically there, so a stale guard can never release or extend a lock that
-/// another owner holds now. A token is 128 bits: 64 bits chosen at random once
-/// per process (from the operating system's randomness, through
-/// [`RandomState`]) and a 64-bit counter, so tokens never repeat within a
-/// process and collide across processes with probability 2⁻⁶⁴ per pair.
+/// another owner holds now. A token is 128 bits from the operating system's
+/// random numbers (`getrandom`), so two tokens collide, within a process or
+/// across processes and machines, with probability 2⁻¹²⁸ per pair. Should
+/// the operating system not answer, the token is a per-process random
+/// prefix and a counter instead (unique within the process, colliding
+/// across processes with probability 2⁻⁶⁴ per pair).
 ///
 /// # Examples
 ///
@@ -34,8 +36,18 @@ use std::{
 pub struct Token([u8; 16]);
 
 impl Token {
-    /// A new token, different from every other token of this process.
+    /// A new token: 128 random bits.
     pub fn generate() -> Token {
+        let mut bytes = [0u8; 16];
+        if getrandom::fill(&mut bytes).is_ok() {
+            return Token(bytes);
+        }
+        Token::counted()
+    }
+
+    /// A per-process random prefix and a counter: the fallback when the
+    /// operating system's random numbers are out of reach.
+    fn counted() -> Token {
         static PROCESS: OnceLock<u64> = OnceLock::new();
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let process = *PROCESS.get_or_init(|| {
@@ -144,6 +156,33 @@ mod tests {
             }
         }
         assert_eq!(seen.len(), 4000);
+    }
+
+    /// Every bit is random: no part is shared by the tokens of a process
+    /// (a per-process prefix and a counter would be), so guessing another
+    /// owner's token is as hard as guessing 128 random bits.
+    #[test]
+    fn tokens_share_no_prefix_and_no_counter() {
+        let tokens: Vec<Token> = (0..64).map(|_| Token::generate()).collect();
+        let halves = |range: std::ops::Range<usize>| {
+            tokens
+                .iter()
+                .map(|t| t.as_bytes()[range.clone()].to_vec())
+                .collect::<HashSet<_>>()
+                .len()
+        };
+        assert_eq!(halves(0..8), 64, "tokens share their first half");
+        // A counter's high bytes stay zero.
+        assert!(
+            tokens.iter().any(|t| t.as_bytes()[8..12] != [0; 4]),
+            "the second half counts"
+        );
+    }
+
+    #[test]
+    fn counted_tokens_are_unique_too() {
+        let tokens: HashSet<Token> = (0..1000).map(|_| Token::counted()).collect();
+        assert_eq!(tokens.len(), 1000);
     }
 
     #[test]
