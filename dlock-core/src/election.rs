@@ -13,7 +13,7 @@ use tokio::{
 };
 
 use crate::{
-    backend::Holder,
+    backend::{Backoff, Holder},
     error::{LockError, Result},
     guard::LockGuard,
     key::LockKey,
@@ -299,7 +299,7 @@ async fn follow(
     leaders: watch::Sender<Option<Leader>>,
 ) {
     let backend = locker.backend();
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
         let read = tokio::select! {
             () = leaders.closed() => return,
@@ -310,7 +310,7 @@ async fn follow(
         };
         match read {
             Ok(holder) => {
-                backoff = Duration::from_millis(50);
+                backoff.reset();
                 if holder != seen {
                     leaders.send_replace(leader_from(holder.clone()));
                     seen = holder;
@@ -320,9 +320,8 @@ async fn follow(
                 tracing::warn!(%error, key = %locker.traced(&key), "dlock election: watching the leader failed");
                 tokio::select! {
                     () = leaders.closed() => return,
-                    () = tokio::time::sleep(backoff) => {}
+                    () = tokio::time::sleep(backoff.next_delay()) => {}
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(2));
             }
         }
     }
@@ -336,7 +335,7 @@ fn election_key(name: &str) -> Result<LockKey> {
 /// Campaigns until resigned: lock, lead until lost, campaign again.
 async fn campaign(shared: Arc<Shared>) {
     let (locker, key) = (&shared.locker, &shared.key);
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
         let won = tokio::select! {
             // Renewed while it leads, whatever the locker's default lease:
@@ -351,14 +350,13 @@ async fn campaign(shared: Arc<Shared>) {
                 // The servers are down: campaign again, with backoff.
                 tracing::warn!(%error, key = %locker.traced(key), "dlock election campaign failed");
                 tokio::select! {
-                    () = tokio::time::sleep(backoff) => {}
+                    () = tokio::time::sleep(backoff.next_delay()) => {}
                     () = shared.resign.notified() => break,
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(2));
                 continue;
             }
         };
-        backoff = Duration::from_millis(50);
+        backoff.reset();
         let Some(term) = guard.fencing_token() else {
             tracing::error!(key = %locker.traced(key), "dlock election: the backend gave no fencing token");
             break;
@@ -371,6 +369,8 @@ async fn campaign(shared: Arc<Shared>) {
             let value = shared.value.lock().await;
             let proclaimed = value.as_deref().unwrap_or_default();
             let mut held = true;
+            let mut proclaim_backoff =
+                Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
             for attempt in 0..PROCLAIM_ATTEMPTS {
                 match locker
                     .backend()
@@ -387,7 +387,7 @@ async fn campaign(shared: Arc<Shared>) {
                     Err(error) if attempt + 1 == PROCLAIM_ATTEMPTS => {
                         tracing::warn!(%error, key = %locker.traced(key), "dlock election: the leader's value was not written");
                     }
-                    Err(_) => tokio::time::sleep(Duration::from_millis(50 << attempt)).await,
+                    Err(_) => tokio::time::sleep(proclaim_backoff.next_delay()).await,
                 }
             }
             if !held {
@@ -395,7 +395,7 @@ async fn campaign(shared: Arc<Shared>) {
                 drop(value);
                 drop(guard);
                 tokio::select! {
-                    () = tokio::time::sleep(backoff) => {}
+                    () = tokio::time::sleep(backoff.next_delay()) => {}
                     () = shared.resign.notified() => break,
                 }
                 continue;

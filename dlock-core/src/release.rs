@@ -14,7 +14,7 @@ use tokio::{runtime::Handle, time::Instant};
 use tracing::Instrument;
 
 use crate::{
-    backend::{Backend, Mode, ReleaseOutcome},
+    backend::{Backend, Backoff, Mode, ReleaseOutcome},
     error::Result,
     key::LockKey,
     shared::Shared,
@@ -54,7 +54,7 @@ async fn retry_release(
     lease: Duration,
 ) {
     let give_up = Instant::now() + lease;
-    let mut backoff = FIRST_BACKOFF;
+    let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
     loop {
         let now = Instant::now();
         if now >= give_up {
@@ -65,8 +65,7 @@ async fn retry_release(
             backend.abandon(key, mode, token).await;
             return;
         }
-        tokio::time::sleep_until((now + backoff).min(give_up)).await;
-        backoff = (backoff * 2).min(MAX_BACKOFF);
+        tokio::time::sleep_until((now + backoff.next_delay()).min(give_up)).await;
         if release_traced(backend, key, mode, token).await.is_ok() {
             return;
         }

@@ -13,8 +13,8 @@ use std::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, LeaseKind, Mode,
-        ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
+        AcquireRequest, Acquired, Backend, Backoff, BoxFuture, Capabilities, Holder, LeaseKind,
+        Mode, ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
     },
     LockError, LockKey, Result, Token,
 };
@@ -194,12 +194,11 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
 {
-    let mut delay = Duration::from_millis(10);
+    let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(300));
     for _ in 0..4 {
         match request().await {
             Err(e) if is_unavailable(&e) => {
-                tokio::time::sleep(delay).await;
-                delay *= 3;
+                tokio::time::sleep(backoff.next_delay()).await;
             }
             other => return other.map_err(backend_error),
         }
@@ -522,7 +521,7 @@ impl EtcdBackend {
         // retried with backoff until the wait limit, or without one, until
         // the cluster stayed unreachable for `unreachable_after`.
         let mut failing_since: Option<Instant> = None;
-        let mut backoff = Duration::from_millis(20);
+        let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
         loop {
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
@@ -575,11 +574,11 @@ impl EtcdBackend {
                     tracing::debug!(%error, "dlock etcd wait step failed; retrying");
                     let since = *failing_since.get_or_insert(now);
                     let give_up = deadline.unwrap_or(since + self.inner.unreachable_after);
-                    if now + backoff >= give_up {
+                    let delay = backoff.next_delay();
+                    if now + delay >= give_up {
                         return Err(error);
                     }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    tokio::time::sleep(delay).await;
                 }
             }
         }

@@ -7,8 +7,8 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use dlock_core::{
     backend::{
-        unsupported_holder, AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder,
-        Mode, ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
+        unsupported_holder, AcquireRequest, Acquired, Backend, Backoff, BoxFuture, Capabilities,
+        Holder, Mode, ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
     },
     LockError, LockKey, Result, Token,
 };
@@ -665,10 +665,10 @@ impl RedisBackend {
     fn pacing(&self, deadline: Option<Instant>) -> Pacing {
         Pacing {
             deadline,
-            poll: Duration::from_millis(20),
+            poll: Backoff::new(Duration::from_millis(40), self.inner.unwatched_poll),
+            failures: Backoff::new(Duration::from_millis(40), Duration::from_millis(500)),
             failing_since: None,
             unreachable_after: self.inner.unreachable_after,
-            unwatched_poll: self.inner.unwatched_poll,
         }
     }
 
@@ -819,16 +819,19 @@ const TICKET_LIFE: Duration = Duration::from_secs(3);
 /// and the pause until the next attempt, which a wake-up cuts short.
 struct Pacing {
     deadline: Option<Instant>,
-    poll: Duration,
+    /// The fallback poll while no release channel can be watched.
+    poll: Backoff,
+    /// The backoff while the servers fail to answer.
+    failures: Backoff,
     failing_since: Option<Instant>,
     unreachable_after: Duration,
-    unwatched_poll: Duration,
 }
 
 impl Pacing {
     /// The servers answered.
     fn answered(&mut self) {
         self.failing_since = None;
+        self.failures.reset();
     }
 
     /// How long to wait after a refusal that names `retry_in`: that long
@@ -837,8 +840,7 @@ impl Pacing {
         if watched {
             return retry_in;
         }
-        self.poll = (self.poll * 2).min(self.unwatched_poll);
-        retry_in.min(self.poll)
+        retry_in.min(self.poll.next_delay())
     }
 
     /// How long to back off after a failed attempt; the error, past the
@@ -848,11 +850,11 @@ impl Pacing {
         tracing::debug!(%error, "dlock redis acquire failed; retrying");
         let since = *self.failing_since.get_or_insert(now);
         let give_up = self.deadline.unwrap_or(since + self.unreachable_after);
-        if now + self.poll >= give_up {
+        let delay = self.failures.next_delay();
+        if now + delay >= give_up {
             return Err(error);
         }
-        self.poll = (self.poll * 2).min(Duration::from_millis(500));
-        Ok(self.poll)
+        Ok(delay)
     }
 
     /// Sleeps `sleep` from `now`, or until the deadline or `wake`; `false`

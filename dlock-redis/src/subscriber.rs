@@ -27,6 +27,7 @@ use std::{
     time::Duration,
 };
 
+use dlock_core::backend::Backoff;
 use futures_util::StreamExt;
 use redis::{
     aio::PubSubSink, cluster::ClusterClient, cluster_async::ClusterConnection, Client, PushInfo,
@@ -317,10 +318,10 @@ async fn manage(
     channels: Arc<Mutex<Channels>>,
     mut queue: mpsc::UnboundedReceiver<Command>,
 ) {
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
         if let Some((mut sink, mut stream)) = connect(&source, timeouts, &channels).await {
-            backoff = Duration::from_millis(50);
+            backoff.reset();
             // Releases may have been missed while disconnected.
             wake_all(&channels);
             let within = timeouts.response;
@@ -412,7 +413,7 @@ async fn manage(
         }
         // Serve commands with errors until the next try, so that waiters
         // fall back to their bounded retries instead of hanging.
-        let retry = tokio::time::sleep(backoff);
+        let retry = tokio::time::sleep(backoff.next_delay());
         tokio::pin!(retry);
         loop {
             tokio::select! {
@@ -425,7 +426,6 @@ async fn manage(
                 },
             }
         }
-        backoff = (backoff * 2).min(Duration::from_secs(2));
     }
 }
 

@@ -10,9 +10,9 @@ use std::{
 
 use dlock_core::{
     backend::{
-        unsupported_holder, AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder,
-        LeaseKind, LeaseTimers, Mode, ReleaseOutcome, RenewOutcome, RenewRequest, SessionHolders,
-        Wait,
+        unsupported_holder, AcquireRequest, Acquired, Backend, Backoff, BoxFuture, Capabilities,
+        Holder, LeaseKind, LeaseTimers, Mode, ReleaseOutcome, RenewOutcome, RenewRequest,
+        SessionHolders, Wait,
     },
     LockError, LockKey, LostReason, Result, Token,
 };
@@ -219,7 +219,7 @@ enum WaitFailed {
 /// the connect timeout when there is none.
 struct Retry {
     give_up: Option<Instant>,
-    backoff: Duration,
+    backoff: Backoff,
 }
 
 impl Retry {
@@ -230,19 +230,19 @@ impl Retry {
                 wait => wait.deadline(),
             }
             .or_else(|| Some(Instant::now() + connect_timeout)),
-            backoff: Duration::from_millis(50),
+            backoff: Backoff::new(Duration::from_millis(50), Duration::from_millis(500)),
         }
     }
 
     /// Sleeps before the next try, or gives `error` back if none is left.
     async fn after(&mut self, error: LockError) -> Result<()> {
         let now = Instant::now();
-        if self.give_up.is_some_and(|g| now + self.backoff >= g) {
+        let delay = self.backoff.next_delay();
+        if self.give_up.is_some_and(|g| now + delay >= g) {
             return Err(error);
         }
         tracing::debug!(%error, "dlock database session ended; trying a new one");
-        tokio::time::sleep(self.backoff).await;
-        self.backoff = (self.backoff * 2).min(Duration::from_millis(500));
+        tokio::time::sleep(delay).await;
         Ok(())
     }
 }

@@ -10,8 +10,8 @@ use std::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, LeaseKind, LeaseTimers,
-        Mode, ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
+        AcquireRequest, Acquired, Backend, Backoff, BoxFuture, Capabilities, Holder, LeaseKind,
+        LeaseTimers, Mode, ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
     },
     LockError, LockKey, Result, Token,
 };
@@ -37,7 +37,7 @@ fn backend_error(e: ZkError) -> LockError {
 /// timeout) until the connect timeout has passed.
 async fn open_session(config: &ZkConfig, connector: Option<&Connector>) -> Result<Arc<Session>> {
     let deadline = Instant::now() + config.connect_timeout();
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
     let servers = config.connect_string();
     loop {
         let attempt = Session::start(connector, &servers, config.session_timeout());
@@ -58,12 +58,12 @@ async fn open_session(config: &ZkConfig, connector: Option<&Connector>) -> Resul
                 ))
             }
         };
-        if Instant::now() + backoff >= deadline {
+        let delay = backoff.next_delay();
+        if Instant::now() + delay >= deadline {
             return Err(backend_error(error));
         }
-        tracing::debug!(%error, ?backoff, "no ZooKeeper session yet; trying again");
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(1));
+        tracing::debug!(%error, ?delay, "no ZooKeeper session yet; trying again");
+        tokio::time::sleep(delay).await;
     }
 }
 
@@ -518,7 +518,7 @@ impl ZkBackend {
         let fence = u64::try_from(stat.czxid).unwrap_or(0);
         let deadline = req.wait.deadline();
         let mut failing_since: Option<Instant> = None;
-        let mut backoff = Duration::from_millis(20);
+        let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
         // When the listing that admits us was asked for: the grant, where
         // a fixed lease starts (our create, for a lock free at once).
         let mut listed_at = sent;
@@ -603,11 +603,11 @@ impl ZkBackend {
                     let now = Instant::now();
                     let since = *failing_since.get_or_insert(now);
                     let give_up = deadline.unwrap_or(since + session.timeout);
-                    if now + backoff >= give_up {
+                    let delay = backoff.next_delay();
+                    if now + delay >= give_up {
                         return Err(backend_error(error));
                     }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                    tokio::time::sleep(delay).await;
                 }
             }
         }
@@ -830,7 +830,7 @@ fn watch_our_node(session: &Arc<Session>, token: Token, path: String) {
     let session = Arc::downgrade(session);
     tokio::spawn(async move {
         tokio::time::sleep(WATCH_AFTER).await;
-        let mut backoff = Duration::from_millis(50);
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
         loop {
             let Some(client) = session
                 .upgrade()
@@ -852,12 +852,11 @@ fn watch_our_node(session: &Arc<Session>, token: Token, path: String) {
                 // Cut off for now: the session's own clock loses the lock
                 // if it stays so; look again.
                 Err(_) => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    tokio::time::sleep(backoff.next_delay()).await;
                     continue;
                 }
             };
-            backoff = Duration::from_millis(50);
+            backoff.reset();
             match watcher.changed().await.event_type {
                 EventType::NodeDeleted => break,
                 // A terminal session state: the session's monitor tells.

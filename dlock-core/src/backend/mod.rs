@@ -15,11 +15,13 @@ use crate::{error::Result, key::LockKey, token::Token};
 
 pub use crate::lease::LossReporter;
 
+mod backoff;
 pub mod memory;
 mod session;
 mod timers;
 mod url;
 
+pub use backoff::Backoff;
 pub use session::SessionHolders;
 pub use timers::LeaseTimers;
 pub use url::{parse_url_duration, percent_decode, redact_url, TlsFiles};
