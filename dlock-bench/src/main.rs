@@ -363,8 +363,10 @@ impl Target {
     /// A new client (another process would have its own).
     pub(crate) async fn locker(&self, watchdog: Option<Duration>) -> Locker {
         match (&self.memory, &self.url) {
-            (Some(memory), _) => build_locker(std::sync::Arc::new(memory.clone()), watchdog),
-            (None, Some(url)) => locker_for(url, watchdog).await.expect("connect"),
+            (Some(memory), _) => {
+                multiproc::build_locker(std::sync::Arc::new(memory.clone()), watchdog)
+            }
+            (None, Some(url)) => multiproc::locker_for(url, watchdog).await.expect("connect"),
             (None, None) => unreachable!("a target has a server"),
         }
     }
@@ -377,25 +379,6 @@ impl Drop for CountingPass<'_> {
     fn drop(&mut self) {
         self.0.store(false, std::sync::atomic::Ordering::SeqCst);
     }
-}
-
-/// A locker on the backend at `url`.
-pub(crate) async fn locker_for(url: &str, watchdog: Option<Duration>) -> Result<Locker, String> {
-    let backend = dlock_testkit::connect(url)
-        .await
-        .map_err(|e| format!("{url}: {e}"))?;
-    Ok(build_locker(backend, watchdog))
-}
-
-fn build_locker(
-    backend: std::sync::Arc<dyn dlock_core::backend::Backend>,
-    watchdog: Option<Duration>,
-) -> Locker {
-    let mut builder = dlock_core::LockerBuilder::from_arc(backend);
-    if let Some(lease) = watchdog {
-        builder = builder.watchdog_lease(lease);
-    }
-    builder.build().expect("valid options")
 }
 
 struct Args {

@@ -136,7 +136,7 @@ pub(crate) async fn child(args: &[String]) -> ExitCode {
         eprintln!("TASKS and PER_TASK are numbers");
         return ExitCode::from(2);
     };
-    let locker = match crate::locker_for(url, None).await {
+    let locker = match locker_for(url, None).await {
         Ok(locker) => locker,
         Err(e) => {
             eprintln!("child: {e}");
@@ -241,4 +241,27 @@ async fn critical_section(dir: &Path, owner: &str) -> std::io::Result<usize> {
         std::fs::remove_file(&marker)?;
     }
     Ok(overlap)
+}
+
+/// A locker on the backend at `url`.
+pub(crate) async fn locker_for(
+    url: &str,
+    watchdog: Option<Duration>,
+) -> Result<dlock_core::Locker, String> {
+    let backend = dlock_testkit::connect(url)
+        .await
+        .map_err(|e| format!("{url}: {e}"))?;
+    Ok(build_locker(backend, watchdog))
+}
+
+/// A locker on `backend`, with the watchdog lease if one is given.
+pub(crate) fn build_locker(
+    backend: std::sync::Arc<dyn dlock_core::backend::Backend>,
+    watchdog: Option<Duration>,
+) -> dlock_core::Locker {
+    let mut builder = dlock_core::LockerBuilder::from_arc(backend);
+    if let Some(lease) = watchdog {
+        builder = builder.watchdog_lease(lease);
+    }
+    builder.build().expect("valid options")
 }

@@ -130,3 +130,47 @@ pub trait BackendExt: Backend + Sized {
 }
 
 impl<B: Backend> BackendExt for B {}
+
+/// The constructors of [`Locker`] live here, beside the builder they use,
+/// so that `locker` does not import `builder` back.
+impl Locker {
+    /// A locker over `backend` with the default options: wait without limit,
+    /// and a watchdog lease of [`DEFAULT_WATCHDOG_LEASE`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{Locker, MemoryBackend};
+    ///
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// assert_eq!(locker.backend().name(), "memory");
+    /// ```
+    pub fn new(backend: impl Backend) -> Locker {
+        Locker::from_arc(Arc::new(backend))
+    }
+
+    /// A locker over a shared backend, with the default options.
+    pub fn from_arc(backend: Arc<dyn Backend>) -> Locker {
+        LockerBuilder::from_arc(backend)
+            .build()
+            .expect("the default options are valid")
+    }
+
+    /// A builder, to set the locker's default wait limit and leases.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{Locker, MemoryBackend};
+    /// use std::time::Duration;
+    ///
+    /// let locker = Locker::builder(MemoryBackend::new())
+    ///     .wait(Duration::from_secs(10))
+    ///     .watchdog_lease(Duration::from_secs(15))
+    ///     .build()?;
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn builder(backend: impl Backend) -> LockerBuilder {
+        LockerBuilder::from_arc(Arc::new(backend))
+    }
+}

@@ -1,7 +1,7 @@
 //! `LockGuard` and the hold it shares with its re-entered siblings: the hold
 //! releases the lock, through its own token, when the last guard goes.
 
-use std::{fmt, future::Future, sync::Arc};
+use std::{fmt, sync::Arc};
 
 use tokio::{runtime::Handle, time::Instant};
 use tracing::Instrument;
@@ -12,7 +12,6 @@ use crate::{
     key::LockKey,
     lease::LeaseState,
     release::{release_traced, spawn_release, Release, ReleaseOnDrop, Sent},
-    scope::Scoped,
     shared::Shared,
     token::Token,
 };
@@ -205,46 +204,6 @@ impl LockGuard {
         LockGuard {
             hold: self.hold.clone(),
         }
-    }
-
-    /// Runs `future` inside this lock's scope: any lock of the same key
-    /// through the same [`Locker`](crate::Locker) (or a clone), at any depth
-    /// inside `future`, re-enters this hold at once, without asking the
-    /// server. Code outside `future` is not in the scope: a future joined
-    /// beside it, a spawned task, and whatever runs after it contend for
-    /// the key like any other owner (see [Reentrancy](crate::Locker#reentrancy)).
-    ///
-    /// The returned future borrows the guard, so the guard stays held (it
-    /// cannot be released, dropped or moved away) while the scope runs.
-    ///
-    /// # Cancel safety
-    ///
-    /// As cancel safe as `future`; the scope itself leaves nothing behind.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use dlock_core::{LockError, Locker, MemoryBackend};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), LockError> {
-    /// let locker = Locker::new(MemoryBackend::new());
-    ///
-    /// async fn audit(locker: &Locker) -> Result<u64, LockError> {
-    ///     // Re-enters when called inside a scope holding "account:7".
-    ///     let guard = locker.lock("account:7").await?;
-    ///     Ok(guard.fencing_token().unwrap_or(0))
-    /// }
-    ///
-    /// let guard = locker.lock("account:7").await?;
-    /// let fence = guard.scope(audit(&locker)).await?;
-    /// assert_eq!(Some(fence), guard.fencing_token());
-    /// guard.release().await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn scope<F: Future>(&self, future: F) -> Scoped<'_, F> {
-        Scoped::new(&self.hold, future)
     }
 
     /// The acquisition this guard shares.

@@ -24,7 +24,12 @@ use std::{
 
 use pin_project::pin_project;
 
-use crate::{backend::Mode, guard::Hold, key::LockKey, shared::Shared};
+use crate::{
+    backend::Mode,
+    guard::{Hold, LockGuard},
+    key::LockKey,
+    shared::Shared,
+};
 
 tokio::task_local! {
     static SCOPE: Scope;
@@ -174,5 +179,49 @@ impl<F: Future> Future for Scoped<'_, F> {
 impl<F> fmt::Debug for Scoped<'_, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Scoped").finish_non_exhaustive()
+    }
+}
+
+/// [`LockGuard::scope`] lives here, beside [`Scoped`], so that `guard` does
+/// not import `scope` back.
+impl LockGuard {
+    /// Runs `future` inside this lock's scope: any lock of the same key
+    /// through the same [`Locker`](crate::Locker) (or a clone), at any depth
+    /// inside `future`, re-enters this hold at once, without asking the
+    /// server. Code outside `future` is not in the scope: a future joined
+    /// beside it, a spawned task, and whatever runs after it contend for
+    /// the key like any other owner (see [Reentrancy](crate::Locker#reentrancy)).
+    ///
+    /// The returned future borrows the guard, so the guard stays held (it
+    /// cannot be released, dropped or moved away) while the scope runs.
+    ///
+    /// # Cancel safety
+    ///
+    /// As cancel safe as `future`; the scope itself leaves nothing behind.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{LockError, Locker, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), LockError> {
+    /// let locker = Locker::new(MemoryBackend::new());
+    ///
+    /// async fn audit(locker: &Locker) -> Result<u64, LockError> {
+    ///     // Re-enters when called inside a scope holding "account:7".
+    ///     let guard = locker.lock("account:7").await?;
+    ///     Ok(guard.fencing_token().unwrap_or(0))
+    /// }
+    ///
+    /// let guard = locker.lock("account:7").await?;
+    /// let fence = guard.scope(audit(&locker)).await?;
+    /// assert_eq!(Some(fence), guard.fencing_token());
+    /// guard.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn scope<F: Future>(&self, future: F) -> Scoped<'_, F> {
+        Scoped::new(self.hold(), future)
     }
 }

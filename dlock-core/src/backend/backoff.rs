@@ -78,7 +78,10 @@ mod tests {
         let mut step = first;
         for _ in 0..8 {
             let delay = backoff.next_delay();
-            assert!(step <= delay && delay < step * 2, "{delay:?} for step {step:?}");
+            assert!(
+                step <= delay && delay < step * 2,
+                "{delay:?} for step {step:?}"
+            );
             step = (step * 2).min(cap);
         }
     }
