@@ -1,10 +1,10 @@
 //! Elections on the in-process backend, with a fault injected between a
-//! win and its first write.
+//! win and its first write (`CountingBackend::release_at_first_proclaim`).
 
 use std::sync::Arc;
 
 use dlock_core::{Locker, MemoryBackend};
-use dlock_testkit::ReleasedAtFirstProclaim;
+use dlock_testkit::CountingBackend;
 
 /// A win whose lock is gone by the time the leader's value is written
 /// (the write answers "not held") is never announced: the candidate
@@ -12,7 +12,8 @@ use dlock_testkit::ReleasedAtFirstProclaim;
 #[tokio::test]
 async fn a_win_lost_before_its_first_write_is_not_announced() {
     let memory = MemoryBackend::new();
-    let faulty = Arc::new(ReleasedAtFirstProclaim::new(Arc::new(memory.clone())));
+    let faulty =
+        Arc::new(CountingBackend::new(Arc::new(memory.clone())).release_at_first_proclaim());
     let candidate = Locker::from_arc(faulty.clone());
     let other = Locker::new(memory);
     let election = candidate.elect("lost-at-once").unwrap();
@@ -20,7 +21,7 @@ async fn a_win_lost_before_its_first_write_is_not_announced() {
         .await
         .expect("a leader within 5 s")
         .unwrap();
-    assert!(faulty.fired(), "the fault was not injected");
+    assert!(faulty.released_at_proclaim(), "the fault was not injected");
     let taken = other.try_lock("election:lost-at-once").await.unwrap();
     assert!(
         taken.is_none(),

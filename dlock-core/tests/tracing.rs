@@ -78,8 +78,8 @@ fn keys_can_be_kept_out_of_traces() {
 fn election_traces_hide_keys_too() {
     let captured = dlock_testkit::CapturedLog::default();
     captured.block_on(tracing::Level::TRACE, async {
-        let faulty =
-            dlock_testkit::ReleasedAtFirstProclaim::new(std::sync::Arc::new(MemoryBackend::new()));
+        let faulty = dlock_testkit::CountingBackend::new(std::sync::Arc::new(MemoryBackend::new()))
+            .release_at_first_proclaim();
         let locker = dlock_core::Locker::builder(faulty)
             .trace_keys(false)
             .build()

@@ -707,14 +707,6 @@ mod tests {
         call.invoke_async(conn).await.expect("acquire script")
     }
 
-    async fn connect(server: &RedisServer) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(server.url())
-            .expect("url")
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect")
-    }
-
     /// `script` on the names of key `k`.
     fn on_key(script: &Script) -> redis::ScriptInvocation<'_> {
         let mut call = script.key("dlock:{k}");
@@ -742,7 +734,7 @@ mod tests {
     #[tokio::test]
     async fn a_released_lock_goes_only_to_the_first_in_line() {
         let server = RedisServer::start().expect("redis-server");
-        let mut conn = connect(&server).await;
+        let mut conn = server.connection().await;
         let (won, holder_fence) = acquire(&mut conn, "holder").await;
         assert_eq!(won, 1);
         assert_eq!(acquire(&mut conn, "first").await.0, 0, "held: first queues");
@@ -785,7 +777,7 @@ mod tests {
     #[tokio::test]
     async fn a_handed_lock_given_up_passes_to_the_next() {
         let server = RedisServer::start().expect("redis-server");
-        let mut conn = connect(&server).await;
+        let mut conn = server.connection().await;
         assert_eq!(acquire(&mut conn, "holder").await.0, 1);
         assert_eq!(acquire(&mut conn, "first").await.0, 0);
         assert_eq!(acquire(&mut conn, "second").await.0, 0);
@@ -811,7 +803,7 @@ mod tests {
     #[tokio::test]
     async fn re_acquiring_without_a_counter_gives_a_greater_fence() {
         let server = RedisServer::start().expect("redis-server");
-        let mut conn = connect(&server).await;
+        let mut conn = server.connection().await;
         let (won, first) = acquire(&mut conn, "t1").await;
         assert_eq!(won, 1);
         let _: () = redis::cmd("DEL")
@@ -832,7 +824,7 @@ mod tests {
     #[tokio::test]
     async fn a_release_passes_over_any_number_of_lapsed_tickets() {
         let server = RedisServer::start().expect("redis-server");
-        let mut conn = connect(&server).await;
+        let mut conn = server.connection().await;
         assert_eq!(acquire(&mut conn, "holder").await.0, 1);
         // More than the two prunes before the hand-over drop (the live
         // waiter's refused attempt runs one, the release another).
@@ -876,7 +868,7 @@ mod tests {
     #[tokio::test]
     async fn a_give_back_that_stays_in_line_marks_the_holder() {
         let server = RedisServer::start().expect("redis-server");
-        let mut conn = connect(&server).await;
+        let mut conn = server.connection().await;
         assert_eq!(acquire(&mut conn, "holder").await.0, 1);
         let released: i64 = on_key(&scripts(false).release)
             .arg("waiter")
@@ -905,7 +897,7 @@ mod tests {
     #[tokio::test]
     async fn a_proclaim_does_not_mark_the_line_and_its_value_goes_with_the_release() {
         let server = RedisServer::start().expect("redis-server");
-        let mut conn = connect(&server).await;
+        let mut conn = server.connection().await;
         assert_eq!(acquire(&mut conn, "holder").await.0, 1);
         let written: i64 = scripts(false)
             .proclaim
@@ -960,7 +952,7 @@ mod tests {
         use futures_util::StreamExt;
 
         let server = RedisServer::start().expect("redis-server");
-        let mut conn = connect(&server).await;
+        let mut conn = server.connection().await;
         let client = redis::Client::open(server.url()).expect("url");
         let mut pubsub = client.get_async_pubsub().await.expect("pubsub");
         pubsub

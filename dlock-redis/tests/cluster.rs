@@ -24,6 +24,42 @@ fn cluster_harness() -> Harness {
 
 dlock_testkit::conformance_tests!(suite whole_suite_on_a_cluster, cluster_harness());
 
+/// A locker on `cluster` whose waiters fall back to polling only every
+/// 30 s, so that a wake-up seen sooner came on the release channel.
+async fn woken_only_by_releases(cluster: &RedisCluster) -> dlock_core::Locker {
+    let config = dlock_redis::RedisConfig::from_url(&cluster.url())
+        .unwrap()
+        .with_unwatched_poll(Duration::from_secs(30));
+    RedisBackend::connect_with(config)
+        .await
+        .expect("connect to the cluster")
+        .into_locker()
+}
+
+/// How many subscribers node `node` counts on `channel`, of `kind`
+/// (`shardnumsub` or `numsub`).
+fn subscribers(cluster: &RedisCluster, node: usize, kind: &str, channel: &str) -> u32 {
+    cluster
+        .cli(node, &["pubsub", kind, channel])
+        .unwrap_or_default()
+        .lines()
+        .nth(1)
+        .and_then(|n| n.trim().parse::<u32>().ok())
+        .unwrap_or(0)
+}
+
+/// Node `node`'s shard subscribers on `channel`, once there is one or
+/// 10 s have passed.
+async fn until_shard_subscribed(cluster: &RedisCluster, node: usize, channel: &str) -> u32 {
+    let started = Instant::now();
+    while subscribers(cluster, node, "shardnumsub", channel) == 0
+        && started.elapsed() < Duration::from_secs(10)
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    subscribers(cluster, node, "shardnumsub", channel)
+}
+
 /// A waiter is woken by the release on the key's shard channel: while it
 /// waits, the master of the key's slot counts one shard subscriber on the
 /// lock's channel (and no classic one), and the waiter is granted the
@@ -32,16 +68,10 @@ dlock_testkit::conformance_tests!(suite whole_suite_on_a_cluster, cluster_harnes
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_are_woken_on_the_shard_channel() {
     let cluster = RedisCluster::start(3, 0).expect("start a Redis Cluster");
-    let config = dlock_redis::RedisConfig::from_url(&cluster.url())
-        .unwrap()
-        .with_unwatched_poll(Duration::from_secs(30));
-    let connect = || async {
-        RedisBackend::connect_with(config.clone())
-            .await
-            .expect("connect to the cluster")
-            .into_locker()
-    };
-    let (holder, other) = (connect().await, connect().await);
+    let (holder, other) = (
+        woken_only_by_releases(&cluster).await,
+        woken_only_by_releases(&cluster).await,
+    );
     let key = "wake";
     let held = holder.lock(key).await.expect("the holder's lock");
     let waiter = tokio::spawn(async move {
@@ -52,25 +82,16 @@ async fn waiters_are_woken_on_the_shard_channel() {
     });
     let master = cluster.master_of(key, 0).expect("the key's master");
     let channel = "dlock:{wake}:released";
-    let started = Instant::now();
-    let count = |kind: &str| {
-        cluster
-            .cli(master, &["pubsub", kind, channel])
-            .unwrap_or_default()
-            .lines()
-            .nth(1)
-            .and_then(|n| n.trim().parse::<u32>().ok())
-            .unwrap_or(0)
-    };
-    while count("shardnumsub") == 0 && started.elapsed() < Duration::from_secs(10) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     assert_eq!(
-        count("shardnumsub"),
+        until_shard_subscribed(&cluster, master, channel).await,
         1,
         "no shard subscriber on the lock's channel"
     );
-    assert_eq!(count("numsub"), 0, "a classic subscriber on a cluster");
+    assert_eq!(
+        subscribers(&cluster, master, "numsub", channel),
+        0,
+        "a classic subscriber on a cluster"
+    );
     let released = Instant::now();
     held.release().await.expect("the release");
     let (guard, granted) = waiter.await.expect("the waiter's task");
@@ -167,16 +188,10 @@ async fn a_killed_master_hands_its_locks_to_the_replica() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_follows_its_channel_when_the_slot_moves() {
     let cluster = RedisCluster::start(3, 0).expect("start a Redis Cluster");
-    let config = dlock_redis::RedisConfig::from_url(&cluster.url())
-        .unwrap()
-        .with_unwatched_poll(Duration::from_secs(30));
-    let connect = || async {
-        RedisBackend::connect_with(config.clone())
-            .await
-            .expect("connect to the cluster")
-            .into_locker()
-    };
-    let (holder, other) = (connect().await, connect().await);
+    let (holder, other) = (
+        woken_only_by_releases(&cluster).await,
+        woken_only_by_releases(&cluster).await,
+    );
     let key = "moving";
     let held = holder.lock(key).await.expect("the holder's lock");
     let waiter = tokio::spawn(async move {
@@ -185,24 +200,12 @@ async fn a_waiter_follows_its_channel_when_the_slot_moves() {
             .await
     });
     let channel = "dlock:{moving}:released";
-    let subscribers = |node: usize| {
-        cluster
-            .cli(node, &["pubsub", "shardnumsub", channel])
-            .unwrap_or_default()
-            .lines()
-            .nth(1)
-            .and_then(|n| n.trim().parse::<u32>().ok())
-            .unwrap_or(0)
-    };
-    let until_subscribed = |node: usize| {
-        let started = std::time::Instant::now();
-        while subscribers(node) == 0 && started.elapsed() < Duration::from_secs(10) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        subscribers(node)
-    };
     let from = cluster.master_of("moving", 0).expect("the key's master");
-    assert_eq!(until_subscribed(from), 1, "the waiter never subscribed");
+    assert_eq!(
+        until_shard_subscribed(&cluster, from, channel).await,
+        1,
+        "the waiter never subscribed"
+    );
     let to = (from + 1) % 3;
     cluster.move_slot("moving", to).expect("move the slot");
     assert_eq!(
@@ -211,7 +214,7 @@ async fn a_waiter_follows_its_channel_when_the_slot_moves() {
         "the slot moved"
     );
     assert_eq!(
-        until_subscribed(to),
+        until_shard_subscribed(&cluster, to, channel).await,
         1,
         "the waiter's channel was not subscribed again on the slot's new master"
     );

@@ -6,11 +6,7 @@ use dlock_redis::{redis, RedisBackend};
 use dlock_testkit::fixture::RedisServer;
 
 async fn set_policy(server: &RedisServer, policy: &str) {
-    let client = redis::Client::open(server.url()).expect("url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+    let mut conn = server.connection().await;
     let () = redis::cmd("CONFIG")
         .arg("SET")
         .arg("maxmemory-policy")

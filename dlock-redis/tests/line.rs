@@ -27,19 +27,11 @@ async fn client(url: &str, lease: Duration) -> Locker {
         .expect("locker")
 }
 
-async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(server.url())
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect")
-}
-
 /// How many tickets the line of `key` holds on `server`.
 async fn in_line(server: &RedisServer, key: &str) -> u64 {
     redis::cmd("ZCARD")
         .arg(format!("dlock:{{{key}}}:queue"))
-        .query_async(&mut raw(server).await)
+        .query_async(&mut server.connection().await)
         .await
         .expect("ZCARD")
 }
@@ -59,7 +51,7 @@ async fn pubsub_clients(server: &RedisServer) -> Vec<String> {
         .arg("LIST")
         .arg("TYPE")
         .arg("pubsub")
-        .query_async(&mut raw(server).await)
+        .query_async(&mut server.connection().await)
         .await
         .expect("CLIENT LIST");
     list.lines()
@@ -166,7 +158,7 @@ async fn check_a_released_lock_goes_to_the_first_in_line(url: &str, servers: &[R
     let guard = holder.lock("fifo").await.unwrap();
     let placed = Instant::now();
     for server in servers {
-        let mut conn = raw(server).await;
+        let mut conn = server.connection().await;
         let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
         let lapses_ms = secs * 1000 + micros / 1000 + ticket.as_millis() as u64;
         let _: () = redis::pipe()
@@ -196,7 +188,7 @@ async fn check_a_released_lock_goes_to_the_first_in_line(url: &str, servers: &[R
     for server in servers {
         let held: Option<String> = redis::cmd("GET")
             .arg("dlock:{fifo}")
-            .query_async(&mut raw(server).await)
+            .query_async(&mut server.connection().await)
             .await
             .unwrap();
         assert_eq!(
@@ -345,7 +337,7 @@ async fn an_idle_channel_is_unsubscribed_after_lingering() {
     let channels = || async {
         let names: Vec<String> = redis::cmd("PUBSUB")
             .arg("CHANNELS")
-            .query_async(&mut raw(&server).await)
+            .query_async(&mut server.connection().await)
             .await
             .expect("PUBSUB CHANNELS");
         names

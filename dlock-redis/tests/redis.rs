@@ -119,8 +119,7 @@ async fn a_restarted_server_loses_the_lock_and_the_guard_says_so() {
 }
 
 async fn evalsha_calls(server: &RedisServer) -> u64 {
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let mut raw = server.connection().await;
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(&mut raw)
@@ -161,8 +160,7 @@ async fn a_waiter_behind_a_bare_majority_does_not_spin() {
 /// Whether `server` has the lock key of `key` (a key with no braces,
 /// stored as `dlock:{key}`).
 async fn has_key(server: &RedisServer, key: &str) -> bool {
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let mut raw = server.connection().await;
     let exists: i64 = redis::cmd("EXISTS")
         .arg(format!("dlock:{{{key}}}"))
         .query_async(&mut raw)
@@ -224,8 +222,7 @@ async fn long_keys_with_braces_spaces_and_unicode_are_stored_escaped() {
     let guard = a.lock(&key).await.unwrap();
     assert!(b.try_lock(&key).await.unwrap().is_none());
 
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let mut raw = server.connection().await;
     let escaped = key
         .replace('%', "%25")
         .replace('{', "%7B")

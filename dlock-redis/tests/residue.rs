@@ -11,11 +11,7 @@ use dlock_redis::{redis, RedisBackend};
 use dlock_testkit::fixture::RedisServer;
 
 async fn keys(server: &RedisServer) -> Vec<String> {
-    let client = redis::Client::open(server.url()).expect("url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
+    let mut conn = server.connection().await;
     redis::cmd("KEYS")
         .arg("*")
         .query_async(&mut conn)
@@ -65,7 +61,7 @@ async fn an_idle_server_holds_only_fence_counters_once_the_leases_have_passed() 
     // The counters outlive a short lease (so that a clock stepped back
     // cannot reseed them lower), for ten minutes at most.
     assert_eq!(left.len(), 50, "one counter per key: {left:?}");
-    let mut conn = connect(&server).await;
+    let mut conn = server.connection().await;
     for key in &left {
         let ttl: i64 = redis::cmd("PTTL")
             .arg(key)
@@ -79,19 +75,11 @@ async fn an_idle_server_holds_only_fence_counters_once_the_leases_have_passed() 
     }
 }
 
-async fn connect(server: &RedisServer) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(server.url())
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect")
-}
-
 /// Sets every fencing counter on `server` back by 1,000 (keeping its
 /// TTL), as a failover to a replica that missed the last increments, or a
 /// restart from an older snapshot, leaves it.
 async fn set_counters_back(server: &RedisServer) -> usize {
-    let mut conn = connect(server).await;
+    let mut conn = server.connection().await;
     let counters: Vec<String> = keys(server)
         .await
         .into_iter()
@@ -152,7 +140,7 @@ async fn fences_only_grow_after_the_counter_is_set_back_or_flushed() {
     check("first", fences().await);
     assert_eq!(set_counters_back(&server).await, 3, "one counter per lock");
     check("after the counters were set back", fences().await);
-    let mut conn = connect(&server).await;
+    let mut conn = server.connection().await;
     let () = redis::cmd("FLUSHALL")
         .query_async(&mut conn)
         .await
@@ -180,7 +168,7 @@ async fn fences_keep_growing_after_the_counter_went_away_with_the_lock() {
         if round % 2 == 1 {
             // The counter is lost (evicted, or expired after ten idle
             // minutes): the next token comes from the clock.
-            let mut conn = connect(&server).await;
+            let mut conn = server.connection().await;
             let deleted: i64 = redis::cmd("DEL")
                 .arg("dlock:{fenced}:fence")
                 .query_async(&mut conn)

@@ -1,7 +1,7 @@
 //! `CountingBackend`: a pass-through backend that counts the calls core makes.
 
 use std::sync::{
-    atomic::{AtomicUsize, Ordering},
+    atomic::{AtomicBool, AtomicUsize, Ordering},
     Arc,
 };
 
@@ -14,7 +14,11 @@ use dlock_core::{
 };
 
 /// Wraps a real backend and counts the calls made to it, to check that
-/// something (a re-entered lock) made no server round trip.
+/// something (a re-entered lock) made no server round trip; and, armed by
+/// [`release_at_first_proclaim`](CountingBackend::release_at_first_proclaim),
+/// injects one fault: the lock is released behind its holder's back (with
+/// its own token) as the holder first proclaims, as an operator's forced
+/// unlock between a grant and the first write would.
 ///
 /// # Examples
 ///
@@ -41,6 +45,10 @@ pub struct CountingBackend {
     renewals_answered: AtomicUsize,
     in_flight: Arc<AtomicUsize>,
     max_in_flight: Arc<AtomicUsize>,
+    /// Whether the next proclaim releases the lock first.
+    release_at_proclaim: AtomicBool,
+    /// Whether a proclaim did.
+    released_at_proclaim: AtomicBool,
 }
 
 impl CountingBackend {
@@ -54,7 +62,33 @@ impl CountingBackend {
             renewals_answered: AtomicUsize::new(0),
             in_flight: Arc::default(),
             max_in_flight: Arc::default(),
+            release_at_proclaim: AtomicBool::new(false),
+            released_at_proclaim: AtomicBool::new(false),
         }
+    }
+
+    /// Arms the one fault: the first proclaim from now on releases the
+    /// lock (with its holder's own token) before it is passed on, so it
+    /// finds the lock not held.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::MemoryBackend;
+    /// use dlock_testkit::CountingBackend;
+    /// use std::sync::Arc;
+    ///
+    /// let faulty = CountingBackend::new(Arc::new(MemoryBackend::new())).release_at_first_proclaim();
+    /// assert!(!faulty.released_at_proclaim());
+    /// ```
+    pub fn release_at_first_proclaim(self) -> Self {
+        self.release_at_proclaim.store(true, Ordering::SeqCst);
+        self
+    }
+
+    /// Whether the armed fault has been injected.
+    pub fn released_at_proclaim(&self) -> bool {
+        self.released_at_proclaim.load(Ordering::SeqCst)
     }
 
     /// Calls of `acquire` so far.
@@ -144,7 +178,13 @@ impl Backend for CountingBackend {
         token: &'a Token,
         value: &'a [u8],
     ) -> BoxFuture<'a, Result<bool>> {
-        self.inner.proclaim(key, token, value)
+        Box::pin(async move {
+            if self.release_at_proclaim.swap(false, Ordering::SeqCst) {
+                self.released_at_proclaim.store(true, Ordering::SeqCst);
+                self.inner.release(key, Mode::Exclusive, token).await?;
+            }
+            self.inner.proclaim(key, token, value).await
+        })
     }
     fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
         self.inner.holder(key)
