@@ -643,12 +643,11 @@ impl EtcdBackend {
                 },
             )
             .with_max_create_revision(mine - 1);
-        // A reader needs the modes ahead, permits every key ahead (etcd
-        // counts a range before its revision filters: the kvs it returns
-        // are what count), a writer only its predecessor.
+        // Readers and permits need the modes ahead (etcd counts a range
+        // before its revision filters: the kvs it returns are what
+        // count), a writer only its predecessor.
         let ahead = match mode {
-            Mode::Read => ahead,
-            Mode::Permits { .. } => ahead.with_keys_only(),
+            Mode::Read | Mode::Permits { .. } => ahead,
             _ => ahead.with_limit(1).with_keys_only(),
         };
         let predecessors = retried(|| {
@@ -656,6 +655,19 @@ impl EtcdBackend {
             async move { client.get(queue, Some(ahead)).await }
         })
         .await?;
+        // Entries ahead may have gone since the last check (between our
+        // enqueue and this read, say): if what is left admits us, there
+        // is nothing to wait for. A permit waiter that waited here for
+        // one more release would sleep beside a free permit.
+        // (A writer's read has no values: its one entry ahead counts as
+        // exclusive, which blocks it as it should.)
+        let modes_ahead = predecessors
+            .kvs()
+            .iter()
+            .map(|kv| mode_of(kv.value()).unwrap_or(Mode::Exclusive));
+        if dlock_core::backend::admitted(mode, modes_ahead) {
+            return Ok(Waited::Changed);
+        }
         let blocking = if mode == Mode::Read {
             predecessors
                 .kvs()

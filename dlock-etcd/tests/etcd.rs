@@ -1,7 +1,8 @@
 //! etcd-specific behaviour against real etcd processes: a 3-member cluster
 //! losing its leader mid-hold, a session cut off through a proxy, fencing
 //! across a restart, the round trips of an uncontended lock, and the
-//! handoff rate under contention.
+//! handoff rate under contention, and permit waiters that never sleep
+//! beside a free permit.
 
 use std::{
     sync::{Arc, Mutex},
@@ -386,4 +387,60 @@ async fn a_permit_waiter_sees_a_release_whose_name_sorts_first() {
         "the waiter missed a free permit: {got:?}"
     );
     drop(held_first);
+}
+
+/// A permit waiter that a release admits while it is still queueing (the
+/// release lands between its enqueue and its first look at the entries
+/// ahead) takes the free permit at once, instead of waiting for one more
+/// release. Each round releases a holder the moment the waiter's entry
+/// appears, so most rounds hit that window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_freed_while_the_waiter_queues_is_taken_at_once() {
+    let server = EtcdServer::start().expect("start etcd");
+    let url = format!("etcd://{}/q", server.endpoint());
+    let (a, b, c) = (locker(&url).await, locker(&url).await, locker(&url).await);
+    let mut client = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .expect("connect");
+    for round in 0..12 {
+        let key = format!("race{round}");
+        let held_first = DistSemaphore::new(&a, &key, 2)
+            .acquire()
+            .await
+            .expect("first");
+        let held_second = DistSemaphore::new(&b, &key, 2)
+            .acquire()
+            .await
+            .expect("second");
+        let mut watch = client
+            .watch(
+                format!("q/{key}%sem/"),
+                Some(etcd_client::WatchOptions::new().with_prefix()),
+            )
+            .await
+            .expect("watch the queue");
+        let third = DistSemaphore::new(&c, &key, 2);
+        let waiting = tokio::spawn(async move { third.acquire().await.map(drop) });
+        // The waiter's entry is the first put the watch sees.
+        let queued = tokio::time::timeout(Duration::from_secs(5), async {
+            while let Some(response) = watch.message().await.expect("watch") {
+                if response
+                    .events()
+                    .iter()
+                    .any(|e| e.event_type() == etcd_client::EventType::Put)
+                {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(queued.is_ok(), "round {round}: the waiter never queued");
+        held_second.release().await.expect("release");
+        let got = tokio::time::timeout(Duration::from_secs(3), waiting).await;
+        assert!(
+            matches!(got, Ok(Ok(Ok(())))),
+            "round {round}: the waiter slept beside a free permit: {got:?}"
+        );
+        drop(held_first);
+    }
 }
