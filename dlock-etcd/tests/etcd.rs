@@ -1,7 +1,7 @@
 //! etcd-specific behaviour against real etcd processes: a 3-member cluster
 //! losing its leader mid-hold, a session cut off through a proxy, fencing
 //! across a restart, the round trips of an uncontended lock, and the
-//! handoff rate under contention, and permit waiters that never sleep
+//! handoff rate under contention; and permit waiters that never sleep
 //! beside a free permit.
 
 use std::{

@@ -19,6 +19,14 @@
 //! fn harness() -> dlock_testkit::Harness { /* start a server, return a client factory */ }
 //! dlock_testkit::conformance_tests!(harness());
 //! ```
+//!
+//! # Features
+//!
+//! By default every server backend is in (`redis`, `etcd`, `zk`,
+//! `postgres`, `mysql`): [`connect`] then knows every URL scheme. With
+//! `default-features = false` only the in-process `memory` backend is, and
+//! nothing needs `protoc` or a server's client: that is how `dlock-core`'s
+//! own tests use the suite.
 
 mod captured;
 pub mod conformance;
