@@ -1,27 +1,21 @@
-//! Humane durations in attribute arguments: "500ms", "5s", "2m", "1h".
+//! Durations in attribute arguments, in the grammar of
+//! `dlock_core::parse_duration` (humantime's: "500ms", "5s", "1m30s"),
+//! checked at compile time.
 
-/// Milliseconds in `text`, or a message saying what to write instead.
+/// Whole milliseconds in `text`, or a message saying what to write instead.
 pub(crate) fn parse_millis(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let digits = text.chars().take_while(char::is_ascii_digit).count();
-    let (number, unit) = text.split_at(digits);
-    let per_unit: u64 = match unit {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        _ => return Err(malformed(text)),
-    };
-    let number: u64 = number.parse().map_err(|_| malformed(text))?;
-    number
-        .checked_mul(per_unit)
-        .ok_or_else(|| format!("duration `{text}` is too long"))
-}
-
-fn malformed(text: &str) -> String {
-    format!(
-        "malformed duration `{text}`: write a whole number and a unit, such as \"500ms\", \"5s\", \"2m\" or \"1h\""
-    )
+    // The same wording as dlock-core's run-time parse (a test pins it).
+    let duration = humantime::parse_duration(text.trim()).map_err(|e| {
+        format!(
+            "malformed duration `{text}` ({e}): write numbers with units, such as \"500ms\", \"5s\" or \"1m30s\""
+        )
+    })?;
+    if duration.subsec_nanos() % 1_000_000 != 0 {
+        return Err(format!(
+            "duration `{text}` is not a whole number of milliseconds"
+        ));
+    }
+    u64::try_from(duration.as_millis()).map_err(|_| format!("duration `{text}` is too long"))
 }
 
 #[cfg(test)]
@@ -52,6 +46,9 @@ mod tests {
             "ms5",
             "5S",
             "1d",
+            "1m30s",
+            "1h 2m 3s",
+            "2 minutes",
             "99999999999999999999h",
             "18446744073709551615h",
         ] {
@@ -74,11 +71,15 @@ mod tests {
         assert_eq!(parse_millis("2m"), Ok(120_000));
         assert_eq!(parse_millis("1h"), Ok(3_600_000));
         assert_eq!(parse_millis("0s"), Ok(0));
+        assert_eq!(parse_millis("1m30s"), Ok(90_000));
+        assert!(parse_millis("1500us")
+            .unwrap_err()
+            .contains("whole number of milliseconds"));
     }
 
     #[test]
     fn rejects_what_is_not_a_duration() {
-        for bad in ["", "5", "s", "5 s", "1.5s", "-1s", "5sec", "ms5", "5S"] {
+        for bad in ["", "5", "s", "-1s", "ms5", "5 parsecs"] {
             let err = parse_millis(bad).unwrap_err();
             assert!(err.contains("malformed duration"), "{bad}: {err}");
         }

@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use dlock_core::{backend::TlsFiles, LockError};
+use dlock_core::{
+    backend::{BackendUrl, TlsFiles},
+    LockError,
+};
 
 /// Where and how to connect.
 ///
@@ -79,24 +82,17 @@ pub(crate) fn use_ring_unless_chosen() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-fn invalid(url: &str, why: &str) -> LockError {
-    LockError::InvalidOptions {
-        reason: format!(
-            "bad Redis URL `{}`: {why}",
-            dlock_core::backend::redact_url(url)
-        ),
-    }
-}
-
 impl RedisConfig {
     /// Parses a `redis://` or `redis+redlock://` URL.
     ///
     /// # Errors
     ///
     /// [`LockError::InvalidOptions`] naming what is wrong: another scheme
-    /// (`rediss://` TLS is not built in), no host, a bad port, an unknown
-    /// query parameter or a malformed duration, or fewer than three
-    /// Redlock nodes.
+    /// (or `rediss://` without the `tls` feature), no host, a bad port or
+    /// percent escape, an unknown query parameter (the error lists the
+    /// valid ones) or a malformed duration, or fewer than three Redlock
+    /// nodes. Names and values are percent-decoded
+    /// ([`BackendUrl`](dlock_core::backend::BackendUrl)).
     ///
     /// # Examples
     ///
@@ -114,144 +110,98 @@ impl RedisConfig {
     /// # Ok::<(), dlock_core::LockError>(())
     /// ```
     pub fn from_url(url: &str) -> Result<RedisConfig, LockError> {
-        let (scheme, rest) = url
-            .split_once("://")
-            .ok_or_else(|| invalid(url, "expected `redis://` or `redis+redlock://`"))?;
+        let mut parts = BackendUrl::parse("Redis", url)?;
+        let scheme = parts.scheme().to_owned();
         let cluster = scheme == "redis+cluster";
-        let (redlock, tls) = match scheme {
+        let (redlock, tls) = match scheme.as_str() {
             "redis" | "redis+cluster" => (false, false),
             "redis+redlock" => (true, false),
             "rediss" | "rediss+redlock" if cfg!(feature = "tls") => (scheme != "rediss", true),
             "rediss+cluster" => {
-                return Err(invalid(
-                    url,
-                    "TLS is not offered on Redis Cluster yet (`redis+cluster://`)",
-                ))
+                return Err(
+                    parts.invalid("TLS is not offered on Redis Cluster yet (`redis+cluster://`)")
+                )
             }
             "rediss" | "rediss+redlock" => {
-                return Err(invalid(
-                    url,
+                return Err(parts.invalid(
                     "TLS (`rediss://`) needs dlock-redis's `tls` feature (dlock's `tls`)",
                 ))
             }
             other => {
-                return Err(invalid(
-                    url,
-                    &format!(
-                        "unknown scheme `{other}`; expected `redis`, `redis+redlock`, \
-                         `redis+cluster`, `rediss` or `rediss+redlock`"
-                    ),
-                ))
+                return Err(parts.invalid(&format!(
+                    "unknown scheme `{other}`; expected `redis`, `redis+redlock`, \
+                     `redis+cluster`, `rediss` or `rediss+redlock`"
+                )))
             }
         };
-        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (authority, path) = match rest.find('/') {
-            Some(i) => rest.split_at(i),
-            None => (rest, ""),
-        };
-        let (auth, hosts) = match authority.rfind('@') {
-            Some(i) => (&authority[..=i], &authority[i + 1..]),
-            None => ("", authority),
-        };
-        let db = path.trim_start_matches('/');
+        let db = parts.path().trim_end_matches('/').to_owned();
         if !db.is_empty() && db.parse::<u16>().is_err() {
-            return Err(invalid(
-                url,
-                &format!("the database `{db}` is not a number"),
-            ));
+            return Err(parts.invalid(&format!("the database `{db}` is not a number")));
         }
-        let mut prefix = "dlock".to_owned();
-        let mut connect_timeout = Duration::from_secs(2);
-        let mut response_timeout = Duration::from_secs(5);
-        let mut files = TlsFiles::default();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let timeout = match pair.split_once('=') {
-                Some(("prefix", value)) if value.contains(['{', '}']) => {
-                    return Err(invalid(
-                        url,
-                        "the prefix may not contain `{` or `}`: Redis would take the \
-                         hash tag from the prefix instead of the key",
-                    ));
-                }
-                Some(("prefix", value)) if !value.is_empty() => {
-                    prefix = value.to_owned();
-                    continue;
-                }
-                Some((name, value)) if files.take(name, value) => {
-                    if !tls {
-                        return Err(invalid(
-                            url,
-                            &format!("`{name}` is for TLS, which needs `rediss://`"),
-                        ));
-                    }
-                    continue;
-                }
-                Some(("connect_timeout", value)) => (&mut connect_timeout, value),
-                Some(("response_timeout", value)) => (&mut response_timeout, value),
-                _ => {
-                    return Err(invalid(
-                        url,
-                        &format!(
-                            "unknown or empty parameter `{pair}`; expected `prefix=name`, \
-                             `connect_timeout=2s`, `response_timeout=5s`, or (TLS) \
-                             `tls_ca=path`, `tls_cert=path` and `tls_key=path`"
-                        ),
-                    ))
-                }
-            };
-            *timeout.0 = dlock_core::backend::parse_url_duration(timeout.1)
-                .map_err(|why| invalid(url, &format!("`{pair}`: {why}")))?;
-        }
-        let mut nodes = Vec::new();
-        for host in hosts.split(',') {
-            if host.is_empty() {
-                return Err(invalid(url, "a host is missing"));
+        let prefix = match parts.take("prefix") {
+            Some(prefix) if prefix.contains(['{', '}']) => {
+                return Err(parts.invalid(
+                    "the prefix may not contain `{` or `}`: Redis would take the \
+                     hash tag from the prefix instead of the key",
+                ));
             }
-            let port = match host.rsplit_once(':') {
-                Some((_, port)) if !host.ends_with(']') => Some(port),
-                _ => None,
-            };
-            if let Some(port) = port {
-                if port.parse::<u16>().is_err() {
-                    return Err(invalid(url, &format!("`{port}` is not a port")));
-                }
+            Some(prefix) if prefix.is_empty() => {
+                return Err(parts.invalid("the prefix is empty"));
             }
-            let db = if db.is_empty() {
-                String::new()
-            } else {
-                format!("/{db}")
-            };
-            let scheme = if tls { "rediss" } else { "redis" };
-            nodes.push(format!("{scheme}://{auth}{host}{db}"));
-        }
+            prefix => prefix.unwrap_or_else(|| "dlock".to_owned()),
+        };
+        let connect_timeout = parts
+            .take_duration("connect_timeout")?
+            .unwrap_or(Duration::from_secs(2));
+        let response_timeout = parts
+            .take_duration("response_timeout")?
+            .unwrap_or(Duration::from_secs(5));
+        let files = parts.take_tls_files(tls, "rediss")?;
+        parts.finish(&[
+            "prefix",
+            "connect_timeout",
+            "response_timeout",
+            "tls_ca",
+            "tls_cert",
+            "tls_key",
+        ])?;
+        let auth = parts
+            .userinfo()
+            .map(|userinfo| format!("{userinfo}@"))
+            .unwrap_or_default();
+        let db_path = if db.is_empty() {
+            String::new()
+        } else {
+            format!("/{db}")
+        };
+        let node_scheme = if tls { "rediss" } else { "redis" };
+        let nodes: Vec<String> = parts
+            .hosts()
+            .iter()
+            .map(|host| format!("{node_scheme}://{auth}{host}{db_path}"))
+            .collect();
         let mut distinct = nodes.clone();
         // A cluster's seeds are one deployment; Redlock's nodes must be
         // independent ones.
         distinct.sort();
         distinct.dedup();
         if distinct.len() != nodes.len() {
-            return Err(invalid(
-                url,
-                "a Redlock node is listed twice; the nodes must be independent",
-            ));
+            return Err(
+                parts.invalid("a Redlock node is listed twice; the nodes must be independent")
+            );
         }
         if redlock && nodes.len() < 3 {
-            return Err(invalid(
-                url,
-                "Redlock needs at least three independent nodes",
-            ));
+            return Err(parts.invalid("Redlock needs at least three independent nodes"));
         }
         if !redlock && !cluster && nodes.len() != 1 {
-            return Err(invalid(
-                url,
+            return Err(parts.invalid(
                 "several hosts need `redis+redlock://` (independent nodes) or \
                  `redis+cluster://` (one cluster's seed nodes)",
             ));
         }
         if cluster && !db.is_empty() && db != "0" {
-            return Err(invalid(url, "a Redis Cluster has only database 0"));
+            return Err(parts.invalid("a Redis Cluster has only database 0"));
         }
-        files.check().map_err(|why| invalid(url, &why))?;
         Ok(RedisConfig {
             nodes,
             redlock,
@@ -390,6 +340,19 @@ mod tests {
     }
 
     #[test]
+    fn percent_encoded_parts_are_decoded() {
+        // The node URL keeps the user info encoded: the Redis client
+        // decodes it (and a decoded `@` or `:` would break the URL).
+        let c = RedisConfig::from_url(
+            "redis://us%40er:p%3Aw%2F@h:1/0?prefix=app%3Ablue&response_timeout=1m30s",
+        )
+        .unwrap();
+        assert_eq!(c.nodes(), ["redis://us%40er:p%3Aw%2F@h:1/0"]);
+        assert_eq!(c.prefix(), "app:blue");
+        assert_eq!(c.response_timeout(), Duration::from_secs(90));
+    }
+
+    #[test]
     fn parses_cluster_seed_lists() {
         let c = RedisConfig::from_url("redis+cluster://:pw@a:1,b:2?prefix=x").unwrap();
         assert_eq!(c.nodes(), ["redis://:pw@a:1", "redis://:pw@b:2"]);
@@ -466,14 +429,19 @@ mod tests {
     #[test]
     fn rejects_malformed_urls_with_a_reason() {
         for (url, says) in [
-            ("localhost:6379", "expected `redis://`"),
+            ("localhost:6379", "expected `scheme://"),
             ("http://h", "unknown scheme"),
             ("redis://h:1?tls_ca=ca.pem", "needs `rediss://`"),
             ("redis://", "host is missing"),
-            ("redis://h:port", "not a port"),
-            ("redis://h:99999", "not a port"),
+            ("redis://h:port", "not a host or host:port"),
+            ("redis://h:99999", "not a host or host:port"),
             ("redis://h/db", "not a number"),
-            ("redis://h?timeout=1", "unknown or empty parameter"),
+            (
+                "redis://h?timeout=1",
+                "unknown parameter `timeout`; the valid ones are `prefix`, `connect_timeout`",
+            ),
+            ("redis://h?prefix=", "the prefix is empty"),
+            ("redis://:p%zz@h", "the password has"),
             ("redis://a,b", "redis+redlock"),
             ("redis+redlock://a,b", "three"),
             ("redis+redlock://a,,b,c", "host is missing"),

@@ -24,7 +24,7 @@ mod url;
 pub use backoff::Backoff;
 pub use session::SessionHolders;
 pub use timers::LeaseTimers;
-pub use url::{parse_url_duration, percent_decode, redact_url, TlsFiles};
+pub use url::{parse_url_duration, percent_decode, redact_url, BackendUrl, HostPort, TlsFiles};
 
 /// A boxed, `Send` future, so that [`Backend`] can be used as `dyn Backend`.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

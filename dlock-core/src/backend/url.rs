@@ -1,7 +1,312 @@
-//! URL helpers every backend's `from_url` shares: keeping passwords out of
-//! what is printed, and reading percent-encoded user names and passwords.
+//! URL helpers every backend's `from_url` shares: one parser
+//! ([`BackendUrl`]) with one rule for unknown parameters, passwords kept out
+//! of what is printed, and percent-decoding wherever a URL may encode.
 
-use std::{borrow::Cow, time::Duration};
+use std::{borrow::Cow, fmt, time::Duration};
+
+use crate::LockError;
+
+/// One host of a URL's host list: `host`, `host:port`, `[v6]` or
+/// `[v6]:port`.
+///
+/// Its `Display` is the host as written, with the port if one was given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPort {
+    /// The host name or address (an IPv6 address in brackets).
+    pub host: String,
+    /// The port, if the URL names one.
+    pub port: Option<u16>,
+}
+
+impl fmt::Display for HostPort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.port {
+            Some(port) => write!(f, "{}:{port}", self.host),
+            None => f.write_str(&self.host),
+        }
+    }
+}
+
+/// A backend URL, split once by the rules every backend shares:
+/// `scheme://[user[:password]@]host[:port][,host[:port]…][/path][?name=value&…]`.
+///
+/// - The user name, the password, the path and the query's names and values
+///   are percent-decoded (the query as a form: `+` is a space), by the
+///   [`url`] crate.
+/// - Each host is checked by the same crate (IPv6 in brackets included).
+/// - A parameter named twice, or a fragment (`#…`), is an error.
+/// - The backend [takes](BackendUrl::take) the parameters it knows, then
+///   [`finish`](BackendUrl::finish) refuses any left over, listing the
+///   valid ones: a misspelt option is never silently ignored.
+/// - Every error shows the URL with its password replaced by `***`.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::backend::BackendUrl;
+/// use std::time::Duration;
+///
+/// let mut url = BackendUrl::parse("etcd", "etcd://app:p%40ss@h1:2379,[::1]:2379/locks?request_timeout=1m30s")?;
+/// assert_eq!(url.scheme(), "etcd");
+/// assert_eq!((url.user(), url.password()), (Some("app"), Some("p@ss")));
+/// assert_eq!(url.hosts()[1].to_string(), "[::1]:2379");
+/// assert_eq!(url.path(), "locks");
+/// assert_eq!(url.take_duration("request_timeout")?, Some(Duration::from_secs(90)));
+/// url.finish(&["request_timeout"])?;
+///
+/// let mut typo = BackendUrl::parse("etcd", "etcd://h:1?request_timout=2s")?;
+/// let err = typo.finish(&["connect_timeout", "request_timeout"]).unwrap_err();
+/// assert!(err.to_string().contains("unknown parameter `request_timout`"));
+/// assert!(err.to_string().contains("`connect_timeout`, `request_timeout`"));
+/// # Ok::<(), dlock_core::LockError>(())
+/// ```
+#[derive(Clone)]
+pub struct BackendUrl {
+    backend: &'static str,
+    shown: String,
+    scheme: String,
+    base: String,
+    userinfo: Option<String>,
+    user: Option<String>,
+    password: Option<String>,
+    hosts: Vec<HostPort>,
+    path: String,
+    params: Vec<(String, String)>,
+}
+
+impl fmt::Debug for BackendUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BackendUrl")
+            .field("url", &self.shown)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BackendUrl {
+    /// Splits `url`, for the backend named `backend` (which errors name).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`] when there is no `scheme://`, no host,
+    /// a malformed host, port or percent escape, a parameter named twice,
+    /// or a fragment.
+    pub fn parse(backend: &'static str, url: &str) -> Result<BackendUrl, LockError> {
+        let shown = redact_url(url).into_owned();
+        let bad = |why: String| invalid_url(backend, &shown, &why);
+        let (scheme, rest) = url
+            .split_once("://")
+            .filter(|(scheme, _)| !scheme.is_empty())
+            .ok_or_else(|| bad("expected `scheme://host…`".to_owned()))?;
+        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(authority_end);
+        let (userinfo, host_list) = match authority.rfind('@') {
+            Some(at) => (Some(&authority[..at]), &authority[at + 1..]),
+            None => (None, authority),
+        };
+        let decode = |part: &str, what: &str| {
+            percent_decode(part).map_err(|why| bad(format!("the {what} has {why}")))
+        };
+        let (user, password) = match userinfo.map(|u| u.split_once(':').unwrap_or((u, ""))) {
+            Some((user, password)) => (
+                Some(decode(user, "user name")?).filter(|u| !u.is_empty()),
+                Some(decode(password, "password")?).filter(|p| !p.is_empty()),
+            ),
+            None => (None, None),
+        };
+        let mut hosts = Vec::new();
+        for host in host_list.split(',') {
+            hosts.push(parse_host(host).map_err(&bad)?);
+        }
+        // The URL crate would resolve `.` and `..` in the path silently.
+        let raw_path = &tail[..tail.find(['?', '#']).unwrap_or(tail.len())];
+        let dots = |segment: &str| {
+            let segment = segment.to_ascii_lowercase().replace("%2e", ".");
+            segment == "." || segment == ".."
+        };
+        if raw_path.split('/').any(dots) {
+            return Err(bad("the path has a `.` or `..` component".to_owned()));
+        }
+        // The path and the query, decoded by the URL crate on a stand-in
+        // host (the host list, which it cannot read, is checked above).
+        let tail_url = url::Url::parse(&format!("dlock://host{tail}"))
+            .map_err(|e| bad(format!("the path or query is malformed: {e}")))?;
+        if tail_url.fragment().is_some() {
+            return Err(bad(
+                "a fragment (`#…`) means nothing here; a `#` in a password is written `%23`"
+                    .to_owned(),
+            ));
+        }
+        let path = percent_decode(tail_url.path().trim_start_matches('/'))
+            .map_err(|why| bad(format!("the path has {why}")))?;
+        let mut params: Vec<(String, String)> = Vec::new();
+        for (name, value) in tail_url.query_pairs() {
+            if params.iter().any(|(seen, _)| *seen == name) {
+                return Err(bad(format!("the parameter `{name}` is given twice")));
+            }
+            params.push((name.into_owned(), value.into_owned()));
+        }
+        let base_end = url.len() - tail.len() + tail.find(['?', '#']).unwrap_or(tail.len());
+        Ok(BackendUrl {
+            backend,
+            shown,
+            scheme: scheme.to_owned(),
+            base: url[..base_end].to_owned(),
+            userinfo: userinfo.map(str::to_owned),
+            user,
+            password,
+            hosts,
+            path,
+            params,
+        })
+    }
+
+    /// The scheme, as written: `redis`, `etcds`, `redis+cluster`…
+    pub fn scheme(&self) -> &str {
+        &self.scheme
+    }
+
+    /// The decoded user name, if the URL has one.
+    pub fn user(&self) -> Option<&str> {
+        self.user.as_deref()
+    }
+
+    /// The decoded password, if the URL has one.
+    pub fn password(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+
+    /// The hosts, in the URL's order.
+    pub fn hosts(&self) -> &[HostPort] {
+        &self.hosts
+    }
+
+    /// The decoded path, without its leading `/` (empty if none).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The URL up to its query, as written (password included): for a
+    /// driver that reads the rest itself.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// The user info as written, still percent-encoded (`user:pass`), for
+    /// a driver URL built from the parts.
+    pub fn userinfo(&self) -> Option<&str> {
+        self.userinfo.as_deref()
+    }
+
+    /// Takes the parameter `name`'s decoded value, if the URL has it.
+    pub fn take(&mut self, name: &str) -> Option<String> {
+        let at = self.params.iter().position(|(n, _)| n == name)?;
+        Some(self.params.remove(at).1)
+    }
+
+    /// Takes the parameter `name` as a duration, in the grammar of
+    /// [`parse_url_duration`].
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`] if the value is not one.
+    pub fn take_duration(&mut self, name: &str) -> Result<Option<Duration>, LockError> {
+        self.take(name)
+            .map(|value| {
+                parse_url_duration(&value).map_err(|why| self.invalid(&format!("`{name}`: {why}")))
+            })
+            .transpose()
+    }
+
+    /// Takes `tls_ca`, `tls_cert` and `tls_key` ([`TlsFiles`]). Given a
+    /// URL whose scheme is not a TLS one (`tls` false), any of them is an
+    /// error that names `tls_scheme`, the scheme to use instead.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`] for a TLS file on a plain URL, or a
+    /// client certificate without its key (or the other way round).
+    pub fn take_tls_files(&mut self, tls: bool, tls_scheme: &str) -> Result<TlsFiles, LockError> {
+        let mut files = TlsFiles::default();
+        for name in TlsFiles::PARAMS {
+            if let Some(value) = self.take(name) {
+                if !tls {
+                    return Err(self.invalid(&format!(
+                        "`{name}` is for TLS, which needs `{tls_scheme}://`"
+                    )));
+                }
+                if !files.take(name, &value) {
+                    return Err(self.invalid(&format!("`{name}` needs a path")));
+                }
+            }
+        }
+        files.check().map_err(|why| self.invalid(&why))?;
+        Ok(files)
+    }
+
+    /// The parameters not taken, decoded, in the URL's order.
+    pub fn remaining(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.params.iter().map(|(n, v)| (n.as_str(), v.as_str()))
+    }
+
+    /// Checks that every parameter was taken.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`] naming the first unknown parameter and
+    /// listing `valid`, the parameters this backend reads.
+    pub fn finish(&mut self, valid: &[&str]) -> Result<(), LockError> {
+        match self.params.first() {
+            None => Ok(()),
+            Some((name, _)) => Err(self.invalid(&unknown_parameter(name, valid))),
+        }
+    }
+
+    /// A [`LockError::InvalidOptions`] for this URL (password redacted):
+    /// `bad {backend} URL `…`: {why}`.
+    pub fn invalid(&self, why: &str) -> LockError {
+        invalid_url(self.backend, &self.shown, why)
+    }
+}
+
+/// The message for an unknown parameter `name`, listing `valid`.
+pub(crate) fn unknown_parameter(name: &str, valid: &[&str]) -> String {
+    let valid: Vec<String> = valid.iter().map(|v| format!("`{v}`")).collect();
+    format!(
+        "unknown parameter `{name}`; the valid ones are {}",
+        valid.join(", ")
+    )
+}
+
+fn invalid_url(backend: &str, shown: &str, why: &str) -> LockError {
+    LockError::InvalidOptions {
+        reason: format!("bad {backend} URL `{shown}`: {why}"),
+    }
+}
+
+/// One host of a host list, checked by the URL crate.
+fn parse_host(host: &str) -> Result<HostPort, String> {
+    if host.is_empty() {
+        return Err("a host is missing".to_owned());
+    }
+    let bad = || format!("`{host}` is not a host or host:port");
+    // A scheme the URL crate does not know keeps ports as written and
+    // reads bracketed IPv6 addresses.
+    let parsed = url::Url::parse(&format!("dlock://{host}")).map_err(|_| bad())?;
+    let name = parsed
+        .host_str()
+        .filter(|h| !h.is_empty())
+        .ok_or_else(bad)?;
+    if parsed.path() != "" || !parsed.username().is_empty() {
+        return Err(bad());
+    }
+    if host.ends_with(':') {
+        return Err(bad());
+    }
+    Ok(HostPort {
+        host: name.to_owned(),
+        port: parsed.port(),
+    })
+}
 
 /// A duration in a URL's query (`session_timeout=10s`), in the grammar of
 /// [`parse_duration`](crate::parse_duration), above zero and at most an
@@ -78,23 +383,19 @@ pub fn redact_url(url: &str) -> Cow<'_, str> {
 /// assert!(percent_decode("bad%4").is_err());
 /// ```
 pub fn percent_decode(text: &str) -> Result<String, String> {
-    let mut bytes = Vec::with_capacity(text.len());
-    let mut rest = text.as_bytes();
-    while let Some((&byte, tail)) = rest.split_first() {
-        if byte == b'%' {
-            let hex = tail
-                .get(..2)
-                .and_then(|hex| std::str::from_utf8(hex).ok())
-                .and_then(|hex| u8::from_str_radix(hex, 16).ok())
-                .ok_or_else(|| "a `%` not followed by two hex digits".to_owned())?;
-            bytes.push(hex);
-            rest = &tail[2..];
-        } else {
-            bytes.push(byte);
-            rest = tail;
+    // percent-encoding passes a broken escape through as it is; a URL
+    // with one is more likely a mistake than a password with a bare `%`.
+    let bytes = text.as_bytes();
+    for (i, _) in text.match_indices('%') {
+        let hex = bytes.get(i + 1..i + 3);
+        if !hex.is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) {
+            return Err("a `%` not followed by two hex digits".to_owned());
         }
     }
-    String::from_utf8(bytes).map_err(|_| "percent escapes that are not UTF-8".to_owned())
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8()
+        .map(Cow::into_owned)
+        .map_err(|_| "percent escapes that are not UTF-8".to_owned())
 }
 
 #[cfg(test)]
@@ -117,6 +418,70 @@ mod tests {
         ] {
             assert_eq!(redact_url(url), shown, "{url}");
         }
+    }
+
+    #[test]
+    fn splits_and_decodes_every_part() {
+        let mut url = BackendUrl::parse(
+            "Redis",
+            "rediss+redlock://us%3Aer:p%40ss%2Fw%3Ad@a:1,[::1]:2,b.example/7?prefix=a%26b+c&tls_ca=%2Ftmp%2Fca.pem",
+        )
+        .unwrap();
+        assert_eq!(url.scheme(), "rediss+redlock");
+        assert_eq!(url.user(), Some("us:er"));
+        assert_eq!(url.password(), Some("p@ss/w:d"));
+        let hosts: Vec<String> = url.hosts().iter().map(ToString::to_string).collect();
+        assert_eq!(hosts, ["a:1", "[::1]:2", "b.example"]);
+        assert_eq!(url.path(), "7");
+        assert_eq!(url.take("prefix").as_deref(), Some("a&b c"));
+        let files = url.take_tls_files(true, "rediss").unwrap();
+        assert_eq!(
+            files.ca.as_deref(),
+            Some(std::path::Path::new("/tmp/ca.pem"))
+        );
+        url.finish(&[]).unwrap();
+        assert!(!format!("{url:?}").contains("p%40ss"));
+        assert_eq!(
+            url.base(),
+            "rediss+redlock://us%3Aer:p%40ss%2Fw%3Ad@a:1,[::1]:2,b.example/7"
+        );
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_read() {
+        for (url, why) in [
+            ("no-scheme", "expected `scheme://"),
+            ("redis://", "a host is missing"),
+            ("redis://a:1,,b:2", "a host is missing"),
+            ("redis://a:port", "not a host or host:port"),
+            ("redis://a:70000", "not a host or host:port"),
+            ("redis://a:", "not a host or host:port"),
+            ("redis://[::1/x", "not a host or host:port"),
+            ("redis://u:p%4@a", "the password has"),
+            ("redis://a/x?p=1&p=2", "`p` is given twice"),
+            ("redis://u:p@a/#frag", "a fragment"),
+            ("zk://a:1/x/../y", "`.` or `..`"),
+            ("zk://a:1/x/%2E%2e", "`.` or `..`"),
+        ] {
+            let err = BackendUrl::parse("test", url).unwrap_err().to_string();
+            assert!(err.contains(why), "{url}: {err}");
+            assert!(!err.contains("p@"), "{url}: {err}");
+        }
+        let mut plain = BackendUrl::parse("test", "etcd://a:1?tls_ca=x").unwrap();
+        let err = plain
+            .take_tls_files(false, "etcds")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("needs `etcds://`"), "{err}");
+        let mut half = BackendUrl::parse("test", "etcds://a:1?tls_cert=x").unwrap();
+        assert!(half.take_tls_files(true, "etcds").is_err());
+        let mut late = BackendUrl::parse("test", "etcd://a:1?b=1&a=2").unwrap();
+        assert_eq!(late.take("a").as_deref(), Some("2"));
+        let err = late.finish(&["a", "c"]).unwrap_err().to_string();
+        assert!(
+            err.contains("unknown parameter `b`; the valid ones are `a`, `c`"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -155,6 +520,9 @@ pub struct TlsFiles {
 }
 
 impl TlsFiles {
+    /// The three parameters' names.
+    pub const PARAMS: [&'static str; 3] = ["tls_ca", "tls_cert", "tls_key"];
+
     /// Takes the parameter `name=value` if it is one of the three (with a
     /// value): whether it was.
     pub fn take(&mut self, name: &str, value: &str) -> bool {

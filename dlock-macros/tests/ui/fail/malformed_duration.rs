@@ -1,6 +1,6 @@
 use dlock_core::{distributed_lock, LockError};
 
-#[distributed_lock(key = "order:{id}", wait = "5 sec")]
+#[distributed_lock(key = "order:{id}", wait = "five seconds")]
 async fn pay(id: u64) -> Result<(), LockError> {
     Ok(())
 }
