@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use dlock_core::{backend::TlsFiles, LockError};
+use dlock_core::{
+    backend::{BackendUrl, TlsFiles},
+    LockError,
+};
 
 /// Where and how to connect.
 ///
@@ -42,23 +45,16 @@ impl std::fmt::Debug for EtcdConfig {
     }
 }
 
-fn invalid(url: &str, why: &str) -> LockError {
-    LockError::InvalidOptions {
-        reason: format!(
-            "bad etcd URL `{}`: {why}",
-            dlock_core::backend::redact_url(url)
-        ),
-    }
-}
-
 impl EtcdConfig {
     /// Parses an `etcd://` URL.
     ///
     /// # Errors
     ///
     /// [`LockError::InvalidOptions`] naming what is wrong: another scheme, no
-    /// endpoint, an endpoint without a valid port, an empty user name, an
-    /// unknown query parameter or a malformed duration.
+    /// endpoint, an endpoint without a valid port, an empty user name, a
+    /// bad percent escape, an unknown query parameter (the error lists the
+    /// valid ones) or a malformed duration. Names and values are
+    /// percent-decoded ([`BackendUrl`]).
     ///
     /// # Examples
     ///
@@ -73,89 +69,51 @@ impl EtcdConfig {
     /// # Ok::<(), dlock_core::LockError>(())
     /// ```
     pub fn from_url(url: &str) -> Result<EtcdConfig, LockError> {
-        let (tls, rest) = match (url.strip_prefix("etcd://"), url.strip_prefix("etcds://")) {
-            (Some(rest), _) => (false, rest),
-            (_, Some(rest)) if cfg!(feature = "tls") => (true, rest),
-            (_, Some(_)) => {
-                return Err(invalid(
-                    url,
-                    "TLS (`etcds://`) needs dlock-etcd's `tls` feature (dlock's `tls`)",
-                ))
+        let mut parts = BackendUrl::parse("etcd", url)?;
+        let tls = match parts.scheme() {
+            "etcd" => false,
+            "etcds" if cfg!(feature = "tls") => true,
+            "etcds" => {
+                return Err(parts
+                    .invalid("TLS (`etcds://`) needs dlock-etcd's `tls` feature (dlock's `tls`)"))
             }
             _ => {
-                return Err(invalid(
-                    url,
+                return Err(parts.invalid(
                     "expected `etcd://host:port[,host:port]/prefix` (or `etcds://` for TLS)",
                 ))
             }
         };
-        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let mut connect_timeout = Duration::from_secs(3);
-        let mut request_timeout = Duration::from_secs(5);
-        let mut files = TlsFiles::default();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let setting = match pair.split_once('=') {
-                Some(("connect_timeout", value)) => (&mut connect_timeout, value),
-                Some(("request_timeout", value)) => (&mut request_timeout, value),
-                Some((name, value)) if files.take(name, value) => {
-                    if !tls {
-                        return Err(invalid(
-                            url,
-                            &format!("`{name}` is for TLS, which needs `etcds://`"),
-                        ));
-                    }
-                    continue;
-                }
-                _ => {
-                    return Err(invalid(
-                        url,
-                        &format!(
-                            "unknown parameter `{pair}`; expected `connect_timeout=3s`, \
-                             `request_timeout=5s`, or (TLS) `tls_ca=path`, `tls_cert=path` \
-                             and `tls_key=path`"
-                        ),
-                    ))
-                }
-            };
-            *setting.0 = dlock_core::backend::parse_url_duration(setting.1)
-                .map_err(|why| invalid(url, &format!("`{pair}`: {why}")))?;
-        }
-        let (authority, prefix) = match rest.find('/') {
-            Some(i) => (&rest[..i], rest[i + 1..].trim_end_matches('/')),
-            None => (rest, ""),
-        };
-        let (user, hosts) = match authority.rfind('@') {
-            Some(i) => {
-                let (name, password) = authority[..i]
-                    .split_once(':')
-                    .unwrap_or((&authority[..i], ""));
-                if name.is_empty() {
-                    return Err(invalid(url, "the user name is empty"));
-                }
-                let decode = |part: &str, what: &str| {
-                    dlock_core::backend::percent_decode(part)
-                        .map_err(|why| invalid(url, &format!("the {what} has {why}")))
-                };
-                (
-                    Some((decode(name, "user name")?, decode(password, "password")?)),
-                    &authority[i + 1..],
-                )
-            }
-            None => (None, authority),
+        let connect_timeout = parts
+            .take_duration("connect_timeout")?
+            .unwrap_or(Duration::from_secs(3));
+        let request_timeout = parts
+            .take_duration("request_timeout")?
+            .unwrap_or(Duration::from_secs(5));
+        let files = parts.take_tls_files(tls, "etcds")?;
+        parts.finish(&[
+            "connect_timeout",
+            "request_timeout",
+            "tls_ca",
+            "tls_cert",
+            "tls_key",
+        ])?;
+        let user = match (parts.user(), parts.password()) {
+            (Some(name), password) => Some((name.to_owned(), password.unwrap_or("").to_owned())),
+            (None, Some(_)) => return Err(parts.invalid("the user name is empty")),
+            (None, None) => None,
         };
         let mut endpoints = Vec::new();
-        for host in hosts.split(',') {
-            let port = host.rsplit_once(':').map(|(_, p)| p);
-            if host.is_empty() || port.is_none_or(|p| p.parse::<u16>().is_err()) {
-                return Err(invalid(url, &format!("`{host}` is not host:port")));
+        for host in parts.hosts() {
+            if host.port.is_none() {
+                return Err(parts.invalid(&format!("`{host}` is not host:port")));
             }
             endpoints.push(if tls {
                 format!("https://{host}")
             } else {
-                host.to_owned()
+                host.to_string()
             });
         }
-        files.check().map_err(|why| invalid(url, &why))?;
+        let prefix = parts.path().trim_end_matches('/');
         Ok(EtcdConfig {
             endpoints,
             prefix: if prefix.is_empty() {
@@ -244,6 +202,15 @@ mod tests {
     }
 
     #[test]
+    fn decodes_the_prefix_and_values() {
+        let c = EtcdConfig::from_url("etcd://a:1/app%20one/locks?request_timeout=1m30s").unwrap();
+        assert_eq!(c.prefix(), "app one/locks");
+        assert_eq!(c.request_timeout(), Duration::from_secs(90));
+        let c = EtcdConfig::from_url("etcd://[::1]:2379").unwrap();
+        assert_eq!(c.endpoints(), ["[::1]:2379"]);
+    }
+
+    #[test]
     fn parses_endpoints_prefix_and_user() {
         let c = EtcdConfig::from_url("etcd://u:p@a:1,b:2/x/y/").unwrap();
         assert_eq!(c.endpoints(), ["a:1", "b:2"]);
@@ -263,11 +230,15 @@ mod tests {
     fn rejects_malformed_urls() {
         for (url, says) in [
             ("http://a:1", "expected `etcd://"),
-            ("etcd://", "is not host:port"),
+            ("etcd://", "a host is missing"),
             ("etcd://a", "is not host:port"),
-            ("etcd://a:x", "is not host:port"),
-            ("etcd://a:1,,b:2", "is not host:port"),
+            ("etcd://a:x", "not a host or host:port"),
+            ("etcd://a:1,,b:2", "a host is missing"),
             ("etcd://:pw@a:1", "user name is empty"),
+            (
+                "etcd://a:1?timeout=2s",
+                "unknown parameter `timeout`; the valid ones are `connect_timeout`",
+            ),
         ] {
             match EtcdConfig::from_url(url) {
                 Err(LockError::InvalidOptions { reason }) => {

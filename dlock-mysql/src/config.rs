@@ -3,7 +3,7 @@
 
 use std::{str::FromStr, time::Duration};
 
-use dlock_core::{backend::redact_url, LockError, LockKey};
+use dlock_core::{backend::BackendUrl, LockError, LockKey};
 use dlock_sql::{key_hash, SqlSettings};
 use sqlx::mysql::MySqlConnectOptions;
 
@@ -85,11 +85,24 @@ impl std::fmt::Debug for MySqlConfig {
     }
 }
 
-fn invalid(url: &str, why: &str) -> LockError {
-    LockError::InvalidOptions {
-        reason: format!("bad MySQL URL `{}`: {why}", redact_url(url)),
-    }
-}
+/// The parameters sqlx's MySQL driver reads (sqlx 0.8); it ignores any
+/// other, so dlock refuses them instead.
+const DRIVER_PARAMS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslca",
+    "ssl-ca",
+    "charset",
+    "collation",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "socket",
+    "timezone",
+    "time-zone",
+];
 
 /// The longest lock name MySQL takes.
 const MAX_NAME: usize = 64;
@@ -105,50 +118,29 @@ impl MySqlConfig {
     ///
     /// [`LockError::InvalidOptions`] naming what is wrong.
     pub fn from_url(url: &str) -> Result<MySqlConfig, LockError> {
-        let driver_url = if let Some(rest) = url.strip_prefix("mariadb://") {
-            format!("mysql://{rest}")
-        } else if url.starts_with("mysql://") {
-            url.to_owned()
-        } else {
-            return Err(invalid(
-                url,
-                "expected `mysql://user:password@host:port/database`",
-            ));
+        // The driver reads `mysql://` only; `mariadb://` is the same URL.
+        let url = match url.strip_prefix("mariadb://") {
+            Some(rest) => format!("mysql://{rest}"),
+            None => url.to_owned(),
         };
-        let mut fence = FenceSource::Row;
-        let (base, query) = driver_url.split_once('?').unwrap_or((&driver_url, ""));
-        let mut rest = Vec::new();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            match pair.split_once('=') {
-                Some(("fence", value)) => {
-                    fence = match value {
-                        "row" => FenceSource::Row,
-                        "off" => FenceSource::Off,
-                        _ => {
-                            return Err(invalid(url, &format!("`fence={value}` is not row or off")))
-                        }
-                    }
-                }
-                _ => rest.push(pair),
-            }
+        let mut parts = BackendUrl::parse_host_optional("MySQL", &url)?;
+        if parts.scheme() != "mysql" {
+            return Err(parts.invalid("expected `mysql://user:password@host:port/database`"));
         }
-        let driver_url = if rest.is_empty() {
-            base.to_owned()
-        } else {
-            format!("{base}?{}", rest.join("&"))
+        let fence = match parts.take("fence").as_deref() {
+            None | Some("row") => FenceSource::Row,
+            Some("off") => FenceSource::Off,
+            Some(other) => return Err(parts.invalid(&format!("`fence={other}` is not row or off"))),
         };
         let mut settings = SqlSettings::default();
-        let driver_url = settings
-            .take_params(&driver_url)
-            .map_err(|why| invalid(url, &why))?;
+        settings.take_from(&mut parts)?;
         if settings.lock_prefix().len() > MAX_PREFIX {
-            return Err(invalid(
-                url,
-                &format!("`lock_prefix` is longer than {MAX_PREFIX}"),
-            ));
+            return Err(parts.invalid(&format!("`lock_prefix` is longer than {MAX_PREFIX}")));
         }
-        let options =
-            MySqlConnectOptions::from_str(&driver_url).map_err(|e| invalid(url, &e.to_string()))?;
+        let ours: Vec<&str> = SqlSettings::PARAMS.into_iter().chain(["fence"]).collect();
+        let driver_url = parts.driver_url(&ours, DRIVER_PARAMS)?;
+        let options = MySqlConnectOptions::from_str(&driver_url)
+            .map_err(|e| parts.invalid(&e.to_string()))?;
         Ok(MySqlConfig {
             options,
             settings,
@@ -285,6 +277,7 @@ mod tests {
             "mysql://h:1/d?lock_prefix=aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
             "mysql://h:notaport/d",
             "mysql://h:1/d?ssl-mode=sometimes",
+            "mysql://h:1/d?ssl_mode=required",
         ] {
             assert!(
                 matches!(
@@ -294,6 +287,24 @@ mod tests {
                 "{url}"
             );
         }
+    }
+
+    #[test]
+    fn percent_encoded_parts_reach_the_driver_decoded() {
+        let c = MySqlConfig::from_url(
+            "mysql://app%40corp:p%40ss@h:5/my%2Ddb?lock_prefix=app%5F2&connect_timeout=1m30s",
+        )
+        .unwrap();
+        assert_eq!(c.connect_options().get_username(), "app@corp");
+        assert_eq!(c.connect_options().get_database(), Some("my-db"));
+        assert_eq!(c.lock_prefix(), "app_2");
+        assert_eq!(c.settings().connect_timeout(), Duration::from_secs(90));
+        let typo = MySqlConfig::from_url("mysql://h/d?ssl_mode=required").unwrap_err();
+        assert!(
+            typo.to_string().contains("unknown parameter `ssl_mode`")
+                && typo.to_string().contains("`fence`, `sslmode`, `ssl-mode`"),
+            "{typo}"
+        );
     }
 
     fn name(key: &str) -> String {

@@ -3,7 +3,7 @@
 
 use std::{str::FromStr, time::Duration};
 
-use dlock_core::{backend::redact_url, LockError};
+use dlock_core::{backend::BackendUrl, LockError};
 use dlock_sql::{key_hash, SqlSettings};
 use sqlx::postgres::PgConnectOptions;
 
@@ -66,11 +66,28 @@ impl std::fmt::Debug for PgConfig {
     }
 }
 
-fn invalid(url: &str, why: &str) -> LockError {
-    LockError::InvalidOptions {
-        reason: format!("bad PostgreSQL URL `{}`: {why}", redact_url(url)),
-    }
-}
+/// The parameters sqlx's PostgreSQL driver reads (sqlx 0.8); it ignores
+/// any other, so dlock refuses them instead.
+const DRIVER_PARAMS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+];
 
 impl PgConfig {
     /// Parses a `postgres://` (or `postgresql://`) URL.
@@ -79,18 +96,15 @@ impl PgConfig {
     ///
     /// [`LockError::InvalidOptions`] naming what is wrong.
     pub fn from_url(url: &str) -> Result<PgConfig, LockError> {
-        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-            return Err(invalid(
-                url,
-                "expected `postgres://user:password@host:port/database`",
-            ));
+        let mut parts = BackendUrl::parse_host_optional("PostgreSQL", url)?;
+        if !matches!(parts.scheme(), "postgres" | "postgresql") {
+            return Err(parts.invalid("expected `postgres://user:password@host:port/database`"));
         }
         let mut settings = SqlSettings::default();
-        let driver_url = settings
-            .take_params(url)
-            .map_err(|why| invalid(url, &why))?;
+        settings.take_from(&mut parts)?;
+        let driver_url = parts.driver_url(&SqlSettings::PARAMS, DRIVER_PARAMS)?;
         let options = PgConnectOptions::from_str(&driver_url)
-            .map_err(|e| invalid(url, &e.to_string()))?
+            .map_err(|e| parts.invalid(&e.to_string()))?
             .application_name("dlock");
         Ok(PgConfig { options, settings })
     }
@@ -167,6 +181,8 @@ mod tests {
             "postgres://h:1/d?lock_prefix=Bad-Name",
             "postgres://h:notaport/d",
             "postgres://h:1/d?sslmode=sometimes",
+            "postgres://h:1/d?sslmod=require",
+            "postgres://h:1/d?session_timeout=1s&session_timeout=2s",
         ] {
             assert!(
                 matches!(
@@ -176,6 +192,29 @@ mod tests {
                 "{url}"
             );
         }
+    }
+
+    #[test]
+    fn percent_encoded_parts_reach_the_driver_decoded() {
+        let c = PgConfig::from_url(
+            "postgres://app%40corp:p%40ss%2Fw%3Ad@h:5/my%20db?options=-c%20lock_timeout%3D5s&session_timeout=1m30s",
+        )
+        .unwrap();
+        assert_eq!(c.connect_options().get_username(), "app@corp");
+        assert_eq!(c.connect_options().get_database(), Some("my db"));
+        assert_eq!(
+            c.connect_options().get_options(),
+            Some("-c lock_timeout=5s")
+        );
+        assert_eq!(c.session_timeout(), Duration::from_secs(90));
+        let typo = PgConfig::from_url("postgres://h/d?sslmod=require").unwrap_err();
+        assert!(
+            typo.to_string()
+                .contains("unknown parameter `sslmod`; the valid ones are `session_timeout`"),
+            "{typo}"
+        );
+        let host_from_a_parameter = PgConfig::from_url("postgres:///d?host=/run/postgresql");
+        assert!(host_from_a_parameter.is_ok(), "{host_from_a_parameter:?}");
     }
 
     #[test]

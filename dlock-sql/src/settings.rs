@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use dlock_core::backend::parse_url_duration;
+use dlock_core::{
+    backend::{parse_url_duration, BackendUrl},
+    LockError,
+};
 
 /// The settings every database backend shares, read from its URL's query.
 ///
@@ -20,11 +23,14 @@ use dlock_core::backend::parse_url_duration;
 /// use dlock_sql::SqlSettings;
 /// use std::time::Duration;
 ///
+/// use dlock_core::backend::BackendUrl;
+///
+/// let mut url = BackendUrl::parse("PostgreSQL", "postgres://h/db?session_timeout=4s&sslmode=prefer")?;
 /// let mut settings = SqlSettings::default();
-/// let driver = settings.take_params("postgres://h/db?session_timeout=4s&sslmode=prefer")?;
-/// assert_eq!(driver, "postgres://h/db?sslmode=prefer");
+/// settings.take_from(&mut url)?;
 /// assert_eq!(settings.session_timeout(), Duration::from_secs(4));
-/// # Ok::<(), String>(())
+/// assert_eq!(url.driver_url(&SqlSettings::PARAMS, &["sslmode"])?, "postgres://h/db?sslmode=prefer");
+/// # Ok::<(), dlock_core::LockError>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct SqlSettings {
@@ -48,26 +54,30 @@ impl Default for SqlSettings {
 }
 
 impl SqlSettings {
-    /// Reads dlock's parameters from `url`'s query, and returns the URL
-    /// with only the driver's parameters left.
+    /// The URL parameters these settings read.
+    pub const PARAMS: [&'static str; 5] = [
+        "session_timeout",
+        "connect_timeout",
+        "max_waiters",
+        "holder_sessions",
+        "lock_prefix",
+    ];
+
+    /// Takes dlock's parameters ([`PARAMS`](SqlSettings::PARAMS)) from
+    /// `url`'s query, leaving the driver's.
     ///
     /// # Errors
     ///
-    /// Why a parameter of dlock's is malformed.
-    pub fn take_params(&mut self, url: &str) -> Result<String, String> {
-        let (base, query) = url.split_once('?').unwrap_or((url, ""));
-        let mut driver = Vec::new();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            if !self.take_param(name, value)? {
-                driver.push(pair);
+    /// [`LockError::InvalidOptions`] saying why a parameter of dlock's is
+    /// malformed.
+    pub fn take_from(&mut self, url: &mut BackendUrl) -> Result<(), LockError> {
+        for name in Self::PARAMS {
+            if let Some(value) = url.take(name) {
+                self.take_param(name, &value)
+                    .map_err(|why| url.invalid(&why))?;
             }
         }
-        Ok(if driver.is_empty() {
-            base.to_owned()
-        } else {
-            format!("{base}?{}", driver.join("&"))
-        })
+        Ok(())
     }
 
     /// Takes one parameter: `Ok(true)` if it is dlock's, `Ok(false)` if it
@@ -183,14 +193,28 @@ mod tests {
 
     #[test]
     fn parameters_are_ours_or_the_drivers() {
+        let mut url = BackendUrl::parse(
+            "test",
+            "x://u:p%40@h:5/d?max_waiters=3&sslmode=disable&lock_prefix=app%5F1&options=-c%20a%3Db",
+        )
+        .unwrap();
         let mut s = SqlSettings::default();
-        let driver = s
-            .take_params("x://u:p@h:5/d?max_waiters=3&sslmode=disable&lock_prefix=app_1")
+        s.take_from(&mut url).unwrap();
+        let driver = url
+            .driver_url(&SqlSettings::PARAMS, &["sslmode", "options"])
             .unwrap();
-        assert_eq!(driver, "x://u:p@h:5/d?sslmode=disable");
+        // Re-encoded as a form: the driver decodes it back.
+        assert_eq!(driver, "x://u:p%40@h:5/d?sslmode=disable&options=-c+a%3Db");
         assert_eq!((s.max_waiters(), s.lock_prefix()), (3, "app_1"));
         assert_eq!(s.holder_sessions(), 4);
         assert_eq!(s.session_timeout(), Duration::from_secs(10));
+        let err = url
+            .driver_url(&SqlSettings::PARAMS, &["sslmode"])
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("unknown parameter `options`"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -204,9 +228,11 @@ mod tests {
             "lock_prefix=",
             "connect_timeout=soon",
         ] {
+            let mut url = BackendUrl::parse("test", &format!("x://h/d?{query}")).unwrap();
             let err = SqlSettings::default()
-                .take_params(&format!("x://h/d?{query}"))
-                .unwrap_err();
+                .take_from(&mut url)
+                .unwrap_err()
+                .to_string();
             let name = query.split('=').next().unwrap();
             assert!(err.contains(name), "{query}: {err}");
         }

@@ -2,14 +2,17 @@
 
 use std::time::Duration;
 
-use dlock_core::{backend::TlsFiles, LockError};
+use dlock_core::{
+    backend::{BackendUrl, TlsFiles},
+    LockError,
+};
 
 /// Where and how to connect.
 ///
 /// Usually made by [`ZkConfig::from_url`] from
 /// `zk://host:port[,host:port...][/path][?session_timeout=10s&connect_timeout=15s]`.
 /// The path (default `/dlock`) is where lock nodes live; the session
-/// timeout (default 10 s; `ms` or `s`) is how long a crashed holder keeps
+/// timeout (default 10 s) is how long a crashed holder keeps
 /// its locks; the connect timeout (default 15 s) is how long opening a
 /// session keeps trying (servers that are down, or an ensemble electing a
 /// leader, refuse sessions for a while).
@@ -37,94 +40,68 @@ pub struct ZkConfig {
     connect_timeout: Duration,
 }
 
-fn invalid(url: &str, why: &str) -> LockError {
-    LockError::InvalidOptions {
-        reason: format!(
-            "bad ZooKeeper URL `{}`: {why}",
-            dlock_core::backend::redact_url(url)
-        ),
-    }
-}
-
 impl ZkConfig {
     /// Parses a `zk://` URL.
     ///
     /// # Errors
     ///
-    /// [`LockError::InvalidOptions`] naming what is wrong.
+    /// [`LockError::InvalidOptions`] naming what is wrong: another scheme,
+    /// a server without a port, a path with an empty, `.` or `..`
+    /// component, a bad percent escape, an unknown query parameter (the
+    /// error lists the valid ones) or a malformed duration. Names and
+    /// values are percent-decoded ([`BackendUrl`]).
     pub fn from_url(url: &str) -> Result<ZkConfig, LockError> {
-        let (tls, rest) = match (url.strip_prefix("zk://"), url.strip_prefix("zks://")) {
-            (Some(rest), _) => (false, rest),
-            (_, Some(rest)) if cfg!(feature = "tls") => (true, rest),
-            (_, Some(_)) => {
-                return Err(invalid(
-                    url,
-                    "TLS (`zks://`) needs dlock-zk's `tls` feature (dlock's `tls`)",
-                ))
+        let mut parts = BackendUrl::parse("ZooKeeper", url)?;
+        let tls = match parts.scheme() {
+            "zk" => false,
+            "zks" if cfg!(feature = "tls") => true,
+            "zks" => {
+                return Err(
+                    parts.invalid("TLS (`zks://`) needs dlock-zk's `tls` feature (dlock's `tls`)")
+                )
             }
             _ => {
-                return Err(invalid(
-                    url,
-                    "expected `zk://host:port[,host:port]/path` (or `zks://` for TLS)",
-                ))
+                return Err(parts
+                    .invalid("expected `zk://host:port[,host:port]/path` (or `zks://` for TLS)"))
             }
         };
-        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let (servers, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
-            None => (rest, ""),
-        };
-        for host in servers.split(',') {
-            let port = host.rsplit_once(':').map(|(_, p)| p);
-            if host.is_empty() || port.is_none_or(|p| p.parse::<u16>().is_err()) {
-                return Err(invalid(url, &format!("`{host}` is not host:port")));
+        if parts.user().is_some() || parts.password().is_some() {
+            return Err(
+                parts.invalid("a user or password: ZooKeeper authentication is not offered yet")
+            );
+        }
+        let mut servers = Vec::new();
+        for host in parts.hosts() {
+            if host.port.is_none() {
+                return Err(parts.invalid(&format!("`{host}` is not host:port")));
             }
+            servers.push(host.to_string());
         }
-        if path
-            .split('/')
-            .skip(1)
-            .any(|c| c.is_empty() || c == "." || c == "..")
-        {
-            return Err(invalid(url, "the path has an empty, `.` or `..` component"));
+        let path = parts.path().trim_end_matches('/').to_owned();
+        if path.split('/').any(str::is_empty) && !path.is_empty() {
+            return Err(parts.invalid("the path has an empty component"));
         }
-        let mut session_timeout = Duration::from_secs(10);
-        let mut connect_timeout = Duration::from_secs(15);
-        let mut files = TlsFiles::default();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (setting, value) = match pair.split_once('=') {
-                Some(("session_timeout", value)) => (&mut session_timeout, value),
-                Some(("connect_timeout", value)) => (&mut connect_timeout, value),
-                Some((name, value)) if files.take(name, value) => {
-                    if !tls {
-                        return Err(invalid(
-                            url,
-                            &format!("`{name}` is for TLS, which needs `zks://`"),
-                        ));
-                    }
-                    continue;
-                }
-                _ => {
-                    return Err(invalid(
-                        url,
-                        &format!(
-                            "unknown parameter `{pair}`; expected `session_timeout=10s`, \
-                             `connect_timeout=15s`, or (TLS) `tls_ca=path`, `tls_cert=path` \
-                             and `tls_key=path`"
-                        ),
-                    ))
-                }
-            };
-            *setting = dlock_core::backend::parse_url_duration(value)
-                .map_err(|why| invalid(url, &format!("`{pair}`: {why}")))?;
-        }
-        files.check().map_err(|why| invalid(url, &why))?;
+        let session_timeout = parts
+            .take_duration("session_timeout")?
+            .unwrap_or(Duration::from_secs(10));
+        let connect_timeout = parts
+            .take_duration("connect_timeout")?
+            .unwrap_or(Duration::from_secs(15));
+        let files = parts.take_tls_files(tls, "zks")?;
+        parts.finish(&[
+            "session_timeout",
+            "connect_timeout",
+            "tls_ca",
+            "tls_cert",
+            "tls_key",
+        ])?;
         Ok(ZkConfig {
-            servers: servers.to_owned(),
+            servers: servers.join(","),
             tls: tls.then_some(files),
             path: if path.is_empty() {
                 "/dlock".to_owned()
             } else {
-                path.to_owned()
+                format!("/{path}")
             },
             session_timeout,
             connect_timeout,
@@ -204,6 +181,11 @@ mod tests {
             (c.path(), c.session_timeout()),
             ("/x", Duration::from_millis(750))
         );
+        let c = ZkConfig::from_url("zk://a:1/app%20one?session_timeout=1m30s").unwrap();
+        assert_eq!(
+            (c.path(), c.session_timeout()),
+            ("/app one", Duration::from_secs(90))
+        );
         let c = ZkConfig::from_url("zk://a:1?connect_timeout=2s&session_timeout=3s").unwrap();
         assert_eq!(
             (c.connect_timeout(), c.session_timeout()),
@@ -216,14 +198,25 @@ mod tests {
         for (url, says) in [
             ("redis://a:1", "expected `zk://"),
             ("zk://a", "not host:port"),
-            ("zk://a:1,", "not host:port"),
+            ("zk://a:1,", "a host is missing"),
             ("zk://a:1/x//y", "empty"),
             ("zk://a:1/x/..", "`..`"),
+            ("zk://u:p@a:1", "authentication is not offered"),
             ("zk://a:1?session_timeout=soon", "malformed duration"),
             ("zk://a:1?session_timeout=0s", "out of range"),
-            ("zk://a:1?session_timeout=18446744073709551615s", "too long"),
+            (
+                "zk://a:1?session_timeout=18446744073709551615s",
+                "out of range",
+            ),
+            (
+                "zk://a:1?session_timeout=99999999999999999999s",
+                "too large",
+            ),
             ("zk://a:1?connect_timeout=2h", "out of range"),
-            ("zk://a:1?chroot=x", "unknown parameter"),
+            (
+                "zk://a:1?chroot=x",
+                "unknown parameter `chroot`; the valid ones are `session_timeout`",
+            ),
         ] {
             match ZkConfig::from_url(url) {
                 Err(LockError::InvalidOptions { reason }) => {

@@ -91,6 +91,26 @@ impl BackendUrl {
     /// a malformed host, port or percent escape, a parameter named twice,
     /// or a fragment.
     pub fn parse(backend: &'static str, url: &str) -> Result<BackendUrl, LockError> {
+        Self::parse_inner(backend, url, true)
+    }
+
+    /// As [`parse`](BackendUrl::parse), but a URL without a host
+    /// (`postgres:///db?host=/run/postgresql`) is accepted, with no
+    /// [`hosts`](BackendUrl::hosts): for drivers with a default host or a
+    /// socket parameter.
+    ///
+    /// # Errors
+    ///
+    /// As [`parse`](BackendUrl::parse)'s, but for the missing host.
+    pub fn parse_host_optional(backend: &'static str, url: &str) -> Result<BackendUrl, LockError> {
+        Self::parse_inner(backend, url, false)
+    }
+
+    fn parse_inner(
+        backend: &'static str,
+        url: &str,
+        host_needed: bool,
+    ) -> Result<BackendUrl, LockError> {
         let shown = redact_url(url).into_owned();
         let bad = |why: String| invalid_url(backend, &shown, &why);
         let (scheme, rest) = url
@@ -114,7 +134,10 @@ impl BackendUrl {
             None => (None, None),
         };
         let mut hosts = Vec::new();
-        for host in host_list.split(',') {
+        for host in host_list
+            .split(',')
+            .filter(|h| host_needed || !host_list.is_empty() || !h.is_empty())
+        {
             hosts.push(parse_host(host).map_err(&bad)?);
         }
         // The URL crate would resolve `.` and `..` in the path silently.
@@ -241,6 +264,32 @@ impl BackendUrl {
         }
         files.check().map_err(|why| self.invalid(&why))?;
         Ok(files)
+    }
+
+    /// The URL for a driver that reads the rest itself:
+    /// [`base`](BackendUrl::base) and the parameters not taken, re-encoded.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`] for a parameter neither taken nor one
+    /// of `driver`'s, listing `ours` and `driver`: a misspelt driver
+    /// option (`sslmod=require`) is refused, not passed on to be ignored.
+    pub fn driver_url(&self, ours: &[&str], driver: &[&str]) -> Result<String, LockError> {
+        if let Some((name, _)) = self
+            .params
+            .iter()
+            .find(|(n, _)| !driver.contains(&n.as_str()))
+        {
+            let valid: Vec<&str> = ours.iter().chain(driver).copied().collect();
+            return Err(self.invalid(&unknown_parameter(name, &valid)));
+        }
+        if self.params.is_empty() {
+            return Ok(self.base.clone());
+        }
+        let query = url::form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(&self.params)
+            .finish();
+        Ok(format!("{}?{query}", self.base))
     }
 
     /// The parameters not taken, decoded, in the URL's order.
