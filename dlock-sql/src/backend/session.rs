@@ -1,0 +1,471 @@
+//! Sessions: opening them (the backend's first ones on connect), keeping
+//! them alive, running statements on them to their end, and ending them,
+//! with the locks they hold.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, Weak},
+    time::Duration,
+};
+
+use dlock_core::{
+    backend::{Backoff, BoxFuture, LeaseTimers, SessionHolders, Wait},
+    LockError, Result,
+};
+use tokio::{sync::Semaphore, time::Instant};
+
+use super::{backend_error, lock, Inner, SqlBackend};
+use crate::Dialect;
+
+/// One server session: its connection, the server's identifier of it, and
+/// the guards whose locks it holds.
+pub(super) struct Session<D: Dialect> {
+    pub(super) dialect: Arc<D>,
+    /// `None` once the session ended: its connection is closed, and the
+    /// server has released (or, if it cannot be reached, will release at
+    /// its idle timeout) every lock it held.
+    pub(super) conn: Arc<tokio::sync::Mutex<Option<D::Conn>>>,
+    pub(super) server_id: u64,
+    pub(super) timeout: Duration,
+    pub(super) holders: SessionHolders<()>,
+}
+
+/// One statement's hold on a session's connection.
+pub(super) struct Live<D: Dialect> {
+    conn: tokio::sync::OwnedMutexGuard<Option<D::Conn>>,
+    pub(super) sent: Instant,
+    session: Arc<Session<D>>,
+}
+
+impl<D: Dialect> Live<D> {
+    pub(super) fn conn(&mut self) -> &mut D::Conn {
+        self.conn
+            .as_mut()
+            .expect("a live session has its connection")
+    }
+
+    /// Takes the statement's answer: a success proves the session alive
+    /// when the statement was sent, which renews every guard on it; a
+    /// failure of the connection ends the session and loses them.
+    pub(super) fn done<T>(
+        mut self,
+        answer: std::result::Result<T, sqlx::Error>,
+    ) -> std::result::Result<T, sqlx::Error> {
+        match &answer {
+            Ok(_) => self
+                .session
+                .holders
+                .renewed(self.sent, self.session.timeout),
+            Err(e) if self.session.dialect.ends_the_session(e) => {
+                self.session.holders.expire();
+                *self.conn = None;
+            }
+            Err(_) => {}
+        }
+        answer
+    }
+}
+
+/// Retries a step whose session ended (a server restart, a cut
+/// connection) on a new one, with backoff, until the wait limit, or for
+/// the connect timeout when there is none.
+pub(super) struct Retry {
+    give_up: Option<Instant>,
+    backoff: Backoff,
+}
+
+impl Retry {
+    pub(super) fn new(wait: Wait, connect_timeout: Duration) -> Retry {
+        Retry {
+            give_up: match wait {
+                Wait::Forever => None,
+                wait => wait.deadline(),
+            }
+            .or_else(|| Some(Instant::now() + connect_timeout)),
+            backoff: Backoff::new(Duration::from_millis(50), Duration::from_millis(500)),
+        }
+    }
+
+    /// Sleeps before the next try, or gives `error` back if none is left.
+    pub(super) async fn after(&mut self, error: LockError) -> Result<()> {
+        let now = Instant::now();
+        let delay = self.backoff.next_delay();
+        if self.give_up.is_some_and(|g| now + delay >= g) {
+            return Err(error);
+        }
+        tracing::debug!(%error, "dlock database session ended; trying a new one");
+        tokio::time::sleep(delay).await;
+        Ok(())
+    }
+}
+
+impl<D: Dialect> Session<D> {
+    /// Opens a session, with the server's idle timeout set.
+    async fn open(dialect: &Arc<D>) -> Result<Arc<Session<D>>> {
+        let settings = dialect.settings();
+        let timeout = settings.session_timeout();
+        let (conn, server_id) =
+            match tokio::time::timeout(settings.connect_timeout(), dialect.open()).await {
+                Ok(Ok(opened)) => opened,
+                Ok(Err(e)) => return Err(backend_error::<D>(e)),
+                Err(_) => {
+                    return Err(backend_error::<D>(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "no {} session within the connect timeout ({:?})",
+                            D::NAME,
+                            settings.connect_timeout()
+                        ),
+                    )))
+                }
+            };
+        let session = Arc::new(Session {
+            dialect: dialect.clone(),
+            conn: Arc::new(tokio::sync::Mutex::new(Some(conn))),
+            server_id,
+            timeout,
+            holders: SessionHolders::new(Instant::now()),
+        });
+        tokio::spawn(keep_alive(Arc::downgrade(&session)));
+        Ok(session)
+    }
+
+    /// The session's connection, for one statement, and the time it is
+    /// sent; `None` if the session ended. Pass the statement's answer to
+    /// [`Live::done`].
+    ///
+    /// Only for a statement whose caller may not leave half-way (a task
+    /// of dlock's own) or on a session that is ended if it does (a wait):
+    /// anything else goes through [`Session::run`].
+    pub(super) async fn live(self: &Arc<Self>) -> std::result::Result<Live<D>, sqlx::Error> {
+        let conn = self.conn.clone().lock_owned().await;
+        if conn.is_none() || self.holders.is_expired() {
+            return Err(sqlx::Error::PoolClosed);
+        }
+        Ok(Live {
+            conn,
+            sent: Instant::now(),
+            session: self.clone(),
+        })
+    }
+
+    /// Runs one statement on the session to its end, even if the caller
+    /// stops waiting for it: when it was sent and its answer.
+    ///
+    /// A statement dropped half-way would leave the connection in the
+    /// middle of an answer, and the next statement of any lock on the
+    /// session would read the rest of it (or the server would cut the
+    /// connection, taking every lock the session holds). So the caller may
+    /// leave while it waits for the connection, when nothing was sent, and
+    /// once the statement started it runs on in a task of its own; its
+    /// successors on the session queue behind it in order.
+    pub(super) async fn run<T, F>(
+        self: &Arc<Self>,
+        statement: F,
+    ) -> std::result::Result<(Instant, T), sqlx::Error>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(
+                &'c D,
+                &'c mut D::Conn,
+            ) -> BoxFuture<'c, std::result::Result<T, sqlx::Error>>
+            + Send
+            + 'static,
+    {
+        let mut live = self.live().await?;
+        let dialect = self.dialect.clone();
+        let within = self.timeout;
+        let task = tokio::spawn(async move {
+            let sent = live.sent;
+            let answer = answered_within(within, statement(&dialect, live.conn())).await;
+            live.done(answer).map(|value| (sent, value))
+        });
+        match task.await {
+            Ok(answer) => answer,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            // The runtime is shutting down: whether the statement ran is
+            // unknown, so the session counts as ended.
+            Err(_) => {
+                self.holders.expire();
+                Err(sqlx::Error::PoolClosed)
+            }
+        }
+    }
+
+    /// Ends the session: every guard on it is lost, and its connection is
+    /// closed once no statement runs on it (a waiter's blocked statement
+    /// is ended from another session, see `EndOnDrop`).
+    pub(super) fn end(self: &Arc<Self>) {
+        self.holders.expire();
+        let session = self.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                session.close().await;
+            });
+        }
+    }
+
+    /// Closes the connection, once no statement runs on it.
+    async fn close(&self) {
+        self.conn.lock().await.take();
+    }
+
+    pub(super) fn is_usable(&self) -> bool {
+        !self.holders.is_expired()
+    }
+}
+
+/// `statement`'s answer, or, if none comes `within`, an I/O error that ends
+/// the session: the connection is cut or black-holed, and the server ends
+/// a session it hears nothing from for the session timeout, with its
+/// locks. Without it, a statement on a connection whose traffic is
+/// dropped waits for the operating system's TCP retries, about 15 minutes.
+pub(crate) async fn answered_within<T>(
+    within: Duration,
+    statement: impl std::future::Future<Output = std::result::Result<T, sqlx::Error>>,
+) -> std::result::Result<T, sqlx::Error> {
+    match tokio::time::timeout(within, statement).await {
+        Ok(answer) => answer,
+        Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer within {within:?}: the connection is cut or its traffic dropped"),
+        ))),
+    }
+}
+
+/// Pings the session once a third of its timeout has passed without a
+/// statement, so that the server never finds it idle for the timeout
+/// while this process runs. Ends with the session.
+async fn keep_alive<D: Dialect>(session: Weak<Session<D>>) {
+    loop {
+        let Some(s) = session.upgrade() else { return };
+        if s.holders.is_expired() {
+            return;
+        }
+        let tick = s.timeout / 3;
+        let quiet_since = s.holders.renewed_at();
+        drop(s);
+        tokio::time::sleep_until(quiet_since + tick).await;
+        let Some(s) = session.upgrade() else { return };
+        if s.holders.renewed_at() > quiet_since {
+            continue;
+        }
+        let pinged = match s.live().await {
+            Ok(mut live) => {
+                let answer = answered_within(s.timeout, s.dialect.ping(live.conn())).await;
+                live.done(answer)
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(error) = pinged {
+            tracing::debug!(%error, session = s.server_id, "dlock {} session ended", D::NAME);
+            s.end();
+            return;
+        }
+    }
+}
+
+impl<D: Dialect> SqlBackend<D> {
+    /// Connects through `dialect`: opens the first holder session and
+    /// creates what the dialect needs on the server.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] if no session opens within the connect
+    /// timeout, the login is refused, or the setup fails.
+    pub async fn connect(dialect: D) -> Result<SqlBackend<D>> {
+        // rustls needs one process-wide crypto provider, and cannot pick
+        // one when the build compiles in more than one (another crate may
+        // bring aws-lc-rs): ring, unless the application installed its own.
+        #[cfg(feature = "tls")]
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let (max_waiters, holder_sessions) = {
+            let settings = dialect.settings();
+            (settings.max_waiters(), settings.holder_sessions())
+        };
+        let backend = SqlBackend {
+            inner: Arc::new_cyclic(|inner: &std::sync::Weak<Inner<D>>| {
+                let inner = inner.clone();
+                Inner {
+                    waiters: Arc::new(Semaphore::new(max_waiters)),
+                    holders: (0..holder_sessions)
+                        .map(|_| tokio::sync::Mutex::new(None))
+                        .collect(),
+                    idle: Mutex::new(Vec::new()),
+                    owned: Mutex::new(HashMap::new()),
+                    local: Mutex::new(HashMap::new()),
+                    contended: Mutex::new(HashMap::new()),
+                    dialect: Arc::new(dialect),
+                    lease_ends: LeaseTimers::new(move |token| {
+                        // A lease ended: release it, if still held (a
+                        // release that raced the timer finds nothing).
+                        if let Some(inner) = inner.upgrade() {
+                            let backend = SqlBackend { inner };
+                            tokio::spawn(async move {
+                                let _ = backend.unlock(&token).await;
+                            });
+                        }
+                    }),
+                }
+            }),
+        };
+        let holder = backend.holder_at(0).await?;
+        backend.refuse_moving_sessions(&holder).await?;
+        let set_up = match holder.live().await {
+            Ok(mut live) => {
+                let answer =
+                    answered_within(holder.timeout, backend.inner.dialect.setup(live.conn())).await;
+                live.done(answer)
+            }
+            Err(e) => Err(e),
+        };
+        set_up.map_err(|e| match crate::deployment_refused(&e) {
+            Some(why) => LockError::UnsafeDeployment {
+                backend: D::NAME,
+                reason: why.to_owned(),
+            },
+            None => backend_error::<D>(e),
+        })?;
+        Ok(backend)
+    }
+
+    /// Refuses a deployment that moves a connection's statements between
+    /// server sessions (a pooler in transaction or statement mode, a
+    /// multiplexing proxy): opens a second session beside `first`, and
+    /// pings both. Two connections given one server session, or a ping
+    /// that finds its connection on another one, is
+    /// [`LockError::UnsafeDeployment`]. The second session stays, as an
+    /// idle waiter session.
+    ///
+    /// A pooler hands a connection's next statement the server session
+    /// that ran the last one, if it is idle (PgBouncer's default): the
+    /// second connection's first statement gets the first one's.
+    async fn refuse_moving_sessions(&self, first: &Arc<Session<D>>) -> Result<()> {
+        let second = Session::open(&self.inner.dialect).await?;
+        let mut moved = (second.server_id == first.server_id).then(|| {
+            format!(
+                "two connections were given one server session ({})",
+                first.server_id
+            )
+        });
+        for session in [first, &second] {
+            if moved.is_some() {
+                break;
+            }
+            match session.run(|d, c| d.ping(c)).await {
+                Ok(_) => {}
+                Err(e) if crate::is_session_moved(&e) => moved = Some(e.to_string()),
+                Err(e) => return Err(backend_error::<D>(e)),
+            }
+        }
+        if let Some(why) = moved {
+            first.end();
+            second.end();
+            return Err(LockError::UnsafeDeployment {
+                backend: D::NAME,
+                reason: format!(
+                    "{why}. A session-level lock would then sit on a server session this \
+                     client no longer talks to, or go with it, and two owners could hold \
+                     it. Connect to the server directly, or through a pooler in session \
+                     mode (PgBouncer `pool_mode = session`; no ProxySQL multiplexing)"
+                ),
+            });
+        }
+        self.put_idle(second);
+        Ok(())
+    }
+
+    /// The holder session of lock `id`, opened again if it ended.
+    pub(super) async fn holder(&self, id: &D::Id) -> Result<Arc<Session<D>>> {
+        self.holder_at(self.inner.dialect.shard(id)).await
+    }
+
+    pub(super) async fn holder_at(&self, shard: u64) -> Result<Arc<Session<D>>> {
+        let slots = &self.inner.holders;
+        let mut holder = slots[(shard % slots.len() as u64) as usize].lock().await;
+        if let Some(session) = holder.as_ref().filter(|s| s.is_usable()) {
+            return Ok(session.clone());
+        }
+        let session = Session::open(&self.inner.dialect).await?;
+        *holder = Some(session.clone());
+        Ok(session)
+    }
+
+    /// A waiter session that holds nothing: an idle one, or a new one.
+    pub(super) async fn waiter_session(&self) -> Result<Arc<Session<D>>> {
+        loop {
+            let Some(session) = lock(&self.inner.idle).pop() else {
+                return Session::open(&self.inner.dialect).await;
+            };
+            if session.is_usable() {
+                return Ok(session);
+            }
+        }
+    }
+
+    /// Returns a waiter session that holds nothing to the idle ones.
+    pub(super) fn put_idle(&self, session: Arc<Session<D>>) {
+        if session.is_usable() {
+            let mut idle = lock(&self.inner.idle);
+            if idle.len() < self.inner.dialect.settings().max_waiters() {
+                idle.push(session);
+            }
+        }
+    }
+}
+
+/// Ends a waiter session whose wait was dropped: from another session (the
+/// dropped statement may still hold its connection), and the connection
+/// goes with the session.
+pub(super) struct EndOnDrop<D: Dialect> {
+    pub(super) backend: SqlBackend<D>,
+    pub(super) session: Option<Arc<Session<D>>>,
+}
+
+impl<D: Dialect> Drop for EndOnDrop<D> {
+    fn drop(&mut self) {
+        let Some(session) = self.session.take() else {
+            return;
+        };
+        // A session that ended already (its connection failed, or went
+        // unanswered) is not ended by id: after a server restart, its id
+        // may name another client's session. The server ends it on its
+        // own: at once if its connection closed, after the session
+        // timeout if it hears nothing.
+        let alive = session.is_usable();
+        let runtime = tokio::runtime::Handle::try_current();
+        let (true, Ok(runtime)) = (alive, runtime) else {
+            session.end();
+            return;
+        };
+        // Its guards are lost now; its connection stays open until the
+        // server session is ended by id, then closes. Closed first, a
+        // pooler in session mode (PgBouncer) could hand the server session
+        // to another client before the id ends it, and end that client's.
+        session.holders.expire();
+        let backend = self.backend.clone();
+        runtime.spawn(async move {
+            let server_id = session.server_id;
+            let ended = match backend.holder_at(server_id).await {
+                Ok(holder) => match holder.live().await {
+                    Ok(mut live) => {
+                        let answer = answered_within(
+                            holder.timeout,
+                            holder.dialect.end_session(live.conn(), server_id),
+                        )
+                        .await;
+                        live.done(answer).map_err(backend_error::<D>)
+                    }
+                    Err(e) => Err(backend_error::<D>(e)),
+                },
+                Err(e) => Err(e),
+            };
+            if let Err(error) = ended {
+                // Its connection closes below, and the server ends the
+                // session when it notices.
+                tracing::debug!(%error, server_id, "dlock {} could not end an abandoned wait", D::NAME);
+            }
+            session.close().await;
+        });
+    }
+}
