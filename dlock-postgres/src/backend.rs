@@ -8,9 +8,17 @@ use dlock_core::{
     LockKey, Result, Token,
 };
 use dlock_sql::{session_moved, sqlx, Dialect, Granted, QueueEntry, SqlBackend, SqlSettings};
-use sqlx::{postgres::PgConnection, Connection, Executor, Row};
+use sqlx::postgres::PgConnection;
 
 use crate::config::{lock_id, PgConfig};
+
+mod acquire;
+mod election;
+mod queue;
+mod release;
+mod session;
+
+use queue::ahead;
 
 /// Flips a read-write lock's identifier away from the plain lock's of the
 /// same key, for this process's turns (the server keeps them apart by key
@@ -20,32 +28,6 @@ const READ_WRITE_SALT: i64 = 0x5257;
 /// Flips a semaphore's identifier away from the plain lock's and the
 /// read-write lock's of the same key.
 const SEMAPHORE_SALT: i64 = 0x0053_454d;
-
-/// The entries of semaphore `id` in `queue` numbered up to `number` (SQL
-/// expressions), each live while the session that added it (by its
-/// process id) holds its entry lock (`pg_locks`), as
-/// `QueueEntry::read_rows` reads them.
-/// As [`ahead`], with every entry counted as live: no `pg_locks` scan
-/// (see `Dialect::enqueue_counts_all_as_live`).
-fn ahead_all_live(queue: &str, id: &str, number: &str) -> String {
-    format!(
-        "SELECT q.n, q.mode, q.owner::text, 1::bigint FROM {queue} q \
-         WHERE q.lock_id = {id} AND q.n <= {number} ORDER BY q.n"
-    )
-}
-
-fn ahead(queue: &str, id: &str, number: &str) -> String {
-    format!(
-        "SELECT q.n, q.mode, q.owner::text, (EXISTS (SELECT 1 FROM pg_locks l \
-         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
-         AND l.database = d.oid AND l.pid = q.pid \
-         AND l.classid::bigint = (q.owner >> 32) & 4294967295 \
-         AND l.objid::bigint = q.owner & 4294967295))::int::bigint \
-         FROM {queue} q, (SELECT oid FROM pg_database \
-         WHERE datname = current_database()) d \
-         WHERE q.lock_id = {id} AND q.n <= {number} ORDER BY q.n"
-    )
-}
 
 /// A statement that runs `expr` only on the server session whose process
 /// id is parameter `pid`: answers `expr` (`NULL` on another session) and
@@ -61,12 +43,6 @@ fn own<T>(session: &PgSession, (value, pid): (Option<T>, i32)) -> Result<Option<
     Ok(value)
 }
 
-/// A proclaimed hold's entry lock: a one-key advisory lock named for its
-/// token, held by the holder's session while its record is its own.
-fn holder_lock(token: &Token) -> i64 {
-    token_lock("dlock-holder", token)
-}
-
 /// A one-key advisory lock named for `token`, in the space `tag` names.
 fn token_lock(tag: &str, token: &Token) -> i64 {
     dlock_sql::key_hash(tag, &token.to_string()) as i64
@@ -80,11 +56,6 @@ fn one_key_lock(l: &str, key: &str) -> String {
          AND {l}.classid::bigint = ({key} >> 32) & 4294967295 \
          AND {l}.objid::bigint = {key} & 4294967295"
     )
-}
-
-/// A permit entry's lock: a one-key advisory lock named for its token.
-fn entry_lock(token: &Token) -> i64 {
-    token_lock("dlock-entry", token)
 }
 
 /// A 64-bit identifier as the two 32-bit keys of the two-key advisory
@@ -435,34 +406,7 @@ impl Dialect for PgDialect {
         mode: Mode,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<(i64, Vec<QueueEntry>), sqlx::Error>> {
-        Box::pin(async move {
-            let (owner, queue, pid) = (entry_lock(token), &self.queue, session.pid);
-            let mine = format!("currval(pg_get_serial_sequence('{queue}', 'n'))");
-            let request = format!(
-                "SELECT pg_backend_pid(), pg_advisory_xact_lock({id}); \
-                 INSERT INTO {queue} (lock_id, mode, owner, pid) \
-                 SELECT {id}, '{tag}', {owner}, pg_backend_pid() \
-                 WHERE CASE WHEN pg_backend_pid() = {pid} \
-                 THEN pg_try_advisory_lock({owner}) ELSE false END \
-                 RETURNING n; {ahead}",
-                tag = mode.tag(),
-                ahead = ahead_all_live(queue, &id.to_string(), &mine),
-            );
-            let rows = session.conn.fetch_all(request.as_str()).await?;
-            let ran_on: i32 = rows.first().ok_or(sqlx::Error::RowNotFound)?.try_get(0)?;
-            session.check(ran_on)?;
-            // The transaction lock's row, the insert's, then the entries.
-            let inserted = rows
-                .get(1)
-                .filter(|row| row.len() == 1)
-                .ok_or(sqlx::Error::RowNotFound)?;
-            let number: i64 = inserted.try_get(0)?;
-            let (entries, mine) = QueueEntry::read_rows(rows.get(2..).unwrap_or_default(), number)?;
-            if !mine {
-                return Err(sqlx::Error::RowNotFound);
-            }
-            Ok((number, entries))
-        })
+        self.enqueue_inner(session, id, mode, token)
     }
 
     fn ahead<'a>(
@@ -471,14 +415,7 @@ impl Dialect for PgDialect {
         id: &'a i64,
         number: i64,
     ) -> BoxFuture<'a, Result<(Vec<QueueEntry>, bool), sqlx::Error>> {
-        Box::pin(async move {
-            let rows = sqlx::query(self.ahead.as_str())
-                .bind(*id)
-                .bind(number)
-                .fetch_all(&mut session.conn)
-                .await?;
-            QueueEntry::read_rows(&rows, number)
-        })
+        self.ahead_inner(session, id, number)
     }
 
     fn dequeue<'a>(
@@ -486,16 +423,7 @@ impl Dialect for PgDialect {
         session: &'a mut PgSession,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-        Box::pin(async move {
-            let (deleted, _, pid): (bool, Option<bool>, i32) =
-                sqlx::query_as(self.dequeue.as_str())
-                    .bind(entry_lock(token))
-                    .bind(session.pid)
-                    .fetch_one(&mut session.conn)
-                    .await?;
-            session.check(pid)?;
-            Ok(deleted)
-        })
+        self.dequeue_inner(session, token)
     }
 
     fn remove<'a>(
@@ -503,13 +431,7 @@ impl Dialect for PgDialect {
         session: &'a mut PgSession,
         numbers: &'a [i64],
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            sqlx::query(self.remove.as_str())
-                .bind(numbers)
-                .execute(&mut session.conn)
-                .await
-                .map(drop)
-        })
+        self.remove_inner(session, numbers)
     }
 
     fn watch<'a>(
@@ -518,31 +440,7 @@ impl Dialect for PgDialect {
         owner: &'a str,
         limit: Option<Duration>,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-        Box::pin(async move {
-            let owner: i64 = owner
-                .parse()
-                .map_err(|_| sqlx::Error::Protocol(format!("a queue entry's owner: {owner}")))?;
-            let lock_timeout = limit.map_or(0, |l| l.as_millis().max(1));
-            // Taken and given back at once: its owner left. One simple
-            // query, so one server session whatever is in between.
-            let watch = format!(
-                "SET lock_timeout = {lock_timeout}; SELECT pg_advisory_lock({owner}); \
-                 SELECT pg_advisory_unlock({owner}); SET lock_timeout = 0"
-            );
-            match session.conn.execute(watch.as_str()).await {
-                Ok(_) => Ok(true),
-                // As for a wait: a grant in the instant of the timeout is
-                // given back (a waiter session holds nothing else).
-                Err(sqlx::Error::Database(e))
-                    if e.code().as_deref() == Some(LOCK_NOT_AVAILABLE) =>
-                {
-                    let unlock = format!("SELECT pg_advisory_unlock({owner})");
-                    session.conn.execute(unlock.as_str()).await?;
-                    Ok(false)
-                }
-                Err(e) => Err(e),
-            }
-        })
+        self.watch_inner(session, owner, limit)
     }
 
     /// A plain lock's 64-bit identifier; a read-write lock's is the same
@@ -566,46 +464,12 @@ impl Dialect for PgDialect {
         *id as u64
     }
 
-    /// A simple query (no prepared statement: a pooler in transaction
-    /// mode would break those before dlock could tell it is there).
     fn open(&self) -> BoxFuture<'_, Result<(PgSession, u64), sqlx::Error>> {
-        Box::pin(async move {
-            let mut conn = PgConnection::connect_with(self.config.connect_options()).await?;
-            let opened = format!(
-                "SELECT pg_backend_pid(), set_config('idle_session_timeout', '{}', false), \
-                 set_config('client_connection_check_interval', '1000', false)",
-                self.config.session_timeout().as_millis()
-            );
-            let row = conn.fetch_one(opened.as_str()).await?;
-            let pid: i32 = row.try_get(0)?;
-            Ok((PgSession { conn, pid }, pid as u64))
-        })
+        self.open_inner()
     }
 
-    /// Also reads the schema the tables live in, for the lock identifiers.
     fn setup<'a>(&'a self, session: &'a mut PgSession) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            let schema: Option<String> = sqlx::query_scalar("SELECT current_schema()")
-                .fetch_one(&mut session.conn)
-                .await?;
-            let prefix = self.config.lock_prefix();
-            // The default schema keeps the plain prefix's identifiers.
-            let _ = self.scope.set(match schema.as_deref() {
-                None | Some("public") => prefix.to_owned(),
-                Some(schema) => format!("{prefix}\0{schema}"),
-            });
-            match session.conn.execute(self.create.as_str()).await {
-                Ok(_) => {}
-                // Two clients creating it at once: one of them is told it
-                // exists (unique_violation or duplicate_table). It does now.
-                Err(sqlx::Error::Database(e))
-                    if matches!(e.code().as_deref(), Some("23505" | "42P07")) => {}
-                Err(e) => return Err(e),
-            }
-            // Entries whose sessions ended are deleted by the next enqueue
-            // of their key; those of keys nobody locks again, here.
-            session.conn.execute(self.reap.as_str()).await.map(drop)
-        })
+        self.setup_inner(session)
     }
 
     fn try_lock<'a>(
@@ -614,39 +478,15 @@ impl Dialect for PgDialect {
         id: &'a i64,
         mode: Mode,
     ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
-        let (hi, lo) = split(*id);
-        Box::pin(async move {
-            let pid = session.pid;
-            let answer = match mode {
-                Mode::Read => sqlx::query_as(self.try_read.as_str()).bind(hi).bind(lo),
-                Mode::Write => sqlx::query_as(self.try_write.as_str()).bind(hi).bind(lo),
-                _ => sqlx::query_as(self.try_lock.as_str()).bind(*id),
-            }
-            .bind(pid)
-            .fetch_one(&mut session.conn)
-            .await?;
-            own(session, answer)
-        })
+        self.try_lock_inner(session, id, mode)
     }
 
-    /// Reads `pg_locks` for a waiting writer first (only when this
-    /// process may hold the key shared already, so off the common path).
     fn try_read_behind_writers<'a>(
         &'a self,
         session: &'a mut PgSession,
         id: &'a i64,
     ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
-        let (hi, lo) = split(*id);
-        Box::pin(async move {
-            let pid = session.pid;
-            let answer = sqlx::query_as(self.try_read_behind_writers.as_str())
-                .bind(hi)
-                .bind(lo)
-                .bind(pid)
-                .fetch_one(&mut session.conn)
-                .await?;
-            own(session, answer)
-        })
+        self.try_read_behind_writers_inner(session, id)
     }
 
     fn wait<'a>(
@@ -656,58 +496,7 @@ impl Dialect for PgDialect {
         mode: Mode,
         limit: Option<Duration>,
     ) -> BoxFuture<'a, Result<Option<Granted>, sqlx::Error>> {
-        Box::pin(async move {
-            let lock_timeout = limit.map_or(0, |l| l.as_millis().max(1));
-            let (hi, lo) = split(*id);
-            let lock = match mode {
-                Mode::Read => format!("pg_advisory_lock_shared({hi}, {lo})"),
-                Mode::Write => format!("pg_advisory_lock({hi}, {lo})"),
-                _ => format!("pg_advisory_lock({id})"),
-            };
-            // One round trip, one server session: the session's process
-            // id, the wait (only on the session's own process), then (a
-            // statement of its own, so only after the grant) the token,
-            // and how long the server took since it received the query.
-            // The limit is lifted before the token, so the token's
-            // statement never times out after a grant.
-            let wait = format!(
-                "SET lock_timeout = {lock_timeout}; SELECT pg_backend_pid(); \
-                 SELECT {lock} WHERE pg_backend_pid() = {pid}; SET lock_timeout = 0; \
-                 SELECT {fence}, (extract(epoch FROM clock_timestamp() - statement_timestamp()) \
-                 * 1000000)::bigint WHERE pg_backend_pid() = {pid}",
-                pid = session.pid,
-                fence = self.fence_expr,
-            );
-            let rows = match session.conn.fetch_all(wait.as_str()).await {
-                Ok(rows) => rows,
-                // Not granted, most likely; but the server may grant the
-                // lock in the very instant it times the wait out, and a
-                // session-level lock outlives the failed statement. A
-                // waiter session holds nothing else, so an unlock can only
-                // undo this wait's own grant: then the session is as it
-                // was (its `lock_timeout` is set again at the next wait).
-                Err(sqlx::Error::Database(e))
-                    if e.code().as_deref() == Some(LOCK_NOT_AVAILABLE) =>
-                {
-                    let unlock = match mode {
-                        Mode::Read => format!("SELECT pg_advisory_unlock_shared({hi}, {lo})"),
-                        Mode::Write => format!("SELECT pg_advisory_unlock({hi}, {lo})"),
-                        _ => format!("SELECT pg_advisory_unlock({id})"),
-                    };
-                    session.conn.execute(unlock.as_str()).await?;
-                    return Ok(None);
-                }
-                Err(e) => return Err(e),
-            };
-            let ran_on: i32 = rows.first().ok_or(sqlx::Error::RowNotFound)?.try_get(0)?;
-            session.check(ran_on)?;
-            let row = rows.get(2).ok_or(sqlx::Error::RowNotFound)?;
-            let took_us: i64 = row.try_get(1)?;
-            Ok(Some(Granted {
-                fence: row.try_get(0)?,
-                took: Duration::from_micros(u64::try_from(took_us).unwrap_or(0)),
-            }))
-        })
+        self.wait_inner(session, id, mode, limit)
     }
 
     fn unlock<'a>(
@@ -716,19 +505,7 @@ impl Dialect for PgDialect {
         id: &'a i64,
         mode: Mode,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-        let (hi, lo) = split(*id);
-        Box::pin(async move {
-            let pid = session.pid;
-            let answer = match mode {
-                Mode::Read => sqlx::query_as(UNLOCK_SHARED).bind(hi).bind(lo),
-                Mode::Write => sqlx::query_as(UNLOCK_TWO_KEY).bind(hi).bind(lo),
-                _ => sqlx::query_as(UNLOCK).bind(*id),
-            }
-            .bind(pid)
-            .fetch_one(&mut session.conn)
-            .await?;
-            Ok(own(session, answer)?.unwrap_or(false))
-        })
+        self.unlock_inner(session, id, mode)
     }
 
     fn end_session<'a>(
@@ -736,22 +513,11 @@ impl Dialect for PgDialect {
         session: &'a mut PgSession,
         other: u64,
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            sqlx::query("SELECT pg_terminate_backend($1)")
-                .bind(other as i32)
-                .execute(&mut session.conn)
-                .await
-                .map(drop)
-        })
+        self.end_session_inner(session, other)
     }
 
     fn ping<'a>(&'a self, session: &'a mut PgSession) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-                .fetch_one(&mut session.conn)
-                .await?;
-            session.check(pid)
-        })
+        self.ping_inner(session)
     }
 
     fn records_holders(&self) -> bool {
@@ -766,24 +532,7 @@ impl Dialect for PgDialect {
         fence: i64,
         value: &'a [u8],
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            let (written, pid): (i64, i32) = sqlx::query_as(self.proclaim.as_str())
-                .bind(*id)
-                .bind(holder_lock(token))
-                .bind(fence)
-                .bind(value)
-                .bind(session.pid)
-                .fetch_one(&mut session.conn)
-                .await?;
-            session.check(pid)?;
-            if written == 1 {
-                Ok(())
-            } else {
-                // Another session holds the entry lock: never, short of
-                // two tokens' names colliding in 64 bits.
-                Err(sqlx::Error::RowNotFound)
-            }
-        })
+        self.proclaim_inner(session, id, token, fence, value)
     }
 
     fn disclaim<'a>(
@@ -792,15 +541,7 @@ impl Dialect for PgDialect {
         id: &'a i64,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            let answer: (Option<bool>, i32) = sqlx::query_as(self.disclaim.as_str())
-                .bind(*id)
-                .bind(holder_lock(token))
-                .bind(session.pid)
-                .fetch_one(&mut session.conn)
-                .await?;
-            own(session, answer).map(drop)
-        })
+        self.disclaim_inner(session, id, token)
     }
 
     fn holder<'a>(
@@ -808,14 +549,7 @@ impl Dialect for PgDialect {
         session: &'a mut PgSession,
         id: &'a i64,
     ) -> BoxFuture<'a, Result<Option<(Option<i64>, Option<Vec<u8>>)>, sqlx::Error>> {
-        Box::pin(async move {
-            let row = sqlx::query(self.holder.as_str())
-                .bind(*id)
-                .fetch_optional(&mut session.conn)
-                .await?;
-            row.map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
-                .transpose()
-        })
+        self.holder_inner(session, id)
     }
 
     /// The connection failed, or the server ended the session (SQLSTATE
@@ -832,19 +566,6 @@ impl Dialect for PgDialect {
         }
     }
 }
-
-/// Releases a hold, on the session's own server process only (`$2`):
-/// whether it was held, and the process id.
-const UNLOCK: &str = "SELECT CASE WHEN pg_backend_pid() = $2 THEN pg_advisory_unlock($1) END, \
-     pg_backend_pid()";
-/// The same for a writer (two-key space; `$3` the process id).
-const UNLOCK_TWO_KEY: &str =
-    "SELECT CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock($1, $2) END, \
-     pg_backend_pid()";
-/// The same for a reader.
-const UNLOCK_SHARED: &str =
-    "SELECT CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock_shared($1, $2) END, \
-     pg_backend_pid()";
 
 #[cfg(test)]
 mod tests {

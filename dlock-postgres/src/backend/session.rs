@@ -1,0 +1,81 @@
+//! Sessions: opening one, setting up the server's objects, the ping that
+//! keeps it alive, and ending another one.
+
+use dlock_core::backend::BoxFuture;
+use dlock_sql::sqlx;
+use sqlx::{postgres::PgConnection, Connection, Executor, Row};
+
+use super::{PgDialect, PgSession};
+
+impl PgDialect {
+    /// A simple query (no prepared statement: a pooler in transaction
+    /// mode would break those before dlock could tell it is there).
+    pub(super) fn open_inner(&self) -> BoxFuture<'_, Result<(PgSession, u64), sqlx::Error>> {
+        Box::pin(async move {
+            let mut conn = PgConnection::connect_with(self.config.connect_options()).await?;
+            let opened = format!(
+                "SELECT pg_backend_pid(), set_config('idle_session_timeout', '{}', false), \
+                 set_config('client_connection_check_interval', '1000', false)",
+                self.config.session_timeout().as_millis()
+            );
+            let row = conn.fetch_one(opened.as_str()).await?;
+            let pid: i32 = row.try_get(0)?;
+            Ok((PgSession { conn, pid }, pid as u64))
+        })
+    }
+
+    /// Also reads the schema the tables live in, for the lock identifiers.
+    pub(super) fn setup_inner<'a>(
+        &'a self,
+        session: &'a mut PgSession,
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            let schema: Option<String> = sqlx::query_scalar("SELECT current_schema()")
+                .fetch_one(&mut session.conn)
+                .await?;
+            let prefix = self.config.lock_prefix();
+            // The default schema keeps the plain prefix's identifiers.
+            let _ = self.scope.set(match schema.as_deref() {
+                None | Some("public") => prefix.to_owned(),
+                Some(schema) => format!("{prefix}\0{schema}"),
+            });
+            match session.conn.execute(self.create.as_str()).await {
+                Ok(_) => {}
+                // Two clients creating it at once: one of them is told it
+                // exists (unique_violation or duplicate_table). It does now.
+                Err(sqlx::Error::Database(e))
+                    if matches!(e.code().as_deref(), Some("23505" | "42P07")) => {}
+                Err(e) => return Err(e),
+            }
+            // Entries whose sessions ended are deleted by the next enqueue
+            // of their key; those of keys nobody locks again, here.
+            session.conn.execute(self.reap.as_str()).await.map(drop)
+        })
+    }
+
+    pub(super) fn end_session_inner<'a>(
+        &'a self,
+        session: &'a mut PgSession,
+        other: u64,
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            sqlx::query("SELECT pg_terminate_backend($1)")
+                .bind(other as i32)
+                .execute(&mut session.conn)
+                .await
+                .map(drop)
+        })
+    }
+
+    pub(super) fn ping_inner<'a>(
+        &'a self,
+        session: &'a mut PgSession,
+    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        Box::pin(async move {
+            let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                .fetch_one(&mut session.conn)
+                .await?;
+            session.check(pid)
+        })
+    }
+}
