@@ -8,17 +8,15 @@ use dlock_core::{
     LockKey, Result, Token,
 };
 use dlock_sql::{session_moved, sqlx, Dialect, Granted, QueueEntry, SqlBackend, SqlSettings};
-use sqlx::{
-    mysql::{MySqlConnection, MySqlDatabaseError},
-    Connection, Executor, Row,
-};
+use sqlx::mysql::{MySqlConnection, MySqlDatabaseError};
 
 use crate::config::{lock_name, object_name, FenceSource, MySqlConfig};
 
-/// How long an enqueue waits at most for the key's other enqueues (each
-/// one insert long) before it answers busy (and is tried again, within the
-/// wait limit): a third of the session timeout, or this if shorter.
-const ENQUEUE_TIMEOUT: Duration = Duration::from_secs(10);
+mod acquire;
+mod election;
+mod queue;
+mod release;
+mod session;
 
 /// `GET_LOCK`'s timeout for a wait without limit: a year, after which the
 /// wait starts again (MariaDB answers a negative timeout at once).
@@ -209,33 +207,6 @@ const FENCE_ROWS: u64 = 64;
 const QUEUE_ROW: u64 = FENCE_ROWS;
 
 impl MySqlDialect {
-    /// One request: `GET_LOCK(name, timeout)` (only on the server session
-    /// `session`) then, if granted, the token from the name's counter row
-    /// (`-1` if the row is missing); answers the lock's state (1 granted,
-    /// 0 timed out, `NULL` interrupted, -1 on another session), the
-    /// token, and the server's time on it in µs. Names are ASCII letters,
-    /// digits and `-_.:/%#` only: safe inside quotes.
-    fn get_lock(&self, session: i64, name: &str, timeout: &str) -> String {
-        let (take, token) = match self.config.fence() {
-            FenceSource::Row => (
-                format!(
-                    "UPDATE {} SET v = LAST_INSERT_ID(v + 1) WHERE shard = {} AND @dlock_g = 1; ",
-                    self.table,
-                    self.shard(&name.to_owned()) % FENCE_ROWS
-                ),
-                "IF(@dlock_g = 1, IF(ROW_COUNT() = 1, CAST(LAST_INSERT_ID() AS SIGNED), -1), NULL)",
-            ),
-            FenceSource::Off => (String::new(), "0"),
-        };
-        format!(
-            "SET @dlock_t = SYSDATE(6); \
-             SET @dlock_g = IF(CONNECTION_ID() = {session}, GET_LOCK('{name}', {timeout}), -1); \
-             {take}\
-             SELECT @dlock_g, {token}, TIMESTAMPDIFF(MICROSECOND, @dlock_t, SYSDATE(6)), \
-             CAST(CONNECTION_ID() AS SIGNED)"
-        )
-    }
-
     /// The token of a granted request, or the error of one whose counter
     /// row is missing (the lock is held then: the caller undoes it).
     fn token(&self, token: Option<i64>) -> Result<i64, sqlx::Error> {
@@ -254,65 +225,10 @@ impl MySqlDialect {
 }
 
 impl MySqlDialect {
-    /// The entries of the key named by `id` numbered up to `number` (SQL
-    /// expressions), each live while the session that added it (by its
-    /// connection id) holds its entry lock, as `QueueEntry::read_rows`
-    /// reads them.
-    fn ahead_query(&self, id: &str, number: &str) -> String {
-        format!(
-            "SELECT n, mode, owner, CAST(COALESCE(IS_USED_LOCK(owner) = session, 0) AS SIGNED) \
-             FROM {} WHERE lock_id = {id} AND n <= {number} ORDER BY n",
-            self.queue
-        )
-    }
-
-    /// A queue entry's lock: a named lock for its token, under (the first
-    /// 26 characters of) the prefix, within the server's 64.
-    fn entry_lock(&self, token: &Token) -> String {
-        self.token_lock('e', token)
-    }
-
-    /// A proclaimed hold's entry lock, named as a queue entry's is.
-    fn holder_lock(&self, token: &Token) -> String {
-        self.token_lock('h', token)
-    }
-
     /// A named lock for `token` in the space `tag` names.
     fn token_lock(&self, tag: char, token: &Token) -> String {
         let prefix = self.config.lock_prefix();
         format!("{}%{tag}:{token}", &prefix[..prefix.len().min(26)])
-    }
-}
-
-/// Whether a server of `version` (as `VERSION()` answers) holds several
-/// named locks per session: MySQL 5.7 and later, MariaDB 10.0.2 and later.
-/// On older ones a second `GET_LOCK` silently releases the first, so two
-/// owners could hold a lock. A version this cannot read passes (forks
-/// that report their own numbers).
-fn holds_several_locks(version: &str) -> Result<(), String> {
-    // MariaDB may report `5.5.5-10.x.y-MariaDB` for old replication.
-    let version = version.strip_prefix("5.5.5-").unwrap_or(version);
-    let numbers: Vec<u32> = version
-        .split(|c: char| !c.is_ascii_digit())
-        .take(3)
-        .map_while(|n| n.parse().ok())
-        .collect();
-    let [major, minor, patch] = numbers[..] else {
-        return Ok(());
-    };
-    let (least, server) = if version.contains("MariaDB") {
-        ((10, 0, 2), "MariaDB")
-    } else {
-        ((5, 7, 0), "MySQL")
-    };
-    if (major, minor, patch) >= least {
-        Ok(())
-    } else {
-        Err(format!(
-            "{server} {major}.{minor}.{patch} holds one named lock per session (a second \
-             GET_LOCK releases the first), so two owners could hold a lock: dlock needs \
-             MySQL 5.7 or later, or MariaDB 10.0.2 or later"
-        ))
     }
 }
 
@@ -381,86 +297,7 @@ impl Dialect for MySqlDialect {
         mode: Mode,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<(i64, Vec<QueueEntry>), sqlx::Error>> {
-        Box::pin(async move {
-            // The names are escaped (the id) or ours (prefix and hex), and
-            // the tag is letters, digits and `/`: safe to write inline.
-            // The key's name is held until the insert committed, so entry
-            // numbers become visible in order; the entries up to the new
-            // one are read in the same round trip. With fencing, the
-            // number is taken from the queue's counter row first (a
-            // committed write), else it is the table's `AUTO_INCREMENT`.
-            let entry = self.entry_lock(token);
-            let (take, number) = match self.config.fence() {
-                FenceSource::Row => (
-                    format!(
-                        "UPDATE {table} SET v = LAST_INSERT_ID(v + 1) \
-                         WHERE shard = {QUEUE_ROW} AND @dlock_e = 1 AND @dlock_q = 1; \
-                         SET @dlock_f = IF(ROW_COUNT() = 1, LAST_INSERT_ID(), NULL); ",
-                        table = self.table
-                    ),
-                    "@dlock_f",
-                ),
-                FenceSource::Off => ("SET @dlock_f = 0; ".to_owned(), "NULL"),
-            };
-            let request = format!(
-                "SET @dlock_e = IF(CONNECTION_ID() = {session}, \
-                 IF(IS_USED_LOCK('{entry}') <=> CONNECTION_ID(), 1, GET_LOCK('{entry}', 0)), -1); \
-                 SET @dlock_q = GET_LOCK('{id}', {enqueue_timeout:.3}); {take}\
-                 INSERT INTO {queue} (n, lock_id, mode, owner, session) \
-                 SELECT {number}, '{id}', '{tag}', '{entry}', CONNECTION_ID() \
-                 FROM DUAL WHERE @dlock_e = 1 AND @dlock_q = 1 AND @dlock_f IS NOT NULL; \
-                 SET @dlock_n = IF(ROW_COUNT() = 1, CAST(LAST_INSERT_ID() AS SIGNED), NULL); \
-                 DO RELEASE_LOCK('{id}'); \
-                 SELECT @dlock_n, @dlock_e, @dlock_q, CAST(CONNECTION_ID() AS SIGNED), \
-                 CAST(@dlock_f AS SIGNED); {ahead}",
-                session = conn.id,
-                enqueue_timeout = (self.config.session_timeout() / 3)
-                    .min(ENQUEUE_TIMEOUT)
-                    .as_secs_f64(),
-                queue = self.queue,
-                tag = mode.tag(),
-                ahead = self.ahead_query(&format!("'{id}'"), "@dlock_n"),
-            );
-            let rows = match conn.conn.fetch_all(request.as_str()).await {
-                Ok(rows) => rows,
-                // The request stopped at its error, maybe with the key's
-                // enqueue lock taken: given back, or every later enqueue
-                // of the key would answer busy.
-                Err(e @ sqlx::Error::Database(_)) => {
-                    let release = format!("DO RELEASE_LOCK('{id}')");
-                    conn.conn.execute(release.as_str()).await?;
-                    return Err(e);
-                }
-                Err(e) => return Err(e),
-            };
-            let status = rows.first().ok_or(sqlx::Error::RowNotFound)?;
-            conn.check(status.try_get(3)?)?;
-            let (taken, queued) = (
-                status.try_get::<Option<i64>, _>(1)?,
-                status.try_get::<Option<i64>, _>(2)?,
-            );
-            if taken == Some(1) && queued == Some(1) {
-                // The counter row is missing: the entry was not added.
-                self.token(status.try_get(4)?)?;
-            }
-            if taken == Some(1) && queued == Some(0) {
-                // The entry lock stays with the session, for the next try
-                // (taken once: held already, it is not taken again).
-                return Err(dlock_sql::busy(
-                    "the key's other enqueues held it up for a third of the session timeout",
-                ));
-            }
-            let Some(number) = status.try_get::<Option<i64>, _>(0)? else {
-                return Err(sqlx::Error::Protocol(format!(
-                    "no queue entry: entry lock {taken:?}, the key's enqueue lock {queued:?}"
-                )));
-            };
-            let (entries, mine) = QueueEntry::read_rows(&rows[1..], number)?;
-            if !mine {
-                return Err(sqlx::Error::RowNotFound);
-            }
-            Ok((number, entries))
-        })
+        self.enqueue_inner(conn, id, mode, token)
     }
 
     fn ahead<'a>(
@@ -469,15 +306,7 @@ impl Dialect for MySqlDialect {
         id: &'a String,
         number: i64,
     ) -> BoxFuture<'a, Result<(Vec<QueueEntry>, bool), sqlx::Error>> {
-        Box::pin(async move {
-            let query = self.ahead_query("?", "?");
-            let rows = sqlx::query(&query)
-                .bind(id)
-                .bind(number)
-                .fetch_all(&mut conn.conn)
-                .await?;
-            QueueEntry::read_rows(&rows, number)
-        })
+        self.ahead_inner(conn, id, number)
     }
 
     fn dequeue<'a>(
@@ -485,19 +314,7 @@ impl Dialect for MySqlDialect {
         conn: &'a mut MySqlSession,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-        Box::pin(async move {
-            let entry = self.entry_lock(token);
-            let request = format!(
-                "DELETE FROM {} WHERE owner = '{entry}'; SET @dlock_d = ROW_COUNT(); \
-                 DO IF(CONNECTION_ID() = {}, RELEASE_LOCK('{entry}'), NULL); \
-                 SELECT CAST(@dlock_d AS SIGNED), CAST(CONNECTION_ID() AS SIGNED)",
-                self.queue, conn.id
-            );
-            let rows = conn.conn.fetch_all(request.as_str()).await?;
-            let row = rows.last().ok_or(sqlx::Error::RowNotFound)?;
-            conn.check(row.try_get(1)?)?;
-            Ok(row.try_get::<Option<i64>, _>(0)?.unwrap_or(0) > 0)
-        })
+        self.dequeue_inner(conn, token)
     }
 
     fn remove<'a>(
@@ -505,11 +322,7 @@ impl Dialect for MySqlDialect {
         conn: &'a mut MySqlSession,
         numbers: &'a [i64],
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            let list: Vec<String> = numbers.iter().map(i64::to_string).collect();
-            let request = format!("DELETE FROM {} WHERE n IN ({})", self.queue, list.join(","));
-            conn.conn.execute(request.as_str()).await.map(drop)
-        })
+        self.remove_inner(conn, numbers)
     }
 
     fn watch<'a>(
@@ -518,28 +331,7 @@ impl Dialect for MySqlDialect {
         owner: &'a str,
         limit: Option<Duration>,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-        Box::pin(async move {
-            let timeout = match limit {
-                Some(limit) => format!("{:.6}", limit.as_secs_f64()),
-                None => FOREVER_SECS.to_string(),
-            };
-            let (got, session): (Option<i64>, i64) =
-                sqlx::query_as(&on_own_session(&format!("GET_LOCK(?, {timeout})")))
-                    .bind(conn.id)
-                    .bind(owner)
-                    .fetch_one(&mut conn.conn)
-                    .await?;
-            conn.check(session)?;
-            if got != Some(1) {
-                return Ok(false);
-            }
-            // Its owner left: give it back at once.
-            sqlx::query("DO RELEASE_LOCK(?)")
-                .bind(owner)
-                .execute(&mut conn.conn)
-                .await?;
-            Ok(true)
-        })
+        self.watch_inner(conn, owner, limit)
     }
 
     fn shard(&self, id: &String) -> u64 {
@@ -547,63 +339,11 @@ impl Dialect for MySqlDialect {
     }
 
     fn open(&self) -> BoxFuture<'_, Result<(MySqlSession, u64), sqlx::Error>> {
-        Box::pin(async move {
-            let mut conn = MySqlConnection::connect_with(self.config.connect_options()).await?;
-            let opened = format!(
-                "SET SESSION wait_timeout = {}, autocommit = 1; \
-                 SELECT CAST(CONNECTION_ID() AS SIGNED)",
-                self.wait_timeout.max(1)
-            );
-            let rows = conn.fetch_all(opened.as_str()).await?;
-            let id: i64 = rows.last().ok_or(sqlx::Error::RowNotFound)?.try_get(0)?;
-            Ok((MySqlSession { conn, id }, id as u64))
-        })
+        self.open_inner()
     }
 
     fn setup<'a>(&'a self, conn: &'a mut MySqlSession) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            let version: String = sqlx::query_scalar("SELECT VERSION()")
-                .fetch_one(&mut conn.conn)
-                .await?;
-            if let Err(why) = holds_several_locks(&version) {
-                return Err(dlock_sql::unsafe_deployment(why));
-            }
-            let queue = format!(
-                "CREATE TABLE IF NOT EXISTS {} (n BIGINT AUTO_INCREMENT PRIMARY KEY, \
-                 lock_id VARCHAR(64) NOT NULL, mode VARCHAR(32) NOT NULL, \
-                 owner VARCHAR(64) NOT NULL, session BIGINT NOT NULL, \
-                 KEY (lock_id, n), KEY (owner)) ENGINE = InnoDB",
-                self.queue
-            );
-            conn.conn.execute(queue.as_str()).await?;
-            // Entries whose sessions ended are deleted by the next enqueue
-            // of their key; those of keys nobody locks again, here.
-            let reap = format!(
-                "DELETE FROM {} WHERE NOT (IS_USED_LOCK(owner) <=> session)",
-                self.queue
-            );
-            conn.conn.execute(reap.as_str()).await?;
-            if self.config.fence() == FenceSource::Off {
-                // No fencing tokens, so no holders to record: nothing
-                // orders them.
-                return Ok(());
-            }
-            let holders = format!(
-                "CREATE TABLE IF NOT EXISTS {} (lock_id VARCHAR(64) PRIMARY KEY, \
-                 owner VARCHAR(64) NOT NULL, fence BIGINT NOT NULL, \
-                 value MEDIUMBLOB NOT NULL) ENGINE = InnoDB",
-                self.holders
-            );
-            conn.conn.execute(holders.as_str()).await?;
-            let rows: Vec<String> = (0..=QUEUE_ROW).map(|s| format!("({s}, 0)")).collect();
-            let create = format!(
-                "CREATE TABLE IF NOT EXISTS {0} (shard SMALLINT PRIMARY KEY, v BIGINT NOT NULL) \
-                 ENGINE = InnoDB; INSERT IGNORE INTO {0} (shard, v) VALUES {1}",
-                self.table,
-                rows.join(", ")
-            );
-            conn.conn.execute(create.as_str()).await.map(drop)
-        })
+        self.setup_inner(conn)
     }
 
     fn try_lock<'a>(
@@ -612,26 +352,7 @@ impl Dialect for MySqlDialect {
         id: &'a String,
         _mode: Mode,
     ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
-        Box::pin(async move {
-            if self.config.fence() == FenceSource::Off {
-                let (granted, session): (Option<i64>, i64) =
-                    sqlx::query_as(&on_own_session("GET_LOCK(?, 0)"))
-                        .bind(conn.id)
-                        .bind(id)
-                        .fetch_one(&mut conn.conn)
-                        .await?;
-                conn.check(session)?;
-                return Ok((granted == Some(1)).then_some(0));
-            }
-            let request = self.get_lock(conn.id, id, "0");
-            let rows = conn.conn.fetch_all(request.as_str()).await?;
-            let row = rows.last().ok_or(sqlx::Error::RowNotFound)?;
-            conn.check(row.try_get(3)?)?;
-            match row.try_get::<Option<i64>, _>(0)? {
-                Some(1) => self.token(row.try_get(1)?).map(Some),
-                _ => Ok(None),
-            }
-        })
+        self.try_lock_inner(conn, id, _mode)
     }
 
     fn wait<'a>(
@@ -641,33 +362,7 @@ impl Dialect for MySqlDialect {
         _mode: Mode,
         limit: Option<Duration>,
     ) -> BoxFuture<'a, Result<Option<Granted>, sqlx::Error>> {
-        Box::pin(async move {
-            let timeout = match limit {
-                Some(limit) => format!("{:.6}", limit.as_secs_f64()),
-                None => FOREVER_SECS.to_string(),
-            };
-            let request = self.get_lock(conn.id, id, &timeout);
-            let rows = conn.conn.fetch_all(request.as_str()).await?;
-            let row = rows.last().ok_or(sqlx::Error::RowNotFound)?;
-            conn.check(row.try_get(3)?)?;
-            match row.try_get::<Option<i64>, _>(0)? {
-                Some(1) => {
-                    let took_us: i64 = row.try_get(2)?;
-                    Ok(Some(Granted {
-                        fence: self.token(row.try_get(1)?)?,
-                        took: Duration::from_micros(u64::try_from(took_us).unwrap_or(0)),
-                    }))
-                }
-                // Not granted within the limit: the session is as it was.
-                Some(0) => Ok(None),
-                // `NULL`: the wait was interrupted (`KILL QUERY`); treated
-                // as the end of the session, which gives up whatever it
-                // might hold.
-                _ => Err(sqlx::Error::Protocol(
-                    "GET_LOCK was interrupted on the server".into(),
-                )),
-            }
-        })
+        self.wait_inner(conn, id, _mode, limit)
     }
 
     fn unlock<'a>(
@@ -676,16 +371,7 @@ impl Dialect for MySqlDialect {
         id: &'a String,
         _mode: Mode,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-        Box::pin(async move {
-            let (released, session): (Option<i64>, i64) =
-                sqlx::query_as(&on_own_session("RELEASE_LOCK(?)"))
-                    .bind(conn.id)
-                    .bind(id)
-                    .fetch_one(&mut conn.conn)
-                    .await?;
-            conn.check(session)?;
-            Ok(released == Some(1))
-        })
+        self.unlock_inner(conn, id, _mode)
     }
 
     fn end_session<'a>(
@@ -693,32 +379,11 @@ impl Dialect for MySqlDialect {
         conn: &'a mut MySqlSession,
         session: u64,
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            match conn
-                .conn
-                .execute(format!("KILL CONNECTION {session}").as_str())
-                .await
-            {
-                Ok(_) => Ok(()),
-                // ER_NO_SUCH_THREAD: it ended already.
-                Err(sqlx::Error::Database(e))
-                    if e.try_downcast_ref::<MySqlDatabaseError>()
-                        .is_some_and(|e| e.number() == 1094) =>
-                {
-                    Ok(())
-                }
-                Err(e) => Err(e),
-            }
-        })
+        self.end_session_inner(conn, session)
     }
 
     fn ping<'a>(&'a self, conn: &'a mut MySqlSession) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            let session: i64 = sqlx::query_scalar("SELECT CAST(CONNECTION_ID() AS SIGNED)")
-                .fetch_one(&mut conn.conn)
-                .await?;
-            conn.check(session)
-        })
+        self.ping_inner(conn)
     }
 
     fn records_holders(&self) -> bool {
@@ -733,41 +398,7 @@ impl Dialect for MySqlDialect {
         fence: i64,
         value: &'a [u8],
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            let owner = self.holder_lock(token);
-            // Taken once: a second GET_LOCK of a name this session holds
-            // would stack, and the release gives it back once.
-            let (taken, session): (Option<i64>, i64) = sqlx::query_as(
-                "SELECT IF(CONNECTION_ID() <> ?, -1, \
-                 IF(IS_USED_LOCK(?) <=> CONNECTION_ID(), 1, GET_LOCK(?, 0))), \
-                 CAST(CONNECTION_ID() AS SIGNED)",
-            )
-            .bind(conn.id)
-            .bind(&owner)
-            .bind(&owner)
-            .fetch_one(&mut conn.conn)
-            .await?;
-            conn.check(session)?;
-            if taken != Some(1) {
-                // Another session holds the entry lock: never, short of a
-                // name reused.
-                return Err(sqlx::Error::RowNotFound);
-            }
-            let upsert = format!(
-                "INSERT INTO {} (lock_id, owner, fence, value) VALUES (?, ?, ?, ?) \
-                 ON DUPLICATE KEY UPDATE owner = VALUES(owner), fence = VALUES(fence), \
-                 value = VALUES(value)",
-                self.holders
-            );
-            sqlx::query(upsert.as_str())
-                .bind(id)
-                .bind(&owner)
-                .bind(fence)
-                .bind(value)
-                .execute(&mut conn.conn)
-                .await
-                .map(drop)
-        })
+        self.proclaim_inner(conn, id, token, fence, value)
     }
 
     fn disclaim<'a>(
@@ -776,25 +407,7 @@ impl Dialect for MySqlDialect {
         id: &'a String,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        Box::pin(async move {
-            let owner = self.holder_lock(token);
-            let delete = format!(
-                "DELETE FROM {} WHERE lock_id = ? AND owner = ?",
-                self.holders
-            );
-            sqlx::query(delete.as_str())
-                .bind(id)
-                .bind(&owner)
-                .execute(&mut conn.conn)
-                .await?;
-            let (_, session): (Option<i64>, i64) =
-                sqlx::query_as(&on_own_session("RELEASE_LOCK(?)"))
-                    .bind(conn.id)
-                    .bind(&owner)
-                    .fetch_one(&mut conn.conn)
-                    .await?;
-            conn.check(session)
-        })
+        self.disclaim_inner(conn, id, token)
     }
 
     fn holder<'a>(
@@ -802,27 +415,7 @@ impl Dialect for MySqlDialect {
         conn: &'a mut MySqlSession,
         id: &'a String,
     ) -> BoxFuture<'a, Result<Option<(Option<i64>, Option<Vec<u8>>)>, sqlx::Error>> {
-        Box::pin(async move {
-            let read = format!(
-                "SELECT CAST(IS_USED_LOCK(?) AS SIGNED), h.fence, h.value, \
-                 CAST(IS_USED_LOCK(h.owner) AS SIGNED) \
-                 FROM (SELECT 1) x LEFT JOIN {} h ON h.lock_id = ?",
-                self.holders
-            );
-            let row = sqlx::query(read.as_str())
-                .bind(id)
-                .bind(id)
-                .fetch_one(&mut conn.conn)
-                .await?;
-            let Some(session) = row.try_get::<Option<i64>, _>(0)? else {
-                return Ok(None);
-            };
-            let recorder: Option<i64> = row.try_get(3)?;
-            if recorder != Some(session) {
-                return Ok(Some((None, None)));
-            }
-            Ok(Some((row.try_get(1)?, row.try_get(2)?)))
-        })
+        self.holder_inner(conn, id)
     }
 
     /// The connection failed, or the server ended the session: SQLSTATE
@@ -846,33 +439,6 @@ impl Dialect for MySqlDialect {
 mod tests {
     use super::*;
     use dlock_testkit::fixture::MariaDbServer;
-
-    #[test]
-    fn servers_that_hold_one_lock_per_session_are_refused() {
-        for ok in [
-            "5.7.0",
-            "8.0.36",
-            "8.4.0-log",
-            "10.0.2-MariaDB",
-            "10.11.6-MariaDB-0+deb12u1",
-            "5.5.5-10.6.16-MariaDB",
-            "unknown",
-        ] {
-            assert_eq!(holds_several_locks(ok), Ok(()), "{ok}");
-        }
-        for refused in [
-            "5.6.51",
-            "5.5.62-log",
-            "10.0.1-MariaDB",
-            "5.5.5-10.0.1-MariaDB",
-        ] {
-            let why = holds_several_locks(refused).unwrap_err();
-            assert!(
-                why.contains("one named lock per session"),
-                "{refused}: {why}"
-            );
-        }
-    }
 
     /// With the session's recorded connection id changed, as if a proxy
     /// had moved the connection to another server session, the ping and
