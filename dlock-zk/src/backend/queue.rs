@@ -1,0 +1,459 @@
+//! Acquiring: our node in the key's queue, and the wait for the nodes
+//! ahead of it.
+
+use std::{sync::Arc, time::Duration};
+
+use dlock_core::{
+    backend::{AcquireRequest, Acquired, Backoff, LeaseKind, Mode, Wait},
+    LockError, Result, Token,
+};
+use tokio::time::Instant;
+use zookeeper_client::{
+    Acls, Client, CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult,
+};
+
+use super::{
+    admitted, backend_error, mode_of, mode_tag, parent_of, release::delete_strays, sequence,
+    session::watch_our_node, vanished, Owned, ZkBackend,
+};
+use crate::session::Session;
+
+/// Create attempts before an acquire gives up on repeated failures.
+const ENQUEUE_ATTEMPTS: usize = 5;
+
+/// Our node in the queue, as the create (or the search for it) found it.
+struct Enqueued {
+    /// When the create that made the node was sent: the leader applied it
+    /// later, so the session was alive then.
+    sent: Instant,
+    stat: zookeeper_client::Stat,
+    name: String,
+    /// The children of the parent, read after the create.
+    children: Vec<String>,
+    /// Whether an earlier create's answer was lost (see [`Owned::strays`]).
+    strays: bool,
+}
+
+/// Faults injected by unit tests: answers lost on the way back, which a
+/// real server cannot be made to lose on demand.
+#[cfg(test)]
+mod faults {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use zookeeper_client::Error as ZkError;
+
+    /// Successful creates whose answer is turned into a connection loss.
+    pub(super) static LOST_REPLIES: AtomicUsize = AtomicUsize::new(0);
+    /// Searches for our node after a failed create that fail too.
+    pub(super) static FAILED_LOOKUPS: AtomicUsize = AtomicUsize::new(0);
+
+    fn take(counter: &AtomicUsize) -> bool {
+        counter
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    pub(super) fn lose_reply<T>(created: Result<T, ZkError>) -> Result<T, ZkError> {
+        match created {
+            Ok(_) if take(&LOST_REPLIES) => Err(ZkError::ConnectionLoss),
+            other => other,
+        }
+    }
+
+    pub(super) fn fail_lookup() -> Result<(), ZkError> {
+        if take(&FAILED_LOOKUPS) {
+            return Err(ZkError::ConnectionLoss);
+        }
+        Ok(())
+    }
+}
+
+impl ZkBackend {
+    pub(super) async fn acquire_inner(&self, req: &AcquireRequest<'_>) -> Result<Option<Acquired>> {
+        let token = *req.token;
+        let session = self.session().await?;
+        let client = session.client().map_err(backend_error)?;
+        let mode = req.mode;
+        let parent = parent_of(self.inner.config.path(), req.key, mode);
+        let mine = format!("lock-{token}-");
+        let tag = mode_tag(mode);
+        self.owned().insert(
+            token,
+            Owned {
+                parent: parent.clone(),
+                path: None,
+                strays: false,
+                session: session.clone(),
+                granted: false,
+            },
+        );
+        let enqueued = self.enqueue(&client, &parent, &token, &tag).await;
+        if let Some(owned) = self.owned().get_mut(&token) {
+            owned.strays = enqueued.as_ref().map_or(true, |e| e.strays);
+        }
+        let Enqueued {
+            sent,
+            stat,
+            name,
+            mut children,
+            strays,
+        } = enqueued?;
+        let path = format!("{parent}/{name}");
+        if let Some(owned) = self.owned().get_mut(&token) {
+            owned.path = Some(path.clone());
+        }
+        sequence(&name).ok_or_else(vanished)?;
+        if let Mode::Permits { limit, .. } = mode {
+            let theirs = children.iter().find_map(|c| match mode_of(c) {
+                Some(Mode::Permits { limit: theirs, .. }) if theirs != limit => Some(theirs),
+                _ => None,
+            });
+            if let Some(theirs) = theirs {
+                self.delete_owned(&token).await?;
+                return Err(LockError::permit_limit_mismatch(req.key, theirs, limit));
+            }
+        }
+        let fence = u64::try_from(stat.czxid).unwrap_or(0);
+        let deadline = req.wait.deadline();
+        let mut failing_since: Option<Instant> = None;
+        let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
+        // When the listing that admits us was asked for: the grant, where
+        // a fixed lease starts (our create, for a lock free at once).
+        let mut listed_at = sent;
+        loop {
+            if strays {
+                // Our own older nodes must not make us (or anyone) wait:
+                // delete them, and leave them out of the queue we read.
+                delete_strays(&client, &parent, &mine, &name, &children).await;
+                children.retain(|c| *c == name || !c.starts_with(&mine));
+            }
+            children.sort_by_key(|c| sequence(c).unwrap_or(i64::MAX));
+            let position = children
+                .iter()
+                .position(|c| *c == name)
+                .ok_or_else(vanished)?;
+            if admitted(&children, position, mode) {
+                return self.granted(req, &session, &path, sent, listed_at, fence);
+            }
+            if req.wait == Wait::No || deadline.is_some_and(|d| Instant::now() >= d) {
+                // We answer for ourselves here, so core will not release:
+                // take our node away (an error lets core try again).
+                self.delete_owned(&token).await?;
+                return Ok(None);
+            }
+            // The node that keeps us waiting: a reader's is the last writer
+            // ahead, a writer's its predecessor; permits watch the whole
+            // queue (any node ahead may free some).
+            let blocking = match mode {
+                Mode::Read => children[..position]
+                    .iter()
+                    .rev()
+                    .find(|c| mode_of(c) != Some(Mode::Read)),
+                Mode::Permits { .. } => None,
+                _ => Some(&children[position - 1]),
+            }
+            .map(|c| format!("{parent}/{c}"));
+            let step = async {
+                let watcher = match &blocking {
+                    Some(blocking) => {
+                        let (stat, watcher) = client.check_and_watch_stat(blocking).await?;
+                        stat.is_some().then_some(watcher)
+                    }
+                    None => {
+                        // Wait only if nothing changed since our listing.
+                        let (mut listed, watcher) = client.list_and_watch_children(&parent).await?;
+                        listed.sort_by_key(|c| sequence(c).unwrap_or(i64::MAX));
+                        (listed == children).then_some(watcher)
+                    }
+                };
+                if let Some(watcher) = watcher {
+                    let gone = watcher.changed();
+                    match deadline {
+                        Some(d) => {
+                            let _ = tokio::time::timeout_at(d, gone).await;
+                        }
+                        None => {
+                            gone.await;
+                        }
+                    }
+                }
+                let asked = Instant::now();
+                client.list_children(&parent).await.map(|l| (asked, l))
+            };
+            let step = async {
+                tokio::select! {
+                    listed = step => listed,
+                    // Given up: the wait ends with the session.
+                    () = session.ended() => Err(ZkError::SessionExpired),
+                }
+            };
+            match step.await {
+                Ok((asked, listed)) => {
+                    listed_at = asked;
+                    children = listed;
+                    failing_since = None;
+                }
+                Err(ZkError::SessionExpired) => return Err(vanished()),
+                Err(error) => {
+                    // A disconnect mid-wait: the session may move to another
+                    // server. Retry until the wait limit, or a whole session
+                    // timeout without one.
+                    let now = Instant::now();
+                    let since = *failing_since.get_or_insert(now);
+                    let give_up = deadline.unwrap_or(since + session.timeout);
+                    let delay = backoff.next_delay();
+                    if now + delay >= give_up {
+                        return Err(backend_error(error));
+                    }
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+
+    /// Creates our node and lists the queue, in one round trip; after a
+    /// failure that may have created it anyway, finds it by our token
+    /// instead of creating a second one.
+    async fn enqueue(
+        &self,
+        client: &Client,
+        parent: &str,
+        token: &Token,
+        tag: &str,
+    ) -> Result<Enqueued> {
+        let protected = format!("{parent}/lock-{token}-{tag}");
+        let mine = format!("lock-{token}-");
+        let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let mut strays = false;
+        let mut last_error = None;
+        for _ in 0..ENQUEUE_ATTEMPTS {
+            let sent = Instant::now();
+            // Sent back to back: the session runs them in order.
+            let create = client.create(&protected, b"", &ephemeral);
+            let listing = client.list_children(parent);
+            let (created, listed) = (create.await, listing.await);
+            #[cfg(test)]
+            let created = faults::lose_reply(created);
+            match created {
+                Ok((stat, seq)) => {
+                    return Ok(Enqueued {
+                        sent,
+                        stat,
+                        name: format!("{mine}{tag}{seq}"),
+                        children: listed.map_err(backend_error)?,
+                        strays,
+                    })
+                }
+                Err(ZkError::NoNode) => {
+                    // No parent. Create it and our node in one transaction:
+                    // an attempt cut off in between would leave a parent
+                    // that never had a child, which the server never reaps.
+                    let sent = Instant::now();
+                    let mut both = client.new_multi_writer();
+                    let container = CreateMode::Container.with_acls(Acls::anyone_all());
+                    both.add_create(parent, b"", &container)
+                        .and_then(|()| both.add_create(&protected, b"", &ephemeral))
+                        .map_err(backend_error)?;
+                    match both.commit().await {
+                        Ok(results) => {
+                            let Some(MultiWriteResult::Create { path, stat }) = results.last()
+                            else {
+                                return Err(vanished());
+                            };
+                            let name = path.rsplit('/').next().unwrap_or_default().to_owned();
+                            // A multi's stat may be invalid (ZOOKEEPER-4026).
+                            let stat = match stat.czxid {
+                                czxid if czxid > 0 => *stat,
+                                _ => client
+                                    .check_stat(&format!("{parent}/{name}"))
+                                    .await
+                                    .map_err(backend_error)?
+                                    .ok_or_else(vanished)?,
+                            };
+                            let children =
+                                client.list_children(parent).await.map_err(backend_error)?;
+                            return Ok(Enqueued {
+                                sent,
+                                stat,
+                                name,
+                                children,
+                                strays,
+                            });
+                        }
+                        // Someone else created the parent meanwhile.
+                        Err(MultiWriteError::OperationFailed {
+                            source: ZkError::NodeExists,
+                            ..
+                        }) => {}
+                        Err(e) => {
+                            // Perhaps applied, with the answer lost.
+                            strays = true;
+                            last_error = Some(e.into());
+                        }
+                    }
+                }
+                Err(ZkError::SessionExpired) => return Err(vanished()),
+                Err(e) => {
+                    // The create may have happened: a node of ours may now
+                    // exist whether or not we find it.
+                    strays = true;
+                    // `sync` first, so the listing sees every write the
+                    // leader took.
+                    let found = async {
+                        #[cfg(test)]
+                        faults::fail_lookup()?;
+                        client.sync(parent).await?;
+                        let listed = client.list_children(parent).await?;
+                        match listed.iter().find(|c| c.starts_with(&mine)).cloned() {
+                            Some(name) => {
+                                let stat = client.check_stat(&format!("{parent}/{name}")).await?;
+                                Ok(stat.map(|stat| Enqueued {
+                                    sent,
+                                    stat,
+                                    name,
+                                    children: listed,
+                                    strays: true,
+                                }))
+                            }
+                            None => Ok(None),
+                        }
+                    };
+                    match found.await {
+                        Ok(Some(found)) => return Ok(found),
+                        Ok(None) | Err(ZkError::NoNode) => last_error = Some(e),
+                        Err(again) => last_error = Some(again),
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+        Err(last_error.map_or_else(vanished, backend_error))
+    }
+
+    fn granted(
+        &self,
+        req: &AcquireRequest<'_>,
+        session: &Arc<Session>,
+        path: &str,
+        sent: Instant,
+        granted_at: Instant,
+        fence: u64,
+    ) -> Result<Option<Acquired>> {
+        let acquired = Acquired::new(sent).with_fence(fence);
+        if let Some(owned) = self.owned().get_mut(req.token) {
+            owned.granted = true;
+        }
+        // A fixed lease counts from the grant, as on every backend: a lock
+        // won after a long wait gets its whole lease.
+        let fixed_end = (req.lease_kind == LeaseKind::Fixed).then(|| granted_at + req.lease);
+        // Registered with the session either way: its expiry ends the lock
+        // whatever the lease.
+        let confirmed_at = session
+            .hold(*req.token, req.loss.clone(), fixed_end)
+            .ok_or_else(vanished)?;
+        watch_our_node(session, *req.token, path.to_owned());
+        // Only what the leader saw proves the session alive: the last
+        // `sync`, or our create (a write, applied by the leader after
+        // `sent`). A listing does not: a follower cut off from the leader
+        // still answers it.
+        let alive_at = confirmed_at.max(sent);
+        let session_end = alive_at + session.timeout;
+        match fixed_end {
+            None => Ok(Some(
+                acquired
+                    .with_lease_from(alive_at, session.timeout)
+                    .kept_alive_by_backend(),
+            )),
+            Some(ends) => {
+                // Ephemeral nodes have no TTL: end the lease ourselves, no
+                // earlier than the guard reports it lost.
+                self.inner.lease_ends.add(*req.token, ends);
+                let acquired = if session_end < ends {
+                    acquired.with_lease_from(alive_at, session.timeout)
+                } else {
+                    acquired.with_lease_from(granted_at, req.lease)
+                };
+                Ok(Some(acquired.kept_alive_by_backend()))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two connection losses in a row during the create: its answer is
+    /// lost, and so is the search for the node it made. The second create
+    /// makes a second node; the first one, ahead of it, is ours too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_node_left_by_a_lost_create_answer_is_neither_waited_on_nor_left_behind() {
+        use dlock_core::{BackendExt, LockOptions};
+        use std::sync::atomic::Ordering;
+
+        let server = dlock_testkit::fixture::ZooKeeperServer::start().expect("start ZooKeeper");
+        let url = format!("zk://{}/strays", server.endpoint());
+        let backend = ZkBackend::connect(&url).await.unwrap();
+        let locker = backend.clone().into_locker();
+        let rival = ZkBackend::connect(&url).await.unwrap().into_locker();
+        let raw = zookeeper_client::Client::connect(&server.endpoint())
+            .await
+            .unwrap();
+        let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+        raw.create("/strays/k", b"", &persistent).await.unwrap();
+
+        faults::LOST_REPLIES.store(1, Ordering::SeqCst);
+        faults::FAILED_LOOKUPS.store(1, Ordering::SeqCst);
+        let wait = LockOptions::new().wait(Duration::from_secs(3));
+        let guard = locker
+            .lock_with("k", wait)
+            .await
+            .expect("the lock waited on a node of its own");
+        assert_eq!(faults::LOST_REPLIES.load(Ordering::SeqCst), 0);
+        assert_eq!(faults::FAILED_LOOKUPS.load(Ordering::SeqCst), 0);
+        let children = raw.list_children("/strays/k").await.unwrap();
+        assert_eq!(children.len(), 1, "a stray node is left: {children:?}");
+        guard.release().await.unwrap();
+        let left = raw.list_children("/strays/k").await.unwrap();
+        assert!(left.is_empty(), "release left nodes: {left:?}");
+        rival
+            .lock_with("k", wait)
+            .await
+            .expect("the key stayed blocked")
+            .release()
+            .await
+            .unwrap();
+
+        // The same on a key another owner holds: the waiter must queue
+        // behind the holder, not behind its own stray, and leave nothing
+        // when it gives up.
+        let held = rival.lock("k").await.unwrap();
+        faults::LOST_REPLIES.store(1, Ordering::SeqCst);
+        faults::FAILED_LOOKUPS.store(1, Ordering::SeqCst);
+        let short = LockOptions::new().wait(Duration::from_millis(500));
+        assert!(matches!(
+            locker.lock_with("k", short).await,
+            Err(dlock_core::LockError::Timeout { .. })
+        ));
+        locker.wait_for_releases().await;
+        let left = raw.list_children("/strays/k").await.unwrap();
+        assert_eq!(left.len(), 1, "the waiter left nodes behind: {left:?}");
+        let waiter = tokio::spawn({
+            let locker = locker.clone();
+            async move {
+                locker
+                    .lock_with("k", LockOptions::new().wait(Duration::from_secs(5)))
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        held.release().await.unwrap();
+        waiter
+            .await
+            .unwrap()
+            .expect("not handed the lock")
+            .release()
+            .await
+            .unwrap();
+    }
+}

@@ -1,0 +1,107 @@
+//! Releasing: deleting our node, and every stray node of ours.
+
+use dlock_core::{backend::ReleaseOutcome, Result, Token};
+use zookeeper_client::{Client, Error as ZkError};
+
+use super::{backend_error, ZkBackend};
+
+/// Deletes `path`, or without it (the create unanswered, or strays
+/// possible) every child of `parent` carrying `token`. Once: a failure is
+/// sent again by core, with backoff (see `Backend::abandon`).
+async fn delete_ours(
+    client: &Client,
+    parent: &str,
+    path: Option<String>,
+    token: &Token,
+) -> Result<ReleaseOutcome, ZkError> {
+    let paths = match path {
+        Some(path) => vec![path],
+        // The create may still be in flight: this listing runs after it on
+        // the same session. Synced first: after a reconnect the session may
+        // read from another server, which may not have applied every write
+        // of ours yet.
+        None => {
+            match client.sync(parent).await {
+                Ok(()) | Err(ZkError::NoNode) => {}
+                Err(e) => return Err(e),
+            }
+            let mine = format!("lock-{token}-");
+            match client.list_children(parent).await {
+                Ok(children) => children
+                    .into_iter()
+                    .filter(|c| c.starts_with(&mine))
+                    .map(|c| format!("{parent}/{c}"))
+                    .collect(),
+                Err(ZkError::NoNode) => Vec::new(),
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    let mut outcome = ReleaseOutcome::NotHeld;
+    for path in paths {
+        match client.delete(&path, None).await {
+            Ok(()) => outcome = ReleaseOutcome::Released,
+            Err(ZkError::NoNode) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(outcome)
+}
+
+/// Deletes our nodes other than `name` among `children` (best effort: what
+/// is left is deleted on release, which then lists every node of ours).
+pub(super) async fn delete_strays(
+    client: &Client,
+    parent: &str,
+    mine: &str,
+    name: &str,
+    children: &[String],
+) {
+    for stray in children
+        .iter()
+        .filter(|c| c.starts_with(mine) && *c != name)
+    {
+        match client.delete(&format!("{parent}/{stray}"), None).await {
+            Ok(()) => tracing::debug!(stray, "dlock zookeeper deleted a stray node of ours"),
+            Err(ZkError::NoNode) => {}
+            Err(error) => {
+                tracing::debug!(%error, stray, "dlock zookeeper stray node not deleted yet")
+            }
+        }
+    }
+}
+
+impl ZkBackend {
+    /// Deletes our node, and every stray one of ours if there may be some.
+    /// The entry is forgotten only once that worked (or the session that
+    /// held them is gone), so a failed or dropped release can be sent again
+    /// instead of leaving a node that blocks the key for as long as the
+    /// session lives.
+    pub(super) async fn delete_owned(&self, token: &Token) -> Result<ReleaseOutcome> {
+        let (parent, path, session) = {
+            let owned = self.owned();
+            let Some(owned) = owned.get(token) else {
+                return Ok(ReleaseOutcome::NotHeld);
+            };
+            (
+                owned.parent.clone(),
+                owned.path.clone().filter(|_| !owned.strays),
+                owned.session.clone(),
+            )
+        };
+        session.forget(token);
+        let outcome = match session.client() {
+            Ok(client) => delete_ours(&client, &parent, path, token).await,
+            Err(e) => Err(e),
+        };
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            // The session is gone, and its ephemeral nodes with it.
+            Err(ZkError::SessionExpired) => ReleaseOutcome::NotHeld,
+            Err(e) => return Err(backend_error(e)),
+        };
+        self.owned().remove(token);
+        self.inner.lease_ends.cancel(*token);
+        Ok(outcome)
+    }
+}
