@@ -1,0 +1,113 @@
+//! Holders: a proclaimed value in our entry's value, and the first entry
+//! of a key's queue read as its holder.
+
+use dlock_core::{
+    backend::{Backend, Holder, Mode},
+    LockError, LockKey, Result, Token,
+};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, WatchOptions};
+
+use super::{backend_error, first_created, mode_value, queue_of, retried, EtcdBackend, NAME};
+
+/// A plain lock's entry with what its holder proclaimed: its mode tag (empty),
+/// a NUL, and the value. The tag never holds a NUL.
+fn with_proclaimed(value: &[u8]) -> Vec<u8> {
+    let mut entry = mode_value(Mode::Exclusive).into_bytes();
+    entry.push(0);
+    entry.extend_from_slice(value);
+    entry
+}
+
+/// What the holder of an entry proclaimed, if it has.
+fn proclaimed(entry: &[u8]) -> Option<Vec<u8>> {
+    let at = entry.iter().position(|&b| b == 0)?;
+    Some(entry[at + 1..].to_vec())
+}
+
+impl EtcdBackend {
+    pub(super) async fn proclaim_inner(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        value: &[u8],
+    ) -> Result<bool> {
+        let held = self
+            .owned()
+            .get(token)
+            .and_then(|owned| Some((owned.name.clone(), owned.granted?)));
+        let Some((name, revision)) = held else {
+            return Ok(false);
+        };
+        let queue = queue_of(&self.inner.prefix, key, Mode::Exclusive);
+        if !name.starts_with(&queue) {
+            return Ok(false);
+        }
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                name.as_str(),
+                CompareOp::Equal,
+                revision,
+            )])
+            .and_then([TxnOp::put(
+                name.as_str(),
+                with_proclaimed(value),
+                Some(PutOptions::new().with_ignore_lease()),
+            )]);
+        let answer = retried(|| {
+            let (mut client, txn) = (self.client(), txn.clone());
+            async move { client.txn(txn).await }
+        })
+        .await?;
+        Ok(answer.succeeded())
+    }
+
+    pub(super) async fn holder_inner(&self, key: &LockKey) -> Result<Option<Holder>> {
+        let queue = queue_of(&self.inner.prefix, key, Mode::Exclusive);
+        let read = retried(|| {
+            let (mut client, queue) = (self.client(), queue.clone());
+            async move { client.get(queue, Some(first_created())).await }
+        })
+        .await?;
+        Ok(read.kvs().first().map(|kv| {
+            let fence = u64::try_from(kv.create_revision()).unwrap_or(0);
+            Holder::new(Some(fence), proclaimed(kv.value()))
+        }))
+    }
+
+    pub(super) async fn holder_changed_inner(
+        &self,
+        key: &LockKey,
+        seen: Option<&Holder>,
+    ) -> Result<()> {
+        let queue = queue_of(&self.inner.prefix, key, Mode::Exclusive);
+        let mut end = queue.as_bytes().to_vec();
+        if let Some(last) = end.last_mut() {
+            *last += 1; // `/` + 1: just past every key under the queue
+        }
+        let ended = || LockError::backend(NAME, std::io::Error::other("the holder's watch ended"));
+        let mut watch = self
+            .client()
+            .watch(queue.as_str(), Some(WatchOptions::new().with_range(end)))
+            .await
+            .map_err(backend_error)?;
+        loop {
+            match watch.message().await.map_err(backend_error)? {
+                Some(response) if response.created() && !response.canceled() => break,
+                Some(response) if response.created() => return Err(ended()),
+                Some(_) => continue,
+                None => return Err(ended()),
+            }
+        }
+        if self.holder(key).await?.as_ref() != seen {
+            return Ok(());
+        }
+        loop {
+            match watch.message().await.map_err(backend_error)? {
+                Some(response) if response.canceled() => return Err(ended()),
+                Some(response) if !response.events().is_empty() => return Ok(()),
+                Some(_) => continue,
+                None => return Err(ended()),
+            }
+        }
+    }
+}
