@@ -1,0 +1,81 @@
+//! Holders, on one node: a proclaimed value beside the lock, its holder
+//! read back, and the wait for it to change (Redlock has no single
+//! holder).
+
+use std::sync::Arc;
+
+use dlock_core::{
+    backend::{unsupported_holder, Holder},
+    LockKey, Result, Token,
+};
+use tokio::sync::Notify;
+
+use super::{backend_error, RedisBackend, NAME};
+use crate::keys::names;
+
+impl RedisBackend {
+    pub(super) async fn proclaim_inner(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        value: &[u8],
+    ) -> Result<bool> {
+        if self.inner.redlock {
+            // A value on a majority is not one value: Redlock has no
+            // single holder to read (nor fencing tokens to order them).
+            return Err(unsupported_holder(NAME));
+        }
+        let names = names(&self.inner.prefix, key);
+        self.inner.nodes[0]
+            .proclaim(&names, &token.to_string(), value)
+            .await
+            .map_err(backend_error)
+    }
+
+    pub(super) async fn holder_inner(&self, key: &LockKey) -> Result<Option<Holder>> {
+        if self.inner.redlock {
+            return Err(unsupported_holder(NAME));
+        }
+        let names = names(&self.inner.prefix, key);
+        let read = self.inner.nodes[0]
+            .holder(&names)
+            .await
+            .map_err(backend_error)?;
+        Ok(read.map(|read| Holder::new(Some(read.fence), read.value)))
+    }
+
+    pub(super) async fn holder_changed_inner(
+        &self,
+        key: &LockKey,
+        seen: Option<&Holder>,
+    ) -> Result<()> {
+        if self.inner.redlock {
+            return Err(unsupported_holder(NAME));
+        }
+        let names = names(&self.inner.prefix, key);
+        let node = &self.inner.nodes[0];
+        let wake = Arc::new(Notify::new());
+        let watcher = Token::generate().to_string();
+        let _watch = node
+            .watch(&names.holder_channel().to_string(), &watcher, &wake)
+            .await
+            .map_err(backend_error)?;
+        let read = node.holder(&names).await.map_err(backend_error)?;
+        let current = read
+            .as_ref()
+            .map(|read| Holder::new(Some(read.fence), read.value.clone()));
+        if current.as_ref() != seen {
+            return Ok(());
+        }
+        match read.and_then(|read| read.lease_left) {
+            Some(left) => {
+                tokio::select! {
+                    () = wake.notified() => {}
+                    () = tokio::time::sleep(left) => {}
+                }
+            }
+            None => wake.notified().await,
+        }
+        Ok(())
+    }
+}

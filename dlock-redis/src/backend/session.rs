@@ -1,0 +1,274 @@
+//! Connecting to the node(s), and keeping leases alive (Redis has no
+//! sessions: this is the counterpart of the other backends' session
+//! module, its keepalive the watchdog's renewal of every lock).
+
+use std::{sync::Arc, time::Duration};
+
+use dlock_core::{
+    backend::{Mode, RenewOutcome, RenewRequest},
+    LockError, Result,
+};
+use futures_util::future::join_all;
+
+use super::{backend_error, timed_out, Inner, RedisBackend, NAME};
+use crate::{
+    config::RedisConfig,
+    keys::{entry, names, shared_names, Names},
+    node::{Node, Renewal},
+};
+
+impl RedisBackend {
+    /// Connects to the node(s) a `redis://` or `redis+redlock://` URL names
+    /// (see [`RedisConfig`]).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`] for a malformed URL;
+    /// [`LockError::Backend`] if the node (for Redlock: a majority of the
+    /// nodes) cannot be reached within the connect timeout.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), dlock_core::LockError> {
+    /// let single = dlock_redis::RedisBackend::connect("redis://127.0.0.1/").await?;
+    /// let redlock = dlock_redis::RedisBackend::connect("redis+redlock://h1:6379,h2:6379,h3:6379").await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn connect(url: &str) -> Result<RedisBackend> {
+        Self::connect_with(RedisConfig::from_url(url)?).await
+    }
+
+    /// Connects with a prepared [`RedisConfig`].
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](RedisBackend::connect).
+    pub async fn connect_with(config: RedisConfig) -> Result<RedisBackend> {
+        if config.is_cluster() {
+            let client = |resp3: bool| {
+                let mut builder = redis::cluster::ClusterClient::builder(config.nodes().to_vec())
+                    .connection_timeout(config.connect_timeout())
+                    .response_timeout(config.response_timeout())
+                    .retries(3);
+                if resp3 {
+                    builder = builder.use_protocol(redis::ProtocolVersion::RESP3);
+                }
+                builder.build().map_err(backend_error)
+            };
+            let node = Node::cluster(
+                client(false)?,
+                client(true)?,
+                config.connect_timeout(),
+                config.response_timeout(),
+                config.nodes().join(","),
+            )
+            .await
+            .map_err(backend_error)?;
+            return Self::on_nodes(vec![node], &config).await;
+        }
+        let eager = !config.is_redlock();
+        let clients = config
+            .nodes()
+            .iter()
+            .map(|url| config.client(url))
+            .collect::<Result<Vec<_>>>()?;
+        let connecting = clients.into_iter().map(|client| {
+            Node::from_client(
+                client,
+                config.connect_timeout(),
+                config.response_timeout(),
+                eager,
+            )
+        });
+        let nodes = join_all(connecting)
+            .await
+            .into_iter()
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(backend_error)?;
+        Self::on_nodes(nodes, &config).await
+    }
+
+    /// A single-node backend on a client the application already has (its
+    /// node, credentials and TLS), under the key prefix `dlock` and the
+    /// default timeouts. Every guarantee holds as with
+    /// [`connect`](RedisBackend::connect): the backend opens its own
+    /// multiplexed connection and pub/sub connection through the client.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Backend`] if the node cannot be reached within the
+    /// connect timeout.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use dlock_core::BackendExt;
+    /// use dlock_redis::{redis, RedisBackend};
+    ///
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379/")?;
+    /// let locker = RedisBackend::from_client(client).await?.into_locker();
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn from_client(client: redis::Client) -> Result<RedisBackend> {
+        Self::from_client_with(client, &RedisConfig::from_url("redis://127.0.0.1/")?).await
+    }
+
+    /// [`from_client`](RedisBackend::from_client) with the prefix and the
+    /// timeouts of `config` (a one-node config: its node is the client's
+    /// business).
+    ///
+    /// # Errors
+    ///
+    /// As [`from_client`](RedisBackend::from_client);
+    /// [`LockError::InvalidOptions`] for a Redlock config (build Redlock
+    /// from a URL).
+    pub async fn from_client_with(
+        client: redis::Client,
+        config: &RedisConfig,
+    ) -> Result<RedisBackend> {
+        if config.is_redlock() {
+            return Err(LockError::InvalidOptions {
+                reason: "a client names one node: Redlock is built from a \
+                         `redis+redlock://` URL"
+                    .to_owned(),
+            });
+        }
+        let node = Node::from_client(
+            client,
+            config.connect_timeout(),
+            config.response_timeout(),
+            true,
+        )
+        .await
+        .map_err(backend_error)?;
+        Self::on_nodes(vec![node], config).await
+    }
+
+    async fn on_nodes(nodes: Vec<Node>, config: &RedisConfig) -> Result<RedisBackend> {
+        let backend = RedisBackend {
+            inner: Arc::new(Inner {
+                quorum: nodes.len() / 2 + 1,
+                nodes,
+                prefix: config.prefix().to_owned(),
+                redlock: config.is_redlock(),
+                subscribe_timeout: config.response_timeout(),
+                unreachable_after: config.connect_timeout() + config.response_timeout(),
+                unwatched_poll: config.unwatched_poll(),
+                local: std::sync::Mutex::default(),
+            }),
+        };
+        if config.is_redlock() {
+            backend
+                .require_quorum_reachable(config.connect_timeout())
+                .await?;
+        }
+        Ok(backend)
+    }
+
+    async fn require_quorum_reachable(&self, within: Duration) -> Result<()> {
+        let pings = self.inner.nodes.iter().map(|node| async move {
+            let mut conn = node.connection();
+            tokio::time::timeout(within, redis::cmd("PING").query_async::<String>(&mut conn)).await
+        });
+        let answers = join_all(pings).await;
+        let up = answers.iter().filter(|a| matches!(a, Ok(Ok(_)))).count();
+        if up >= self.inner.quorum {
+            return Ok(());
+        }
+        let first_error = answers.into_iter().find_map(|a| match a {
+            Ok(Err(e)) => Some(backend_error(e)),
+            Err(_) => None,
+            Ok(Ok(_)) => None,
+        });
+        Err(first_error.unwrap_or_else(|| {
+            LockError::backend(
+                NAME,
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "too few Redlock nodes answered within the connect timeout",
+                ),
+            )
+        }))
+    }
+
+    pub(super) async fn renew_inner(&self, locks: &[RenewRequest]) -> Result<Vec<RenewOutcome>> {
+        let names: Vec<Names> = locks
+            .iter()
+            .map(|r| match r.mode {
+                Mode::Exclusive => names(&self.inner.prefix, &r.key),
+                mode => shared_names(&self.inner.prefix, &r.key, mode),
+            })
+            .collect();
+        let owners: Vec<String> = locks
+            .iter()
+            .map(|r| match r.mode {
+                Mode::Exclusive => r.token.to_string(),
+                mode => entry(&r.token, mode),
+            })
+            .collect();
+        let renewals: Vec<Renewal<'_>> = locks
+            .iter()
+            .zip(&names)
+            .zip(&owners)
+            .map(|((r, names), owner)| Renewal {
+                names,
+                owner,
+                shared: r.mode != Mode::Exclusive,
+                lease_ms: r.lease.as_millis().max(1) as u64,
+            })
+            .collect();
+        // A renewal counts from when it was sent, so a late answer is
+        // still worth having: wait up to a watchdog period (a third of
+        // the lease), not the acquire's per-node bound, which a batch
+        // of thousands of locks on a busy node can take longer than.
+        let timeout = locks
+            .iter()
+            .map(|r| r.lease)
+            .min()
+            .filter(|_| self.inner.redlock)
+            .map(|lease| lease / 3);
+        let renewals = &renewals;
+        let answers = self
+            .on_every_node(timeout, |node| node.renew(renewals))
+            .await;
+        if !self.inner.redlock {
+            // One node: its error is the batch's.
+            let answers = answers
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| Err(timed_out()))
+                .map_err(backend_error)?;
+            return Ok(answers
+                .into_iter()
+                .map(|renewed| {
+                    if renewed {
+                        RenewOutcome::Renewed
+                    } else {
+                        RenewOutcome::NotHeld
+                    }
+                })
+                .collect());
+        }
+        let quorum = self.inner.quorum;
+        Ok((0..locks.len())
+            .map(|i| {
+                let renewed = answers
+                    .iter()
+                    .filter(|a| matches!(a, Ok(v) if v[i]))
+                    .count();
+                let unanswered = answers.iter().filter(|a| a.is_err()).count();
+                if renewed >= quorum {
+                    RenewOutcome::Renewed
+                } else if renewed + unanswered >= quorum {
+                    RenewOutcome::Unknown
+                } else {
+                    RenewOutcome::NotHeld
+                }
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,281 @@
+//! Read-write locks' and semaphores' scripts: acquire, release and renew
+//! of an entry among a key's holders.
+
+/// What read-write locks and semaphores share: an entry's mode, the
+/// admission rule, and the fence counter.
+///
+/// A key's read-write lock and its semaphore are objects of their own
+/// (`…:rw` and `…:sem`, beside the plain lock's names). Each has four
+/// keys: `KEYS[1]` the holders (a sorted set of entries scored by when
+/// their lease ends, in server ms), `KEYS[2]` the fence counter, and
+/// `KEYS[3]` and `KEYS[4]` the waiting line as the plain lock has it. An
+/// entry is the owner's token, `|`, and what it takes: `r`, `w` or
+/// `p{count}/{limit}`.
+macro_rules! shared_lua {
+    () => {
+        r"
+-- What an entry takes: 'r', 'w' or 'p' (with its count and limit); '?'
+-- for an entry this version cannot read, which blocks everything behind.
+local function parse(entry)
+  local tag = string.match(entry, '|([^|]*)$') or ''
+  if tag == 'r' or tag == 'w' then return tag, 0, 0 end
+  local count, limit = string.match(tag, '^p(%d+)/(%d+)$')
+  if count then return 'p', tonumber(count), tonumber(limit) end
+  return '?', 0, 0
+end
+-- First come, first served (dlock_core::backend::admitted): a reader
+-- holds when no writer is ahead, permits when those ahead and its own fit
+-- the limit, a writer when nothing is ahead.
+local function admitted(entry, ahead)
+  local kind, count, limit = parse(entry)
+  if kind == 'r' then
+    for _, other in ipairs(ahead) do
+      if parse(other) ~= 'r' then return false end
+    end
+    return true
+  end
+  if kind == 'p' then
+    local taken = count
+    for _, other in ipairs(ahead) do
+      local k, c = parse(other)
+      if k ~= 'p' then return false end
+      taken = taken + c
+      if taken > limit then return false end
+    end
+    return taken <= limit
+  end
+  return #ahead == 0
+end
+-- Drops holders whose lease ended (scored at or before `now`).
+local function prune_holders(now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+end
+-- Keeps a key alive for at least `ms`.
+local function keep(key, ms)
+  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
+end
+"
+    };
+}
+
+/// A read-write lock's or a semaphore's acquire, in one round trip.
+///
+/// KEYS: holders, fence counter, line, ticket lapses (see
+/// `shared_lua!`). ARGV: entry, lease in ms, "1" to stand in line if
+/// refused, the place in line ("0": last, by the server's clock), ticket
+/// lifetime in ms.
+///
+/// An entry holds when it is admitted behind every live holder and every
+/// live waiter ahead of it in line (a newcomer: behind the whole line),
+/// so a waiting writer keeps later readers out and permits go in order.
+/// Returns `{1, fence}` when the entry holds (newly, or again after a
+/// lost reply, with a new fence either way); `{0, ms}` when refused, with
+/// how long until a holder's lease or a ticket ahead runs out (-1 if
+/// none); `{3, limit}` when the semaphore's holders or waiters name
+/// another limit (the entry leaves the line).
+pub(super) const SHARED_ACQUIRE: &str = concat!(
+    queue_lua!(),
+    shared_lua!(),
+    r"
+local entry, lease = ARGV[1], tonumber(ARGV[2])
+local now_us, now = clock()
+-- As `ACQUIRE`'s fence: above every earlier one.
+local function fence()
+  local value = redis.call('INCR', KEYS[2])
+  if value < now_us then
+    value = now_us
+    redis.call('SET', KEYS[2], value)
+  end
+  keep(KEYS[2], math.max(2 * lease, 600000))
+  return value
+end
+local function hold()
+  redis.call('ZREM', KEYS[3], entry)
+  redis.call('ZREM', KEYS[4], entry)
+  redis.call('ZADD', KEYS[1], now + lease, entry)
+  keep(KEYS[1], lease)
+  return {1, fence()}
+end
+prune_holders(now)
+prune(now)
+if redis.call('ZSCORE', KEYS[1], entry) then
+  -- Ours already: the reply to the attempt that won it was lost.
+  return hold()
+end
+local holders = redis.call('ZRANGE', KEYS[1], 0, -1)
+local line = redis.call('ZRANGE', KEYS[3], 0, -1)
+local kind, _, limit = parse(entry)
+if kind == 'p' then
+  for _, list in ipairs({holders, line}) do
+    for _, other in ipairs(list) do
+      local k, _, theirs = parse(other)
+      if k == 'p' and theirs ~= limit then
+        redis.call('ZREM', KEYS[3], entry)
+        redis.call('ZREM', KEYS[4], entry)
+        return {3, theirs}
+      end
+    end
+  end
+end
+local ahead = holders
+local waiting_ahead = {}
+for _, other in ipairs(line) do
+  if other == entry then break end
+  table.insert(ahead, other)
+  table.insert(waiting_ahead, other)
+end
+if admitted(entry, ahead) then return hold() end
+if ARGV[3] == '1' then enqueue(entry, ARGV[4], ARGV[5], now_us, now) end
+-- Check again when the first holder's lease ends, or a ticket ahead
+-- lapses (its waiter crashed): nobody publishes either.
+local retry = -1
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]
+if first then retry = math.max(tonumber(first) - now, 0) end
+for i = 1, math.min(#waiting_ahead, 16) do
+  local lapses = redis.call('ZSCORE', KEYS[4], waiting_ahead[i])
+  if lapses and (retry < 0 or tonumber(lapses) - now < retry) then
+    retry = math.max(tonumber(lapses) - now, 0)
+  end
+end
+return {0, retry}
+"
+);
+
+/// A read-write lock's or a semaphore's release, or a wait given up.
+///
+/// KEYS: as [`SHARED_ACQUIRE`]. ARGV: entry, release channel. Takes the
+/// entry out of the holders and the line, then wakes, by a message naming
+/// each, the waiters at the head of the line that are now admitted (and
+/// none behind the first that is not). Returns 1 if the entry held,
+/// else 0.
+pub(super) const SHARED_RELEASE: &str = concat!(
+    queue_lua!(),
+    shared_lua!(),
+    r"
+local entry = ARGV[1]
+local _, now = clock()
+local released = 0
+local lapses = redis.call('ZSCORE', KEYS[1], entry)
+if lapses then
+  redis.call('ZREM', KEYS[1], entry)
+  if tonumber(lapses) > now then released = 1 end
+end
+redis.call('ZREM', KEYS[3], entry)
+redis.call('ZREM', KEYS[4], entry)
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  prune_holders(now)
+  prune(now)
+  local ahead = redis.call('ZRANGE', KEYS[1], 0, -1)
+  for _, waiter in ipairs(redis.call('ZRANGE', KEYS[3], 0, 99)) do
+    if not admitted(waiter, ahead) then break end
+    redis.call('PUBLISH', ARGV[2], string.match(waiter, '^(.*)|'))
+    table.insert(ahead, waiter)
+  end
+end
+return released
+"
+);
+
+/// A read-write lock's or a semaphore's renewal: extends the entry's lease
+/// if it still holds (its lease has not ended), and the fence counter's
+/// life with it.
+///
+/// KEYS: holders, fence counter. ARGV: entry, lease in ms. Returns 1 if
+/// renewed, else 0.
+pub(super) const SHARED_RENEW: &str = concat!(
+    queue_lua!(),
+    shared_lua!(),
+    r"
+local entry, lease = ARGV[1], tonumber(ARGV[2])
+local _, now = clock()
+local lapses = redis.call('ZSCORE', KEYS[1], entry)
+if lapses and tonumber(lapses) > now then
+  redis.call('ZADD', KEYS[1], 'XX', now + lease, entry)
+  keep(KEYS[1], lease)
+  keep(KEYS[2], math.max(2 * lease, 600000))
+  return 1
+end
+return 0
+"
+);
+
+#[cfg(test)]
+mod tests {
+    use dlock_testkit::fixture::RedisServer;
+
+    use crate::scripts::scripts;
+
+    /// Runs a read-write lock's acquire for `entry` on key `k`, standing
+    /// in line if refused.
+    async fn shared(conn: &mut redis::aio::MultiplexedConnection, entry: &str) -> (i64, i64) {
+        let mut call = scripts(false).shared_acquire.key("dlock:{k}:rw");
+        call.key("dlock:{k}:rw:fence")
+            .key("dlock:{k}:rw:queue")
+            .key("dlock:{k}:rw:tickets");
+        call.arg(entry).arg(10_000).arg("1").arg("0").arg(10_000);
+        call.invoke_async(conn)
+            .await
+            .expect("shared acquire script")
+    }
+
+    /// A release wakes exactly the waiters it admits, each by a message
+    /// naming its token: the readers at the head of the line, and none
+    /// behind the writer that waits after them (no herd, and no reader
+    /// let past a waiting writer).
+    #[tokio::test]
+    async fn a_shared_release_names_only_the_waiters_it_admits() {
+        use futures_util::StreamExt;
+
+        let server = RedisServer::start().expect("redis-server");
+        let mut conn = server.connection().await;
+        let client = redis::Client::open(server.url()).expect("url");
+        let mut pubsub = client.get_async_pubsub().await.expect("pubsub");
+        pubsub
+            .subscribe("dlock:{k}:rw:released")
+            .await
+            .expect("SUBSCRIBE");
+        assert_eq!(shared(&mut conn, "holder|w").await.0, 1);
+        for waiter in ["r1|r", "r2|r", "w2|w", "r3|r"] {
+            assert_eq!(
+                shared(&mut conn, waiter).await.0,
+                0,
+                "{waiter} joined a writer"
+            );
+        }
+        let released: i64 = scripts(false)
+            .shared_release
+            .key("dlock:{k}:rw")
+            .key("dlock:{k}:rw:fence")
+            .key("dlock:{k}:rw:queue")
+            .key("dlock:{k}:rw:tickets")
+            .arg("holder|w")
+            .arg("dlock:{k}:rw:released")
+            .invoke_async(&mut conn)
+            .await
+            .expect("shared release script");
+        assert_eq!(released, 1);
+        // A marker after the release: every message it sent comes first.
+        let _: i64 = redis::cmd("PUBLISH")
+            .arg("dlock:{k}:rw:released")
+            .arg("end")
+            .query_async(&mut conn)
+            .await
+            .expect("PUBLISH");
+        let mut messages = pubsub.on_message();
+        let mut woken = Vec::new();
+        loop {
+            let message = tokio::time::timeout(std::time::Duration::from_secs(5), messages.next())
+                .await
+                .expect("messages within 5 s")
+                .expect("subscription open");
+            let payload: String = message.get_payload().expect("text");
+            if payload == "end" {
+                break;
+            }
+            woken.push(payload);
+        }
+        assert_eq!(woken, ["r1", "r2"]);
+        assert_eq!(shared(&mut conn, "r3|r").await.0, 0, "r3 passed w2");
+        assert_eq!(shared(&mut conn, "r2|r").await.0, 1, "a woken reader holds");
+    }
+}
