@@ -1,0 +1,192 @@
+//! One acquisition, start to end: the hold already in scope, the lease
+//! and the wait limit, the backend's answer turned into a guard, and the
+//! release of an attempt cut short.
+
+use std::{sync::Arc, time::Duration};
+
+use tokio::{runtime::Handle, time::Instant};
+use tracing::Instrument;
+
+use super::Locker;
+use crate::{
+    backend::{AcquireRequest, Backend, LeaseKind, LossReporter, Mode, Wait},
+    error::{LockError, Result},
+    guard::{Hold, LockGuard},
+    key::LockKey,
+    lease::LeaseState,
+    metrics::{self, AcquireOutcome},
+    options::{validate_lease, wait_deadline, Lease, LockOptions, MIN_LEASE},
+    release::{Release, ReleaseOnDrop},
+    scope::Scope,
+    token::Token,
+};
+
+/// How long the servers may take to say they are there, when a wait limit
+/// passed without a grant (see [`Backend::check_servers`]).
+const CHECK_SERVERS_WITHIN: Duration = Duration::from_secs(1);
+
+impl Locker {
+    /// Asks the backend whether its servers answer, bounded to
+    /// [`CHECK_SERVERS_WITHIN`]; no answer in time is their error.
+    async fn check_servers(&self) -> Result<()> {
+        let backend = &self.shared.backend;
+        match tokio::time::timeout(CHECK_SERVERS_WITHIN, backend.check_servers()).await {
+            Ok(answer) => answer,
+            Err(_) => Err(LockError::backend(
+                backend.name(),
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the servers did not answer when the wait limit passed",
+                ),
+            )),
+        }
+    }
+
+    pub(super) async fn acquire(
+        &self,
+        key: &str,
+        mode: Mode,
+        options: LockOptions,
+        once: bool,
+    ) -> Result<Option<LockGuard>> {
+        let key = LockKey::new(key)?;
+        if let Mode::Permits { count, limit } = mode {
+            Mode::permits(count, limit)?;
+        }
+        if !self.shared.backend.capabilities().supports(mode) {
+            return Err(LockError::Unsupported {
+                backend: self.shared.backend.name(),
+                what: if mode == Mode::Read || mode == Mode::Write {
+                    "read-write locks"
+                } else {
+                    "semaphores"
+                },
+            });
+        }
+        let options = options.or(self.shared.defaults);
+        let (lease, lease_kind) = match options.get_lease().unwrap_or(Lease::Watchdog) {
+            Lease::Watchdog => (self.shared.watchdog.lease(), LeaseKind::Watchdog),
+            Lease::Fixed(lease) => {
+                validate_lease(lease, MIN_LEASE)?;
+                (lease, LeaseKind::Fixed)
+            }
+        };
+        if mode == Mode::Exclusive {
+            if let Some(hold) = Scope::find(&self.shared, &key) {
+                return LockGuard::reentered(hold).map(Some);
+            }
+        }
+        let runtime = Handle::try_current().map_err(|_| LockError::NoRuntime)?;
+        let start = Instant::now();
+        let backend_name = self.shared.backend.name();
+        let timer = metrics::AcquireTimer::start(backend_name, mode, start);
+        let wait = match options.get_wait().flatten() {
+            _ if once => Wait::No,
+            // A zero limit is one whole attempt: bounded by a deadline that
+            // has passed already, a request to a server would be cut off
+            // before its answer could arrive, and never acquire.
+            Some(limit) if limit.is_zero() => Wait::No,
+            limit => match wait_deadline(start, limit) {
+                Some(deadline) => Wait::Until(deadline),
+                None => Wait::Forever,
+            },
+        };
+        let span = tracing::info_span!(
+            "dlock.acquire",
+            key = %self.shared.traced(&key),
+            mode = ?mode,
+            backend = backend_name,
+            waited_us = tracing::field::Empty,
+            acquired = tracing::field::Empty,
+            fence = tracing::field::Empty,
+        );
+        let acquire = async {
+            let token = Token::generate();
+            let lease_state = Arc::new(LeaseState::new(
+                key.clone(),
+                backend_name,
+                self.shared.trace_keys,
+            ));
+            let request = AcquireRequest {
+                key: &key,
+                mode,
+                token: &token,
+                lease,
+                lease_kind,
+                wait,
+                loss: LossReporter(lease_state.clone()),
+            };
+            // Until the backend has answered for itself, the attempt may have
+            // won on the server: if it is cut short (by the wait limit, by
+            // the caller dropping this future, or by an error mid-flight),
+            // release the token so no orphan holds the key for a lease.
+            let mut unanswered = ReleaseOnDrop {
+                runtime: &runtime,
+                shared: &self.shared,
+                release: Release {
+                    key: key.clone(),
+                    mode,
+                    token,
+                    lease,
+                },
+                armed: true,
+            };
+            let attempt = self.shared.backend.acquire(request);
+            // The backend bounds its own wait; this bound makes the limit
+            // exact whatever the backend does.
+            let (outcome, cut_short) = match wait {
+                Wait::Until(deadline) => match tokio::time::timeout_at(deadline, attempt).await {
+                    Ok(outcome) => (outcome, false),
+                    Err(_) => (Ok(None), true),
+                },
+                Wait::No | Wait::Forever => (attempt.await, false),
+            };
+            unanswered.armed = cut_short || outcome.is_err();
+            // Give back what an attempt cut short may hold now, before any
+            // further await: the next waiter should not wait on it.
+            drop(unanswered);
+            let outcome = match (outcome, wait) {
+                // Not granted within the limit: a timeout, unless the servers
+                // stopped answering, whose error is then the truth.
+                (Ok(None), Wait::Until(_)) => self.check_servers().await.map(|()| None),
+                (outcome, _) => outcome,
+            };
+            let waited = start.elapsed();
+            let span = tracing::Span::current();
+            span.record("waited_us", waited.as_micros() as u64);
+            let outcome =
+                outcome.inspect_err(|error| tracing::warn!(%error, "dlock acquire failed"))?;
+            span.record("acquired", outcome.is_some());
+            let Some(acquired) = outcome else {
+                return Ok(None);
+            };
+            if let Some(fence) = acquired.fence() {
+                span.record("fence", fence);
+            }
+            let (from, length) = acquired.lease_from().unwrap_or((acquired.sent_at(), lease));
+            lease_state.start(from, length);
+            // No `.await` from the backend's answer to the hold that releases
+            // on drop: a cancellation cannot strand the lock in between.
+            let renewed = lease_kind == LeaseKind::Watchdog && !acquired.is_kept_alive_by_backend();
+            let hold = Hold::new(
+                &self.shared,
+                key.clone(),
+                mode,
+                token,
+                acquired.fence(),
+                lease_state,
+                renewed,
+                runtime.clone(),
+            );
+            LockGuard::fresh(hold).map(Some)
+        };
+        let result = acquire.instrument(span).await;
+        timer.finish(match &result {
+            Ok(Some(_)) => AcquireOutcome::Acquired,
+            Ok(None) if wait == Wait::No => AcquireOutcome::Busy,
+            Ok(None) => AcquireOutcome::Timeout,
+            Err(_) => AcquireOutcome::Error,
+        });
+        result
+    }
+}
