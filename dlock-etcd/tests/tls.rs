@@ -80,3 +80,21 @@ async fn untrusted_ends_of_a_tls_connection_are_typed_errors() {
         .into_locker();
     drop(locker.lock("k").await.expect("a lock over TLS"));
 }
+
+/// A TLS connection leaves the process-wide crypto provider to the
+/// application: dlock installs none (no test in this binary installs one,
+/// and every one connects over TLS).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_connection_sets_no_process_wide_crypto_provider() {
+    let certs = TestCerts::generate().expect("certificates");
+    let server = EtcdServer::start_tls(&certs).expect("start etcd with TLS");
+    let locker = EtcdBackend::connect(&server.tls_url(&certs, "x"))
+        .await
+        .expect("a trusted client")
+        .into_locker();
+    drop(locker.lock("k").await.expect("a lock over TLS"));
+    assert!(
+        rustls::crypto::CryptoProvider::get_default().is_none(),
+        "connecting installed a process-wide crypto provider"
+    );
+}

@@ -64,3 +64,21 @@ async fn untrusted_or_plain_connections_are_typed_errors() {
     })
     .await;
 }
+
+/// A TLS connection leaves the process-wide crypto provider to the
+/// application: dlock installs none (no test in this binary installs one,
+/// and every one connects over TLS).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_connection_sets_no_process_wide_crypto_provider() {
+    let certs = TestCerts::generate().expect("certificates");
+    let server = PostgresServer::start_tls(&certs).expect("start PostgreSQL with TLS");
+    let backend = PgBackend::connect(&server.tls_url(&certs))
+        .await
+        .expect("a trusted client");
+    let locker = backend.into_locker();
+    drop(locker.lock("k").await.expect("a lock over TLS"));
+    assert!(
+        rustls::crypto::CryptoProvider::get_default().is_none(),
+        "connecting installed a process-wide crypto provider"
+    );
+}

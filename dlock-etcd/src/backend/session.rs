@@ -13,19 +13,14 @@ use etcd_client::{Client, ConnectOptions};
 use super::{backend_error, EtcdBackend, Inner, NAME};
 use crate::{config::EtcdConfig, session::Session};
 
-/// rustls needs one process-wide crypto provider, and cannot pick one when
-/// the build compiles in more than one (another crate may bring aws-lc-rs):
-/// ring, unless the application installed its own first.
-#[cfg(feature = "tls")]
-pub(crate) fn use_ring_unless_chosen() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
 /// The TLS settings of an `etcds://` URL's files, read now.
+///
+/// The crypto provider is the application's, if it installed one as the
+/// process default; otherwise ring, given to this client only (the
+/// transport picks it): dlock sets no process-wide default.
 #[cfg(feature = "tls")]
 fn tls_options(files: &dlock_core::backend::TlsFiles) -> Result<etcd_client::TlsOptions> {
     use etcd_client::{Certificate, Identity, TlsOptions};
-    use_ring_unless_chosen();
     let read = |path: &std::path::PathBuf| dlock_core::backend::TlsFiles::read(path);
     let mut options = TlsOptions::new();
     if let Some(ca) = &files.ca {

@@ -274,11 +274,6 @@ impl<D: Dialect> SqlBackend<D> {
     /// [`LockError::Backend`] if no session opens within the connect
     /// timeout, the login is refused, or the setup fails.
     pub async fn connect(dialect: D) -> Result<SqlBackend<D>> {
-        // rustls needs one process-wide crypto provider, and cannot pick
-        // one when the build compiles in more than one (another crate may
-        // bring aws-lc-rs): ring, unless the application installed its own.
-        #[cfg(feature = "tls")]
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let (max_waiters, holder_sessions) = {
             let settings = dialect.settings();
             (settings.max_waiters(), settings.holder_sessions())

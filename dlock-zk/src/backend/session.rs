@@ -55,9 +55,12 @@ async fn open_session(config: &ZkConfig, connector: Option<&Connector>) -> Resul
     }
 }
 
-/// rustls needs one process-wide crypto provider, and cannot pick one when
-/// the build compiles in more than one (another crate may bring aws-lc-rs):
-/// ring, unless the application installed its own first.
+/// The application's crypto provider if it installed one as the process
+/// default; otherwise ring, installed as the default, because zookeeper-client
+/// builds its TLS configuration from the process default only and cannot
+/// be handed a provider (rustls cannot pick one itself when the build has
+/// more than one). An application that wants aws-lc-rs installs it before
+/// connecting.
 #[cfg(feature = "tls")]
 pub(crate) fn use_ring_unless_chosen() {
     let _ = rustls::crypto::ring::default_provider().install_default();
