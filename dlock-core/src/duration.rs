@@ -11,10 +11,13 @@ use crate::LockError;
 
 /// The duration `text` says, or a message saying what to write instead.
 pub(crate) fn parse(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text.trim()).map_err(|e| {
-        format!(
-            "malformed duration `{text}` ({e}): write numbers with units, such as \"500ms\", \"5s\" or \"1m30s\""
-        )
+    parse_typed(text).map_err(|reason| reason.to_string())
+}
+
+fn parse_typed(text: &str) -> Result<Duration, crate::InvalidReason> {
+    humantime::parse_duration(text.trim()).map_err(|e| crate::InvalidReason::Duration {
+        text: text.to_owned(),
+        problem: e.to_string(),
     })
 }
 
@@ -42,7 +45,7 @@ pub(crate) fn parse(text: &str) -> Result<Duration, String> {
 /// # Ok::<(), dlock_core::LockError>(())
 /// ```
 pub fn parse_duration(text: &str) -> Result<Duration, LockError> {
-    parse(text).map_err(LockError::invalid_options)
+    parse_typed(text).map_err(LockError::from)
 }
 
 #[cfg(test)]

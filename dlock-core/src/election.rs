@@ -557,12 +557,11 @@ impl Election {
     pub async fn proclaim(&self, value: impl Into<Vec<u8>>) -> Result<bool> {
         let value = value.into();
         if value.len() > MAX_PROCLAIMED {
-            return Err(LockError::InvalidOptions {
-                reason: format!(
-                    "a proclaimed value is at most {MAX_PROCLAIMED} bytes, not {}",
-                    value.len()
-                ),
-            });
+            return Err(crate::InvalidReason::ProclaimedValueTooLong {
+                len: value.len(),
+                max: MAX_PROCLAIMED,
+            }
+            .into());
         }
         let shared = &self.shared;
         let mut kept = shared.value.lock().await;
@@ -613,9 +612,7 @@ impl Election {
             .map(|r| r.clone());
         match role {
             Ok(Role::Leader { term }) => Ok(term),
-            _ => Err(LockError::InvalidOptions {
-                reason: "the candidate resigned".to_owned(),
-            }),
+            _ => Err(crate::InvalidReason::Resigned.into()),
         }
     }
 

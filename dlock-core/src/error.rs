@@ -81,11 +81,12 @@ pub enum LockError {
         /// What is wrong with it.
         reason: &'static str,
     },
-    /// A lease, wait limit or other option is out of range.
+    /// A URL, a lease or another option cannot be used: the
+    /// [`InvalidReason`] says which and why.
     #[error("invalid lock options: {reason}")]
     InvalidOptions {
         /// What is wrong with them.
-        reason: String,
+        reason: InvalidReason,
     },
     /// The backend failed: the server could not be reached, answered with an
     /// error, or closed the connection.
@@ -156,27 +157,197 @@ impl LockError {
     /// # Examples
     ///
     /// ```
-    /// use dlock_core::{LockError, LockKey};
+    /// use dlock_core::{InvalidReason, LockError, LockKey};
     ///
     /// let key = LockKey::new("partner-api")?;
     /// let err = LockError::permit_limit_mismatch(&key, 5, 3);
-    /// assert!(matches!(err, LockError::InvalidOptions { .. }));
+    /// assert!(matches!(
+    ///     err,
+    ///     LockError::InvalidOptions { reason: InvalidReason::PermitLimitMismatch { theirs: 5, ours: 3, .. } }
+    /// ));
     /// assert!(err.to_string().contains("has 5 permits"));
     /// # Ok::<(), LockError>(())
     /// ```
     pub fn permit_limit_mismatch(key: &crate::LockKey, theirs: u32, ours: u32) -> Self {
-        LockError::InvalidOptions {
-            reason: format!(
-                "semaphore `{key}` has {theirs} permits, and this acquire says {ours}: \
-                 every client of a semaphore must name the same limit"
-            ),
+        InvalidReason::PermitLimitMismatch {
+            key: key.to_string(),
+            theirs,
+            ours,
         }
+        .into()
     }
+}
 
-    pub(crate) fn invalid_options(reason: impl Into<String>) -> Self {
-        LockError::InvalidOptions {
-            reason: reason.into(),
-        }
+impl From<InvalidReason> for LockError {
+    fn from(reason: InvalidReason) -> Self {
+        LockError::InvalidOptions { reason }
+    }
+}
+
+/// Why a URL, a lease or another option was refused: the reason of
+/// [`LockError::InvalidOptions`].
+///
+/// `#[non_exhaustive]`: match the reasons you handle and keep a catch-all
+/// arm. Every reason's `Display` is the sentence the error shows.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::{backend::BackendUrl, InvalidReason, LockError};
+///
+/// let mut url = BackendUrl::parse("etcd", "etcd://h:2379?request_timout=2s")?;
+/// match url.finish(&["request_timeout"]) {
+///     Err(LockError::InvalidOptions { reason: InvalidReason::UnknownParameter { name, valid, .. } }) => {
+///         assert_eq!(name, "request_timout");
+///         assert_eq!(valid, ["request_timeout"]);
+///     }
+///     other => panic!("{other:?}"),
+/// }
+/// # Ok::<(), LockError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidReason {
+    /// A backend URL that cannot be used.
+    #[error("bad {backend} URL `{url}`: {problem}")]
+    Url {
+        /// The backend the URL is for.
+        backend: &'static str,
+        /// The URL, its password replaced by `***`.
+        url: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A backend URL names a parameter its backend does not read.
+    #[error(
+        "bad {backend} URL `{url}`: unknown parameter `{name}`; the valid ones are {}",
+        quoted(valid)
+    )]
+    UnknownParameter {
+        /// The backend the URL is for.
+        backend: &'static str,
+        /// The URL, its password replaced by `***`.
+        url: String,
+        /// The parameter.
+        name: String,
+        /// The parameters the backend reads.
+        valid: Vec<String>,
+    },
+    /// A URL whose scheme names no backend dlock has.
+    #[error("`{url}` names no backend; use one of: {known}")]
+    UnknownScheme {
+        /// The URL, its password replaced by `***`.
+        url: String,
+        /// The schemes dlock knows.
+        known: &'static str,
+    },
+    /// A URL whose backend this build leaves out: its cargo feature is off.
+    #[error(
+        "this build has no {feature} backend: turn on dlock's feature `{feature}` \
+         (cargo add dlock --features {feature})"
+    )]
+    FeatureOff {
+        /// The feature to turn on.
+        feature: &'static str,
+    },
+    /// Text that is not a duration ([`parse_duration`](crate::parse_duration)).
+    #[error(
+        "malformed duration `{text}` ({problem}): write numbers with units, such as \
+         \"500ms\", \"5s\" or \"1m30s\""
+    )]
+    Duration {
+        /// The text.
+        text: String,
+        /// What the parser says.
+        problem: String,
+    },
+    /// A lease outside what dlock allows.
+    #[error("{}", lease_message(*lease, *min, *max))]
+    Lease {
+        /// The lease asked for.
+        lease: std::time::Duration,
+        /// The shortest lease allowed.
+        min: std::time::Duration,
+        /// The longest lease allowed.
+        max: std::time::Duration,
+    },
+    /// A permit count outside 1 to the limit, or a limit of 0.
+    #[error(
+        "a semaphore acquire takes 1 to `limit` permits of at least 1: got {count} of {limit}"
+    )]
+    Permits {
+        /// The permits asked for.
+        count: u32,
+        /// The semaphore's limit.
+        limit: u32,
+    },
+    /// A semaphore acquire names another limit than the key's holders do.
+    #[error(
+        "semaphore `{key}` has {theirs} permits, and this acquire says {ours}: \
+         every client of a semaphore must name the same limit"
+    )]
+    PermitLimitMismatch {
+        /// The semaphore's key.
+        key: String,
+        /// The limit its holders and waiters name.
+        theirs: u32,
+        /// The limit this acquire names.
+        ours: u32,
+    },
+    /// `lock_all` names a key twice.
+    #[error("lock_all names the key {key:?} twice")]
+    DuplicateKey {
+        /// The key.
+        key: String,
+    },
+    /// `lock_all` names no key.
+    #[error("lock_all needs at least one key")]
+    NoKeys,
+    /// A proclaimed value longer than a leader may publish.
+    #[error("a proclaimed value is at most {max} bytes, not {len}")]
+    ProclaimedValueTooLong {
+        /// The value's length.
+        len: usize,
+        /// The longest allowed.
+        max: usize,
+    },
+    /// The election candidate resigned before it led.
+    #[error("the candidate resigned")]
+    Resigned,
+    /// A TLS file that cannot be read or used.
+    #[error("{}", tls_file_message(path.as_deref(), problem))]
+    TlsFile {
+        /// The file, when the problem is known to be in one.
+        path: Option<std::path::PathBuf>,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A backend's own check, in words.
+    #[error("{0}")]
+    Other(String),
+}
+
+fn quoted(names: &[String]) -> String {
+    let names: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+    names.join(", ")
+}
+
+fn tls_file_message(path: Option<&std::path::Path>, problem: &str) -> String {
+    match path {
+        Some(path) => format!("cannot read the TLS file `{}`: {problem}", path.display()),
+        None => format!("bad TLS file: {problem}"),
+    }
+}
+
+fn lease_message(
+    lease: std::time::Duration,
+    min: std::time::Duration,
+    max: std::time::Duration,
+) -> String {
+    if lease < min {
+        format!("a lease of {lease:?} is shorter than the minimum of {min:?}")
+    } else {
+        format!("a lease of {lease:?} is longer than the maximum of {max:?}")
     }
 }
 

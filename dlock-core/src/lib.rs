@@ -80,7 +80,7 @@ pub use builder::{BackendExt, LockerBuilder};
 pub use default_locker::{default_locker, set_default_locker};
 pub use duration::parse_duration;
 pub use election::Election;
-pub use error::{LockError, LostReason, Result};
+pub use error::{InvalidReason, LockError, LostReason, Result};
 pub use guard::{HoldState, LockGuard};
 pub use key::LockKey;
 pub use locker::{Locker, DEFAULT_WATCHDOG_LEASE};

@@ -73,15 +73,14 @@ impl Locker {
         for key in keys {
             let key = key.as_ref();
             if !sorted.insert(key.to_owned()) {
-                return Err(LockError::InvalidOptions {
-                    reason: format!("lock_all names the key {key:?} twice"),
-                });
+                return Err(crate::InvalidReason::DuplicateKey {
+                    key: key.to_owned(),
+                }
+                .into());
             }
         }
         if sorted.is_empty() {
-            return Err(LockError::InvalidOptions {
-                reason: "lock_all needs at least one key".to_owned(),
-            });
+            return Err(crate::InvalidReason::NoKeys.into());
         }
         let options = options.or(self.defaults());
         // A limit too large for the clock (`Duration::MAX`) waits forever.

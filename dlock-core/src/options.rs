@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::error::{LockError, Result};
+use crate::error::Result;
 
 /// The shortest fixed lease accepted. The holder counts its lease 1 % + 2 ms
 /// short, to absorb clock drift, so a shorter lease would be over almost
@@ -72,7 +72,7 @@ impl LockOptions {
     }
 
     /// Waits at most `limit` for the lock, then fails with
-    /// [`LockError::Timeout`]. A zero limit makes one attempt.
+    /// [`LockError::Timeout`](crate::LockError::Timeout). A zero limit makes one attempt.
     pub fn wait(mut self, limit: Duration) -> Self {
         self.wait = Some(Some(limit));
         self
@@ -121,15 +121,13 @@ impl LockOptions {
 
 /// Checks a fixed or watchdog lease duration.
 pub(crate) fn validate_lease(lease: Duration, min: Duration) -> Result<()> {
-    if lease < min {
-        return Err(LockError::invalid_options(format!(
-            "a lease of {lease:?} is shorter than the minimum of {min:?}"
-        )));
-    }
-    if lease > MAX_LEASE {
-        return Err(LockError::invalid_options(format!(
-            "a lease of {lease:?} is longer than the maximum of {MAX_LEASE:?}"
-        )));
+    if lease < min || lease > MAX_LEASE {
+        return Err(crate::InvalidReason::Lease {
+            lease,
+            min,
+            max: MAX_LEASE,
+        }
+        .into());
     }
     Ok(())
 }

@@ -242,7 +242,7 @@ mod tests {
         ] {
             match EtcdConfig::from_url(url) {
                 Err(LockError::InvalidOptions { reason }) => {
-                    assert!(reason.contains(says), "{url}: {reason}")
+                    assert!(reason.to_string().contains(says), "{url}: {reason}")
                 }
                 other => panic!("{url}: {other:?}"),
             }

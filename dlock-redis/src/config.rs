@@ -454,7 +454,7 @@ mod tests {
         ] {
             match RedisConfig::from_url(url) {
                 Err(LockError::InvalidOptions { reason }) => {
-                    assert!(reason.contains(says), "{url}: {reason}")
+                    assert!(reason.to_string().contains(says), "{url}: {reason}")
                 }
                 other => panic!("{url}: {other:?}"),
             }

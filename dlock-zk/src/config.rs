@@ -220,7 +220,7 @@ mod tests {
         ] {
             match ZkConfig::from_url(url) {
                 Err(LockError::InvalidOptions { reason }) => {
-                    assert!(reason.contains(says), "{url}: {reason}")
+                    assert!(reason.to_string().contains(says), "{url}: {reason}")
                 }
                 other => panic!("{url}: {other:?}"),
             }

@@ -114,21 +114,18 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn backend::Backend>> {
         Some("zk" | "zks") => zk_backend(url).await,
         Some("postgres" | "postgresql") => postgres_backend(url).await,
         Some("mysql" | "mariadb") => mysql_backend(url).await,
-        _ => Err(LockError::InvalidOptions {
-            reason: format!("`{url}` names no backend; use one of: {URLS}"),
-        }),
+        _ => Err(InvalidReason::UnknownScheme {
+            url: backend::redact_url(url).into_owned(),
+            known: URLS,
+        }
+        .into()),
     }
 }
 
 /// The error for a URL whose backend's feature is off.
 #[allow(dead_code)] // with every backend feature on
-fn feature_off(feature: &str) -> LockError {
-    LockError::InvalidOptions {
-        reason: format!(
-            "this build has no {feature} backend: turn on dlock's feature `{feature}` \
-             (cargo add dlock --features {feature})"
-        ),
-    }
+fn feature_off(feature: &'static str) -> LockError {
+    InvalidReason::FeatureOff { feature }.into()
 }
 
 /// One backend's connect, behind its feature.

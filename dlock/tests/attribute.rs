@@ -2,7 +2,7 @@
 //! runtime under `dlock` in a crate that depends on `dlock`, and
 //! `connect(url)` reaches each backend or names the feature it needs.
 
-use dlock::{distributed_lock, LockError};
+use dlock::{distributed_lock, InvalidReason, LockError};
 
 #[distributed_lock(key = "job:{id}", wait = "1s")]
 async fn job(id: u32) -> Result<u32, LockError> {
@@ -36,12 +36,24 @@ async fn each_scheme_reaches_its_backend_or_names_its_feature() {
         let LockError::InvalidOptions { reason } = &err else {
             panic!("{url}: expected a typed InvalidOptions, got {err}");
         };
-        let names_feature = reason.contains(&format!("feature `{feature}`"));
-        assert_eq!(names_feature, !enabled, "{url}: {reason}");
+        let feature_off =
+            matches!(reason, InvalidReason::FeatureOff { feature: f } if f == &feature);
+        assert_eq!(feature_off, !enabled, "{url}: {reason}");
+        assert_eq!(
+            reason.to_string().contains(&format!("feature `{feature}`")),
+            !enabled,
+            "{url}: {reason}"
+        );
     }
-    let unknown = dlock::connect("ftp://h/x").await.unwrap_err();
+    let unknown = dlock::connect("ftp://user:s3cret@h/x").await.unwrap_err();
     assert!(
-        unknown.to_string().contains("names no backend"),
+        matches!(
+            &unknown,
+            LockError::InvalidOptions {
+                reason: InvalidReason::UnknownScheme { .. }
+            }
+        ) && unknown.to_string().contains("names no backend"),
         "{unknown}"
     );
+    assert!(!unknown.to_string().contains("s3cret"), "{unknown}");
 }

@@ -50,12 +50,7 @@ impl Mode {
     /// unless `1 <= count <= limit`.
     pub fn permits(count: u32, limit: u32) -> Result<Mode> {
         if limit == 0 || count == 0 || count > limit {
-            return Err(crate::LockError::InvalidOptions {
-                reason: format!(
-                    "a semaphore acquire takes 1 to `limit` permits of at least 1: \
-                     got {count} of {limit}"
-                ),
-            });
+            return Err(crate::InvalidReason::Permits { count, limit }.into());
         }
         Ok(Mode::Permits { count, limit })
     }

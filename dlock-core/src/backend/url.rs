@@ -281,7 +281,7 @@ impl BackendUrl {
             .find(|(n, _)| !driver.contains(&n.as_str()))
         {
             let valid: Vec<&str> = ours.iter().chain(driver).copied().collect();
-            return Err(self.invalid(&unknown_parameter(name, &valid)));
+            return Err(self.unknown_parameter(name, &valid));
         }
         if self.params.is_empty() {
             return Ok(self.base.clone());
@@ -306,8 +306,18 @@ impl BackendUrl {
     pub fn finish(&mut self, valid: &[&str]) -> Result<(), LockError> {
         match self.params.first() {
             None => Ok(()),
-            Some((name, _)) => Err(self.invalid(&unknown_parameter(name, valid))),
+            Some((name, _)) => Err(self.unknown_parameter(name, valid)),
         }
+    }
+
+    fn unknown_parameter(&self, name: &str, valid: &[&str]) -> LockError {
+        crate::InvalidReason::UnknownParameter {
+            backend: self.backend,
+            url: self.shown.clone(),
+            name: name.to_owned(),
+            valid: valid.iter().map(|v| (*v).to_owned()).collect(),
+        }
+        .into()
     }
 
     /// A [`LockError::InvalidOptions`] for this URL (password redacted):
@@ -317,19 +327,13 @@ impl BackendUrl {
     }
 }
 
-/// The message for an unknown parameter `name`, listing `valid`.
-pub(crate) fn unknown_parameter(name: &str, valid: &[&str]) -> String {
-    let valid: Vec<String> = valid.iter().map(|v| format!("`{v}`")).collect();
-    format!(
-        "unknown parameter `{name}`; the valid ones are {}",
-        valid.join(", ")
-    )
-}
-
-fn invalid_url(backend: &str, shown: &str, why: &str) -> LockError {
-    LockError::InvalidOptions {
-        reason: format!("bad {backend} URL `{shown}`: {why}"),
+fn invalid_url(backend: &'static str, shown: &str, why: &str) -> LockError {
+    crate::InvalidReason::Url {
+        backend,
+        url: shown.to_owned(),
+        problem: why.to_owned(),
     }
+    .into()
 }
 
 /// One host of a host list, checked by the URL crate.
@@ -608,8 +612,12 @@ impl TlsFiles {
     /// [`LockError::InvalidOptions`](crate::LockError::InvalidOptions)
     /// naming the file, if it cannot be read.
     pub fn read(path: &std::path::Path) -> Result<Vec<u8>, crate::LockError> {
-        std::fs::read(path).map_err(|e| crate::LockError::InvalidOptions {
-            reason: format!("cannot read the TLS file `{}`: {e}", path.display()),
+        std::fs::read(path).map_err(|e| {
+            crate::InvalidReason::TlsFile {
+                path: Some(path.to_owned()),
+                problem: e.to_string(),
+            }
+            .into()
         })
     }
 }

@@ -131,11 +131,11 @@ impl RedisBackend {
         config: &RedisConfig,
     ) -> Result<RedisBackend> {
         if config.is_redlock() {
-            return Err(LockError::InvalidOptions {
-                reason: "a client names one node: Redlock is built from a \
-                         `redis+redlock://` URL"
+            return Err(dlock_core::InvalidReason::Other(
+                "a client names one node: Redlock is built from a `redis+redlock://` URL"
                     .to_owned(),
-            });
+            )
+            .into());
         }
         let node = Node::from_client(
             client,

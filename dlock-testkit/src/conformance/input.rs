@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use dlock_core::{LockError, LockOptions, LockerBuilder};
+use dlock_core::{InvalidReason, LockError, LockOptions, LockerBuilder};
 
 use super::{free, must, patient, taken, Harness};
 
@@ -33,7 +33,12 @@ pub async fn invalid_input_gives_typed_errors(h: &Harness) {
             .lock_with(&key, LockOptions::new().lease(lease))
             .await;
         assert!(
-            matches!(result, Err(LockError::InvalidOptions { .. })),
+            matches!(
+                result,
+                Err(LockError::InvalidOptions {
+                    reason: InvalidReason::Lease { lease: l, .. }
+                }) if l == lease
+            ),
             "[{}] lease {lease:?}: {result:?}",
             h.name
         );
@@ -43,7 +48,12 @@ pub async fn invalid_input_gives_typed_errors(h: &Harness) {
             .watchdog_lease(lease)
             .build();
         assert!(
-            matches!(built, Err(LockError::InvalidOptions { .. })),
+            matches!(
+                built,
+                Err(LockError::InvalidOptions {
+                    reason: InvalidReason::Lease { .. }
+                })
+            ),
             "[{}] watchdog lease {lease:?}",
             h.name
         );

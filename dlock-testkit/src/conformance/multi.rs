@@ -4,7 +4,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use dlock_core::{LockError, LockOptions, LostReason};
+use dlock_core::{InvalidReason, LockError, LockOptions, LostReason};
 use tokio::time::Instant;
 
 use super::{must, patient, release_behind_its_back, Harness, PATIENCE};
@@ -185,15 +185,28 @@ pub async fn lock_all_rejects_empty_and_repeated_lists(h: &Harness) {
     let locker = h.locker().await;
     let empty: [&str; 0] = [];
     let once = h.key("repeated");
-    for (what, result) in [
-        ("an empty list", locker.lock_all(empty, patient()).await),
+    for (what, result, duplicate) in [
+        (
+            "an empty list",
+            locker.lock_all(empty, patient()).await,
+            false,
+        ),
         (
             "a key named twice",
             locker.lock_all([&once, &once], patient()).await,
+            true,
         ),
     ] {
         assert!(
-            matches!(result, Err(LockError::InvalidOptions { .. })),
+            match &result {
+                Err(LockError::InvalidOptions {
+                    reason: InvalidReason::DuplicateKey { key },
+                }) => duplicate && *key == once,
+                Err(LockError::InvalidOptions {
+                    reason: InvalidReason::NoKeys,
+                }) => !duplicate,
+                _ => false,
+            },
             "[{}] {what}: {result:?}",
             h.name
         );

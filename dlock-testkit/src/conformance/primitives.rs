@@ -16,7 +16,7 @@ use std::{
 
 use dlock_core::{
     backend::{Mode, ReleaseOutcome, RenewOutcome, RenewRequest},
-    DistSemaphore, LockError, LockKey, LockOptions, Locker, LostReason,
+    DistSemaphore, InvalidReason, LockError, LockKey, LockOptions, Locker, LostReason,
 };
 use tokio::time::Instant;
 
@@ -475,8 +475,9 @@ pub async fn bad_permit_counts_are_typed_errors(h: &Harness) {
         let asked = a
             .try_lock_mode(&key, Mode::Permits { count, limit }, LockOptions::new())
             .await;
+        let bad_count = InvalidReason::Permits { count, limit };
         assert!(
-            matches!(asked, Err(LockError::InvalidOptions { .. })),
+            matches!(&asked, Err(LockError::InvalidOptions { reason }) if *reason == bad_count),
             "[{}] {count} of {limit} permits: {asked:?}",
             h.name
         );
@@ -484,7 +485,7 @@ pub async fn bad_permit_counts_are_typed_errors(h: &Harness) {
         assert!(
             matches!(
                 semaphore.try_acquire_many(count).await,
-                Err(LockError::InvalidOptions { .. })
+                Err(LockError::InvalidOptions { reason }) if reason == bad_count
             ),
             "[{}] DistSemaphore took {count} of {limit}",
             h.name
@@ -498,7 +499,16 @@ pub async fn bad_permit_counts_are_typed_errors(h: &Harness) {
         .try_acquire()
         .await;
     assert!(
-        matches!(other, Err(LockError::InvalidOptions { .. })),
+        matches!(
+            other,
+            Err(LockError::InvalidOptions {
+                reason: InvalidReason::PermitLimitMismatch {
+                    theirs: 3,
+                    ours: 4,
+                    ..
+                }
+            })
+        ),
         "[{}] a client naming 4 permits where 3 are held got {other:?}",
         h.name
     );

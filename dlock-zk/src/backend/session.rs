@@ -74,8 +74,12 @@ fn tls_options(files: &dlock_core::backend::TlsFiles) -> Result<zookeeper_client
     let read = |path: &std::path::PathBuf| {
         TlsFiles::read(path).map(|pem| String::from_utf8_lossy(&pem).into_owned())
     };
-    let bad = |e: zookeeper_client::Error| LockError::InvalidOptions {
-        reason: format!("bad TLS file: {e}"),
+    let bad = |e: zookeeper_client::Error| -> LockError {
+        dlock_core::InvalidReason::TlsFile {
+            path: None,
+            problem: e.to_string(),
+        }
+        .into()
     };
     let mut options = zookeeper_client::TlsOptions::new();
     if let Some(ca) = &files.ca {
