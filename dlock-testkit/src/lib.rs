@@ -20,6 +20,21 @@
 //! dlock_testkit::conformance_tests!(harness());
 //! ```
 //!
+//! # Writing a backend
+//!
+//! The guide [Writing a backend] (in this crate's README) shows the
+//! [`Backend`](dlock_core::backend::Backend) trait and what each method
+//! must guarantee, the conformance entry point ([`conformance_tests!`] and
+//! [`Harness`]), and the [`fixture`]s and instruments a backend may reuse.
+//! Its worked example is a complete backend written from outside dlock,
+//! [`examples/src/map_backend.rs`], which
+//! [`examples/tests/map_backend_conformance.rs`] runs the whole suite
+//! against.
+//!
+//! [Writing a backend]: https://github.com/dlock-rs/dlock/blob/main/dlock-testkit/README.md#writing-a-backend
+//! [`examples/src/map_backend.rs`]: https://github.com/dlock-rs/dlock/blob/main/examples/src/map_backend.rs
+//! [`examples/tests/map_backend_conformance.rs`]: https://github.com/dlock-rs/dlock/blob/main/examples/tests/map_backend_conformance.rs
+//!
 //! # Features
 //!
 //! By default every server backend is in (`redis`, `etcd`, `zk`,
