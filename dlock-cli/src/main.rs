@@ -1,0 +1,78 @@
+//! `dlock`: run a shell command under a distributed lock, on any backend
+//! dlock has.
+//!
+//! ```text
+//! dlock run --url redis://127.0.0.1:6379 --key nightly-report -- ./report.sh
+//! ```
+//!
+//! The exit codes are in [`exit`]; `dlock run --help` lists them too.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod child;
+mod exit;
+mod run;
+mod status;
+
+/// Run a command under a distributed lock (Redis, etcd, ZooKeeper,
+/// PostgreSQL, MySQL).
+#[derive(Debug, Parser)]
+#[command(name = "dlock", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    Run(run::RunArgs),
+    Status(status::StatusArgs),
+}
+
+/// The lock server, shared by every subcommand.
+#[derive(Debug, Clone, clap::Args)]
+struct Server {
+    /// The lock server, as a dlock URL: redis://HOST:PORT,
+    /// redis+redlock://H1:P1,H2:P2,H3:P3, etcd://HOST:PORT/PREFIX,
+    /// zk://HOST:PORT/PATH, postgres://USER:PASSWORD@HOST/DB,
+    /// mysql://USER:PASSWORD@HOST/DB (each also over TLS).
+    #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
+    url: String,
+}
+
+impl Server {
+    /// A locker on the server, or the exit code and message for why not.
+    async fn connect(&self) -> Result<dlock::Locker, ExitCode> {
+        dlock::connect(&self.url).await.map_err(|e| {
+            eprintln!("dlock: {e}");
+            exit::for_error(&e)
+        })
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("dlock: cannot start the async runtime: {e}");
+            return ExitCode::from(exit::SOFTWARE);
+        }
+    };
+    let code = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => run::run(args).await,
+            Command::Status(args) => status::status(args).await,
+        }
+    });
+    // A release still being retried in the background has had its chance
+    // (run releases before it returns); do not wait for stragglers.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    code
+}

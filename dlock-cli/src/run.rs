@@ -1,0 +1,223 @@
+//! `dlock run`: the command runs only while the lock is held.
+
+use std::{ffi::OsString, process::ExitCode, time::Duration};
+
+use dlock::{backend::Mode, LockError, LockOptions, LostReason};
+use rustix::process::Signal;
+use tokio::time::Instant;
+
+use crate::{
+    child::{code_of, Child, Signals},
+    exit, Server,
+};
+
+const RUN_HELP: &str = "\
+Examples:
+  # One nightly report at a time, across every machine of the fleet:
+  dlock run --url redis://10.0.0.5:6379 --key nightly-report -- ./report.sh
+
+  # Skip this run if another is still going (exit 75):
+  DLOCK_URL=etcd://10.0.0.5:2379/locks dlock run --key backup --no-wait -- ./backup.sh
+
+  # At most 4 encoders at once:
+  dlock run --url zk://10.0.0.5:2181/locks --key encoders --permits 4 -- ffmpeg -i in.mp4 out.webm
+
+The command gets DLOCK_KEY and DLOCK_FENCE (the lock's fencing token, where
+the backend gives one) in its environment. It runs in a process group of its
+own: SIGINT, SIGTERM and SIGHUP sent to dlock are passed on to it; if the lock
+is lost, it gets SIGTERM at once and SIGKILL after --kill-after. The lock is
+released when the command exits.
+
+Exit codes: the command's own (128 + N if signal N killed it); 75 when the
+lock was not obtained (--conflict-exit-code); 76 when the lock was lost while
+the command ran (--lost-exit-code); 64 for bad options; 69 when the lock
+server failed; 126/127 when the command could not be run/was not found;
+128 + N when signal N stopped dlock while it waited.";
+
+/// Run a command while holding a lock.
+#[derive(Debug, clap::Args)]
+#[command(after_help = RUN_HELP)]
+pub(crate) struct RunArgs {
+    #[command(flatten)]
+    server: Server,
+    /// The lock's key.
+    #[arg(long)]
+    key: String,
+    /// Wait at most this long for the lock (500ms, 10s, 1m30s); without
+    /// it, wait as long as it takes.
+    #[arg(long, value_parser = duration, conflicts_with = "no_wait")]
+    wait: Option<Duration>,
+    /// Do not wait: exit with the conflict code at once if the lock is held.
+    #[arg(long)]
+    no_wait: bool,
+    /// A fixed lease: the lock ends this long after it is granted, even if
+    /// the command still runs. Without it, dlock keeps the lock alive for
+    /// as long as the command runs.
+    #[arg(long, value_parser = duration)]
+    lease: Option<Duration>,
+    /// Take a read share of a read-write lock: readers run together.
+    #[arg(long, group = "mode")]
+    read: bool,
+    /// Take the write side of a read-write lock: alone, without readers.
+    #[arg(long, group = "mode")]
+    write: bool,
+    /// Take one of N permits: at most N commands run at once.
+    #[arg(long, group = "mode", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    permits: Option<u32>,
+    /// The exit code when the lock is not obtained.
+    #[arg(long, value_name = "CODE", default_value_t = exit::CONFLICT)]
+    conflict_exit_code: u8,
+    /// The exit code when the lock is lost while the command runs.
+    #[arg(long, value_name = "CODE", default_value_t = exit::LOST)]
+    lost_exit_code: u8,
+    /// How long the command has to exit after SIGTERM (sent when the lock
+    /// is lost) before it gets SIGKILL.
+    #[arg(long, value_parser = duration, default_value = "10s")]
+    kill_after: Duration,
+    /// Say on stderr when dlock starts waiting, gets the lock (with its
+    /// fence and how long it took) and releases it.
+    #[arg(short, long)]
+    verbose: bool,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    command: Vec<OsString>,
+}
+
+/// A duration in dlock's grammar, for clap.
+pub(crate) fn duration(text: &str) -> Result<Duration, String> {
+    dlock::parse_duration(text).map_err(|e| e.to_string())
+}
+
+pub(crate) async fn run(args: RunArgs) -> ExitCode {
+    // Listening first: a signal while connecting or waiting ends the wait
+    // (the acquire is dropped, which leaves nothing held).
+    let mut signals = match Signals::listen() {
+        Ok(signals) => signals,
+        Err(e) => {
+            eprintln!("dlock: cannot listen for signals: {e}");
+            return ExitCode::from(exit::SOFTWARE);
+        }
+    };
+    let key = args.key.as_str();
+    let mode = match (args.read, args.write, args.permits) {
+        (true, _, _) => Mode::Read,
+        (_, true, _) => Mode::Write,
+        (_, _, Some(limit)) => match Mode::permits(1, limit) {
+            Ok(mode) => mode,
+            Err(e) => {
+                eprintln!("dlock: {e}");
+                return exit::for_error(&e);
+            }
+        },
+        _ => Mode::Exclusive,
+    };
+    let mut options = LockOptions::new();
+    if let Some(lease) = args.lease {
+        options = options.lease(lease);
+    }
+    let acquired = tokio::select! {
+        acquired = async {
+            let locker = args.server.connect().await?;
+            let started = Instant::now();
+            // One attempt first: a wait is announced (with --verbose) only
+            // when there is one.
+            let mut guard = locker.try_lock_mode(key, mode, options.clone()).await;
+            if matches!(guard, Ok(None)) && !args.no_wait {
+                if args.verbose {
+                    eprintln!("dlock: waiting for lock `{key}`");
+                }
+                let options = match args.wait {
+                    Some(wait) => options.wait(wait),
+                    None => options.wait_forever(),
+                };
+                guard = locker.lock_mode(key, mode, options).await.map(Some);
+            }
+            if let (Ok(Some(guard)), true) = (&guard, args.verbose) {
+                let fence = guard.fencing_token().map(|f| format!(" (fence {f})")).unwrap_or_default();
+                eprintln!("dlock: got lock `{key}`{fence} after {:.3?}", started.elapsed());
+            }
+            match guard {
+                // The locker lives as long as the guard: its watchdog keeps
+                // the lock alive.
+                Ok(Some(guard)) => Ok((locker, guard)),
+                Ok(None) | Err(LockError::WouldBlock { .. } | LockError::Timeout { .. }) => {
+                    eprintln!("dlock: lock `{key}` is held by another owner");
+                    Err(ExitCode::from(args.conflict_exit_code))
+                }
+                Err(e) => {
+                    eprintln!("dlock: {e}");
+                    Err(exit::for_error(&e))
+                }
+            }
+        } => acquired,
+        signal = signals.recv() => {
+            eprintln!("dlock: stopped by signal {} while waiting for lock `{key}`", signal.as_raw());
+            return exit::for_signal(signal.as_raw());
+        }
+    };
+    let (_locker, guard) = match acquired {
+        Ok(held) => held,
+        Err(code) => return code,
+    };
+    let mut env = vec![("DLOCK_KEY", key.to_owned())];
+    if let Some(fence) = guard.fencing_token() {
+        env.push(("DLOCK_FENCE", fence.to_string()));
+    }
+    let mut child = match Child::spawn(&args.command, &env) {
+        Ok(child) => child,
+        Err(code) => {
+            release(guard, key).await;
+            return code;
+        }
+    };
+    let mut lost: Option<LostReason> = None;
+    let mut kill_at: Option<Instant> = None;
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status,
+            signal = signals.recv() => child.signal(signal),
+            reason = guard.lost(), if lost.is_none() => {
+                eprintln!("dlock: lock `{key}` was lost ({reason}) while the command ran: stopping it");
+                child.signal(Signal::TERM);
+                lost = Some(reason);
+                kill_at = Some(Instant::now() + args.kill_after);
+            }
+            () = sleep_until(kill_at), if kill_at.is_some() => {
+                eprintln!("dlock: the command outlived --kill-after: killing it");
+                child.signal(Signal::KILL);
+                kill_at = None;
+            }
+        }
+    };
+    // Released on every path once the command is gone (a lost lock needs
+    // no release).
+    if lost.is_none() {
+        release(guard, key).await;
+        if args.verbose {
+            eprintln!("dlock: released lock `{key}`");
+        }
+    }
+    match (status, lost) {
+        (_, Some(_)) => ExitCode::from(args.lost_exit_code),
+        (Ok(status), None) => code_of(status),
+        (Err(e), None) => {
+            eprintln!("dlock: lost track of the command: {e}");
+            ExitCode::from(exit::SOFTWARE)
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Releases `guard`, saying so if the release failed (it is then retried
+/// in the background until dlock exits, and the server's lease ends it).
+async fn release(guard: dlock::LockGuard, key: &str) {
+    if let Err(e) = guard.release().await {
+        eprintln!("dlock: releasing lock `{key}`: {e}");
+    }
+}

@@ -1,0 +1,81 @@
+//! `dlock status`: who holds a key, as the server sees it.
+
+use std::process::ExitCode;
+
+use dlock::{LockError, LockKey};
+
+use crate::{exit, Server};
+
+const STATUS_HELP: &str = "\
+Examples:
+  dlock status --url redis://10.0.0.5:6379 --key nightly-report
+  dlock status --url etcd://10.0.0.5:2379/locks --key leader --json
+
+Shows whether the key's exclusive lock (or election) is held, and the
+holder's fencing token and proclaimed value where the backend records them.
+Exit code 0 when held, 1 when free; 64 for bad options, 69 when the server
+failed or the backend cannot tell.";
+
+/// Show whether a key is held, by whom.
+#[derive(Debug, clap::Args)]
+#[command(after_help = STATUS_HELP)]
+pub(crate) struct StatusArgs {
+    #[command(flatten)]
+    server: Server,
+    /// The lock's key.
+    #[arg(long)]
+    key: String,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) async fn status(args: StatusArgs) -> ExitCode {
+    let key = match LockKey::new(&args.key) {
+        Ok(key) => key,
+        Err(e) => {
+            eprintln!("dlock: {e}");
+            return exit::for_error(&e);
+        }
+    };
+    let locker = match args.server.connect().await {
+        Ok(locker) => locker,
+        Err(code) => return code,
+    };
+    let holder = match locker.backend().holder(&key).await {
+        Ok(holder) => holder,
+        Err(e @ LockError::Unsupported { .. }) => {
+            eprintln!("dlock: {e}: this backend cannot tell who holds a key");
+            return ExitCode::from(exit::UNAVAILABLE);
+        }
+        Err(e) => {
+            eprintln!("dlock: {e}");
+            return exit::for_error(&e);
+        }
+    };
+    let value = holder
+        .as_ref()
+        .and_then(|h| h.value())
+        .map(|v| String::from_utf8_lossy(v).into_owned());
+    let fence = holder.as_ref().and_then(|h| h.fence());
+    if args.json {
+        let report = serde_json::json!({
+            "key": args.key,
+            "held": holder.is_some(),
+            "fence": fence,
+            "value": value,
+        });
+        println!("{report}");
+    } else if holder.is_some() {
+        println!("{}: held", args.key);
+        if let Some(fence) = fence {
+            println!("  fence: {fence}");
+        }
+        if let Some(value) = &value {
+            println!("  value: {value}");
+        }
+    } else {
+        println!("{}: free", args.key);
+    }
+    ExitCode::from(if holder.is_some() { 0 } else { 1 })
+}

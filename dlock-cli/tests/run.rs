@@ -1,0 +1,328 @@
+//! `dlock run` and `dlock status` as a shell uses them, against a real
+//! Redis server: a shared counter kept exact by 20 concurrent runs, every
+//! documented exit code, the lost-lock kill, and signals.
+#![cfg(feature = "redis")]
+
+use std::{
+    path::Path,
+    process::{Output, Stdio},
+    time::Duration,
+};
+
+use dlock_testkit::fixture::RedisServer;
+use tokio::{
+    io::{AsyncBufReadExt as _, BufReader},
+    process::Command,
+    time::Instant,
+};
+
+const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
+
+fn dlock(url: &str) -> Command {
+    let mut command = Command::new(DLOCK);
+    command
+        .env("DLOCK_URL", url)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    command
+}
+
+/// Runs `command` to its end, within `limit`.
+async fn finish(command: &mut Command, limit: Duration) -> Output {
+    tokio::time::timeout(limit, command.output())
+        .await
+        .expect("dlock finished in time")
+        .expect("dlock ran")
+}
+
+fn code(output: &Output) -> i32 {
+    output
+        .status
+        .code()
+        .unwrap_or_else(|| panic!("no exit code: {output:?}"))
+}
+
+/// A read-then-write of a counter file, with a pause between: without a
+/// lock, concurrent runs lose updates.
+const INCREMENT: &str = "n=$(cat \"$1\"); sleep 0.05; echo $((n + 1)) > \"$1\"";
+
+async fn count_with(counter: &Path, runs: usize, locked: Option<&str>) -> u32 {
+    std::fs::write(counter, "0").unwrap();
+    let mut all = Vec::new();
+    for _ in 0..runs {
+        let mut command = match locked {
+            Some(url) => {
+                let mut command = dlock(url);
+                command.args(["run", "--key", "counter", "--wait", "60s", "--", "sh", "-c"]);
+                command
+            }
+            None => {
+                let mut command = Command::new("sh");
+                command.arg("-c").kill_on_drop(true);
+                command
+            }
+        };
+        command.args([INCREMENT, "sh"]).arg(counter);
+        all.push(tokio::spawn(async move {
+            finish(&mut command, Duration::from_secs(90)).await
+        }));
+    }
+    for run in all {
+        let output = run.await.unwrap();
+        assert!(output.status.success(), "{output:?}");
+    }
+    std::fs::read_to_string(counter)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_concurrent_runs_keep_a_shared_counter_exact() {
+    let server = RedisServer::start().expect("start redis");
+    let dir = tempfile::tempdir().unwrap();
+    let counter = dir.path().join("counter");
+    // The same workload without the lock loses updates: the check below
+    // can fail.
+    let unlocked = count_with(&counter, 20, None).await;
+    assert!(unlocked < 20, "the workload lost no update without a lock");
+    let locked = count_with(&counter, 20, Some(&server.url())).await;
+    assert_eq!(locked, 20, "dlock run lost updates");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_documented_exit_code() {
+    let server = RedisServer::start().expect("start redis");
+    let url = server.url();
+    let limit = Duration::from_secs(30);
+    let run = |args: &[&str]| {
+        let mut command = dlock(&url);
+        command.arg("run").args(args);
+        command
+    };
+    // The command's own code, and 128 + the signal that killed it.
+    let own = finish(&mut run(&["--key", "k", "--", "sh", "-c", "exit 3"]), limit).await;
+    assert_eq!(code(&own), 3, "{own:?}");
+    let killed = finish(
+        &mut run(&["--key", "k", "--", "sh", "-c", "kill -TERM $$"]),
+        limit,
+    )
+    .await;
+    assert_eq!(code(&killed), 128 + 15, "{killed:?}");
+    // The environment.
+    let env = finish(
+        &mut run(&[
+            "--key",
+            "env-key",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$DLOCK_KEY $DLOCK_FENCE\"",
+        ]),
+        limit,
+    )
+    .await;
+    let said = String::from_utf8_lossy(&env.stdout);
+    let (key, fence) = said.trim().split_once(' ').expect("two words");
+    assert_eq!(key, "env-key");
+    assert!(fence.parse::<u64>().is_ok(), "DLOCK_FENCE={fence}");
+    // A command that is not there, or cannot be run.
+    let missing = finish(
+        &mut run(&["--key", "k", "--", "/nonexistent/program"]),
+        limit,
+    )
+    .await;
+    assert_eq!(code(&missing), 127, "{missing:?}");
+    let not_executable = finish(&mut run(&["--key", "k", "--", "/etc/hostname"]), limit).await;
+    assert_eq!(code(&not_executable), 126, "{not_executable:?}");
+    // Not obtained: held by someone else.
+    let locker = dlock::connect(&url).await.expect("connect");
+    let held = locker.lock("busy").await.expect("lock");
+    let started = Instant::now();
+    let no_wait = finish(
+        &mut run(&["--key", "busy", "--no-wait", "--", "true"]),
+        limit,
+    )
+    .await;
+    assert_eq!(code(&no_wait), 75, "{no_wait:?}");
+    let waited = finish(
+        &mut run(&["--key", "busy", "--wait", "300ms", "--", "true"]),
+        limit,
+    )
+    .await;
+    assert_eq!(code(&waited), 75, "{waited:?}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let own_code = finish(
+        &mut run(&[
+            "--key",
+            "busy",
+            "--no-wait",
+            "--conflict-exit-code",
+            "9",
+            "--",
+            "true",
+        ]),
+        limit,
+    )
+    .await;
+    assert_eq!(code(&own_code), 9, "{own_code:?}");
+    drop(held);
+    // Bad options, and a server that is not there.
+    let bad_url = finish(
+        dlock("redis://h:port").args(["run", "--key", "k", "--", "true"]),
+        limit,
+    )
+    .await;
+    assert_eq!(code(&bad_url), 64, "{bad_url:?}");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let down = finish(
+        dlock(&format!("redis://127.0.0.1:{port}/?connect_timeout=300ms"))
+            .args(["run", "--key", "k", "--", "true"]),
+        limit,
+    )
+    .await;
+    assert_eq!(code(&down), 69, "{down:?}");
+}
+
+/// A lock lost while the command runs stops it: SIGTERM at once, SIGKILL
+/// after `--kill-after` for a command that ignores SIGTERM, to the whole
+/// process group; dlock then exits 76.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lock_stops_the_command_and_its_group() {
+    let server = RedisServer::start().expect("start redis");
+    let url = server.url();
+    for (what, script, kill_after) in [
+        ("stops on SIGTERM", "sleep 30 & wait", "20s"),
+        ("ignores SIGTERM", "trap '' TERM; sleep 30", "300ms"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("pid");
+        let script = format!("echo $$ > {}; {script}", pid_file.display());
+        let started = Instant::now();
+        let output = finish(
+            dlock(&url).args([
+                "run",
+                "--key",
+                "lost",
+                "--lease",
+                "1s",
+                "--kill-after",
+                kill_after,
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ]),
+            Duration::from_secs(25),
+        )
+        .await;
+        assert_eq!(code(&output), 76, "{what}: {output:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{what}: took {:?}",
+            started.elapsed()
+        );
+        // Nothing of the group is left: not the shell, not its sleep.
+        let shell: i32 = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // (Zombies, which a container's init may leave unreaped, ran
+        // their course: only live processes count.)
+        let group = std::process::Command::new("ps")
+            .args(["-o", "stat=,pid=,args=", "-g", &shell.to_string()])
+            .output()
+            .expect("ps");
+        let listing = String::from_utf8_lossy(&group.stdout);
+        let live: Vec<&str> = listing
+            .lines()
+            .filter(|line| !line.trim_start().starts_with('Z'))
+            .collect();
+        assert!(live.is_empty(), "{what}: left running: {live:?}");
+    }
+}
+
+/// SIGTERM to dlock while it waits ends the wait at once (143); while the
+/// command runs it is passed on, and the lock is released after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_end_the_wait_or_reach_the_command() {
+    let server = RedisServer::start().expect("start redis");
+    let url = server.url();
+    let locker = dlock::connect(&url).await.expect("connect");
+    let held = locker.lock("signalled").await.expect("lock");
+    let mut waiting = dlock(&url)
+        .args(["run", "--verbose", "--key", "signalled", "--", "true"])
+        .spawn()
+        .expect("spawn");
+    // It says when it waits.
+    let mut stderr = BufReader::new(waiting.stderr.take().unwrap()).lines();
+    let said = tokio::time::timeout(Duration::from_secs(10), stderr.next_line())
+        .await
+        .expect("dlock said something")
+        .unwrap();
+    assert_eq!(said.as_deref(), Some("dlock: waiting for lock `signalled`"));
+    let pid = waiting.id().expect("pid");
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(5), waiting.wait_with_output())
+        .await
+        .expect("the wait ended at once")
+        .unwrap();
+    assert_eq!(code(&ended), 128 + 15, "{ended:?}");
+    // Released before the next step looks for dlock's hold (a dropped
+    // guard releases in the background, and the test would see its own).
+    held.release().await.expect("release");
+    // While the command runs: the signal reaches it, and the lock is free
+    // afterwards.
+    let running = dlock(&url)
+        .args(["run", "--key", "signalled", "--", "sleep", "30"])
+        .spawn()
+        .expect("spawn");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while locker.try_lock("signalled").await.expect("try").is_some() {
+        assert!(Instant::now() < deadline, "dlock never took the lock");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let pid = running.id().expect("pid");
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(10), running.wait_with_output())
+        .await
+        .expect("the command ended")
+        .unwrap();
+    assert_eq!(
+        code(&ended),
+        128 + 15,
+        "sleep was killed by SIGTERM: {ended:?}"
+    );
+    let after = locker.try_lock("signalled").await.expect("try");
+    assert!(after.is_some(), "the lock was not released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_says_who_holds_a_key() {
+    let server = RedisServer::start().expect("start redis");
+    let url = server.url();
+    let limit = Duration::from_secs(30);
+    let free = finish(dlock(&url).args(["status", "--key", "s", "--json"]), limit).await;
+    assert_eq!(code(&free), 1, "{free:?}");
+    let report: serde_json::Value = serde_json::from_slice(&free.stdout).unwrap();
+    assert_eq!(report["held"], false);
+    let locker = dlock::connect(&url).await.expect("connect");
+    let held = locker.lock("s").await.expect("lock");
+    let busy = finish(dlock(&url).args(["status", "--key", "s", "--json"]), limit).await;
+    assert_eq!(code(&busy), 0, "{busy:?}");
+    let report: serde_json::Value = serde_json::from_slice(&busy.stdout).unwrap();
+    assert_eq!(report["held"], true);
+    assert_eq!(report["fence"].as_u64(), held.fencing_token());
+}
