@@ -4,13 +4,19 @@
 
 use std::{
     ffi::OsString,
+    fmt::Display,
+    future::Future,
     io,
     os::unix::process::{CommandExt as _, ExitStatusExt as _},
     process::{ExitCode, ExitStatus},
+    time::Duration,
 };
 
 use rustix::process::{kill_process_group, Pid, Signal};
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::{
+    signal::unix::{signal, SignalKind},
+    time::Instant,
+};
 
 use crate::exit;
 
@@ -63,6 +69,54 @@ impl Child {
     /// Waits for the command to exit.
     pub(crate) async fn wait(&mut self) -> io::Result<ExitStatus> {
         self.process.wait().await
+    }
+}
+
+/// How a supervised command ended.
+pub(crate) struct Ended {
+    /// Its exit status.
+    pub(crate) status: io::Result<ExitStatus>,
+    /// Whether what it ran under (the lock, the leadership) was lost, which
+    /// stopped it.
+    pub(crate) lost: bool,
+}
+
+/// Waits for `child` to exit, passing `signals` on to it. If `lost`
+/// completes first (the lock or the leadership ended; it says why), the
+/// child's group gets SIGTERM at once and SIGKILL after `kill_after`.
+pub(crate) async fn supervise<R: Display>(
+    child: &mut Child,
+    signals: &mut Signals,
+    lost: impl Future<Output = R>,
+    what: &str,
+    kill_after: Duration,
+) -> Ended {
+    let mut lost = std::pin::pin!(lost);
+    let mut was_lost = false;
+    let mut kill_at: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            status = child.wait() => return Ended { status, lost: was_lost },
+            signal = signals.recv() => child.signal(signal),
+            reason = &mut lost, if !was_lost => {
+                eprintln!("dlock: {what} was lost ({reason}) while the command ran: stopping it");
+                child.signal(Signal::TERM);
+                was_lost = true;
+                kill_at = Some(Instant::now() + kill_after);
+            }
+            () = sleep_until(kill_at), if kill_at.is_some() => {
+                eprintln!("dlock: the command outlived --kill-after: killing it");
+                child.signal(Signal::KILL);
+                kill_at = None;
+            }
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

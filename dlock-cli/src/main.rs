@@ -12,12 +12,13 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod child;
+mod elect;
 mod exit;
 mod run;
 mod status;
 
-/// Run a command under a distributed lock (Redis, etcd, ZooKeeper,
-/// PostgreSQL, MySQL).
+/// Run a command under a distributed lock, or as the elected leader
+/// (Redis, etcd, ZooKeeper, PostgreSQL, MySQL).
 #[derive(Debug, Parser)]
 #[command(name = "dlock", version, propagate_version = true)]
 struct Cli {
@@ -28,6 +29,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     Run(run::RunArgs),
+    Elect(elect::ElectArgs),
     Status(status::StatusArgs),
 }
 
@@ -40,12 +42,22 @@ struct Server {
     /// mysql://USER:PASSWORD@HOST/DB (each also over TLS).
     #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
     url: String,
+    /// How long a lock outlives a dlock that was killed: while dlock runs,
+    /// it renews the lock every third of this (500ms, 10s, 1m30s).
+    #[arg(long, value_parser = run::duration, default_value = "30s")]
+    watchdog_lease: std::time::Duration,
 }
 
 impl Server {
     /// A locker on the server, or the exit code and message for why not.
     async fn connect(&self) -> Result<dlock::Locker, ExitCode> {
-        dlock::connect(&self.url).await.map_err(|e| {
+        let locker = async {
+            let backend = dlock::connect_backend(&self.url).await?;
+            dlock::LockerBuilder::from_arc(backend)
+                .watchdog_lease(self.watchdog_lease)
+                .build()
+        };
+        locker.await.map_err(|e| {
             eprintln!("dlock: {e}");
             exit::for_error(&e)
         })
@@ -68,6 +80,7 @@ fn main() -> ExitCode {
     let code = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run::run(args).await,
+            Command::Elect(args) => elect::elect(args).await,
             Command::Status(args) => status::status(args).await,
         }
     });

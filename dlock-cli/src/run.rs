@@ -2,12 +2,11 @@
 
 use std::{ffi::OsString, process::ExitCode, time::Duration};
 
-use dlock::{backend::Mode, LockError, LockOptions, LostReason};
-use rustix::process::Signal;
+use dlock::{backend::Mode, LockError, LockOptions};
 use tokio::time::Instant;
 
 use crate::{
-    child::{code_of, Child, Signals},
+    child::{code_of, supervise, Child, Ended, Signals},
     exit, Server,
 };
 
@@ -121,7 +120,7 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
             let started = Instant::now();
             // One attempt first: a wait is announced (with --verbose) only
             // when there is one.
-            let mut guard = locker.try_lock_mode(key, mode, options.clone()).await;
+            let mut guard = locker.try_lock_mode(key, mode, options).await;
             if matches!(guard, Ok(None)) && !args.no_wait {
                 if args.verbose {
                     eprintln!("dlock: waiting for lock `{key}`");
@@ -170,47 +169,31 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
             return code;
         }
     };
-    let mut lost: Option<LostReason> = None;
-    let mut kill_at: Option<Instant> = None;
-    let status = loop {
-        tokio::select! {
-            status = child.wait() => break status,
-            signal = signals.recv() => child.signal(signal),
-            reason = guard.lost(), if lost.is_none() => {
-                eprintln!("dlock: lock `{key}` was lost ({reason}) while the command ran: stopping it");
-                child.signal(Signal::TERM);
-                lost = Some(reason);
-                kill_at = Some(Instant::now() + args.kill_after);
-            }
-            () = sleep_until(kill_at), if kill_at.is_some() => {
-                eprintln!("dlock: the command outlived --kill-after: killing it");
-                child.signal(Signal::KILL);
-                kill_at = None;
-            }
-        }
-    };
+    let ended = supervise(
+        &mut child,
+        &mut signals,
+        guard.lost(),
+        &format!("lock `{key}`"),
+        args.kill_after,
+    )
+    .await;
     // Released on every path once the command is gone (a lost lock needs
     // no release).
-    if lost.is_none() {
+    if !ended.lost {
         release(guard, key).await;
         if args.verbose {
             eprintln!("dlock: released lock `{key}`");
         }
     }
-    match (status, lost) {
-        (_, Some(_)) => ExitCode::from(args.lost_exit_code),
-        (Ok(status), None) => code_of(status),
-        (Err(e), None) => {
+    match ended {
+        Ended { lost: true, .. } => ExitCode::from(args.lost_exit_code),
+        Ended {
+            status: Ok(status), ..
+        } => code_of(status),
+        Ended { status: Err(e), .. } => {
             eprintln!("dlock: lost track of the command: {e}");
             ExitCode::from(exit::SOFTWARE)
         }
-    }
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 

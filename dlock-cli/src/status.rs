@@ -9,10 +9,11 @@ use crate::{exit, Server};
 const STATUS_HELP: &str = "\
 Examples:
   dlock status --url redis://10.0.0.5:6379 --key nightly-report
-  dlock status --url etcd://10.0.0.5:2379/locks --key leader --json
+  dlock status --url etcd://10.0.0.5:2379/locks --key scheduler --election --json
 
-Shows whether the key's exclusive lock (or election) is held, and the
-holder's fencing token and proclaimed value where the backend records them.
+Shows whether the key's exclusive lock is held, or with --election who leads
+the election `dlock elect --key` runs, with the holder's fencing token (the
+leader's term) and proclaimed value where the backend records them.
 Exit code 0 when held, 1 when free; 64 for bad options, 69 when the server
 failed or the backend cannot tell.";
 
@@ -25,6 +26,9 @@ pub(crate) struct StatusArgs {
     /// The lock's key.
     #[arg(long)]
     key: String,
+    /// The key names an election (`dlock elect --key`), not a lock.
+    #[arg(long)]
+    election: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -42,7 +46,14 @@ pub(crate) async fn status(args: StatusArgs) -> ExitCode {
         Ok(locker) => locker,
         Err(code) => return code,
     };
-    let holder = match locker.backend().holder(&key).await {
+    let holder = if args.election {
+        locker.leader(&args.key).await.map(|leader| {
+            leader.map(|leader| dlock::backend::Holder::new(Some(leader.term), leader.value))
+        })
+    } else {
+        locker.backend().holder(&key).await
+    };
+    let holder = match holder {
         Ok(holder) => holder,
         Err(e @ LockError::Unsupported { .. }) => {
             eprintln!("dlock: {e}: this backend cannot tell who holds a key");

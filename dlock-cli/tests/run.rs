@@ -326,3 +326,84 @@ async fn status_says_who_holds_a_key() {
     assert_eq!(report["held"], true);
     assert_eq!(report["fence"].as_u64(), held.fencing_token());
 }
+
+/// Two candidates: the first leads and runs its command, the second waits;
+/// when the first's command ends, the second takes over. A leadership lost
+/// (the server forgot the key) stops the command and campaigns again, and
+/// with `--once` exits 76.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elect_runs_one_leader_at_a_time_and_campaigns_again() {
+    let server = RedisServer::start().expect("start redis");
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let candidate = |name: &str, extra: &[&str]| {
+        let script = format!("echo \"{name} $DLOCK_TERM\" >> {}; sleep 30", log.display());
+        let mut command = dlock(&url);
+        command
+            .args(["elect", "--watchdog-lease", "3s", "--key", "leader"])
+            .args(["--value", name])
+            .args(extra)
+            .args(["--", "sh", "-c", &script]);
+        command
+    };
+    let lines = |count: usize| {
+        let log = log.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(15);
+            loop {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+                if lines.len() >= count {
+                    return lines;
+                }
+                assert!(Instant::now() < deadline, "only {lines:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let first = candidate("a", &[]).spawn().expect("spawn a");
+    let led = lines(1).await;
+    assert!(led[0].starts_with("a "), "{led:?}");
+    let second = candidate("b", &["--once"]).spawn().expect("spawn b");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let so_far = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(so_far.lines().count(), 1, "two leaderships: {so_far}");
+    let status = finish(
+        dlock(&url).args(["status", "--key", "leader", "--election", "--json"]),
+        Duration::from_secs(10),
+    )
+    .await;
+    let report: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(report["value"], "a", "{report}");
+    // a's command ends (SIGTERM to a is passed on): b leads, in a later term.
+    std::process::Command::new("kill")
+        .args(["-TERM", &first.id().unwrap().to_string()])
+        .status()
+        .unwrap();
+    let a_ended = tokio::time::timeout(Duration::from_secs(10), first.wait_with_output())
+        .await
+        .expect("a ended")
+        .unwrap();
+    assert_eq!(code(&a_ended), 128 + 15, "{a_ended:?}");
+    let led = lines(2).await;
+    assert!(led[1].starts_with("b "), "{led:?}");
+    let term = |line: &str| line.split(' ').nth(1).unwrap().parse::<u64>().unwrap();
+    assert!(term(&led[1]) > term(&led[0]), "{led:?}");
+    // The server forgets the key: b's leadership is lost, its command
+    // stopped, and with --once it exits 76.
+    let mut redis = server.connection().await;
+    dlock_redis_flush(&mut redis).await;
+    let b_ended = tokio::time::timeout(Duration::from_secs(15), second.wait_with_output())
+        .await
+        .expect("b ended")
+        .unwrap();
+    assert_eq!(code(&b_ended), 76, "{b_ended:?}");
+}
+
+async fn dlock_redis_flush(redis: &mut dlock::redis::redis::aio::MultiplexedConnection) {
+    dlock::redis::redis::cmd("FLUSHALL")
+        .query_async::<()>(redis)
+        .await
+        .expect("FLUSHALL");
+}
