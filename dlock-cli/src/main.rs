@@ -16,6 +16,7 @@ mod elect;
 mod exit;
 mod run;
 mod status;
+mod verify;
 
 /// Run a command under a distributed lock, or as the elected leader
 /// (Redis, etcd, ZooKeeper, PostgreSQL, MySQL).
@@ -31,6 +32,10 @@ enum Command {
     Run(run::RunArgs),
     Elect(elect::ElectArgs),
     Status(status::StatusArgs),
+    Verify(verify::VerifyArgs),
+    /// One worker of `dlock verify` (started by it, not by hand).
+    #[command(hide = true)]
+    VerifyWorker(verify::WorkerArgs),
 }
 
 /// The lock server, shared by every subcommand.
@@ -82,6 +87,8 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(args).await,
             Command::Elect(args) => elect::elect(args).await,
             Command::Status(args) => status::status(args).await,
+            Command::Verify(args) => verify::verify(args).await,
+            Command::VerifyWorker(args) => verify::worker(args).await,
         }
     });
     // A release still being retried in the background has had its chance

@@ -1,0 +1,244 @@
+//! A worker of `dlock verify`: tasks that take and hold the lock again and
+//! again, recording every hold in a log the checker reads.
+
+use std::{
+    fs::File,
+    io::Write as _,
+    path::PathBuf,
+    process::ExitCode,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use dlock::{backend::Mode, LockError, LockOptions, Locker};
+
+use super::{check::Kind, monotonic_ns, Primitive};
+use crate::{exit, run, Server};
+
+/// One worker process (started by `dlock verify`, not by hand).
+#[derive(Debug, clap::Args)]
+pub(crate) struct WorkerArgs {
+    #[command(flatten)]
+    server: Server,
+    /// The keys' common prefix.
+    #[arg(long)]
+    key: String,
+    /// The primitives, one key each.
+    #[arg(long, value_parser = super::primitives)]
+    primitives: super::Primitives,
+    /// This worker's number (a respawn gets a new one).
+    #[arg(long)]
+    worker: u32,
+    #[arg(long)]
+    tasks: u32,
+    #[arg(long)]
+    log: PathBuf,
+    #[arg(long)]
+    seed: u64,
+    /// How long to run.
+    #[arg(long, value_parser = run::duration)]
+    duration: Duration,
+    /// Drop acquisitions and releases at random points.
+    #[arg(long)]
+    cancel: bool,
+    /// Hold without taking the lock (to see the checker fail).
+    #[arg(long)]
+    no_lock: bool,
+}
+
+/// The log: one line per event, each written whole.
+#[derive(Clone)]
+struct Log(Arc<Mutex<File>>);
+
+impl Log {
+    fn write(&self, line: &str) {
+        let mut file = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        // One write per line, on a file opened for appending: lines of
+        // every process interleave whole. A failed write ends the run
+        // loudly: a hole in the log would hide a violation.
+        if let Err(e) = file.write_all(line.as_bytes()) {
+            eprintln!("dlock verify worker: writing the log: {e}");
+            std::process::exit(i32::from(exit::SOFTWARE));
+        }
+    }
+}
+
+pub(crate) async fn worker(args: WorkerArgs) -> ExitCode {
+    let file = match File::options().create(true).append(true).open(&args.log) {
+        Ok(file) => file,
+        Err(e) => {
+            eprintln!("dlock verify worker: {}: {e}", args.log.display());
+            return ExitCode::from(exit::SOFTWARE);
+        }
+    };
+    let log = Log(Arc::new(Mutex::new(file)));
+    let locker = match args.server.connect().await {
+        Ok(locker) => locker,
+        Err(code) => return code,
+    };
+    let until = tokio::time::Instant::now() + args.duration;
+    let args = Arc::new(args);
+    let mut tasks = Vec::new();
+    for task in 0..args.tasks {
+        let primitive_at = task as usize % args.primitives.0.len();
+        let (args, locker, log) = (args.clone(), locker.clone(), log.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut rng = fastrand::Rng::with_seed(
+                args.seed ^ (u64::from(args.worker) << 32) ^ u64::from(task),
+            );
+            let mut task = Task {
+                args: &args,
+                locker: &locker,
+                log: &log,
+                task,
+                primitive_at,
+                rng: &mut rng,
+            };
+            while tokio::time::Instant::now() < until {
+                if let Err(e) = task.once().await {
+                    eprintln!("dlock verify worker {}: {e}", args.worker);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        let _ = task.await;
+    }
+    ExitCode::SUCCESS
+}
+
+struct Task<'a> {
+    args: &'a WorkerArgs,
+    locker: &'a Locker,
+    log: &'a Log,
+    task: u32,
+    primitive_at: usize,
+    rng: &'a mut fastrand::Rng,
+}
+
+/// The longest a task waits for the lock before it tries again.
+const WAIT: Duration = Duration::from_secs(5);
+/// The longest a task holds the lock.
+const HOLD_MAX_MS: u64 = 20;
+
+impl Task<'_> {
+    fn key(&self) -> String {
+        format!("{}/{}", self.args.key, self.primitive_at)
+    }
+
+    /// One round: take, hold (checking the hold all along), give back.
+    async fn once(&mut self) -> Result<(), LockError> {
+        let primitive = self.args.primitives.0[self.primitive_at];
+        if primitive == Primitive::Election {
+            return self.lead_once().await;
+        }
+        let kind = match primitive {
+            Primitive::Mutex => Kind::Exclusive,
+            Primitive::Rw if self.rng.u8(..10) < 7 => Kind::Read,
+            Primitive::Rw => Kind::Write,
+            Primitive::Semaphore(_) => Kind::Permit,
+            Primitive::Election => Kind::Leader,
+        };
+        if self.args.no_lock {
+            let start = monotonic_ns();
+            self.started(start, None, kind);
+            let hold = self.rng.u64(..=HOLD_MAX_MS);
+            tokio::time::sleep(Duration::from_millis(hold)).await;
+            self.ended(monotonic_ns(), false);
+            return Ok(());
+        }
+        let mode = match (primitive, kind) {
+            (Primitive::Semaphore(limit), _) => Mode::permits(1, limit)?,
+            (_, Kind::Read) => Mode::Read,
+            (_, Kind::Write) => Mode::Write,
+            _ => Mode::Exclusive,
+        };
+        let key = self.key();
+        let acquire = self
+            .locker
+            .lock_mode(&key, mode, LockOptions::new().wait(WAIT));
+        // A cancel fault: the acquire dropped at a random point.
+        if self.args.cancel && self.rng.u8(..5) == 0 {
+            let cut = Duration::from_micros(self.rng.u64(..3_000));
+            let _ = tokio::time::timeout(cut, acquire).await;
+            return Ok(());
+        }
+        let guard = match acquire.await {
+            Ok(guard) => guard,
+            Err(LockError::Timeout { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let start = monotonic_ns();
+        if guard.is_lost() {
+            return Ok(());
+        }
+        self.started(start, guard.fencing_token(), kind);
+        let (last_ok, lost) = self.hold(|| !guard.is_lost()).await;
+        self.ended(last_ok, lost);
+        if self.args.cancel && self.rng.u8(..5) == 0 {
+            let cut = Duration::from_micros(self.rng.u64(..2_000));
+            let _ = tokio::time::timeout(cut, guard.release()).await;
+        } else {
+            let _ = guard.release().await;
+        }
+        Ok(())
+    }
+
+    /// One leadership: campaign, lead a while, resign.
+    async fn lead_once(&mut self) -> Result<(), LockError> {
+        let election = self.locker.elect(self.key())?;
+        let Ok(leadership) = tokio::time::timeout(WAIT, election.lead()).await else {
+            return Ok(());
+        };
+        let leadership = leadership?;
+        let start = monotonic_ns();
+        if !leadership.is_current() {
+            return Ok(());
+        }
+        self.started(start, Some(leadership.term()), Kind::Leader);
+        let (last_ok, lost) = self.hold(|| leadership.is_current()).await;
+        self.ended(last_ok, lost);
+        election.resign().await
+    }
+
+    /// Holds for a random time up to [`HOLD_MAX_MS`], checking `held`
+    /// every millisecond or two: the last moment it still held, and
+    /// whether it was lost.
+    async fn hold(&mut self, held: impl Fn() -> bool) -> (u64, bool) {
+        let until = monotonic_ns() + self.rng.u64(..=HOLD_MAX_MS) * 1_000_000;
+        let mut last_ok = monotonic_ns();
+        loop {
+            // The time first: held after it means held at it.
+            let now = monotonic_ns();
+            if !held() {
+                return (last_ok, true);
+            }
+            last_ok = now;
+            if now >= until {
+                return (last_ok, false);
+            }
+            tokio::time::sleep(Duration::from_micros(self.rng.u64(500..2_000))).await;
+        }
+    }
+
+    fn started(&self, start: u64, fence: Option<u64>, kind: Kind) {
+        let fence = fence.map_or("-".to_owned(), |f| f.to_string());
+        self.log.write(&format!(
+            "S {} {} {} {start} {fence} {}\n",
+            self.args.worker,
+            self.task,
+            self.primitive_at,
+            kind.letter()
+        ));
+    }
+
+    fn ended(&self, end: u64, lost: bool) {
+        self.log.write(&format!(
+            "E {} {} {end} {}\n",
+            self.args.worker,
+            self.task,
+            u8::from(lost)
+        ));
+    }
+}
