@@ -7,7 +7,7 @@
 //! [`DistRwLock`], [`DistSemaphore`], the guards, the options, the
 //! errors, [`MemoryBackend`] and [`distributed_lock`]. Each backend crate
 //! is here too, under its feature: [`redis`](crate::redis) (feature
-//! `redis`), `etcd`, `zk`, `postgres` and `mysql`, for what their
+//! `redis`), `etcd`, `zk`, `postgres`, `mysql` and `file`, for what their
 //! configuration types offer beyond a URL.
 //!
 //! ```
@@ -27,6 +27,9 @@ pub use dlock_core::*;
 #[cfg(feature = "etcd")]
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub use dlock_etcd as etcd;
+#[cfg(feature = "file")]
+#[cfg_attr(docsrs, doc(cfg(feature = "file")))]
+pub use dlock_file as file;
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub use dlock_mysql as mysql;
@@ -45,7 +48,7 @@ pub const URLS: &str = "memory, redis://HOST:PORT, redis+redlock://H1:P1,H2:P2,H
      redis+cluster://H1:P1,H2:P2, \
      rediss://HOST:PORT (TLS), etcd://HOST:PORT/PREFIX, etcds://HOST:PORT/PREFIX (TLS), \
      zk://HOST:PORT/PATH, zks://HOST:PORT/PATH (TLS), postgres://USER:PASSWORD@HOST:PORT/DB, \
-     mysql://USER:PASSWORD@HOST:PORT/DB";
+     mysql://USER:PASSWORD@HOST:PORT/DB, file:///ABSOLUTE/DIR";
 
 /// A [`Locker`] on the backend `url` names (see [`connect_backend`]).
 ///
@@ -79,7 +82,8 @@ pub async fn connect(url: &str) -> Result<Locker> {
 /// A new client of the backend `url` names, by its scheme: `memory` (or
 /// `memory://`: a new in-process backend, whose locks reach this process
 /// only), `redis://` and `redis+redlock://`, `etcd://`, `zk://`,
-/// `postgres://` (or `postgresql://`), `mysql://` (or `mariadb://`). Each
+/// `postgres://` (or `postgresql://`), `mysql://` (or `mariadb://`),
+/// `file:///absolute/dir` (this machine only). Each
 /// backend's URL takes the options its config type documents.
 ///
 /// # Errors
@@ -114,6 +118,7 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn backend::Backend>> {
         Some("zk" | "zks") => zk_backend(url).await,
         Some("postgres" | "postgresql") => postgres_backend(url).await,
         Some("mysql" | "mariadb") => mysql_backend(url).await,
+        Some("file") => file_backend(url).await,
         _ => Err(InvalidReason::UnknownScheme {
             url: backend::redact_url(url).into_owned(),
             known: URLS,
@@ -152,6 +157,7 @@ backend_connect!(
     dlock_postgres::PgBackend::connect
 );
 backend_connect!(mysql_backend, "mysql", dlock_mysql::MySqlBackend::connect);
+backend_connect!(file_backend, "file", dlock_file::FileBackend::connect);
 
 /// The workspace README's examples, compiled and run as doctests.
 #[cfg(doctest)]

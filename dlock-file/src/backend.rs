@@ -1,0 +1,263 @@
+//! `FileBackend`: the `Backend` trait over `flock(2)` locks on the files
+//! of one directory.
+
+use std::{
+    collections::HashMap,
+    fmt,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, MutexGuard},
+    thread::Thread,
+};
+
+use dlock_core::{
+    backend::{
+        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, LossReporter, Mode,
+        ReleaseOutcome, RenewOutcome, RenewRequest,
+    },
+    LockError, LockKey, Result, Token,
+};
+
+use crate::{
+    config::{self, Names},
+    NAME,
+};
+
+mod election;
+mod locks;
+mod queue;
+mod release;
+
+/// Locks on one machine, with no server: `flock(2)` on files in a
+/// directory (`file:///var/lock/myapp`).
+///
+/// - **The OS is the lock server.** Each acquisition opens its own file
+///   and locks it with `flock`, whose locks belong to the open file: two
+///   clients in one process exclude each other as two processes do, and
+///   the kernel frees a lock the moment its holder's process dies (no
+///   lease to wait out).
+/// - **Leases are this process's.** A watchdog lease is renewed by the
+///   locker's watchdog like any other; a lease that is not renewed in time
+///   (a fixed lease, or a runtime that stopped) is ended by a thread of
+///   this backend, which unlocks the files and tells the guard, whatever
+///   the state of the async runtime.
+/// - **Fencing tokens** come from a counter file per key and kind of
+///   lock, incremented under its own lock and `fsync`ed before the grant
+///   returns.
+/// - **Waiting** blocks in `flock` on a thread of its own, woken by the
+///   kernel; a wait whose caller leaves unlocks whatever it obtains at
+///   once. Writers waiting for readers and permits poll (up to every
+///   20 ms). Waiters are not served in order.
+///
+/// See the crate docs for what it does not do.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock_core::LockError> {
+/// use dlock_core::BackendExt;
+/// use dlock_file::FileBackend;
+///
+/// # let dir = tempfile::tempdir().unwrap();
+/// let locker = FileBackend::open(dir.path())?.into_locker();
+/// let other = FileBackend::open(dir.path())?.into_locker(); // or another process
+/// let guard = locker.lock("report:daily").await?;
+/// assert!(other.try_lock("report:daily").await?.is_none());
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct FileBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    /// Every lock this client holds, by token.
+    owned: Mutex<HashMap<Token, Owned>>,
+    /// The thread that ends leases (see [`release`]).
+    reaper: Thread,
+}
+
+/// A lock this client holds.
+struct Owned {
+    key: LockKey,
+    mode: Mode,
+    /// The locked files; dropping them unlocks.
+    held: locks::Held,
+    loss: LossReporter,
+    /// When the backend ends the lease unless renewed first.
+    ends: std::time::Instant,
+    /// A fixed lease: never renewed.
+    fixed: bool,
+}
+
+impl fmt::Debug for FileBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("FileBackend");
+        d.field("dir", &self.inner.dir);
+        match self.inner.owned.try_lock() {
+            Ok(owned) => d.field("held", &owned.len()),
+            Err(_) => d.field("held", &format_args!("<locked>")),
+        };
+        d.finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl FileBackend {
+    /// A client of the locks in `dir`, an absolute path, created if it is
+    /// missing.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`] if `dir` is relative or not a
+    /// directory; [`LockError::UnsafeDeployment`] if it is on a network
+    /// filesystem (NFS, SMB/CIFS, 9p, AFS), where `flock` does not exclude
+    /// across machines; [`LockError::Backend`] if it cannot be created or
+    /// read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_file::FileBackend;
+    ///
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let backend = FileBackend::open(dir.path().join("locks"))?;
+    /// assert!(FileBackend::open("relative/locks").is_err());
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn open(dir: impl AsRef<Path>) -> Result<FileBackend> {
+        let dir = dir.as_ref().to_path_buf();
+        config::open_dir(&dir)?;
+        let (reaper, start) = release::start_reaper()?;
+        let inner = Arc::new(Inner {
+            dir,
+            owned: Mutex::new(HashMap::new()),
+            reaper,
+        });
+        // Its thread holds it weakly: the backend's locks go with its last
+        // clone.
+        let _ = start.send(Arc::downgrade(&inner));
+        Ok(FileBackend { inner })
+    }
+
+    /// A client of the locks in the directory `url` names:
+    /// `file:///absolute/path`, with no host and no parameters.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`] for a malformed URL (a host, a
+    /// relative or empty path, a parameter); otherwise as
+    /// [`open`](FileBackend::open).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// use dlock_file::FileBackend;
+    ///
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let url = format!("file://{}", dir.path().display());
+    /// let backend = FileBackend::connect(&url).await?; // "file:///var/lock/myapp"
+    /// assert!(FileBackend::connect("file://host/var/lock").await.is_err());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn connect(url: &str) -> Result<FileBackend> {
+        let dir = config::parse_url(url)?;
+        tokio::task::spawn_blocking(move || FileBackend::open(dir))
+            .await
+            .map_err(|e| LockError::backend(NAME, e))?
+    }
+
+    /// The lock directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// How many locks this client holds now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// use dlock_core::BackendExt;
+    /// use dlock_file::FileBackend;
+    ///
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let backend = FileBackend::open(dir.path())?;
+    /// let guard = backend.clone().into_locker().lock("k").await?;
+    /// assert_eq!(backend.held(), 1);
+    /// guard.release().await?;
+    /// assert_eq!(backend.held(), 0);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn held(&self) -> usize {
+        lock(&self.inner.owned).len()
+    }
+
+    fn names(&self, key: &LockKey, mode: Mode) -> Names {
+        let object = match mode {
+            Mode::Read | Mode::Write => "rw",
+            Mode::Permits { .. } => "sem",
+            _ => "lock",
+        };
+        Names::new(&self.inner.dir, key, object)
+    }
+}
+
+impl Backend for FileBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    /// Fencing, read-write locks (a waiting writer keeps new readers out)
+    /// and semaphores; not first come, first served, and no session: a
+    /// leaked guard's lock ends with its lease.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new()
+            .fencing(true)
+            .read_write(true)
+            .semaphores(true)
+            .fifo(false)
+            .session_leases(false)
+    }
+
+    fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>> {
+        Box::pin(self.acquire_inner(req))
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a LockKey,
+        mode: Mode,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
+        Box::pin(std::future::ready(Ok(self.unlock(key, mode, token))))
+    }
+
+    fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>> {
+        Box::pin(std::future::ready(Ok(self.extend(locks))))
+    }
+
+    fn proclaim<'a>(
+        &'a self,
+        key: &'a LockKey,
+        token: &'a Token,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(self.proclaim_inner(key, token, value))
+    }
+
+    fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
+        Box::pin(self.holder_inner(key))
+    }
+}

@@ -1,0 +1,398 @@
+//! The blocking file operations under every grant: `flock(2)` on the
+//! files of a key's object, one attempt or a wait, and the fencing
+//! counter. Run on blocking threads only.
+//!
+//! `flock` locks belong to an open file description: every acquisition
+//! opens its own, so two acquisitions in one process exclude each other as
+//! two processes do, and the kernel drops them when the last descriptor
+//! closes (a release, or the process's death).
+
+use std::{
+    fs::{File, OpenOptions},
+    io::{self, Read},
+    os::unix::fs::FileExt,
+    path::Path,
+    sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, Instant},
+};
+
+use dlock_core::{backend::Backoff, LockError, LockKey};
+use rustix::{fs::FlockOperation as Op, io::Errno};
+
+use crate::config::{io_error, Names};
+
+/// The longest a wait sleeps between two polls of a lock it cannot block
+/// on (a writer waiting for readers, permits): what a cancelled wait may
+/// keep its hold on a gate or a semaphore's limit for.
+pub(crate) const POLL_CAP: Duration = Duration::from_millis(20);
+
+/// What a grant holds: its open files, locked, and its fence. Dropping it
+/// unlocks them (explicitly, so that a descriptor a `fork`ed child
+/// inherited cannot keep the lock), and closes them.
+#[derive(Debug)]
+pub(crate) struct Held {
+    files: Vec<File>,
+    pub(crate) fence: u64,
+    /// When the last lock was obtained: the lease counts from here.
+    pub(crate) granted: Instant,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        for file in self.files.iter().rev() {
+            let _ = rustix::fs::flock(file, Op::Unlock);
+        }
+    }
+}
+
+/// What to take of a key, and where.
+#[derive(Debug, Clone)]
+pub(crate) enum Plan {
+    /// `{stem}.lock`, exclusive.
+    Exclusive(Names),
+    /// `{stem}.rw` shared, passing the writer gate `{stem}.rw-gate`
+    /// (shared, for a moment) so that a waiting writer keeps new readers out.
+    Read(Names),
+    /// `{stem}.rw` exclusive, holding the gate exclusive while it waits.
+    Write(Names),
+    /// `count` of the slot files `{stem}.sem-{i}`, `i < limit`, with the
+    /// limit file `{stem}.sem` shared (it records the limit).
+    Permits {
+        names: Names,
+        count: u32,
+        limit: u32,
+    },
+}
+
+impl Plan {
+    pub(crate) fn names(&self) -> &Names {
+        match self {
+            Plan::Exclusive(n) | Plan::Read(n) | Plan::Write(n) => n,
+            Plan::Permits { names, .. } => names,
+        }
+    }
+}
+
+/// When a wait must stop: its caller left, or its deadline passed.
+#[derive(Debug)]
+pub(crate) struct Stop<'a> {
+    pub(crate) abandoned: &'a AtomicBool,
+    pub(crate) deadline: Option<Instant>,
+}
+
+impl Stop<'_> {
+    fn now(&self) -> bool {
+        self.abandoned.load(Ordering::SeqCst) || self.deadline.is_some_and(|d| Instant::now() >= d)
+    }
+}
+
+pub(crate) fn open(path: &Path) -> Result<File, LockError> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| io_error("cannot open", path, e))
+}
+
+/// `flock(op)`: `Ok(false)` if a non-blocking `op` finds the file locked.
+/// A blocking `op` interrupted by a signal is sent again (a bounded number
+/// of times).
+pub(crate) fn flock(file: &File, op: Op, path: &Path) -> Result<bool, LockError> {
+    for _ in 0..1_000 {
+        match rustix::fs::flock(file, op) {
+            Ok(()) => return Ok(true),
+            Err(Errno::WOULDBLOCK) => return Ok(false),
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(io_error("cannot flock", path, e.into())),
+        }
+    }
+    Err(io_error(
+        "cannot flock",
+        path,
+        io::Error::other("interrupted by signals 1000 times"),
+    ))
+}
+
+/// One attempt, without waiting: the grant, or `None` if the object is
+/// held against it.
+pub(crate) fn attempt(plan: &Plan, key: &LockKey) -> Result<Option<Held>, LockError> {
+    let taken = match plan {
+        Plan::Exclusive(names) => one(&names.main, Op::NonBlockingLockExclusive)?.map(|f| vec![f]),
+        Plan::Read(names) => {
+            let Some(gate) = one(&names.gate(), Op::NonBlockingLockShared)? else {
+                return Ok(None);
+            };
+            let rw = one(&names.main, Op::NonBlockingLockShared)?;
+            drop(unlocked(gate));
+            rw.map(|f| vec![f])
+        }
+        Plan::Write(names) => {
+            let Some(gate) = one(&names.gate(), Op::NonBlockingLockExclusive)? else {
+                return Ok(None);
+            };
+            let rw = one(&names.main, Op::NonBlockingLockExclusive)?;
+            drop(unlocked(gate));
+            rw.map(|f| vec![f])
+        }
+        Plan::Permits {
+            names,
+            count,
+            limit,
+        } => {
+            let limit_file = named_limit(names, key, *limit, None)?;
+            slots(names, *count, *limit)?.map(|mut files| {
+                files.insert(0, limit_file);
+                files
+            })
+        }
+    };
+    grant(plan, taken)
+}
+
+/// Waits for the grant on this (blocking) thread until `stop`: blocks in
+/// `flock` where one file decides (a plain lock, a reader, a writer's
+/// gate), and polls with a backoff up to [`POLL_CAP`] where several do (a
+/// writer waiting for readers to leave, permits). `None` if stopped
+/// first; a lock obtained after the caller left is unlocked at once.
+pub(crate) fn wait(plan: &Plan, key: &LockKey, stop: &Stop<'_>) -> Result<Option<Held>, LockError> {
+    let taken = match plan {
+        Plan::Exclusive(names) => {
+            let file = blocking(&names.main, Op::LockExclusive)?;
+            (!stop.now()).then(|| vec![file])
+        }
+        Plan::Read(names) => {
+            let gate = blocking(&names.gate(), Op::LockShared)?;
+            if stop.now() {
+                return Ok(None);
+            }
+            // Blocks only while a writer holds the lock; meanwhile this
+            // reader keeps later writers at the gate, in turn.
+            let rw = blocking(&names.main, Op::LockShared)?;
+            drop(unlocked(gate));
+            (!stop.now()).then(|| vec![rw])
+        }
+        Plan::Write(names) => {
+            let gate = blocking(&names.gate(), Op::LockExclusive)?;
+            let rw = open(&names.main)?;
+            let got = poll(stop, || {
+                flock(&rw, Op::NonBlockingLockExclusive, &names.main)
+            })?;
+            drop(unlocked(gate));
+            got.then(|| vec![rw])
+        }
+        Plan::Permits {
+            names,
+            count,
+            limit,
+        } => {
+            let limit_file = named_limit(names, key, *limit, Some(stop))?;
+            let mut got = None;
+            poll(stop, || {
+                got = slots(names, *count, *limit)?;
+                Ok(got.is_some())
+            })?;
+            got.map(|mut files| {
+                files.insert(0, limit_file);
+                files
+            })
+        }
+    };
+    if stop.abandoned.load(Ordering::SeqCst) {
+        // Nobody takes this grant: no fence is spent on it.
+        return Ok(None);
+    }
+    grant(plan, taken)
+}
+
+/// Tries `attempt` until it succeeds or `stop`, sleeping a backoff from
+/// 1 ms up to [`POLL_CAP`] between tries.
+fn poll(
+    stop: &Stop<'_>,
+    mut attempt: impl FnMut() -> Result<bool, LockError>,
+) -> Result<bool, LockError> {
+    let mut backoff = Backoff::new(Duration::from_millis(1), POLL_CAP / 2);
+    loop {
+        if attempt()? {
+            return Ok(true);
+        }
+        if stop.now() {
+            return Ok(false);
+        }
+        let mut delay = backoff.next_delay();
+        if let Some(deadline) = stop.deadline {
+            delay = delay.min(deadline.saturating_duration_since(Instant::now()));
+        }
+        std::thread::sleep(delay);
+    }
+}
+
+/// The files locked, with a fence from the object's counter.
+fn grant(plan: &Plan, taken: Option<Vec<File>>) -> Result<Option<Held>, LockError> {
+    let Some(files) = taken else {
+        return Ok(None);
+    };
+    let granted = Instant::now();
+    // Unlocked by `Held`'s drop if the fence cannot be had.
+    let mut held = Held {
+        files,
+        fence: 0,
+        granted,
+    };
+    held.fence = next_fence(&plan.names().fence())?;
+    Ok(Some(held))
+}
+
+/// `path` opened and locked with a non-blocking `op`, or `None`.
+fn one(path: &Path, op: Op) -> Result<Option<File>, LockError> {
+    let file = open(path)?;
+    Ok(flock(&file, op, path)?.then_some(file))
+}
+
+/// `path` opened and locked with a blocking `op`.
+fn blocking(path: &Path, op: Op) -> Result<File, LockError> {
+    let file = open(path)?;
+    flock(&file, op, path)?;
+    Ok(file)
+}
+
+fn unlocked(file: File) -> File {
+    let _ = rustix::fs::flock(&file, Op::Unlock);
+    file
+}
+
+/// `count` free slots of `limit`, locked; `None` (and none kept) if fewer
+/// are free.
+fn slots(names: &Names, count: u32, limit: u32) -> Result<Option<Vec<File>>, LockError> {
+    let mut taken = Vec::new();
+    for i in 0..limit {
+        let path = names.slot(i);
+        if let Some(file) = one(&path, Op::NonBlockingLockExclusive)? {
+            taken.push(file);
+            if taken.len() == count as usize {
+                return Ok(Some(taken));
+            }
+        }
+    }
+    for file in taken {
+        drop(unlocked(file));
+    }
+    Ok(None)
+}
+
+/// The semaphore's limit file, held shared, once it records `limit`: the
+/// first holder (nobody holds it shared) writes its limit; later ones
+/// check theirs against it. A limit can only change when the semaphore is
+/// idle, so every holder and waiter names the same one.
+fn named_limit(
+    names: &Names,
+    key: &LockKey,
+    limit: u32,
+    stop: Option<&Stop<'_>>,
+) -> Result<File, LockError> {
+    let path = &names.main;
+    let file = open(path)?;
+    // The exclusive lock is held for a write of a few bytes only: a few
+    // tries, or blocking when this is a wait.
+    for _ in 0..200 {
+        if flock(&file, Op::NonBlockingLockExclusive, path)? {
+            file.set_len(0)
+                .and_then(|()| file.write_all_at(format!("{limit}\n").as_bytes(), 0))
+                .map_err(|e| io_error("cannot write the permit limit to", path, e))?;
+            // Not atomic: another client may write its own limit in
+            // between, and then the limit read below is its.
+            flock(&file, Op::LockShared, path)?;
+        } else if stop.is_some() {
+            flock(&file, Op::LockShared, path)?;
+        } else if !flock(&file, Op::NonBlockingLockShared, path)? {
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
+        }
+        let recorded = read_number(&file, path)?;
+        return match u32::try_from(recorded) {
+            Ok(theirs) if theirs == limit => Ok(file),
+            Ok(theirs) => Err(LockError::permit_limit_mismatch(key, theirs, limit)),
+            Err(_) => Err(corrupt(path)),
+        };
+    }
+    Err(io_error(
+        "cannot lock",
+        path,
+        io::Error::other("its permit limit stayed locked for writing"),
+    ))
+}
+
+fn corrupt(path: &Path) -> LockError {
+    io_error(
+        "refusing",
+        path,
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            "its content is not a number written by dlock-file; was it edited?",
+        ),
+    )
+}
+
+/// The number a file holds; 0 if it is empty (new).
+fn read_number(mut file: &File, path: &Path) -> Result<u64, LockError> {
+    let mut text = String::new();
+    file.read_to_string(&mut text)
+        .map_err(|e| io_error("cannot read", path, e))?;
+    if text.is_empty() {
+        return Ok(0);
+    }
+    text.trim_end().parse().map_err(|_| corrupt(path))
+}
+
+/// Width of a fencing counter's record: every write replaces the same 21
+/// bytes (one sector), so a crash mid-write cannot leave a shorter number.
+const FENCE_WIDTH: usize = 20;
+
+/// The next fence of the counter at `path`: read, incremented and written
+/// under its own exclusive lock, and `fsync`ed (with its directory, when
+/// the counter is new) before it is returned, so that fences rise across
+/// processes, restarts and power loss.
+fn next_fence(path: &Path) -> Result<u64, LockError> {
+    let file = open(path)?;
+    flock(&file, Op::LockExclusive, path)?;
+    let last = read_number(&file, path)?;
+    let next = last.checked_add(1).ok_or_else(|| corrupt(path))?;
+    let record = format!("{next:0FENCE_WIDTH$}\n");
+    file.write_all_at(record.as_bytes(), 0)
+        .and_then(|()| file.sync_data())
+        .map_err(|e| io_error("cannot write the fencing counter", path, e))?;
+    if last == 0 {
+        if let Some(dir) = path.parent() {
+            File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| io_error("cannot fsync", dir, e))?;
+        }
+    }
+    drop(unlocked(file));
+    Ok(next)
+}
+
+/// The last fence the counter at `path` gave; 0 if none.
+pub(crate) fn last_fence(path: &Path) -> Result<u64, LockError> {
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(io_error("cannot open", path, e)),
+    };
+    flock(&file, Op::LockShared, path)?;
+    read_number(&file, path)
+}
+
+/// Whether `path` is locked exclusively now (by anyone, this process
+/// included): a shared lock is refused. Takes nothing.
+pub(crate) fn is_locked(path: &Path) -> Result<bool, LockError> {
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(io_error("cannot open", path, e)),
+    };
+    let free = flock(&file, Op::NonBlockingLockShared, path)?;
+    drop(unlocked(file));
+    Ok(!free)
+}
