@@ -48,10 +48,13 @@ pub(crate) fn open_dir(dir: &Path) -> Result<(), LockError> {
             dir.display()
         )));
     }
+    let not_a_directory = || invalid(format!("`{}` is not a directory", dir.display()));
+    if dir.exists() && !dir.is_dir() {
+        return Err(not_a_directory());
+    }
     fs::create_dir_all(dir).map_err(|e| io_error("cannot create the lock directory", dir, e))?;
-    let meta = fs::metadata(dir).map_err(|e| io_error("cannot read", dir, e))?;
-    if !meta.is_dir() {
-        return Err(invalid(format!("`{}` is not a directory", dir.display())));
+    if !dir.is_dir() {
+        return Err(not_a_directory());
     }
     let handle = File::open(dir).map_err(|e| io_error("cannot open", dir, e))?;
     check_filesystem(&handle, dir)

@@ -1,0 +1,172 @@
+//! What the conformance suite cannot see from one process: a holder
+//! killed with SIGKILL, fences across clients and reopens, URLs through
+//! `dlock::connect`, and a dropped wait on a real thread.
+
+use std::{path::Path, process::Stdio, time::Duration};
+
+use dlock_core::{BackendExt, InvalidReason, LockError, LockOptions, Locker};
+use dlock_file::FileBackend;
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    time::Instant,
+};
+
+const CHILD_DIR: &str = "DLOCK_FILE_TEST_CHILD_DIR";
+const KEY: &str = "killed/holder";
+
+fn locker(dir: &Path) -> Locker {
+    FileBackend::open(dir)
+        .expect("open the directory")
+        .into_locker()
+}
+
+/// The child side of `a_sigkilled_holder_frees_the_lock_at_once`: run by
+/// that test as a process of its own (with the directory in
+/// `DLOCK_FILE_TEST_CHILD_DIR`), it takes the lock with the default
+/// watchdog lease (30 s), says so, and holds it. Does nothing otherwise.
+#[tokio::test]
+async fn child_holder() {
+    let Ok(dir) = std::env::var(CHILD_DIR) else {
+        return;
+    };
+    let guard = locker(Path::new(&dir))
+        .lock_with(KEY, LockOptions::new().wait(Duration::from_secs(10)))
+        .await
+        .expect("the child's lock");
+    println!("held {}", guard.fencing_token().expect("a fence"));
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    drop(guard);
+}
+
+/// A holder process killed with SIGKILL (no release, no destructor) frees
+/// its lock at once: the next `try_lock` after its exit gets it, though
+/// its lease had 30 s to run.
+#[tokio::test]
+async fn a_sigkilled_holder_frees_the_lock_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args(["child_holder", "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_DIR, dir.path())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the child");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let held = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.expect("the child's output") {
+            // After libtest's `test child_holder ... `.
+            if line.contains("held ") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(held, Ok(true), "the child never said it held the lock");
+    let other = locker(dir.path());
+    assert!(
+        other.try_lock(KEY).await.unwrap().is_none(),
+        "the child's lock was free while it lived"
+    );
+    child.start_kill().expect("SIGKILL the child");
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("the child did not die")
+        .unwrap();
+    assert!(!status.success());
+    let freed = Instant::now();
+    let next = other.try_lock(KEY).await.unwrap();
+    assert!(
+        next.is_some(),
+        "the killed holder's lock was still held after its exit"
+    );
+    assert!(freed.elapsed() < Duration::from_secs(1));
+}
+
+/// Fences rise across two clients of one directory, across kinds of lock
+/// of one key, and across a reopen of the directory (a restart).
+#[tokio::test]
+async fn fences_rise_across_clients_and_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (locker(dir.path()), locker(dir.path()));
+    let mut last = 0;
+    for (round, locker) in [&a, &b, &a, &b].into_iter().enumerate() {
+        let guard = locker.lock("fenced").await.unwrap();
+        let fence = guard.fencing_token().unwrap();
+        assert!(fence > last, "round {round}: fence {fence} after {last}");
+        last = fence;
+        guard.release().await.unwrap();
+    }
+    drop((a, b));
+    let reopened = locker(dir.path());
+    let guard = reopened.lock("fenced").await.unwrap();
+    assert!(
+        guard.fencing_token().unwrap() > last,
+        "a reopen started the fences again"
+    );
+}
+
+/// `dlock::connect` takes `file:///dir` (through the testkit's `file`
+/// feature), and refuses a host, an empty path, parameters and a path that
+/// is a file, with typed errors.
+#[tokio::test]
+async fn file_urls_connect_and_bad_ones_are_typed_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}/locks", dir.path().display());
+    let backend = dlock_testkit::connect(&url).await.unwrap();
+    assert_eq!(backend.name(), "file");
+    assert!(
+        dir.path().join("locks").is_dir(),
+        "the directory was not made"
+    );
+    for bad in [
+        "file://host/tmp/x".to_owned(),
+        "file:///".to_owned(),
+        format!("{url}?mode=0600"),
+    ] {
+        assert!(
+            matches!(
+                dlock_testkit::connect(&bad).await,
+                Err(LockError::InvalidOptions {
+                    reason: InvalidReason::Url { .. } | InvalidReason::UnknownParameter { .. }
+                })
+            ),
+            "{bad}"
+        );
+    }
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"").unwrap();
+    assert!(matches!(
+        FileBackend::open(&file),
+        Err(LockError::InvalidOptions {
+            reason: InvalidReason::Other(_)
+        })
+    ));
+}
+
+/// A wait dropped while it blocks in `flock` on its thread leaves nothing
+/// held: once the holder releases, another client takes the key at once,
+/// and the waiter's client holds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_wait_leaves_nothing_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let holder = locker(dir.path());
+    let waiter = FileBackend::open(dir.path()).unwrap();
+    let guard = holder.lock("waited").await.unwrap();
+    let waiting = tokio::spawn({
+        let waiter = waiter.clone().into_locker();
+        async move { waiter.lock("waited").await.map(drop) }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    guard.release().await.unwrap();
+    let next = locker(dir.path()).try_lock("waited").await.unwrap();
+    assert!(next.is_some(), "the dropped wait kept the lock");
+    drop(next);
+    // Its thread took the lock for a moment and let it go.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(waiter.held(), 0);
+    let again = locker(dir.path()).try_lock("waited").await.unwrap();
+    assert!(again.is_some(), "the dropped wait took the lock later");
+}
