@@ -19,7 +19,7 @@ mod status;
 mod verify;
 
 /// Run a command under a distributed lock, or as the elected leader
-/// (Redis, etcd, ZooKeeper, PostgreSQL, MySQL).
+/// (Redis, etcd, ZooKeeper, PostgreSQL, MySQL, or files on this machine).
 #[derive(Debug, Parser)]
 #[command(name = "dlock", version, propagate_version = true)]
 struct Cli {
@@ -44,9 +44,11 @@ struct Server {
     /// The lock server, as a dlock URL: redis://HOST:PORT,
     /// redis+redlock://H1:P1,H2:P2,H3:P3, etcd://HOST:PORT/PREFIX,
     /// zk://HOST:PORT/PATH, postgres://USER:PASSWORD@HOST/DB,
-    /// mysql://USER:PASSWORD@HOST/DB (each also over TLS).
+    /// mysql://USER:PASSWORD@HOST/DB (each also over TLS), or
+    /// file:///DIR (this machine only). Default: file:// in
+    /// $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-UID.
     #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
-    url: String,
+    url: Option<String>,
     /// How long a lock outlives a dlock that was killed: while dlock runs,
     /// it renews the lock every third of this (500ms, 10s, 1m30s).
     #[arg(long, value_parser = run::duration, default_value = "30s")]
@@ -54,10 +56,35 @@ struct Server {
 }
 
 impl Server {
+    /// The URL given, or the default (said on stderr, since it is one
+    /// machine only).
+    fn url(&self) -> String {
+        if let Some(url) = &self.url {
+            return url.clone();
+        }
+        let dir = std::env::var_os("XDG_RUNTIME_DIR")
+            .filter(|dir| !dir.is_empty())
+            .map(|dir| std::path::PathBuf::from(dir).join("dlock"))
+            .unwrap_or_else(|| {
+                std::path::PathBuf::from(format!(
+                    "/tmp/dlock-{}",
+                    rustix::process::getuid().as_raw()
+                ))
+            });
+        let url = format!("file://{}", dir.display());
+        eprintln!("dlock: no --url or DLOCK_URL: using {url} (locks on this machine only)");
+        url
+    }
+
     /// A locker on the server, or the exit code and message for why not.
     async fn connect(&self) -> Result<dlock::Locker, ExitCode> {
+        self.connect_to(&self.url()).await
+    }
+
+    /// A locker on `url` (this server's, resolved by [`Server::url`]).
+    async fn connect_to(&self, url: &str) -> Result<dlock::Locker, ExitCode> {
         let locker = async {
-            let backend = dlock::connect_backend(&self.url).await?;
+            let backend = dlock::connect_backend(url).await?;
             dlock::LockerBuilder::from_arc(backend)
                 .watchdog_lease(self.watchdog_lease)
                 .build()

@@ -38,7 +38,8 @@ holds overlap, fences rise in grant order, a semaphore never has more
 holders than permits, a writer never shares, leaders never overlap.
 
 Exit code 0 with no violation, 1 with one or more (each printed with both
-holds), 64 for bad options, 69 when the server failed.";
+holds) or when a primitive recorded no hold at all (the backend may not
+offer it), 64 for bad options, 69 when the server failed.";
 
 /// What the workers take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,7 +177,7 @@ struct Workers<'a> {
 }
 
 impl Workers<'_> {
-    fn spawn(&mut self, until: tokio::time::Instant) -> std::io::Result<()> {
+    fn spawn(&mut self, until: tokio::time::Instant, url: &str) -> std::io::Result<()> {
         let id = self.next_id;
         self.next_id += 1;
         let left = until.saturating_duration_since(tokio::time::Instant::now());
@@ -185,7 +186,7 @@ impl Workers<'_> {
         let mut command = Command::new(exe);
         command
             .arg("verify-worker")
-            .args(["--url", &self.args.server.url])
+            .args(["--url", url])
             .arg("--watchdog-lease")
             .arg(format!("{}ms", self.args.server.watchdog_lease.as_millis()))
             .args(["--key", &self.args.key])
@@ -243,7 +244,15 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
     );
     // A bad URL or a server that is not there is said once, here, rather
     // than by every worker.
-    if let Err(code) = args.server.connect().await {
+    if (args.processes * args.tasks) < args.primitive.0.len() as u32 {
+        eprintln!(
+            "dlock verify: {} primitives need at least as many tasks in all (--processes × --tasks)",
+            args.primitive.0.len()
+        );
+        return ExitCode::from(exit::USAGE);
+    }
+    let url = args.server.url();
+    if let Err(code) = args.server.connect_to(&url).await {
         return code;
     }
     let dir = match tempfile::tempdir() {
@@ -263,7 +272,7 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
         killed_at: HashMap::new(),
     };
     for _ in 0..args.processes {
-        if let Err(e) = workers.spawn(until) {
+        if let Err(e) = workers.spawn(until, &url) {
             eprintln!("dlock verify: starting a worker: {e}");
             return ExitCode::from(exit::SOFTWARE);
         }
@@ -309,11 +318,14 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
             }
             Some(Fault::Kill) => {
                 let (id, mut child) = workers.running.swap_remove(at);
+                // Its open holds end when the signal is sent: the server
+                // may free them the moment the process is gone, before
+                // the wait below returns.
+                workers.killed_at.insert(id, monotonic_ns());
                 let _ = child.start_kill();
                 let _ = child.wait().await;
-                workers.killed_at.insert(id, monotonic_ns());
                 injected.kills += 1;
-                if let Err(e) = workers.spawn(until) {
+                if let Err(e) = workers.spawn(until, &url) {
                     eprintln!("dlock verify: restarting a worker: {e}");
                 }
             }
@@ -343,17 +355,18 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
             .await
             .is_err()
         {
+            workers.killed_at.insert(id, monotonic_ns());
             let _ = child.start_kill();
             let _ = child.wait().await;
-            workers.killed_at.insert(id, monotonic_ns());
         }
     }
-    report(&args, dir.path(), &workers.killed_at, &injected, seed)
+    report(&args, &url, dir.path(), &workers.killed_at, &injected, seed)
 }
 
 /// Reads the logs, checks them, prints the summary, writes the JSON.
 fn report(
     args: &VerifyArgs,
+    url: &str,
     dir: &Path,
     killed_at: &HashMap<u32, u64>,
     injected: &Injected,
@@ -368,6 +381,7 @@ fn report(
     };
     let mut rows = Vec::new();
     let mut all_violations = Vec::new();
+    let mut unchecked = Vec::new();
     println!("{:<14} {:>8} {:>11}", "primitive", "holds", "violations");
     for (at, primitive) in args.primitive.0.iter().enumerate() {
         let holds = by_primitive.get(&at).map(Vec::as_slice).unwrap_or_default();
@@ -378,6 +392,13 @@ fn report(
             holds.len(),
             violations.len()
         );
+        if holds.is_empty() {
+            println!(
+                "{}: no hold was recorded, so nothing was checked (see the workers' errors above)",
+                primitive.name()
+            );
+            unchecked.push(primitive.name());
+        }
         rows.push(serde_json::json!({
             "primitive": primitive.name(),
             "holds": holds.len(),
@@ -399,12 +420,19 @@ fn report(
     for violation in all_violations.iter().take(20) {
         println!("VIOLATION {violation}");
     }
+    if !killed_at.is_empty() {
+        let mut kills: Vec<_> = killed_at.iter().collect();
+        kills.sort();
+        for (worker, at) in kills {
+            println!("worker {worker} killed at {:.6} s", *at as f64 / 1e9);
+        }
+    }
     if all_violations.len() > 20 {
         println!("… and {} more", all_violations.len() - 20);
     }
     if let Some(path) = &args.json {
         let json = serde_json::json!({
-            "url": dlock::backend::redact_url(&args.server.url),
+            "url": dlock::backend::redact_url(url),
             "seed": seed,
             "duration_ms": args.duration.as_millis(),
             "processes": args.processes,
@@ -418,14 +446,18 @@ fn report(
             },
             "losses_seen": lost,
             "primitives": rows,
-            "ok": all_violations.is_empty(),
+            "unchecked": unchecked,
+            "ok": all_violations.is_empty() && unchecked.is_empty(),
         });
         if let Err(e) = std::fs::write(path, format!("{json:#}\n")) {
             eprintln!("dlock verify: {}: {e}", path.display());
             return ExitCode::from(exit::SOFTWARE);
         }
     }
-    if all_violations.is_empty() {
+    if !unchecked.is_empty() {
+        println!("unchecked: {}", unchecked.join(", "));
+        ExitCode::FAILURE
+    } else if all_violations.is_empty() {
         println!("no violation");
         ExitCode::SUCCESS
     } else {

@@ -80,7 +80,10 @@ pub(crate) async fn worker(args: WorkerArgs) -> ExitCode {
     let args = Arc::new(args);
     let mut tasks = Vec::new();
     for task in 0..args.tasks {
-        let primitive_at = task as usize % args.primitives.0.len();
+        // Spread over every worker's tasks, so that each primitive runs
+        // even when a worker has fewer tasks than there are primitives.
+        let slot = args.worker as usize * args.tasks as usize + task as usize;
+        let primitive_at = slot % args.primitives.0.len();
         let (args, locker, log) = (args.clone(), locker.clone(), log.clone());
         tasks.push(tokio::spawn(async move {
             let mut rng = fastrand::Rng::with_seed(
