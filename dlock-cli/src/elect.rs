@@ -93,7 +93,7 @@ pub(crate) async fn elect(args: ElectArgs) -> ExitCode {
         let leadership = tokio::select! {
             leadership = election.lead() => leadership,
             signal = signals.recv() => {
-                let _ = election.resign().await;
+                let _ = tokio::time::timeout(run::RELEASE_WITHIN, election.resign()).await;
                 return exit::for_signal(signal.as_raw());
             }
         };
@@ -109,6 +109,10 @@ pub(crate) async fn elect(args: ElectArgs) -> ExitCode {
         if let Err(e) = election.proclaim(value.as_bytes()).await {
             eprintln!("dlock: proclaiming `{value}`: {e}");
         }
+        if !leadership.is_current() {
+            // Lost before the command started: campaign again.
+            continue;
+        }
         let term = leadership.term().to_string();
         let env = [
             ("DLOCK_KEY", key.to_owned()),
@@ -118,7 +122,7 @@ pub(crate) async fn elect(args: ElectArgs) -> ExitCode {
         let mut child = match Child::spawn(&args.command, &env) {
             Ok(child) => child,
             Err(code) => {
-                let _ = election.resign().await;
+                let _ = tokio::time::timeout(run::RELEASE_WITHIN, election.resign()).await;
                 return code;
             }
         };
@@ -135,7 +139,7 @@ pub(crate) async fn elect(args: ElectArgs) -> ExitCode {
                 eprintln!("dlock: campaigning again for `{key}`");
             }
             Ended { status, .. } => {
-                let _ = election.resign().await;
+                let _ = tokio::time::timeout(run::RELEASE_WITHIN, election.resign()).await;
                 return match status {
                     Ok(status) => code_of(status),
                     Err(e) => {

@@ -44,9 +44,9 @@ struct Server {
     /// The lock server, as a dlock URL: redis://HOST:PORT,
     /// redis+redlock://H1:P1,H2:P2,H3:P3, etcd://HOST:PORT/PREFIX,
     /// zk://HOST:PORT/PATH, postgres://USER:PASSWORD@HOST/DB,
-    /// mysql://USER:PASSWORD@HOST/DB (each also over TLS), or
-    /// file:///DIR (this machine only). Default: file:// in
-    /// $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-UID.
+    /// redis+cluster://H1:P1,H2:P2, mysql://USER:PASSWORD@HOST/DB (and
+    /// rediss://, etcds://, zks:// over TLS), or file:///DIR (this machine
+    /// only). Default: file:///tmp/dlock-UID.
     #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
     url: Option<String>,
     /// How long a lock outlives a dlock that was killed: while dlock runs,
@@ -57,32 +57,34 @@ struct Server {
 
 impl Server {
     /// The URL given, or the default (said on stderr, since it is one
-    /// machine only).
-    fn url(&self) -> String {
+    /// machine only): `/tmp/dlock-UID`, made private to this user.
+    fn url(&self) -> Result<String, ExitCode> {
         if let Some(url) = &self.url {
-            return url.clone();
+            return Ok(url.clone());
         }
-        let dir = std::env::var_os("XDG_RUNTIME_DIR")
-            .filter(|dir| !dir.is_empty())
-            .map(|dir| std::path::PathBuf::from(dir).join("dlock"))
-            .unwrap_or_else(|| {
-                std::path::PathBuf::from(format!(
-                    "/tmp/dlock-{}",
-                    rustix::process::getuid().as_raw()
-                ))
-            });
+        let dir =
+            std::path::PathBuf::from(format!("/tmp/dlock-{}", rustix::process::getuid().as_raw()));
+        private_dir(&dir).map_err(|why| {
+            eprintln!("dlock: the default lock directory {}: {why}", dir.display());
+            ExitCode::from(exit::USAGE)
+        })?;
         let url = format!("file://{}", dir.display());
         eprintln!("dlock: no --url or DLOCK_URL: using {url} (locks on this machine only)");
-        url
+        Ok(url)
     }
 
     /// A locker on the server, or the exit code and message for why not.
     async fn connect(&self) -> Result<dlock::Locker, ExitCode> {
-        self.connect_to(&self.url()).await
+        self.connect_to(&self.url()?).await
     }
 
     /// A locker on `url` (this server's, resolved by [`Server::url`]).
     async fn connect_to(&self, url: &str) -> Result<dlock::Locker, ExitCode> {
+        if url == "memory" || url.starts_with("memory:") {
+            // Each dlock process would have a lock server of its own.
+            eprintln!("dlock: `{url}` locks within one process only: use a server, or file:///DIR");
+            return Err(ExitCode::from(exit::USAGE));
+        }
         let locker = async {
             let backend = dlock::connect_backend(url).await?;
             dlock::LockerBuilder::from_arc(backend)
@@ -96,8 +98,38 @@ impl Server {
     }
 }
 
+/// Makes `dir` if it is not there, private to this user; refuses one
+/// that another user owns or can write to (who could delete lock files
+/// under their holders).
+fn private_dir(dir: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e.to_string()),
+    }
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| e.to_string())?;
+    if !meta.is_dir() {
+        return Err("not a directory".to_owned());
+    }
+    if meta.uid() != rustix::process::getuid().as_raw() {
+        return Err("owned by another user".to_owned());
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err("others can write to it".to_owned());
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Bad arguments exit 64 (as every other bad option), not clap's 2.
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { exit::USAGE } else { 0 });
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

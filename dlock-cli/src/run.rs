@@ -158,6 +158,12 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
         Ok(held) => held,
         Err(code) => return code,
     };
+    // Lost between the grant and now (a fixed lease shorter than the
+    // connect, say): the command never starts.
+    if guard.is_lost() {
+        eprintln!("dlock: lock `{key}` was lost before the command started");
+        return ExitCode::from(args.lost_exit_code);
+    }
     let mut env = vec![("DLOCK_KEY", key.to_owned())];
     if let Some(fence) = guard.fencing_token() {
         env.push(("DLOCK_FENCE", fence.to_string()));
@@ -165,7 +171,7 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
     let mut child = match Child::spawn(&args.command, &env) {
         Ok(child) => child,
         Err(code) => {
-            release(guard, key).await;
+            let _ = release(guard, key).await;
             return code;
         }
     };
@@ -179,11 +185,8 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
     .await;
     // Released on every path once the command is gone (a lost lock needs
     // no release).
-    if !ended.lost {
-        release(guard, key).await;
-        if args.verbose {
-            eprintln!("dlock: released lock `{key}`");
-        }
+    if !ended.lost && release(guard, key).await && args.verbose {
+        eprintln!("dlock: released lock `{key}`");
     }
     match ended {
         Ended { lost: true, .. } => ExitCode::from(args.lost_exit_code),
@@ -197,10 +200,24 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
     }
 }
 
-/// Releases `guard`, saying so if the release failed (it is then retried
-/// in the background until dlock exits, and the server's lease ends it).
-async fn release(guard: dlock::LockGuard, key: &str) {
-    if let Err(e) = guard.release().await {
-        eprintln!("dlock: releasing lock `{key}`: {e}");
+/// Releases `guard`, saying so if the release failed or took longer than
+/// [`RELEASE_WITHIN`] (the server's lease then ends the lock): whether it
+/// was released.
+pub(crate) async fn release(guard: dlock::LockGuard, key: &str) -> bool {
+    match tokio::time::timeout(RELEASE_WITHIN, guard.release()).await {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            eprintln!("dlock: releasing lock `{key}`: {e}");
+            false
+        }
+        Err(_) => {
+            eprintln!(
+                "dlock: releasing lock `{key}` took over {RELEASE_WITHIN:?}: its lease will end it"
+            );
+            false
+        }
     }
 }
+
+/// How long dlock waits for a release (or a resignation) before it exits.
+pub(crate) const RELEASE_WITHIN: Duration = Duration::from_secs(10);

@@ -136,7 +136,11 @@ async fn every_documented_exit_code() {
     )
     .await;
     assert_eq!(code(&missing), 127, "{missing:?}");
-    let not_executable = finish(&mut run(&["--key", "k", "--", "/etc/hostname"]), limit).await;
+    let dir = tempfile::tempdir().unwrap();
+    let plain_file = dir.path().join("not-a-program");
+    std::fs::write(&plain_file, "just text").unwrap();
+    let plain_file = plain_file.to_str().unwrap();
+    let not_executable = finish(&mut run(&["--key", "k", "--", plain_file]), limit).await;
     assert_eq!(code(&not_executable), 126, "{not_executable:?}");
     // Not obtained: held by someone else.
     let locker = dlock::connect(&url).await.expect("connect");
@@ -170,7 +174,21 @@ async fn every_documented_exit_code() {
     .await;
     assert_eq!(code(&own_code), 9, "{own_code:?}");
     drop(held);
-    // Bad options, and a server that is not there.
+    // Bad options (a duration, an option clash, an in-process URL), and a
+    // server that is not there.
+    for bad in [
+        &["--key", "k", "--wait", "5x", "--", "true"][..],
+        &["--key", "k", "--wait", "1s", "--no-wait", "--", "true"][..],
+    ] {
+        let refused = finish(&mut run(bad), limit).await;
+        assert_eq!(code(&refused), 64, "{bad:?}: {refused:?}");
+    }
+    let in_process = finish(
+        dlock("memory").args(["run", "--key", "k", "--", "true"]),
+        limit,
+    )
+    .await;
+    assert_eq!(code(&in_process), 64, "{in_process:?}");
     let bad_url = finish(
         dlock("redis://h:port").args(["run", "--key", "k", "--", "true"]),
         limit,
@@ -199,6 +217,11 @@ async fn a_lost_lock_stops_the_command_and_its_group() {
     for (what, script, kill_after) in [
         ("stops on SIGTERM", "sleep 30 & wait", "20s"),
         ("ignores SIGTERM", "trap '' TERM; sleep 30", "300ms"),
+        (
+            "leaves a child that ignores SIGTERM",
+            "(trap '' TERM; sleep 30) & sleep 30",
+            "300ms",
+        ),
     ] {
         let dir = tempfile::tempdir().unwrap();
         let pid_file = dir.path().join("pid");
@@ -227,24 +250,47 @@ async fn a_lost_lock_stops_the_command_and_its_group() {
             "{what}: took {:?}",
             started.elapsed()
         );
-        // Nothing of the group is left: not the shell, not its sleep.
+        // Nothing of the group is left: not the shell, not its sleep
+        // (pgrep -g selects by process group; a killed process may be
+        // listed a moment longer on a loaded machine).
         let shell: i32 = std::fs::read_to_string(&pid_file)
             .unwrap()
             .trim()
             .parse()
             .unwrap();
-        // (Zombies, which a container's init may leave unreaped, ran
-        // their course: only live processes count.)
-        let group = std::process::Command::new("ps")
-            .args(["-o", "stat=,pid=,args=", "-g", &shell.to_string()])
-            .output()
-            .expect("ps");
-        let listing = String::from_utf8_lossy(&group.stdout);
-        let live: Vec<&str> = listing
-            .lines()
-            .filter(|line| !line.trim_start().starts_with('Z'))
-            .collect();
-        assert!(live.is_empty(), "{what}: left running: {live:?}");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let group = std::process::Command::new("pgrep")
+                .args(["-g", &shell.to_string()])
+                .output()
+                .expect("pgrep");
+            if group.stdout.is_empty() {
+                break;
+            }
+            // Zombies that a container's init leaves unreaped ran their
+            // course: only live processes count.
+            let live: Vec<String> = String::from_utf8_lossy(&group.stdout)
+                .split_whitespace()
+                .filter(|pid| {
+                    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                        .map(|stat| {
+                            !stat
+                                .rsplit(')')
+                                .next()
+                                .unwrap_or("")
+                                .trim_start()
+                                .starts_with('Z')
+                        })
+                        .unwrap_or(false)
+                })
+                .map(str::to_owned)
+                .collect();
+            if live.is_empty() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{what}: left running: {live:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }
 
@@ -286,8 +332,17 @@ async fn signals_end_the_wait_or_reach_the_command() {
         .args(["run", "--key", "signalled", "--", "sleep", "30"])
         .spawn()
         .expect("spawn");
+    // Wait until dlock holds the lock (read, not taken: taking it here
+    // would race dlock for it).
     let deadline = Instant::now() + Duration::from_secs(10);
-    while locker.try_lock("signalled").await.expect("try").is_some() {
+    let key = dlock::LockKey::new("signalled").unwrap();
+    while locker
+        .backend()
+        .holder(&key)
+        .await
+        .expect("holder")
+        .is_none()
+    {
         assert!(Instant::now() < deadline, "dlock never took the lock");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -170,14 +170,15 @@ struct Workers<'a> {
     args: &'a VerifyArgs,
     dir: &'a Path,
     seed: u64,
-    running: Vec<(u32, Child)>,
+    /// Each worker's number, slot and process.
+    running: Vec<(u32, u32, Child)>,
     next_id: u32,
     /// When each killed worker died: its open holds end there.
     killed_at: HashMap<u32, u64>,
 }
 
 impl Workers<'_> {
-    fn spawn(&mut self, until: tokio::time::Instant, url: &str) -> std::io::Result<()> {
+    fn spawn(&mut self, until: tokio::time::Instant, url: &str, slot: u32) -> std::io::Result<()> {
         let id = self.next_id;
         self.next_id += 1;
         let left = until.saturating_duration_since(tokio::time::Instant::now());
@@ -192,6 +193,7 @@ impl Workers<'_> {
             .args(["--key", &self.args.key])
             .args(["--primitives", &primitives.join(",")])
             .args(["--worker", &id.to_string()])
+            .args(["--slot", &slot.to_string()])
             .args(["--tasks", &self.args.tasks.to_string()])
             .arg("--log")
             .arg(self.dir.join(format!("worker-{id}.log")))
@@ -205,7 +207,7 @@ impl Workers<'_> {
         if self.args.no_lock {
             command.arg("--no-lock");
         }
-        self.running.push((id, command.spawn()?));
+        self.running.push((id, slot, command.spawn()?));
         Ok(())
     }
 
@@ -251,7 +253,10 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
         );
         return ExitCode::from(exit::USAGE);
     }
-    let url = args.server.url();
+    let url = match args.server.url() {
+        Ok(url) => url,
+        Err(code) => return code,
+    };
     if let Err(code) = args.server.connect_to(&url).await {
         return code;
     }
@@ -271,8 +276,8 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
         next_id: 0,
         killed_at: HashMap::new(),
     };
-    for _ in 0..args.processes {
-        if let Err(e) = workers.spawn(until, &url) {
+    for slot in 0..args.processes {
+        if let Err(e) = workers.spawn(until, &url, slot) {
             eprintln!("dlock verify: starting a worker: {e}");
             return ExitCode::from(exit::SOFTWARE);
         }
@@ -291,15 +296,40 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
         .copied()
         .filter(|f| *f != Fault::Cancel)
         .collect();
+    let mut signals = match crate::child::Signals::listen() {
+        Ok(signals) => signals,
+        Err(e) => {
+            eprintln!("dlock verify: cannot listen for signals: {e}");
+            return ExitCode::from(exit::SOFTWARE);
+        }
+    };
     loop {
         // The next fault, at a random point of the next few seconds.
         let gap = Duration::from_millis(rng.u64(500..=2_500));
         let next = tokio::time::Instant::now() + gap;
-        if next + pause_for >= until {
-            tokio::time::sleep_until(until).await;
+        let last = next + pause_for >= until;
+        tokio::select! {
+            () = tokio::time::sleep_until(if last { until } else { next }) => {}
+            signal = signals.recv() => {
+                // Stopped: no worker is left paused (holding its locks)
+                // or running.
+                progress.finish_and_clear();
+                for (_, _, child) in &mut workers.running {
+                    if let Some(pid) = Workers::pid(child) {
+                        let _ = kill_process(pid, Signal::CONT);
+                    }
+                    let _ = child.start_kill();
+                }
+                for (_, _, child) in &mut workers.running {
+                    let _ = child.wait().await;
+                }
+                eprintln!("dlock verify: stopped by signal {}", signal.as_raw());
+                return exit::for_signal(signal.as_raw());
+            }
+        }
+        if last {
             break;
         }
-        tokio::time::sleep_until(next).await;
         progress.set_position(started.elapsed().as_secs());
         let choices = faults.len() + usize::from(args.fault_cmd.is_some());
         if choices == 0 || workers.running.is_empty() {
@@ -309,7 +339,7 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
         let at = rng.usize(..workers.running.len());
         match faults.get(pick) {
             Some(Fault::Pause) => {
-                if let Some(pid) = Workers::pid(&workers.running[at].1) {
+                if let Some(pid) = Workers::pid(&workers.running[at].2) {
                     let _ = kill_process(pid, Signal::STOP);
                     tokio::time::sleep(pause_for).await;
                     let _ = kill_process(pid, Signal::CONT);
@@ -317,7 +347,7 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
                 }
             }
             Some(Fault::Kill) => {
-                let (id, mut child) = workers.running.swap_remove(at);
+                let (id, slot, mut child) = workers.running.swap_remove(at);
                 // Its open holds end when the signal is sent: the server
                 // may free them the moment the process is gone, before
                 // the wait below returns.
@@ -325,7 +355,7 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
                 let _ = child.start_kill();
                 let _ = child.wait().await;
                 injected.kills += 1;
-                if let Err(e) = workers.spawn(until, &url) {
+                if let Err(e) = workers.spawn(until, &url, slot) {
                     eprintln!("dlock verify: restarting a worker: {e}");
                 }
             }
@@ -350,17 +380,29 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
     }
     progress.finish_and_clear();
     // The workers stop at the end themselves; a hung one is killed.
-    for (id, mut child) in std::mem::take(&mut workers.running) {
-        if tokio::time::timeout(Duration::from_secs(15), child.wait())
-            .await
-            .is_err()
-        {
-            workers.killed_at.insert(id, monotonic_ns());
-            let _ = child.start_kill();
-            let _ = child.wait().await;
+    let mut failed = Vec::new();
+    for (id, _, mut child) in std::mem::take(&mut workers.running) {
+        match tokio::time::timeout(Duration::from_secs(15), child.wait()).await {
+            Ok(Ok(status)) if status.success() => {}
+            Ok(status) => failed.push(format!("worker {id}: {status:?}")),
+            Err(_) => {
+                workers.killed_at.insert(id, monotonic_ns());
+                let _ = child.start_kill();
+                let _ = child.wait().await;
+                failed.push(format!("worker {id}: still running 15 s after the end"));
+            }
         }
     }
-    report(&args, &url, dir.path(), &workers.killed_at, &injected, seed)
+    for failure in &failed {
+        eprintln!("dlock verify: {failure}");
+    }
+    let code = report(&args, &url, dir.path(), &workers.killed_at, &injected, seed);
+    if failed.is_empty() {
+        code
+    } else {
+        // A worker that failed left holds unchecked.
+        ExitCode::FAILURE
+    }
 }
 
 /// Reads the logs, checks them, prints the summary, writes the JSON.
@@ -372,7 +414,7 @@ fn report(
     injected: &Injected,
     seed: u64,
 ) -> ExitCode {
-    let (by_primitive, lost) = match read_logs(dir, killed_at) {
+    let (by_primitive, lost) = match read_logs(dir) {
         Ok(read) => read,
         Err(e) => {
             eprintln!("dlock verify: reading the logs: {e}");
@@ -469,28 +511,42 @@ fn report(
 type Holds = HashMap<usize, Vec<check::Hold>>;
 
 /// Every hold in the workers' logs, by primitive; and how many ended in a
-/// loss their holder saw. A hold a killed worker left open ends when it
-/// was killed.
-fn read_logs(dir: &Path, killed_at: &HashMap<u32, u64>) -> std::io::Result<(Holds, usize)> {
+/// loss their holder saw. A hold left open (its worker was killed) ends
+/// at the last moment it was known held (its last heartbeat, else its
+/// start): never later, so a kill makes no false overlap.
+fn read_logs(dir: &Path) -> std::io::Result<(Holds, usize)> {
     let mut holds: Holds = HashMap::new();
     let mut lost = 0;
     for entry in std::fs::read_dir(dir)? {
-        let text = std::fs::read_to_string(entry?.path())?;
+        let path = entry?.path();
+        let text = std::fs::read_to_string(&path)?;
+        // Only the last line may be torn, by a kill mid-write.
+        let whole = match text.rfind('\n') {
+            Some(end) => &text[..end],
+            None => "",
+        };
         let mut open: HashMap<(u32, u32), (usize, check::Hold)> = HashMap::new();
-        for line in text.lines() {
+        for line in whole.lines() {
             let fields: Vec<&str> = line.split(' ').collect();
             let number = |at: usize| fields.get(at).and_then(|f| f.parse::<u64>().ok());
-            let bad = || std::io::Error::other(format!("malformed log line `{line}`"));
+            let bad = || {
+                std::io::Error::other(format!("{}: malformed log line `{line}`", path.display()))
+            };
+            let id = |at: usize| {
+                number(at)
+                    .and_then(|n| u32::try_from(n).ok())
+                    .ok_or_else(bad)
+            };
             match fields.first() {
                 Some(&"S") => {
-                    let worker = number(1).ok_or_else(bad)? as u32;
-                    let task = number(2).ok_or_else(bad)? as u32;
-                    let primitive = number(3).ok_or_else(bad)? as usize;
+                    let (worker, task) = (id(1)?, id(2)?);
+                    let primitive = id(3)? as usize;
+                    let start_ns = number(4).ok_or_else(bad)?;
                     let hold = check::Hold {
                         worker,
                         task,
-                        start_ns: number(4).ok_or_else(bad)?,
-                        end_ns: u64::MAX,
+                        start_ns,
+                        end_ns: start_ns,
                         fence: number(5),
                         kind: fields
                             .get(6)
@@ -499,23 +555,22 @@ fn read_logs(dir: &Path, killed_at: &HashMap<u32, u64>) -> std::io::Result<(Hold
                     };
                     open.insert((worker, task), (primitive, hold));
                 }
+                Some(&"H") => {
+                    if let Some((_, hold)) = open.get_mut(&(id(1)?, id(2)?)) {
+                        hold.end_ns = number(3).ok_or_else(bad)?;
+                    }
+                }
                 Some(&"E") => {
-                    let key = (
-                        number(1).ok_or_else(bad)? as u32,
-                        number(2).ok_or_else(bad)? as u32,
-                    );
-                    if let Some((primitive, mut hold)) = open.remove(&key) {
+                    if let Some((primitive, mut hold)) = open.remove(&(id(1)?, id(2)?)) {
                         hold.end_ns = number(3).ok_or_else(bad)?;
                         lost += usize::from(number(4) == Some(1));
                         holds.entry(primitive).or_default().push(hold);
                     }
                 }
-                // A line cut short by a kill.
-                _ => {}
+                _ => return Err(bad()),
             }
         }
-        for ((worker, _), (primitive, mut hold)) in open {
-            hold.end_ns = killed_at.get(&worker).copied().unwrap_or(u64::MAX);
+        for (primitive, hold) in open.into_values() {
             holds.entry(primitive).or_default().push(hold);
         }
     }

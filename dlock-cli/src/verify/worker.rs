@@ -29,6 +29,10 @@ pub(crate) struct WorkerArgs {
     /// This worker's number (a respawn gets a new one).
     #[arg(long)]
     worker: u32,
+    /// Its place among the workers (a respawn takes its predecessor's):
+    /// which primitive each task runs.
+    #[arg(long)]
+    slot: u32,
     #[arg(long)]
     tasks: u32,
     #[arg(long)]
@@ -82,7 +86,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> ExitCode {
     for task in 0..args.tasks {
         // Spread over every worker's tasks, so that each primitive runs
         // even when a worker has fewer tasks than there are primitives.
-        let slot = args.worker as usize * args.tasks as usize + task as usize;
+        let slot = args.slot as usize * args.tasks as usize + task as usize;
         let primitive_at = slot % args.primitives.0.len();
         let (args, locker, log) = (args.clone(), locker.clone(), log.clone());
         tasks.push(tokio::spawn(async move {
@@ -124,6 +128,8 @@ struct Task<'a> {
 const WAIT: Duration = Duration::from_secs(5);
 /// The longest a task holds the lock.
 const HOLD_MAX_MS: u64 = 20;
+/// How often a hold writes the last moment it was known held.
+const HEARTBEAT_NS: u64 = 5_000_000;
 
 impl Task<'_> {
     fn key(&self) -> String {
@@ -133,7 +139,7 @@ impl Task<'_> {
     /// One round: take, hold (checking the hold all along), give back.
     async fn once(&mut self) -> Result<(), LockError> {
         let primitive = self.args.primitives.0[self.primitive_at];
-        if primitive == Primitive::Election {
+        if primitive == Primitive::Election && !self.args.no_lock {
             return self.lead_once().await;
         }
         let kind = match primitive {
@@ -177,7 +183,7 @@ impl Task<'_> {
             return Ok(());
         }
         self.started(start, guard.fencing_token(), kind);
-        let (last_ok, lost) = self.hold(|| !guard.is_lost()).await;
+        let (last_ok, lost) = self.hold(start, || !guard.is_lost()).await;
         self.ended(last_ok, lost);
         if self.args.cancel && self.rng.u8(..5) == 0 {
             let cut = Duration::from_micros(self.rng.u64(..2_000));
@@ -200,7 +206,7 @@ impl Task<'_> {
             return Ok(());
         }
         self.started(start, Some(leadership.term()), Kind::Leader);
-        let (last_ok, lost) = self.hold(|| leadership.is_current()).await;
+        let (last_ok, lost) = self.hold(start, || leadership.is_current()).await;
         self.ended(last_ok, lost);
         election.resign().await
     }
@@ -208,9 +214,10 @@ impl Task<'_> {
     /// Holds for a random time up to [`HOLD_MAX_MS`], checking `held`
     /// every millisecond or two: the last moment it still held, and
     /// whether it was lost.
-    async fn hold(&mut self, held: impl Fn() -> bool) -> (u64, bool) {
-        let until = monotonic_ns() + self.rng.u64(..=HOLD_MAX_MS) * 1_000_000;
-        let mut last_ok = monotonic_ns();
+    async fn hold(&mut self, start: u64, held: impl Fn() -> bool) -> (u64, bool) {
+        let until = start + self.rng.u64(..=HOLD_MAX_MS) * 1_000_000;
+        let mut last_ok = start;
+        let mut beat = start;
         loop {
             // The time first: held after it means held at it.
             let now = monotonic_ns();
@@ -220,6 +227,13 @@ impl Task<'_> {
             last_ok = now;
             if now >= until {
                 return (last_ok, false);
+            }
+            // Now and then, the last moment known held, for a worker that
+            // is killed before it writes the end: its hold ends there.
+            if now - beat >= HEARTBEAT_NS {
+                beat = now;
+                self.log
+                    .write(&format!("H {} {} {now}\n", self.args.worker, self.task));
             }
             tokio::time::sleep(Duration::from_micros(self.rng.u64(500..2_000))).await;
         }
