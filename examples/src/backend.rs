@@ -11,7 +11,7 @@ pub const URLS: &str = dlock::URLS;
 /// process only).
 ///
 /// Each backend is a cargo feature of the examples, passed on to dlock's:
-/// `redis` and `zk` are on by default, `etcd` (its client's build needs
+/// `file`, `redis` and `zk` are on by default, `etcd` (its client's build needs
 /// `protoc`), `postgres` and `mysql` are not; a URL of a backend left out
 /// is an error that names the feature.
 ///
