@@ -238,12 +238,18 @@ pub(crate) struct Signals {
 
 impl Signals {
     /// Starts listening: from now on these signals no longer end `dlock`
-    /// by their default action.
-    pub(crate) fn listen() -> io::Result<Signals> {
-        Ok(Signals {
-            interrupt: signal(SignalKind::interrupt())?,
-            terminate: signal(SignalKind::terminate())?,
-            hangup: signal(SignalKind::hangup())?,
+    /// by their default action. If it cannot, the exit code, said why.
+    pub(crate) fn listen() -> Result<Signals, ExitCode> {
+        let listen = || -> io::Result<Signals> {
+            Ok(Signals {
+                interrupt: signal(SignalKind::interrupt())?,
+                terminate: signal(SignalKind::terminate())?,
+                hangup: signal(SignalKind::hangup())?,
+            })
+        };
+        listen().map_err(|e| {
+            eprintln!("dlock: cannot listen for signals: {e}");
+            ExitCode::from(exit::SOFTWARE)
         })
     }
 

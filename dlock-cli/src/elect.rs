@@ -60,10 +60,7 @@ pub(crate) struct ElectArgs {
 pub(crate) async fn elect(args: ElectArgs) -> ExitCode {
     let mut signals = match Signals::listen() {
         Ok(signals) => signals,
-        Err(e) => {
-            eprintln!("dlock: cannot listen for signals: {e}");
-            return ExitCode::from(exit::SOFTWARE);
-        }
+        Err(code) => return code,
     };
     let key = args.key.as_str();
     let election = tokio::select! {

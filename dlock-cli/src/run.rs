@@ -92,10 +92,7 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
     // (the acquire is dropped, which leaves nothing held).
     let mut signals = match Signals::listen() {
         Ok(signals) => signals,
-        Err(e) => {
-            eprintln!("dlock: cannot listen for signals: {e}");
-            return ExitCode::from(exit::SOFTWARE);
-        }
+        Err(code) => return code,
     };
     let key = args.key.as_str();
     let mode = match (args.read, args.write, args.permits) {

@@ -298,10 +298,7 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
         .collect();
     let mut signals = match crate::child::Signals::listen() {
         Ok(signals) => signals,
-        Err(e) => {
-            eprintln!("dlock verify: cannot listen for signals: {e}");
-            return ExitCode::from(exit::SOFTWARE);
-        }
+        Err(code) => return code,
     };
     loop {
         // The next fault, at a random point of the next few seconds.
