@@ -155,3 +155,25 @@ fn main() -> ExitCode {
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     code
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::private_dir;
+
+    #[test]
+    fn the_default_directory_is_made_private_and_a_shared_one_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let made = root.path().join("dlock-test");
+        private_dir(&made).unwrap();
+        let mode = std::fs::metadata(&made).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+        std::fs::set_permissions(&made, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let why = private_dir(&made).unwrap_err();
+        assert!(why.contains("others can write"), "{why}");
+        let file = root.path().join("a-file");
+        std::fs::write(&file, "").unwrap();
+        assert!(private_dir(&file).is_err());
+    }
+}

@@ -112,7 +112,26 @@ async fn every_documented_exit_code() {
     )
     .await;
     assert_eq!(code(&killed), 128 + 15, "{killed:?}");
-    // The environment.
+    // The environment: dlock's own, never an outer dlock's inherited.
+    let env = finish(
+        run(&[
+            "--key",
+            "env-key",
+            "--",
+            "sh",
+            "-c",
+            "echo \"${DLOCK_TERM-unset}\"",
+        ])
+        .env("DLOCK_TERM", "stale")
+        .env("DLOCK_FENCE", "stale"),
+        limit,
+    )
+    .await;
+    assert_eq!(
+        String::from_utf8_lossy(&env.stdout).trim(),
+        "unset",
+        "{env:?}"
+    );
     let env = finish(
         &mut run(&[
             "--key",

@@ -187,7 +187,10 @@ impl Workers<'_> {
         let mut command = Command::new(exe);
         command
             .arg("verify-worker")
-            .args(["--url", url])
+            // In the environment, not the arguments: any local user can
+            // read a process's arguments (ps), and the URL may hold a
+            // password.
+            .env("DLOCK_URL", url)
             .arg("--watchdog-lease")
             .arg(format!("{}ms", self.args.server.watchdog_lease.as_millis()))
             .args(["--key", &self.args.key])
