@@ -39,10 +39,8 @@ impl FileBackend {
             }
         };
         let path = self.names(key, Mode::Exclusive).holder();
-        let mut record = format!("{fence}\n").into_bytes();
-        record.extend_from_slice(value);
-        blocking(move || write_holder(&path, &record)).await?;
-        Ok(true)
+        let value = value.to_vec();
+        blocking(move || write_holder(&path, fence, &value)).await
     }
 
     /// Whether the plain lock of `key` is held (a shared lock on its file
@@ -72,12 +70,25 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| LockError::backend(NAME, e))?
 }
 
-fn write_holder(path: &Path, record: &[u8]) -> Result<()> {
-    let file = locks::open(path)?;
+/// Writes `{fence}\n{value}`, unless the file already holds a later
+/// holder's record: a proclaim that ran late (its lease ended while it
+/// waited for a thread) never overwrites the next holder's value. Whether
+/// it wrote.
+fn write_holder(path: &Path, fence: u64, value: &[u8]) -> Result<bool> {
+    let mut file = locks::open(path)?;
     flock(&file, Op::LockExclusive, path)?;
+    let mut stored = Vec::new();
+    file.read_to_end(&mut stored)
+        .map_err(|e| io_error("cannot read", path, e))?;
+    if parse_holder(&stored).is_some_and(|(by, _)| by > fence) {
+        return Ok(false);
+    }
+    let mut record = format!("{fence}\n").into_bytes();
+    record.extend_from_slice(value);
     file.set_len(0)
-        .and_then(|()| file.write_all_at(record, 0))
-        .map_err(|e| io_error("cannot write", path, e))
+        .and_then(|()| file.write_all_at(&record, 0))
+        .map_err(|e| io_error("cannot write", path, e))?;
+    Ok(true)
 }
 
 /// The fence and value in the holder file, if it has any.
@@ -91,11 +102,31 @@ fn read_holder(path: &Path) -> Result<Option<(u64, Vec<u8>)>> {
     let mut record = Vec::new();
     file.read_to_end(&mut record)
         .map_err(|e| io_error("cannot read", path, e))?;
-    let Some(newline) = record.iter().position(|b| *b == b'\n') else {
-        return Ok(None);
-    };
-    let fence = std::str::from_utf8(&record[..newline])
-        .ok()
-        .and_then(|f| f.parse().ok());
-    Ok(fence.map(|fence| (fence, record[newline + 1..].to_vec())))
+    Ok(parse_holder(&record))
+}
+
+/// `{fence}\n{value}`, if `record` is one.
+fn parse_holder(record: &[u8]) -> Option<(u64, Vec<u8>)> {
+    let newline = record.iter().position(|b| *b == b'\n')?;
+    let fence = std::str::from_utf8(&record[..newline]).ok()?.parse().ok()?;
+    Some((fence, record[newline + 1..].to_vec()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_late_proclaim_never_overwrites_a_later_holders_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k.lock-holder");
+        assert!(write_holder(&path, 5, b"new leader").unwrap());
+        assert!(!write_holder(&path, 4, b"old leader, late").unwrap());
+        assert_eq!(
+            read_holder(&path).unwrap(),
+            Some((5, b"new leader".to_vec()))
+        );
+        assert!(write_holder(&path, 6, b"next").unwrap());
+        assert_eq!(read_holder(&path).unwrap(), Some((6, b"next".to_vec())));
+    }
 }

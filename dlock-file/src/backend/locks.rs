@@ -87,11 +87,15 @@ impl Stop<'_> {
 }
 
 pub(crate) fn open(path: &Path) -> Result<File, LockError> {
+    use std::os::unix::fs::OpenOptionsExt as _;
     OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
+        // A symlink planted in a shared directory must not make dlock
+        // write (or truncate) the file it points to.
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
         .open(path)
         .map_err(|e| io_error("cannot open", path, e))
 }
@@ -395,4 +399,18 @@ pub(crate) fn is_locked(path: &Path) -> Result<bool, LockError> {
     let free = flock(&file, Op::NonBlockingLockShared, path)?;
     drop(unlocked(file));
     Ok(!free)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_planted_symlink_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "precious").unwrap();
+        let planted = dir.path().join("k.lock-holder");
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        assert!(super::open(&planted).is_err());
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+    }
 }

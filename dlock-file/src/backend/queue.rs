@@ -26,7 +26,7 @@ use super::{
 use crate::NAME;
 
 /// The most permits a semaphore may have: a slot file each.
-pub(crate) const MAX_PERMITS: u32 = 65_536;
+pub(crate) const MAX_PERMITS: u32 = 1_024;
 
 /// The most waits blocked on threads of their own at once, in this
 /// process; further waits poll instead.
@@ -65,7 +65,7 @@ impl FileBackend {
                 if limit > MAX_PERMITS {
                     return Err(LockError::Unsupported {
                         backend: NAME,
-                        what: "semaphores of more than 65536 permits (a file each)",
+                        what: "semaphores of more than 1024 permits (an open file each)",
                     });
                 }
                 Plan::Permits {
@@ -74,7 +74,13 @@ impl FileBackend {
                     limit,
                 }
             }
-            _ => Plan::Exclusive(names),
+            Mode::Exclusive => Plan::Exclusive(names),
+            _ => {
+                return Err(LockError::Unsupported {
+                    backend: NAME,
+                    what: "this lock mode",
+                })
+            }
         })
     }
 
