@@ -8,7 +8,6 @@ use std::{
 };
 
 use dlock_core::{backend::BackendUrl, LockError, LockKey};
-use sha2::{Digest, Sha256};
 
 use crate::NAME;
 
@@ -142,12 +141,12 @@ const KEPT: usize = 180;
 pub(crate) fn stem(key: &LockKey) -> String {
     let mut name = key.escaped(|c| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'));
     if name.len() > MAX_NAME {
-        let digest = Sha256::digest(key.as_str().as_bytes());
-        let mut first = [0; 8];
-        first.copy_from_slice(&digest[..8]);
         // Escaped names are ASCII: any byte index is a char boundary.
         name.truncate(KEPT);
-        name.push_str(&format!("#{:016x}", u64::from_be_bytes(first)));
+        name.push_str(&format!(
+            "#{:016x}",
+            dlock_core::backend::key_hash("", key.as_str())
+        ));
     }
     name
 }

@@ -9,7 +9,8 @@ pub use dialect::{
     busy, deployment_refused, is_busy, is_session_moved, session_moved, unsafe_deployment, Busy,
     Dialect, Granted, QueueEntry, SessionMoved, UnsafeDeployment,
 };
-pub use settings::{key_hash, SqlSettings};
+pub use dlock_core::backend::key_hash;
+pub use settings::SqlSettings;
 /// The driver the dialects speak through.
 pub use sqlx;
 

@@ -16,6 +16,7 @@ pub use crate::lease::LossReporter;
 mod backoff;
 mod capabilities;
 mod holder;
+mod keyhash;
 pub mod memory;
 mod mode;
 mod request;
@@ -26,6 +27,7 @@ mod url;
 pub use backoff::Backoff;
 pub use capabilities::Capabilities;
 pub use holder::{unsupported_holder, Holder, HOLDER_POLL};
+pub use keyhash::key_hash;
 pub use mode::{admitted, Mode};
 pub use request::{
     AcquireRequest, Acquired, LeaseKind, ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
