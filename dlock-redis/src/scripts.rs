@@ -10,6 +10,33 @@ use std::sync::OnceLock;
 
 use redis::Script;
 
+/// The fence, shared by the plain lock's and the shared locks' acquire
+/// scripts: a token above every earlier one of the key, even when its
+/// counter (`KEYS[2]`) was set back or lost (the argument is at
+/// `lock::ACQUIRE`).
+///
+/// `fence(lease)` takes `max(last + 1, TIME in µs)`, writes it back with a
+/// TTL of twice `lease` (at least ten minutes), and returns it: three
+/// commands, `TIME` and one `SET ... GET` (Redis 6.2), and a second `SET`
+/// only when the counter is ahead of the clock (a clock stepped back).
+macro_rules! fence_lua {
+    () => {
+        r"
+local function fence(lease)
+  local t = redis.call('TIME')
+  local value = t[1] * 1000000 + t[2]
+  local ttl = math.max(2 * lease, 600000)
+  local last = tonumber(redis.call('SET', KEYS[2], value, 'PX', ttl, 'GET'))
+  if last and last >= value then
+    value = last + 1
+    redis.call('SET', KEYS[2], value, 'PX', ttl)
+  end
+  return value
+end
+"
+    };
+}
+
 /// The waiting line shared by the acquire and release scripts.
 ///
 /// `KEYS[3]` orders the tickets (a sorted set scored by place in line) and

@@ -27,29 +27,31 @@
 /// refreshes) its ticket in the same run.
 ///
 /// The common case, a free key and a live counter, costs three commands
-/// inside the script (`SET NX PX`, `INCR`, `PEXPIRE`), and defines none of
-/// the line's functions. Redlock, which counts no fence, sends a plain
-/// `SET NX PX` instead (see `Node::acquire`).
+/// inside the script (`SET NX PX`, `TIME`, and `SET ... GET` on the
+/// counter: see `fence_lua!`), and defines none of the line's functions.
+/// Redlock, which counts no fence, sends a plain `SET NX PX` instead (see
+/// `Node::acquire`).
 ///
 /// # The fence counter, and why its tokens only grow
 ///
-/// Every token is `max(INCR counter, TIME in µs)`, and the larger value is
-/// written back to the counter. The counter lives beside the lock with a
-/// TTL of twice the lease, but never less than ten minutes (600 000 ms in
-/// the scripts), set at every acquisition and renewal, so it goes away some time after
-/// the lock: a service that locks `order:{id}` for ever more ids does not
+/// Every token is `max(counter + 1, TIME in µs)`, written back to the
+/// counter in the same command that reads it (`SET ... GET`). The
+/// counter lives beside the lock with a TTL of twice the lease, but never
+/// less than ten minutes (600 000 ms in the scripts), set at every
+/// acquisition and renewal, so it goes away some time after the lock: a service that locks `order:{id}` for ever more ids does not
 /// grow Redis for ever. The tokens of one key strictly increase, whatever
 /// happened to the counter:
 ///
 /// - While the counter lives and is current, each token is above the last
-///   one: `INCR` adds 1, and the clock can only raise it.
+///   one: it is at least the last one plus 1, and the clock can only
+///   raise it.
 /// - No token is ahead of the server's clock by more than the number of
 ///   acquisitions made within the same microsecond. Each acquisition is a
 ///   script run of several microseconds (measured: 3 to 7 µs of server
 ///   time), and a server runs one script at a time, so that number is 0:
 ///   every token is at most the clock's reading when it was issued.
 /// - So a counter that is set back (a failover to a replica that had not
-///   seen the last `INCR`s, a restart from an older RDB or AOF) or lost
+///   seen the last writes, a restart from an older RDB or AOF) or lost
 ///   (expired, `FLUSHALL`, a restart without persistence) is overtaken by
 ///   the clock: the next token is at least `TIME` now, above every token
 ///   issued before, as long as the server's clock did not go backwards
@@ -57,30 +59,18 @@
 ///   failover that means the new master's clock is not behind the old
 ///   one's by more than the time the failover took: keep the servers'
 ///   clocks in sync (NTP), as every clock-seeded counter needs.
-/// - A clock that steps back is covered while the counter lives (`INCR`
-///   keeps counting from the last token): the TTL floor keeps it alive for
-///   ten minutes after the last use, however short the lease, so only a
+/// - A clock that steps back is covered while the counter lives (the
+///   counter keeps counting from the last token): the TTL floor keeps it
+///   alive for ten minutes after the last use, however short the lease, so only a
 ///   key idle that long and a clock stepped back further than that meet.
 pub(super) const ACQUIRE: &str = concat!(
+    fence_lua!(),
     // The common case first, before the line's functions are defined: a
     // free key. Nobody is passed over by taking it, because the key is
     // never free while a live waiter stands in line: a release hands it
     // to the first waiter (see `hand_first`).
     r"
 local token = ARGV[1]
--- The fence: above every earlier one, even if the counter was set back
--- or lost (see the argument above).
-local function fence()
-  local value = redis.call('INCR', KEYS[2])
-  local now = redis.call('TIME')
-  local now_us = now[1] * 1000000 + now[2]
-  if value < now_us then
-    value = now_us
-    redis.call('SET', KEYS[2], value)
-  end
-  redis.call('PEXPIRE', KEYS[2], math.max(2 * ARGV[2], 600000))
-  return value
-end
 -- `in_line`: the token may have a ticket, to take out; if others still
 -- wait, the lock's value is marked (see `RELEASE`).
 local function granted(in_line)
@@ -92,7 +82,7 @@ local function granted(in_line)
     end
   end
   if ARGV[3] == '1' then
-    return {1, fence()}
+    return {1, fence(ARGV[2])}
   end
   return {1, 0}
 end
@@ -116,7 +106,7 @@ if holder == token or holder == token .. '+' then
       redis.call('PEXPIRE', KEYS[2], math.max(2 * ARGV[2], 600000))
       return {1, value}
     end
-    return {1, fence()}
+    return {1, fence(ARGV[2])}
   end
   return {1, 0}
 end

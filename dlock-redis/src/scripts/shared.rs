@@ -74,27 +74,18 @@ end
 /// none); `{3, limit}` when the semaphore's holders or waiters name
 /// another limit (the entry leaves the line).
 pub(super) const SHARED_ACQUIRE: &str = concat!(
+    fence_lua!(),
     queue_lua!(),
     shared_lua!(),
     r"
 local entry, lease = ARGV[1], tonumber(ARGV[2])
 local now_us, now = clock()
--- As `ACQUIRE`'s fence: above every earlier one.
-local function fence()
-  local value = redis.call('INCR', KEYS[2])
-  if value < now_us then
-    value = now_us
-    redis.call('SET', KEYS[2], value)
-  end
-  keep(KEYS[2], math.max(2 * lease, 600000))
-  return value
-end
 local function hold()
   redis.call('ZREM', KEYS[3], entry)
   redis.call('ZREM', KEYS[4], entry)
   redis.call('ZADD', KEYS[1], now + lease, entry)
   keep(KEYS[1], lease)
-  return {1, fence()}
+  return {1, fence(lease)}
 end
 prune_holders(now)
 prune(now)
