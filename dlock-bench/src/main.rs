@@ -188,12 +188,20 @@ impl Target {
                 servers: Servers::None,
                 counting: Default::default(),
             },
-            "redis" => {
+            // One node: dlock with fencing tokens, and without
+            // (`fence=off`: an uncontended acquire is a plain `SET NX PX`),
+            // against the same floor.
+            "redis" | "redis-unfenced" => {
                 let server = RedisServer::start().map_err(fixture)?;
+                let fenced = name == "redis";
                 Target {
-                    name: "redis",
+                    name: if fenced { "redis" } else { "redis-unfenced" },
                     raw: Some(std::sync::Arc::new(Raw::redis(&[server.url()]).await)),
-                    url: Some(server.url()),
+                    url: Some(if fenced {
+                        server.url()
+                    } else {
+                        format!("{}?fence=off", server.url())
+                    }),
                     memory: None,
                     servers: Servers::redis(vec![server])?,
                     counting: Default::default(),
@@ -269,8 +277,8 @@ impl Target {
             }
             other => {
                 return Err(format!(
-                    "unknown backend `{other}`: memory, redis, redlock, etcd, zk, postgres, \
-                     mysql, mysql-unfenced or all"
+                    "unknown backend `{other}`: memory, redis, redis-unfenced, redlock, etcd, \
+                     zk, postgres, mysql, mysql-unfenced or all"
                 ))
             }
         })
@@ -419,7 +427,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "--json" => args.json = it.next().ok_or("--json needs a file")?,
             "-h" | "--help" => {
-                return Err("usage: dlock-bench [--backend all|memory,redis,redlock,etcd,zk,postgres,mysql,mysql-unfenced] [--quick] [--runs N] [--only serial,distinct,contended,contended-clients,contended-4x8,reentrant,held,retained,peers] [--json FILE]".into())
+                return Err("usage: dlock-bench [--backend all|memory,redis,redis-unfenced,redlock,etcd,zk,postgres,mysql,mysql-unfenced] [--quick] [--runs N] [--only serial,distinct,contended,contended-clients,contended-4x8,reentrant,held,retained,peers] [--json FILE]".into())
             }
             other => return Err(format!("unknown argument `{other}`")),
         }
@@ -428,6 +436,7 @@ fn parse_args() -> Result<Args, String> {
         args.backends = [
             "memory",
             "redis",
+            "redis-unfenced",
             "redlock",
             "etcd",
             "zk",

@@ -150,6 +150,8 @@ struct Inner {
     quorum: usize,
     prefix: String,
     redlock: bool,
+    /// Whether locks carry fencing tokens (see `RedisConfig::fences`).
+    fences: bool,
     /// How long a subscription may take before the waiter does without it.
     subscribe_timeout: Duration,
     /// Without a wait limit, how long the server may stay unreachable before
@@ -174,6 +176,7 @@ impl fmt::Debug for RedisBackend {
                     .collect::<Vec<_>>(),
             )
             .field("redlock", &self.inner.redlock)
+            .field("fences", &self.inner.fences)
             .field("prefix", &self.inner.prefix)
             .finish()
     }
@@ -253,7 +256,7 @@ impl Backend for RedisBackend {
         // per-node holder sets is not one set of holders.
         let one_node = !self.inner.redlock;
         Capabilities::new()
-            .fencing(one_node)
+            .fencing(self.inner.fences)
             .fifo(true)
             .read_write(one_node)
             .semaphores(one_node)

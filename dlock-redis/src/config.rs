@@ -21,7 +21,11 @@ use dlock_core::{
 ///   master that owns it; wake-ups use its shard channel. Replication to
 ///   the replicas is asynchronous: see the README's "In production".
 ///
-/// `prefix` (default `dlock`) starts every key dlock writes.
+/// `prefix` (default `dlock`) starts every key dlock writes. `fence`
+/// (default `on`) is `on` or `off`: with `off`, a lock carries no fencing
+/// token, and an uncontended acquire is one plain `SET NX PX` instead of
+/// a script (see [`fences`](RedisConfig::fences)). Redlock never fences,
+/// and refuses `fence=on`.
 ///
 /// # Examples
 ///
@@ -51,6 +55,7 @@ pub struct RedisConfig {
     connect_timeout: Duration,
     response_timeout: Duration,
     unwatched_poll: Duration,
+    fences: bool,
 }
 
 /// Shows the node URLs with their passwords replaced by `***`.
@@ -70,6 +75,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("unwatched_poll", &self.unwatched_poll)
+            .field("fences", &self.fences)
             .finish()
     }
 }
@@ -159,6 +165,18 @@ impl RedisConfig {
         let response_timeout = parts
             .take_duration("response_timeout")?
             .unwrap_or(Duration::from_secs(5));
+        let fences = match parts.take("fence").as_deref() {
+            None => !redlock,
+            Some("on") if redlock => {
+                return Err(parts.invalid(
+                    "Redlock gives no fencing tokens (per-node counters taken by different \
+                     majorities can go backwards): leave out `fence=on`",
+                ))
+            }
+            Some("on") => true,
+            Some("off") => false,
+            Some(other) => return Err(parts.invalid(&format!("`fence={other}` is not on or off"))),
+        };
         let files = parts.take_tls_files(tls, "rediss")?;
         parts.finish(&[
             "prefix",
@@ -167,6 +185,7 @@ impl RedisConfig {
             "tls_ca",
             "tls_cert",
             "tls_key",
+            "fence",
         ])?;
         let auth = parts
             .userinfo()
@@ -214,7 +233,54 @@ impl RedisConfig {
             connect_timeout,
             response_timeout,
             unwatched_poll: Duration::from_secs(1),
+            fences,
         })
+    }
+
+    /// Whether each lock carries a fencing token (`fence=on`, the default
+    /// but on Redlock, which has none).
+    ///
+    /// Without fences (`fence=off`), an uncontended acquire is one plain
+    /// `SET NX PX`, as a lock without tokens needs, rather than a script
+    /// that also counts the token: the server's time per lock and release
+    /// falls to about that of the bare commands (see BENCHMARKS.md).
+    /// [`LockGuard::fencing_token`](dlock_core::LockGuard::fencing_token)
+    /// is then `None`, and so is every read-write lock's and semaphore's
+    /// (whose scripts still count one); elections, `proclaim` and
+    /// `holder`, which order leaders by fence, answer
+    /// [`LockError::Unsupported`]. Everything else is unchanged: the
+    /// waiting line, exclusion, and owner-only release.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_redis::RedisConfig;
+    ///
+    /// assert!(RedisConfig::from_url("redis://127.0.0.1:6379/")?.fences());
+    /// assert!(!RedisConfig::from_url("redis://127.0.0.1:6379/?fence=off")?.fences());
+    /// assert!(!RedisConfig::from_url("redis+redlock://a:1,b:2,c:3")?.fences());
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn fences(&self) -> bool {
+        self.fences
+    }
+
+    /// The same config with fencing tokens on or off (see
+    /// [`fences`](RedisConfig::fences)); Redlock stays without.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_redis::RedisConfig;
+    ///
+    /// let config = RedisConfig::from_url("redis://127.0.0.1:6379/")?.with_fences(false);
+    /// assert!(!config.fences());
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    #[must_use]
+    pub fn with_fences(mut self, fences: bool) -> Self {
+        self.fences = fences && !self.redlock;
+        self
     }
 
     /// Whether the nodes are a Redis Cluster's seed nodes
@@ -386,6 +452,34 @@ mod tests {
         );
         assert!(c.is_redlock());
         assert_eq!(c.prefix(), "x");
+    }
+
+    #[test]
+    fn fences_are_on_but_on_redlock_and_can_be_turned_off() {
+        let on = RedisConfig::from_url("redis://h:1").unwrap();
+        assert!(on.fences());
+        assert!(RedisConfig::from_url("redis://h:1?fence=on")
+            .unwrap()
+            .fences());
+        assert!(!RedisConfig::from_url("redis://h:1?fence=off")
+            .unwrap()
+            .fences());
+        assert!(!RedisConfig::from_url("redis+cluster://h:1,i:2?fence=off")
+            .unwrap()
+            .fences());
+        assert!(!on.with_fences(false).fences());
+        let redlock = RedisConfig::from_url("redis+redlock://a:1,b:2,c:3").unwrap();
+        assert!(!redlock.fences() && !redlock.with_fences(true).fences());
+        for (bad, why) in [
+            (
+                "redis+redlock://a:1,b:2,c:3?fence=on",
+                "Redlock gives no fencing tokens",
+            ),
+            ("redis://h:1?fence=yes", "`fence=yes` is not on or off"),
+        ] {
+            let e = RedisConfig::from_url(bad).unwrap_err().to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
     }
 
     #[test]

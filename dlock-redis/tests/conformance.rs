@@ -1,5 +1,6 @@
 //! The whole conformance suite against real `redis-server` processes: one
-//! node, and Redlock over five. Every client is a new `RedisBackend` with
+//! node (with fencing tokens, and without: `fence=off`), and Redlock over
+//! five. Every client is a new `RedisBackend` with
 //! connections of its own, as another process would have.
 
 use std::sync::Arc;
@@ -25,6 +26,14 @@ fn single_node() -> Harness {
     harness("redis", vec![server], url)
 }
 
+/// One node with `fence=off`: the uncontended acquire is a plain `SET NX
+/// PX`, and the suite checks that no fence is given.
+fn single_node_unfenced() -> Harness {
+    let server = RedisServer::start().expect("start redis-server");
+    let url = format!("{}?fence=off", server.url());
+    harness("redis-unfenced", vec![server], url)
+}
+
 fn redlock_of_five() -> Harness {
     let servers = RedisServer::start_many(5).expect("start redis-server");
     let url = RedisServer::redlock_url(&servers);
@@ -33,6 +42,10 @@ fn redlock_of_five() -> Harness {
 
 mod single {
     dlock_testkit::conformance_tests!(super::single_node());
+}
+
+mod single_unfenced {
+    dlock_testkit::conformance_tests!(super::single_node_unfenced());
 }
 
 mod redlock {

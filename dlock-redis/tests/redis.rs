@@ -119,17 +119,62 @@ async fn a_restarted_server_loses_the_lock_and_the_guard_says_so() {
 }
 
 async fn evalsha_calls(server: &RedisServer) -> u64 {
+    calls(server, "evalsha").await
+}
+
+/// How many times the server ran `command` (commands run by scripts
+/// included), from `INFO commandstats`.
+async fn calls(server: &RedisServer, command: &str) -> u64 {
     let mut raw = server.connection().await;
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(&mut raw)
         .await
         .unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
     info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
         .and_then(|rest| rest.split(',').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
+}
+
+/// Without fences (`fence=off`), an uncontended lock is one plain `SET NX
+/// PX` and its release one script, and no fence is given; with them (the
+/// default), the acquire is a script that also writes the counter.
+/// Elections, which order leaders by fence, are refused without them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_fences_an_uncontended_lock_is_one_plain_set() {
+    let server = RedisServer::start().expect("redis-server");
+    let unfenced = locker(&format!("{}?fence=off", server.url())).await;
+    let fenced = locker(&server.url()).await;
+    for (locker, fences, scripts_per_lock, sets_per_lock) in
+        [(&unfenced, false, 1, 1), (&fenced, true, 2, 2)]
+    {
+        // The first lock of a locker may load the scripts.
+        locker.lock("warm").await.unwrap().release().await.unwrap();
+        let (sets, scripts) = (calls(&server, "set").await, evalsha_calls(&server).await);
+        for _ in 0..10 {
+            let guard = locker.lock("plain").await.unwrap();
+            assert_eq!(guard.fencing_token().is_some(), fences);
+            guard.release().await.unwrap();
+        }
+        assert_eq!(
+            evalsha_calls(&server).await - scripts,
+            10 * scripts_per_lock,
+            "scripts per lock and release, fences {fences}"
+        );
+        assert_eq!(
+            calls(&server, "set").await - sets,
+            10 * sets_per_lock,
+            "SETs per lock and release (in scripts too), fences {fences}"
+        );
+    }
+    assert!(matches!(
+        unfenced.leader("chair").await,
+        Err(LockError::Unsupported { .. })
+    ));
+    assert_eq!(fenced.leader("chair").await.unwrap(), None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,9 +20,10 @@ impl RedisBackend {
         token: &Token,
         value: &[u8],
     ) -> Result<bool> {
-        if self.inner.redlock {
+        if !self.inner.fences {
             // A value on a majority is not one value: Redlock has no
-            // single holder to read (nor fencing tokens to order them).
+            // single holder to read (nor fencing tokens to order them);
+            // without fences (`fence=off`), nothing orders the holders.
             return Err(unsupported_holder(NAME));
         }
         let names = names(&self.inner.prefix, key);
@@ -33,7 +34,7 @@ impl RedisBackend {
     }
 
     pub(super) async fn holder_inner(&self, key: &LockKey) -> Result<Option<Holder>> {
-        if self.inner.redlock {
+        if !self.inner.fences {
             return Err(unsupported_holder(NAME));
         }
         let names = names(&self.inner.prefix, key);
@@ -49,7 +50,7 @@ impl RedisBackend {
         key: &LockKey,
         seen: Option<&Holder>,
     ) -> Result<()> {
-        if self.inner.redlock {
+        if !self.inner.fences {
             return Err(unsupported_holder(NAME));
         }
         let names = names(&self.inner.prefix, key);

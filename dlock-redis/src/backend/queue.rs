@@ -181,7 +181,7 @@ impl RedisBackend {
     ) -> Result<Round> {
         let lease_ms = lease.as_millis().max(1) as u64;
         let ticket_ms = self.ticket_life(lease).as_millis().max(1) as u64;
-        let fence = !self.inner.redlock;
+        let fence = self.inner.fences;
         let timeout = self.node_timeout(lease);
         let sent = Instant::now();
         let quorum = self.inner.quorum;
@@ -443,7 +443,12 @@ impl RedisBackend {
             let now = Instant::now();
             let sleep = match answer {
                 Ok(SharedAttempt::Acquired(fence)) => {
-                    return Ok(Some(Acquired::new(sent).with_fence(fence)))
+                    let acquired = Acquired::new(sent);
+                    return Ok(Some(if self.inner.fences {
+                        acquired.with_fence(fence)
+                    } else {
+                        acquired
+                    }));
                 }
                 Ok(SharedAttempt::OtherLimit(theirs)) => {
                     let ours = match req.mode {

@@ -155,6 +155,7 @@ impl RedisBackend {
                 nodes,
                 prefix: config.prefix().to_owned(),
                 redlock: config.is_redlock(),
+                fences: config.fences(),
                 subscribe_timeout: config.response_timeout(),
                 unreachable_after: config.connect_timeout() + config.response_timeout(),
                 unwatched_poll: config.unwatched_poll(),
