@@ -235,7 +235,9 @@ impl Target {
                 }
             }
             "postgres" => {
-                let server = PostgresServer::start().map_err(fixture)?;
+                // Room for the `held` scenario's locks.
+                let server =
+                    PostgresServer::start_holding(scenarios::HELD_LOCKS).map_err(fixture)?;
                 Target {
                     name: "postgres",
                     raw: Some(std::sync::Arc::new(Raw::postgres(&server.url()).await)),

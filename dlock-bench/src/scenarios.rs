@@ -16,6 +16,9 @@ mod serial;
 pub(crate) use contended::Contention;
 use contended::{contended, contended_clients};
 use held::{held, reentrant, retained, Release};
+
+/// How many locks the `held` scenario holds at once on one locker.
+pub(crate) const HELD_LOCKS: usize = 100_000;
 use primitives::primitives;
 use serial::{distinct, serial};
 
@@ -180,7 +183,7 @@ pub(crate) async fn run_all(target: &Target, quick: bool, only: &Only) -> Vec<Ro
         }
     }
     if only.wants("held") {
-        rows.push(held(target, 10_000 / scale).await);
+        rows.push(held(target, HELD_LOCKS / scale).await);
     }
     if only.wants("primitives") {
         rows.extend(primitives(target, serial_ops, scale).await);
