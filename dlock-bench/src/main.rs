@@ -79,6 +79,11 @@ enum Servers {
     Zk(ZooKeeperServer),
     Postgres(PostgresServer),
     MariaDb(MariaDbServer),
+    /// The file backend's lock directory (no server), removed when the
+    /// target goes.
+    Dir {
+        _dir: tempfile::TempDir,
+    },
 }
 
 impl Servers {
@@ -172,7 +177,11 @@ fn totals(servers: &Servers) -> Option<u64> {
     match servers {
         Servers::Etcd(server) => Some(server.grpc_requests().ok()?.values().sum()),
         Servers::Zk(server) => server.packets_received().ok(),
-        Servers::None | Servers::Redis(..) | Servers::Postgres(_) | Servers::MariaDb(_) => None,
+        Servers::None
+        | Servers::Dir { .. }
+        | Servers::Redis(..)
+        | Servers::Postgres(_)
+        | Servers::MariaDb(_) => None,
     }
 }
 
@@ -234,6 +243,20 @@ impl Target {
                     counting: Default::default(),
                 }
             }
+            // Locks on this host: `flock(2)` on files in a directory of
+            // its own.
+            "file" => {
+                let dir = tempfile::tempdir().map_err(|e| format!("file: {e}"))?;
+                let locks = dir.path().join("locks");
+                Target {
+                    name: "file",
+                    raw: Some(std::sync::Arc::new(Raw::file(dir.path().join("raw"))?)),
+                    url: Some(format!("file://{}", locks.display())),
+                    memory: None,
+                    servers: Servers::Dir { _dir: dir },
+                    counting: Default::default(),
+                }
+            }
             "postgres" => {
                 // Room for the `held` scenario's locks.
                 let server =
@@ -279,8 +302,8 @@ impl Target {
             }
             other => {
                 return Err(format!(
-                    "unknown backend `{other}`: memory, redis, redis-unfenced, redlock, etcd, \
-                     zk, postgres, mysql, mysql-unfenced or all"
+                    "unknown backend `{other}`: memory, file, redis, redis-unfenced, redlock, \
+                     etcd, zk, postgres, mysql, mysql-unfenced or all"
                 ))
             }
         })
@@ -429,7 +452,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "--json" => args.json = it.next().ok_or("--json needs a file")?,
             "-h" | "--help" => {
-                return Err("usage: dlock-bench [--backend all|memory,redis,redis-unfenced,redlock,etcd,zk,postgres,mysql,mysql-unfenced] [--quick] [--runs N] [--only serial,distinct,contended,contended-clients,contended-4x8,reentrant,held,retained,peers] [--json FILE]".into())
+                return Err("usage: dlock-bench [--backend all|memory,file,redis,redis-unfenced,redlock,etcd,zk,postgres,mysql,mysql-unfenced] [--quick] [--runs N] [--only serial,distinct,contended,contended-clients,contended-4x8,reentrant,held,retained,peers] [--json FILE]".into())
             }
             other => return Err(format!("unknown argument `{other}`")),
         }
@@ -437,6 +460,7 @@ fn parse_args() -> Result<Args, String> {
     if args.backends == ["all"] {
         args.backends = [
             "memory",
+            "file",
             "redis",
             "redis-unfenced",
             "redlock",

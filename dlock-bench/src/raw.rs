@@ -29,6 +29,11 @@ pub(crate) enum Raw {
     /// `GET_LOCK(name, 0)` + `RELEASE_LOCK(name)` on one of 4 connections
     /// by key, as dlock's 4 holder sessions.
     MySql(Vec<tokio::sync::Mutex<sqlx::MySqlConnection>>),
+    /// Open the key's file in this directory (`O_NOFOLLOW`), `flock` it
+    /// exclusively without blocking (its answer checked), unlock and
+    /// close: the system calls a lock on one host needs, made inline, on
+    /// the calling thread.
+    File(std::path::PathBuf),
 }
 
 const COMPARE_AND_DELETE: &str = r"
@@ -80,6 +85,11 @@ impl Raw {
             ));
         }
         Raw::Postgres(conns)
+    }
+
+    pub(crate) fn file(dir: std::path::PathBuf) -> Result<Raw, String> {
+        std::fs::create_dir_all(&dir).map_err(|e| format!("file: {e}"))?;
+        Ok(Raw::File(dir))
     }
 
     pub(crate) async fn mysql(url: &str) -> Raw {
@@ -182,6 +192,22 @@ impl Raw {
                     .await
                     .expect("RELEASE_LOCK");
                 assert_eq!(unlocked, Some(1), "raw unlock of a key not ours");
+            }
+            Raw::File(dir) => {
+                use rustix::fs::FlockOperation;
+                use std::os::unix::fs::OpenOptionsExt;
+                let _ = token;
+                let file = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+                    .open(dir.join(key.replace('/', "_")))
+                    .expect("open the key's file");
+                rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive)
+                    .expect("raw lock on a held key");
+                rustix::fs::flock(&file, FlockOperation::Unlock).expect("raw unlock");
             }
             Raw::Zk(client) => {
                 use zookeeper_client::{Acls, CreateMode, Error, MultiWriteResult};

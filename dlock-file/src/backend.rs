@@ -41,8 +41,11 @@ mod release;
 ///   this backend, which unlocks the files and tells the guard, whatever
 ///   the state of the async runtime.
 /// - **Fencing tokens** come from a counter file per key and kind of
-///   lock, incremented under its own lock and `fsync`ed before the grant
-///   returns.
+///   lock: `max(last + 1, the wall clock in µs)`, written under the
+///   counter's own lock. Not `fsync`ed: a counter a power loss sets back
+///   is overtaken by the clock (see `next_fence`), so fences rise across
+///   processes, restarts and crashes as long as the clock does not go
+///   back across a restart.
 /// - **Waiting** blocks in `flock` on a thread of its own, woken by the
 ///   kernel; a wait whose caller leaves unlocks whatever it obtains at
 ///   once. Writers waiting for readers and permits poll (up to every

@@ -114,6 +114,35 @@ async fn fences_rise_across_clients_and_reopens() {
     );
 }
 
+/// A fence counter set back (its last writes lost in a power cut: the
+/// counter is not `fsync`ed) or lost altogether is overtaken by the clock:
+/// the next fence is still above every earlier one.
+#[tokio::test]
+async fn fences_rise_after_the_counter_is_set_back_or_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let locker = locker(dir.path());
+    let mut last = 0;
+    for round in 0..3 {
+        let guard = locker.lock("set-back").await.unwrap();
+        let fence = guard.fencing_token().unwrap();
+        assert!(fence > last, "round {round}: fence {fence} after {last}");
+        last = fence;
+        guard.release().await.unwrap();
+        let counters: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().ends_with("set-back.lock-fence"))
+            .collect();
+        assert_eq!(counters.len(), 1, "one counter for the key");
+        match round {
+            // Set back to an early value, as a lost write leaves it.
+            0 => std::fs::write(&counters[0], format!("{:020}\n", 1)).unwrap(),
+            // Gone, as after a restart that lost the new file.
+            _ => std::fs::remove_file(&counters[0]).unwrap(),
+        }
+    }
+}
+
 /// `dlock::connect` takes `file:///dir` (through the testkit's `file`
 /// feature), and refuses a host, an empty path, parameters and a path that
 /// is a file, with typed errors.
