@@ -115,14 +115,16 @@ async fn fences_rise_across_clients_and_reopens() {
 }
 
 /// A fence counter set back (its last writes lost in a power cut: the
-/// counter is not `fsync`ed) or lost altogether is overtaken by the clock:
-/// the next fence is still above every earlier one.
+/// counter is not `fsync`ed), lost altogether, or left holding zeros (a
+/// new file whose blocks were never written) is overtaken by the clock:
+/// the next fence is still above every earlier one, and the key is not
+/// refused.
 #[tokio::test]
 async fn fences_rise_after_the_counter_is_set_back_or_lost() {
     let dir = tempfile::tempdir().unwrap();
     let locker = locker(dir.path());
     let mut last = 0;
-    for round in 0..3 {
+    for round in 0..5 {
         let guard = locker.lock("set-back").await.unwrap();
         let fence = guard.fencing_token().unwrap();
         assert!(fence > last, "round {round}: fence {fence} after {last}");
@@ -138,7 +140,15 @@ async fn fences_rise_after_the_counter_is_set_back_or_lost() {
             // Set back to an early value, as a lost write leaves it.
             0 => std::fs::write(&counters[0], format!("{:020}\n", 1)).unwrap(),
             // Gone, as after a restart that lost the new file.
-            _ => std::fs::remove_file(&counters[0]).unwrap(),
+            1 => std::fs::remove_file(&counters[0]).unwrap(),
+            // A block of zeros.
+            2 => std::fs::write(&counters[0], [0u8; 4096]).unwrap(),
+            // Written whole again after the zeros: one record.
+            _ => assert_eq!(
+                std::fs::read_to_string(&counters[0]).unwrap().len(),
+                21,
+                "round {round}: the counter is not one record"
+            ),
         }
     }
 }

@@ -39,8 +39,8 @@ const REDLOCK_NODE_TIMEOUT_MAX: Duration = Duration::from_secs(1);
 /// # How it locks
 ///
 /// - **Acquire** is one round trip per node: a Lua script takes a free
-///   key, counting a fencing token (Redlock's first attempt, which counts
-///   none, is a plain `SET NX PX`); otherwise it puts the caller in the
+///   key, counting a fencing token (a first attempt that counts none,
+///   Redlock's or one with `fence=off`, is a plain `SET NX PX`); otherwise it puts the caller in the
 ///   key's line, or refreshes its ticket there, and answers how long until
 ///   it is worth checking again.
 /// - **First come, first served, across processes.** Each key has a line

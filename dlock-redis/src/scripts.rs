@@ -15,17 +15,23 @@ use redis::Script;
 /// counter (`KEYS[2]`) was set back or lost (the argument is at
 /// `lock::ACQUIRE`).
 ///
-/// `fence(lease)` takes `max(last + 1, TIME in µs)`, writes it back with a
-/// TTL of twice `lease` (at least ten minutes), and returns it: three
-/// commands, `TIME` and one `SET ... GET` (Redis 6.2), and a second `SET`
-/// only when the counter is ahead of the clock (a clock stepped back).
+/// `fence(lease, keep)` takes `max(last + 1, TIME in µs)`, writes it back
+/// with a TTL of twice `lease` (at least ten minutes), and returns it: two
+/// commands, `TIME` and one `SET ... GET` (Redis 6.2, checked at
+/// connect), and a second `SET` only when the counter is ahead of the
+/// clock (a clock stepped back). With `keep`, the TTL is never shortened
+/// (one `PTTL` more): a read-write lock's or semaphore's holders share
+/// the counter, and one with a short lease must not cut the life a long
+/// one gave it. A plain lock has one holder at a time, whose lease sets
+/// it.
 macro_rules! fence_lua {
     () => {
         r"
-local function fence(lease)
+local function fence(lease, keep)
   local t = redis.call('TIME')
   local value = t[1] * 1000000 + t[2]
   local ttl = math.max(2 * lease, 600000)
+  if keep then ttl = math.max(ttl, redis.call('PTTL', KEYS[2])) end
   local last = tonumber(redis.call('SET', KEYS[2], value, 'PX', ttl, 'GET'))
   if last and last >= value then
     value = last + 1

@@ -339,14 +339,22 @@ fn corrupt(path: &Path) -> LockError {
 }
 
 /// The number a file holds; 0 if it is empty (new).
-fn read_number(mut file: &File, path: &Path) -> Result<u64, LockError> {
-    let mut text = String::new();
-    file.read_to_string(&mut text)
+fn read_number(file: &File, path: &Path) -> Result<u64, LockError> {
+    read_number_or_garbage(file, path)?.ok_or_else(|| corrupt(path))
+}
+
+/// The number a file holds (0 if it is empty), or `None` if what it holds
+/// is not one.
+fn read_number_or_garbage(mut file: &File, path: &Path) -> Result<Option<u64>, LockError> {
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)
         .map_err(|e| io_error("cannot read", path, e))?;
-    if text.is_empty() {
-        return Ok(0);
+    if bytes.is_empty() {
+        return Ok(Some(0));
     }
-    text.trim_end().parse().map_err(|_| corrupt(path))
+    Ok(std::str::from_utf8(&bytes)
+        .ok()
+        .and_then(|text| text.trim_end().parse().ok()))
 }
 
 /// Width of a fencing counter's record: every write replaces the same 21
@@ -366,16 +374,32 @@ const FENCE_WIDTH: usize = 20;
 /// the restart, at least the clock then, is above all of them, as long as
 /// the clock did not go back across the restart. While the counter lives,
 /// a clock that steps back is covered by `last + 1`.
+///
+/// A counter that holds no number (a power cut can leave a new file's
+/// blocks unwritten: zeros, on some filesystems) counts as lost: the
+/// clock gives the fence, and the counter is written again.
 fn next_fence(path: &Path) -> Result<u64, LockError> {
     let file = open(path)?;
     flock(&file, Op::LockExclusive, path)?;
-    let last = read_number(&file, path)?;
-    let next = last
+    let read = read_number_or_garbage(&file, path)?;
+    if read.is_none() {
+        tracing::warn!(
+            path = %path.display(),
+            "dlock-file: a fencing counter held no number (a power cut?); the clock gives the next fence"
+        );
+    }
+    let next = read
+        .unwrap_or(0)
         .checked_add(1)
         .ok_or_else(|| corrupt(path))?
         .max(unix_micros());
     let record = format!("{next:0FENCE_WIDTH$}\n");
     file.write_all_at(record.as_bytes(), 0)
+        // Whatever followed the garbage goes: the file is the record.
+        .and_then(|()| match read {
+            None => file.set_len(record.len() as u64),
+            Some(_) => Ok(()),
+        })
         .map_err(|e| io_error("cannot write the fencing counter", path, e))?;
     drop(unlocked(file));
     Ok(next)

@@ -17,6 +17,21 @@ use crate::{
     node::{Node, Renewal},
 };
 
+/// The oldest Redis the scripts run on (`SET … GET`, 6.2).
+const OLDEST_REDIS: (u32, u32) = (6, 2);
+
+/// The version an `INFO server` answer names, if it is older than
+/// [`OLDEST_REDIS`].
+fn too_old(info: &str) -> Option<&str> {
+    let version = info
+        .lines()
+        .find_map(|line| line.strip_prefix("redis_version:"))?
+        .trim();
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().ok());
+    let (major, minor) = (parts.next()??, parts.next()??);
+    ((major, minor) < OLDEST_REDIS).then_some(version)
+}
+
 impl RedisBackend {
     /// Connects to the node(s) a `redis://` or `redis+redlock://` URL names
     /// (see [`RedisConfig`]).
@@ -167,7 +182,45 @@ impl RedisBackend {
                 .require_quorum_reachable(config.connect_timeout())
                 .await?;
         }
+        if !config.is_cluster() {
+            // A cluster needs Redis 7 (shard channels), and its `INFO`
+            // goes to one node of many.
+            backend.refuse_old_servers(config.connect_timeout()).await?;
+        }
         Ok(backend)
+    }
+
+    /// Refuses a node that answers with a Redis older than
+    /// [`OLDEST_REDIS`], with [`LockError::UnsafeDeployment`]: the fence
+    /// is counted with `SET … GET`, which such a server rejects as a
+    /// syntax error at every acquire. A node that does not answer, or does
+    /// not say its version, is not refused here.
+    async fn refuse_old_servers(&self, within: Duration) -> Result<()> {
+        let answers = self
+            .on_every_node(Some(within), |node| {
+                let mut conn = node.connection();
+                async move {
+                    redis::cmd("INFO")
+                        .arg("server")
+                        .query_async::<String>(&mut conn)
+                        .await
+                }
+            })
+            .await;
+        for (node, answer) in self.inner.nodes.iter().zip(answers) {
+            let Ok(info) = answer else { continue };
+            if let Some(version) = too_old(&info) {
+                return Err(LockError::UnsafeDeployment {
+                    backend: NAME,
+                    reason: format!(
+                        "{} runs Redis {version}; dlock's scripts need {}.{} or later \
+                         (the fencing counter is written with `SET … GET`): upgrade the server",
+                        node.addr, OLDEST_REDIS.0, OLDEST_REDIS.1
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     async fn require_quorum_reachable(&self, within: Duration) -> Result<()> {
@@ -271,5 +324,22 @@ impl RedisBackend {
                 }
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::too_old;
+
+    #[test]
+    fn servers_before_6_2_are_too_old() {
+        let info = |v: &str| format!("# Server\r\nredis_version:{v}\r\nredis_mode:standalone\r\n");
+        assert_eq!(too_old(&info("6.0.16")), Some("6.0.16"));
+        assert_eq!(too_old(&info("5.0.14")), Some("5.0.14"));
+        for fine in ["6.2.0", "6.2.14", "7.0.15", "7.2.4", "8.0.0"] {
+            assert_eq!(too_old(&info(fine)), None, "{fine}");
+        }
+        assert_eq!(too_old("# Server\r\nredis_mode:standalone\r\n"), None);
+        assert_eq!(too_old(&info("unknown")), None);
     }
 }

@@ -29,8 +29,8 @@
 /// The common case, a free key and a live counter, costs three commands
 /// inside the script (`SET NX PX`, `TIME`, and `SET ... GET` on the
 /// counter: see `fence_lua!`), and defines none of the line's functions.
-/// Redlock, which counts no fence, sends a plain `SET NX PX` instead (see
-/// `Node::acquire`).
+/// An attempt that counts no fence (Redlock's first, and one node's with
+/// `fence=off`) is a plain `SET NX PX` instead (see `Node::acquire`).
 ///
 /// # The fence counter, and why its tokens only grow
 ///
@@ -82,7 +82,7 @@ local function granted(in_line)
     end
   end
   if ARGV[3] == '1' then
-    return {1, fence(ARGV[2])}
+    return {1, fence(ARGV[2], false)}
   end
   return {1, 0}
 end
@@ -106,7 +106,7 @@ if holder == token or holder == token .. '+' then
       redis.call('PEXPIRE', KEYS[2], math.max(2 * ARGV[2], 600000))
       return {1, value}
     end
-    return {1, fence(ARGV[2])}
+    return {1, fence(ARGV[2], false)}
   end
   return {1, 0}
 end

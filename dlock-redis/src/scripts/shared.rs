@@ -85,7 +85,7 @@ local function hold()
   redis.call('ZREM', KEYS[4], entry)
   redis.call('ZADD', KEYS[1], now + lease, entry)
   keep(KEYS[1], lease)
-  return {1, fence(lease)}
+  return {1, fence(lease, true)}
 end
 prune_holders(now)
 prune(now)
@@ -199,14 +199,40 @@ mod tests {
     /// Runs a read-write lock's acquire for `entry` on key `k`, standing
     /// in line if refused.
     async fn shared(conn: &mut redis::aio::MultiplexedConnection, entry: &str) -> (i64, i64) {
+        shared_for(conn, entry, 10_000).await
+    }
+
+    /// [`shared`] with a lease of `lease_ms`.
+    async fn shared_for(
+        conn: &mut redis::aio::MultiplexedConnection,
+        entry: &str,
+        lease_ms: u64,
+    ) -> (i64, i64) {
         let mut call = scripts(false).shared_acquire.key("dlock:{k}:rw");
         call.key("dlock:{k}:rw:fence")
             .key("dlock:{k}:rw:queue")
             .key("dlock:{k}:rw:tickets");
-        call.arg(entry).arg(10_000).arg("1").arg("0").arg(10_000);
+        call.arg(entry).arg(lease_ms).arg("1").arg("0").arg(10_000);
         call.invoke_async(conn)
             .await
             .expect("shared acquire script")
+    }
+
+    /// Readers share the fence counter: one with a short lease does not
+    /// cut the life a long one gave it (twice its lease), which keeps the
+    /// counter alive while the long one holds.
+    #[tokio::test]
+    async fn a_short_lease_does_not_shorten_the_shared_fence_counter() {
+        let server = RedisServer::start().expect("redis-server");
+        let mut conn = server.connection().await;
+        assert_eq!(shared_for(&mut conn, "long|r", 3_600_000).await.0, 1);
+        assert_eq!(shared_for(&mut conn, "short|r", 1_000).await.0, 1);
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg("dlock:{k}:rw:fence")
+            .query_async(&mut conn)
+            .await
+            .expect("PTTL");
+        assert!(ttl > 7_000_000, "the counter lives {ttl} ms more");
     }
 
     /// A release wakes exactly the waiters it admits, each by a message
