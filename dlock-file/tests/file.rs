@@ -1,94 +1,17 @@
-//! What the conformance suite cannot see from one process: a holder
-//! killed with SIGKILL, fences across clients and reopens, URLs through
-//! `dlock::connect`, and a dropped wait on a real thread.
+//! What the conformance suite cannot see from one process: fences across
+//! clients and reopens, URLs through `dlock::connect`, and a dropped wait
+//! on a real thread. (A holder killed with SIGKILL is in the testkit's
+//! fault tests, `file_holder_killed`, through its helper process.)
 
-use std::{path::Path, process::Stdio, time::Duration};
+use std::{path::Path, time::Duration};
 
-use dlock_core::{BackendExt, InvalidReason, LockError, LockOptions, Locker};
+use dlock_core::{BackendExt, InvalidReason, LockError, Locker};
 use dlock_file::FileBackend;
-use tokio::{
-    io::{AsyncBufReadExt, BufReader},
-    time::Instant,
-};
-
-const CHILD_DIR: &str = "DLOCK_FILE_TEST_CHILD_DIR";
-const KEY: &str = "killed/holder";
 
 fn locker(dir: &Path) -> Locker {
     FileBackend::open(dir)
         .expect("open the directory")
         .into_locker()
-}
-
-/// The child side of `a_sigkilled_holder_frees_the_lock_at_once`: run by
-/// that test as a process of its own (with the directory in
-/// `DLOCK_FILE_TEST_CHILD_DIR`), it takes the lock with the default
-/// watchdog lease (30 s), says so, and holds it. Ignored in a normal run:
-/// the parent test runs it with `--ignored`.
-#[tokio::test]
-#[ignore = "the child process of a_sigkilled_holder_frees_the_lock_at_once"]
-async fn child_holder() {
-    let Ok(dir) = std::env::var(CHILD_DIR) else {
-        return;
-    };
-    let guard = locker(Path::new(&dir))
-        .lock_with(KEY, LockOptions::new().wait(Duration::from_secs(10)))
-        .await
-        .expect("the child's lock");
-    println!("held {}", guard.fencing_token().expect("a fence"));
-    tokio::time::sleep(Duration::from_secs(60)).await;
-    drop(guard);
-}
-
-/// A holder process killed with SIGKILL (no release, no destructor) frees
-/// its lock at once: the next `try_lock` after its exit gets it, though
-/// its lease had 30 s to run.
-#[tokio::test]
-async fn a_sigkilled_holder_frees_the_lock_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "child_holder",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_DIR, dir.path())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start the child");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let held = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(line) = lines.next_line().await.expect("the child's output") {
-            // After libtest's `test child_holder ... `.
-            if line.contains("held ") {
-                return true;
-            }
-        }
-        false
-    })
-    .await;
-    assert_eq!(held, Ok(true), "the child never said it held the lock");
-    let other = locker(dir.path());
-    assert!(
-        other.try_lock(KEY).await.unwrap().is_none(),
-        "the child's lock was free while it lived"
-    );
-    child.start_kill().expect("SIGKILL the child");
-    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
-        .await
-        .expect("the child did not die")
-        .unwrap();
-    assert!(!status.success());
-    let freed = Instant::now();
-    let next = other.try_lock(KEY).await.unwrap();
-    assert!(
-        next.is_some(),
-        "the killed holder's lock was still held after its exit"
-    );
-    assert!(freed.elapsed() < Duration::from_secs(1));
 }
 
 /// Fences of a key's plain lock rise across two clients of one directory,

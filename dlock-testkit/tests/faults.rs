@@ -1022,6 +1022,39 @@ async fn permits_without_a_semaphore_are_seen_exceeding() {
     assert!(most > PERMITS, "the detector saw at most {most} at once");
 }
 
+/// The file backend's "servers": the lock directory, on this host. It
+/// runs only [`holder_killed`]: there is no server to count requests, and
+/// a paused holder keeps its `flock` (the kernel frees it only when the
+/// process dies), so the other fault tests do not apply.
+impl Servers for tempfile::TempDir {
+    fn count_requests(&self) -> Box<dyn Fn() -> u64 + '_> {
+        panic!("no server counts a file lock's requests");
+    }
+}
+
+fn file() -> Topology {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    Topology {
+        name: "file",
+        url: format!("file://{}", dir.path().join("locks").display()),
+        lease: Duration::from_secs(1),
+        fencing: true,
+        // The kernel frees a dead process's `flock` locks at once.
+        disconnect_releases: true,
+        semaphores: true,
+        handoff_requests: 0.0,
+        servers: Box::new(dir),
+    }
+}
+
+/// A file-lock holder killed with SIGKILL (no release, no destructor):
+/// the waiter queued behind it gets the lock at once, though the holder's
+/// lease had time to run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_holder_killed() {
+    holder_killed(file()).await;
+}
+
 macro_rules! per_topology {
     ($($topology:ident => $make:expr),* $(,)?) => {
         $(
