@@ -26,6 +26,9 @@
 //!    row, lock + drop): heap bytes still allocated per task once the
 //!    releases have settled (0 when nothing is left behind);
 //!
+//! `dlock-bench chart --panel LABEL=FILE.jsonl … --out FILE.svg` draws the
+//! `serial` and `distinct-64` ratios of such files, dlock beside its peer.
+//!
 //! Where a client crate ships a lock recipe, scenarios 1–3 also run it
 //! beside dlock (`rslock`, `etcd lock API`, `zk lock recipe`).
 //!
@@ -37,6 +40,7 @@
 //! received; ZooKeeper's `zk_packets_received`.
 
 mod alloc;
+mod chart;
 mod multiproc;
 mod peers;
 mod raw;
@@ -481,6 +485,9 @@ async fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
     if argv.first().map(String::as_str) == Some(multiproc::CHILD) {
         return multiproc::child(&argv[1..]).await;
+    }
+    if argv.first().map(String::as_str) == Some("chart") {
+        return chart::main(&argv[1..]);
     }
     let args = match parse_args() {
         Ok(args) => args,
