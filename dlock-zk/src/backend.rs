@@ -14,7 +14,7 @@ use dlock_core::{
     },
     LockError, LockKey, Result, Token,
 };
-use zookeeper_client::{Connector, Error as ZkError};
+use zookeeper_client::{Acls, Connector, Error as ZkError};
 
 use crate::{config::ZkConfig, session::Session};
 
@@ -26,7 +26,17 @@ mod session;
 const NAME: &str = "zookeeper";
 
 fn backend_error(e: ZkError) -> LockError {
-    LockError::backend(NAME, e)
+    match e {
+        ZkError::NoAuth => LockError::backend(
+            NAME,
+            std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                "not authorized: a node's ACL does not admit this session's credentials \
+                 (see the `zk://user:password@` URL and `acl=`)",
+            ),
+        ),
+        e => LockError::backend(NAME, e),
+    }
 }
 
 fn vanished() -> LockError {
@@ -225,6 +235,16 @@ impl ZkBackend {
     pub fn session_id(&self) -> Option<i64> {
         let session = self.inner.session.try_lock().ok()?;
         session.as_ref().map(|s| s.id)
+    }
+
+    /// The ACL of every node dlock creates: only its authenticated
+    /// creator, or anyone (see [`ZkConfig`]'s "Credentials and ACLs").
+    fn acls(&self) -> Acls<'static> {
+        if self.inner.config.creator_acls() {
+            Acls::creator_all()
+        } else {
+            Acls::anyone_all()
+        }
     }
 
     fn owned(&self) -> MutexGuard<'_, HashMap<Token, Owned>> {

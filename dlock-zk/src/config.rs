@@ -10,12 +10,31 @@ use dlock_core::{
 /// Where and how to connect.
 ///
 /// Usually made by [`ZkConfig::from_url`] from
-/// `zk://host:port[,host:port...][/path][?session_timeout=10s&connect_timeout=15s]`.
+/// `zk://[user:password@]host:port[,host:port...][/path][?session_timeout=10s&connect_timeout=15s&acl=creator]`.
 /// The path (default `/dlock`) is where lock nodes live; the session
 /// timeout (default 10 s) is how long a crashed holder keeps
 /// its locks; the connect timeout (default 15 s) is how long opening a
 /// session keeps trying (servers that are down, or an ensemble electing a
 /// leader, refuse sessions for a while).
+///
+/// # Credentials and ACLs
+///
+/// With `user:password@`, every session authenticates with ZooKeeper's
+/// `digest` scheme as that user, and every node dlock creates (the lock
+/// path's components, each key's parent, each lock node) carries the ACL
+/// `creator_all`: only sessions authenticated as the same user may read,
+/// delete or create under it. Another client, anonymous or with other
+/// credentials, can neither delete a held lock node nor queue behind it.
+/// Without credentials nodes are open to anyone (`world:anyone`), as
+/// ZooKeeper's own tools create them.
+///
+/// `acl=creator` or `acl=open` says it outright: `creator` for a backend
+/// made [from a connector](crate::ZkBackend::from_connector) that
+/// authenticates itself, `open` to keep nodes open while authenticating.
+/// Nodes that exist already keep their ACLs: a lock path created open
+/// stays open to new children of others.
+///
+/// The password is never printed: `Debug` shows the user only.
 ///
 /// # Examples
 ///
@@ -30,14 +49,32 @@ use dlock_core::{
 /// assert_eq!(config.connect_timeout(), Duration::from_secs(15));
 /// # Ok::<(), dlock_core::LockError>(())
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct ZkConfig {
     servers: String,
+    /// `user` and `password` for the `digest` scheme.
+    digest: Option<(String, String)>,
+    /// Whether nodes are created `creator_all` rather than open.
+    creator_acls: bool,
     /// `Some` for `zks://`: the PEM files its TLS parameters name.
     tls: Option<TlsFiles>,
     path: String,
     session_timeout: Duration,
     connect_timeout: Duration,
+}
+
+impl std::fmt::Debug for ZkConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkConfig")
+            .field("servers", &self.servers)
+            .field("user", &self.digest.as_ref().map(|(user, _)| user))
+            .field("creator_acls", &self.creator_acls)
+            .field("tls", &self.tls)
+            .field("path", &self.path)
+            .field("session_timeout", &self.session_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .finish()
+    }
 }
 
 impl ZkConfig {
@@ -46,7 +83,8 @@ impl ZkConfig {
     /// # Errors
     ///
     /// [`LockError::InvalidOptions`] naming what is wrong: another scheme,
-    /// a server without a port, a path with an empty, `.` or `..`
+    /// a password without a user, a user name with `:`, an `acl` other
+    /// than `creator` or `open`, a server without a port, a path with an empty, `.` or `..`
     /// component, a bad percent escape, an unknown query parameter (the
     /// error lists the valid ones) or a malformed duration. Names and
     /// values are percent-decoded ([`BackendUrl`]).
@@ -65,11 +103,24 @@ impl ZkConfig {
                     .invalid("expected `zk://host:port[,host:port]/path` (or `zks://` for TLS)"))
             }
         };
-        if parts.user().is_some() || parts.password().is_some() {
-            return Err(
-                parts.invalid("a user or password: ZooKeeper authentication is not offered yet")
-            );
-        }
+        let digest = match (parts.user(), parts.password()) {
+            (Some(user), _) if user.contains(':') => {
+                return Err(parts.invalid("the user name has a `:`, which digest names cannot"))
+            }
+            (Some(user), password) => Some((user.to_owned(), password.unwrap_or("").to_owned())),
+            (None, Some(_)) => return Err(parts.invalid("the user name is empty")),
+            (None, None) => None,
+        };
+        let creator_acls = match parts.take("acl").as_deref() {
+            None => digest.is_some(),
+            Some("creator") => true,
+            Some("open") => false,
+            Some(other) => {
+                return Err(parts.invalid(&format!(
+                    "`acl={other}`: expected `creator` (only the authenticated creator) or `open`"
+                )))
+            }
+        };
         let mut servers = Vec::new();
         for host in parts.hosts() {
             if host.port.is_none() {
@@ -89,6 +140,7 @@ impl ZkConfig {
             .unwrap_or(Duration::from_secs(15));
         let files = parts.take_tls_files(tls, "zks")?;
         parts.finish(&[
+            "acl",
             "session_timeout",
             "connect_timeout",
             "tls_ca",
@@ -97,6 +149,8 @@ impl ZkConfig {
         ])?;
         Ok(ZkConfig {
             servers: servers.join(","),
+            digest,
+            creator_acls,
             tls: tls.then_some(files),
             path: if path.is_empty() {
                 "/dlock".to_owned()
@@ -111,6 +165,25 @@ impl ZkConfig {
     /// The servers, `host:port,host:port`.
     pub fn servers(&self) -> &str {
         &self.servers
+    }
+
+    /// The user sessions authenticate as (`digest` scheme), if the URL
+    /// names one.
+    pub fn user(&self) -> Option<&str> {
+        self.digest.as_ref().map(|(user, _)| user.as_str())
+    }
+
+    /// The `digest` scheme's credentials, `user:password`.
+    pub(crate) fn digest(&self) -> Option<String> {
+        self.digest
+            .as_ref()
+            .map(|(user, password)| format!("{user}:{password}"))
+    }
+
+    /// Whether the nodes dlock creates admit only their authenticated
+    /// creator (`creator_all`), rather than anyone.
+    pub fn creator_acls(&self) -> bool {
+        self.creator_acls
     }
 
     /// Whether the servers are reached over TLS (`zks://`).
@@ -169,6 +242,22 @@ mod tests {
     }
 
     #[test]
+    fn credentials_choose_creator_acls_and_are_never_printed() {
+        let c = ZkConfig::from_url("zk://app:s%40cret@a:1/x").unwrap();
+        assert_eq!(c.user(), Some("app"));
+        assert_eq!(c.digest().as_deref(), Some("app:s@cret"));
+        assert!(c.creator_acls());
+        let shown = format!("{c:?}");
+        assert!(shown.contains("app") && !shown.contains("cret"), "{shown}");
+        let open = ZkConfig::from_url("zk://app:pw@a:1?acl=open").unwrap();
+        assert!(!open.creator_acls());
+        let anonymous = ZkConfig::from_url("zk://a:1").unwrap();
+        assert!(!anonymous.creator_acls() && anonymous.user().is_none());
+        let connector_auth = ZkConfig::from_url("zk://a:1?acl=creator").unwrap();
+        assert!(connector_auth.creator_acls() && connector_auth.digest().is_none());
+    }
+
+    #[test]
     fn defaults_and_parameters() {
         let c = ZkConfig::from_url("zk://a:1").unwrap();
         assert_eq!(
@@ -201,7 +290,9 @@ mod tests {
             ("zk://a:1,", "a host is missing"),
             ("zk://a:1/x//y", "empty"),
             ("zk://a:1/x/..", "`..`"),
-            ("zk://u:p@a:1", "authentication is not offered"),
+            ("zk://:p@a:1", "user name is empty"),
+            ("zk://u%3Ax:p@a:1", "has a `:`"),
+            ("zk://a:1?acl=world", "expected `creator`"),
             ("zk://a:1?session_timeout=soon", "malformed duration"),
             ("zk://a:1?session_timeout=0s", "out of range"),
             (
@@ -215,7 +306,7 @@ mod tests {
             ("zk://a:1?connect_timeout=2h", "out of range"),
             (
                 "zk://a:1?chroot=x",
-                "unknown parameter `chroot`; the valid ones are `session_timeout`",
+                "unknown parameter `chroot`; the valid ones are `acl`",
             ),
         ] {
             match ZkConfig::from_url(url) {

@@ -482,6 +482,83 @@ async fn a_backend_from_the_applications_connector_uses_its_settings() {
     dlock_testkit::assert_locks_are_shared(&a, &b).await;
 }
 
+/// With credentials in the URL, every node dlock creates admits only its
+/// creator: another client, anonymous or with other credentials, can
+/// neither delete a held lock's node nor list or join its queue (a typed
+/// error), while a second backend with the same credentials shares the
+/// lock. The password shows nowhere in the config's `Debug`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_credentials_only_the_creator_may_touch_a_held_lock_node() {
+    use zookeeper_client::{Client, Error as ZkError};
+    let server = ZooKeeperServer::start().expect("start ZooKeeper");
+    let endpoint = server.endpoint();
+    let url = |userinfo: &str| format!("zk://{userinfo}@{endpoint}/acl");
+    let config = dlock_zk::ZkConfig::from_url(&url("app:s3cret")).unwrap();
+    assert!(!format!("{config:?}").contains("s3cret"), "{config:?}");
+    let holder = ZkBackend::connect_with(config).await.unwrap().into_locker();
+    let guard = holder.lock("k").await.unwrap();
+    let app = Client::connector()
+        .with_auth("digest", b"app:s3cret")
+        .connect(&endpoint)
+        .await
+        .unwrap();
+    let parents = app.list_children("/acl").await.unwrap();
+    assert_eq!(parents.len(), 1, "{parents:?}");
+    let parent = format!("/acl/{}", parents[0]);
+    let children = app.list_children(&parent).await.unwrap();
+    assert_eq!(children.len(), 1, "{children:?}");
+    let node = format!("{parent}/{}", children[0]);
+    for path in ["/acl", parent.as_str(), node.as_str()] {
+        let (acls, _) = app.get_acl(path).await.unwrap();
+        assert!(
+            !acls.is_empty()
+                && acls
+                    .iter()
+                    .all(|a| a.scheme() == "digest" && a.id().starts_with("app:")),
+            "{path} admits others: {acls:?}"
+        );
+    }
+    let anonymous = Client::connect(&endpoint).await.unwrap();
+    let other = Client::connector()
+        .with_auth("digest", b"other:pw")
+        .connect(&endpoint)
+        .await
+        .unwrap();
+    for (who, client) in [
+        ("an anonymous client", &anonymous),
+        ("another user", &other),
+    ] {
+        let deleted = client.delete(&node, None).await;
+        assert!(
+            matches!(deleted, Err(ZkError::NoAuth)),
+            "{who} deleted the held lock's node: {deleted:?}"
+        );
+        let listed = client.list_children(&parent).await;
+        assert!(
+            matches!(listed, Err(ZkError::NoAuth)),
+            "{who} listed the lock's queue: {listed:?}"
+        );
+    }
+    let intruder = ZkBackend::connect(&url("other:pw"))
+        .await
+        .unwrap()
+        .into_locker();
+    match intruder.try_lock("k").await {
+        Err(e @ dlock_core::LockError::Backend { .. }) => {
+            assert!(e.to_string().contains("not authorized"), "{e}")
+        }
+        other => panic!("another user's backend was not refused: {other:?}"),
+    }
+    let colleague = ZkBackend::connect(&url("app:s3cret"))
+        .await
+        .unwrap()
+        .into_locker();
+    assert!(colleague.try_lock("k").await.unwrap().is_none());
+    assert!(!guard.is_lost(), "the holder lost its lock");
+    guard.release().await.unwrap();
+    assert!(colleague.try_lock("k").await.unwrap().is_some());
+}
+
 /// A holder whose lock node is deleted by another client (an operator's
 /// `delete`, a forced unlock) is told at once: its guard is lost, as the
 /// key is free to others from then on.

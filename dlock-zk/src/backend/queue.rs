@@ -8,9 +8,7 @@ use dlock_core::{
     LockError, Result, Token,
 };
 use tokio::time::Instant;
-use zookeeper_client::{
-    Acls, Client, CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult,
-};
+use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult};
 
 use super::{
     admitted, backend_error, mode_of, mode_tag, parent_of, release::delete_strays, sequence,
@@ -223,7 +221,7 @@ impl ZkBackend {
     ) -> Result<Enqueued> {
         let protected = format!("{parent}/lock-{token}-{tag}");
         let mine = format!("lock-{token}-");
-        let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let ephemeral = CreateMode::EphemeralSequential.with_acls(self.acls());
         let mut strays = false;
         let mut last_error = None;
         for _ in 0..ENQUEUE_ATTEMPTS {
@@ -250,7 +248,7 @@ impl ZkBackend {
                     // that never had a child, which the server never reaps.
                     let sent = Instant::now();
                     let mut both = client.new_multi_writer();
-                    let container = CreateMode::Container.with_acls(Acls::anyone_all());
+                    let container = CreateMode::Container.with_acls(self.acls());
                     both.add_create(parent, b"", &container)
                         .and_then(|()| both.add_create(&protected, b"", &ephemeral))
                         .map_err(backend_error)?;
@@ -399,7 +397,7 @@ mod tests {
         let raw = zookeeper_client::Client::connect(&server.endpoint())
             .await
             .unwrap();
-        let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+        let persistent = CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
         raw.create("/strays/k", b"", &persistent).await.unwrap();
 
         faults::LOST_REPLIES.store(1, Ordering::SeqCst);

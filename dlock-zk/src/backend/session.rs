@@ -15,7 +15,7 @@ use dlock_core::{
 use tokio::time::Instant;
 #[cfg(feature = "tls")]
 use zookeeper_client::Client;
-use zookeeper_client::{Acls, Connector, CreateMode, Error as ZkError, EventType};
+use zookeeper_client::{Connector, CreateMode, Error as ZkError, EventType};
 
 use super::{backend_error, Inner, ZkBackend, NAME};
 use crate::{config::ZkConfig, session::Session};
@@ -181,7 +181,9 @@ impl ZkBackend {
     /// holds it, and after that session expires dlock must open a new
     /// one, which a client of an ended session cannot. dlock sets the
     /// connector's session and connection timeouts to `config`'s session
-    /// timeout. A connector that resumes a session (`with_session`) is not
+    /// timeout. Nodes are created open to anyone unless `config` says
+    /// `acl=creator`: dlock cannot see whether the connector
+    /// authenticates (see [`ZkConfig`]'s "Credentials and ACLs"). A connector that resumes a session (`with_session`) is not
     /// for dlock: two backends would share one session's locks.
     ///
     /// # Errors
@@ -197,7 +199,8 @@ impl ZkBackend {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), dlock_core::LockError> {
     /// let connector = Client::connector().with_auth("digest", b"app:secret");
-    /// let config = ZkConfig::from_url("zk://127.0.0.1:2181/app/locks")?;
+    /// // Nodes only sessions authenticated as `app` may touch.
+    /// let config = ZkConfig::from_url("zk://127.0.0.1:2181/app/locks?acl=creator")?;
     /// let locker = ZkBackend::from_connector(connector, config)
     ///     .await?
     ///     .into_locker();
@@ -210,6 +213,23 @@ impl ZkBackend {
     }
 
     async fn open(config: ZkConfig, connector: Option<Connector>) -> Result<ZkBackend> {
+        let connector = match config.digest() {
+            Some(digest) => Some(
+                connector
+                    .unwrap_or_else(Client::connector)
+                    .with_auth("digest", digest.as_bytes()),
+            ),
+            None if config.creator_acls() && connector.is_none() => {
+                return Err(LockError::InvalidOptions {
+                    reason: dlock_core::InvalidReason::Other(
+                        "`acl=creator` needs credentials: `zk://user:password@…`, or a \
+                         connector that authenticates (`ZkBackend::from_connector`)"
+                            .to_owned(),
+                    ),
+                })
+            }
+            None => connector,
+        };
         #[cfg(feature = "tls")]
         let connector = match config.tls() {
             Some(files) => Some(
@@ -248,7 +268,7 @@ impl ZkBackend {
         for component in backend.inner.config.path().split('/').skip(1) {
             path.push('/');
             path.push_str(component);
-            let options = CreateMode::Persistent.with_acls(Acls::anyone_all());
+            let options = CreateMode::Persistent.with_acls(backend.acls());
             let client = session.client().map_err(backend_error)?;
             match client.create(&path, b"", &options).await {
                 Ok(_) | Err(ZkError::NodeExists) => {}
