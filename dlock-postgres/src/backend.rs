@@ -13,11 +13,13 @@ use sqlx::postgres::PgConnection;
 use crate::config::{lock_id, PgConfig};
 
 mod acquire;
+mod caller;
 mod election;
 mod queue;
 mod release;
 mod session;
 
+pub use caller::{CallerConnection, ConnLock, TxLock};
 use queue::ahead;
 
 /// Flips a read-write lock's identifier away from the plain lock's of the
@@ -302,6 +304,7 @@ impl PgDialect {
             queue,
             config,
             scope: std::sync::OnceLock::new(),
+            caller_fence: std::sync::OnceLock::new(),
         }
     }
 }
@@ -315,6 +318,9 @@ struct PgDialect {
     /// locks span the database, and the queue and holders' tables are per
     /// schema: two schemas' locks of one key must not meet.
     scope: std::sync::OnceLock<String>,
+    /// `nextval` of the fencing sequence in its schema, for statements on
+    /// the caller's connections (see [`caller`]), set at setup.
+    caller_fence: std::sync::OnceLock<String>,
     /// `nextval('{prefix}_fence')`.
     fence_expr: String,
     /// The uncontended acquire: the lock, and the fence when granted.

@@ -484,3 +484,180 @@ async fn uncontended_permits_and_reads_scan_no_pg_locks() {
         "the refused entry read no liveness"
     );
 }
+
+/// A lock on the caller's own transaction (`PgBackend::lock_in`) excludes
+/// the backend's locks of the key, is freed by commit and by rollback,
+/// and two transactions on one key serialize: the second is granted only
+/// once the first commits, sees its write, and gets a higher fence. A
+/// bare connection in a transaction block does not free it at the end of
+/// the statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_locks_are_freed_by_commit_and_rollback_and_serialize() {
+    let server = PostgresServer::start().expect("start PostgreSQL");
+    let pool = dlock_postgres::sqlx::PgPool::connect(&server.url())
+        .await
+        .expect("the application's pool");
+    sqlx::raw_sql("CREATE TABLE counter (n int NOT NULL); INSERT INTO counter VALUES (0)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let backend = PgBackend::from_pool(&pool).await.unwrap();
+    let locker = backend.clone().into_locker();
+    let free = |locker: &Locker| {
+        let locker = locker.clone();
+        async move { locker.try_lock("order:1").await.unwrap().is_some() }
+    };
+    for end in ["commit", "rollback"] {
+        let mut tx = pool.begin().await.unwrap();
+        let lock = backend.lock_in(&mut tx, "order:1").await.unwrap();
+        assert_eq!(lock.key(), "order:1");
+        assert!(
+            !free(&locker).await,
+            "a locker took a key a transaction holds"
+        );
+        // A statement later, still held: the transaction's, not the
+        // statement's.
+        sqlx::query("SELECT 1").execute(&mut *tx).await.unwrap();
+        assert!(!free(&locker).await, "freed before the transaction ended");
+        if end == "commit" {
+            tx.commit().await.unwrap();
+        } else {
+            tx.rollback().await.unwrap();
+        }
+        let after = locker
+            .lock_with(
+                "order:1",
+                LockOptions::default().wait(Duration::from_secs(5)),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{end} did not free the lock: {e}"));
+        assert!(
+            after.fencing_token() > Some(lock.fencing_token()),
+            "{end}: fences went backwards"
+        );
+        after.release().await.unwrap();
+    }
+    // The reverse: a locker's hold refuses a transaction.
+    let held = locker.lock("order:1").await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    assert!(backend
+        .try_lock_in(&mut tx, "order:1")
+        .await
+        .unwrap()
+        .is_none());
+    held.release().await.unwrap();
+    let lock = backend.try_lock_in(&mut tx, "order:1").await.unwrap();
+    assert!(lock.is_some(), "a released key refused a transaction");
+    tx.rollback().await.unwrap();
+
+    // Two transactions read-modify-write one counter under the lock.
+    let mut first = pool.begin().await.unwrap();
+    let first_lock = backend.lock_in(&mut first, "order:1").await.unwrap();
+    let second = tokio::spawn({
+        let (pool, backend) = (pool.clone(), backend.clone());
+        async move {
+            let mut tx = pool.begin().await.unwrap();
+            let lock = backend.lock_in(&mut tx, "order:1").await.unwrap();
+            let n: i32 = sqlx::query_scalar("SELECT n FROM counter")
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+            sqlx::query("UPDATE counter SET n = $1")
+                .bind(n + 1)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+            (n, lock.fencing_token())
+        }
+    });
+    let n: i32 = sqlx::query_scalar("SELECT n FROM counter")
+        .fetch_one(&mut *first)
+        .await
+        .unwrap();
+    // Long enough for the second to read the old value, were it let in.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !second.is_finished(),
+        "the second transaction ran beside the first"
+    );
+    sqlx::query("UPDATE counter SET n = $1")
+        .bind(n + 1)
+        .execute(&mut *first)
+        .await
+        .unwrap();
+    first.commit().await.unwrap();
+    let (seen, second_fence) = tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .expect("the second transaction was never granted")
+        .unwrap();
+    assert_eq!(seen, n + 1, "the second did not see the first's write");
+    assert!(second_fence > first_lock.fencing_token());
+    let total: i32 = sqlx::query_scalar("SELECT n FROM counter")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(total, n + 2);
+}
+
+/// A lock on the caller's own connection (`PgBackend::lock_on`) excludes
+/// the backend's locks, outlives a commit on the connection, and
+/// `release` hands the connection back unlocked. A pooled connection
+/// whose `lock_on` is dropped while it waits is closed, not returned to
+/// its pool still waiting: the key is free once the holder lets go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_locks_release_and_a_dropped_wait_leaves_nothing_behind() {
+    let server = PostgresServer::start().expect("start PostgreSQL");
+    let pool = dlock_postgres::sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&server.url())
+        .await
+        .expect("the application's pool");
+    let backend = PgBackend::from_pool(&pool).await.unwrap();
+    let locker = backend.clone().into_locker();
+
+    let mut lock = backend
+        .lock_on(pool.acquire().await.unwrap(), "migrations")
+        .await
+        .unwrap();
+    sqlx::raw_sql("BEGIN; CREATE TABLE t (id int); COMMIT")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    assert!(
+        locker.try_lock("migrations").await.unwrap().is_none(),
+        "a commit freed a session lock, or a locker ignored it"
+    );
+    let fence = lock.fencing_token();
+    let conn = lock.release().await.unwrap();
+    let after = locker.lock("migrations").await.unwrap();
+    assert!(after.fencing_token() > Some(fence));
+    // Refused while held, and the connection comes back.
+    let conn = match backend.try_lock_on(conn, "migrations").await.unwrap() {
+        Ok(lock) => panic!("granted beside a holder: {lock:?}"),
+        Err(conn) => conn,
+    };
+    drop(conn);
+
+    // A wait dropped while the holder holds.
+    let waiting = backend.lock_on(pool.acquire().await.unwrap(), "migrations");
+    let dropped = tokio::time::timeout(Duration::from_millis(300), waiting).await;
+    assert!(dropped.is_err(), "granted beside a holder: {dropped:?}");
+    after.release().await.unwrap();
+    let free = locker
+        .lock_with(
+            "migrations",
+            LockOptions::default().wait(Duration::from_secs(5)),
+        )
+        .await;
+    assert!(
+        free.is_ok(),
+        "the dropped wait's session took the key and kept it: {free:?}"
+    );
+    // The pool still lends connections: the closed one was taken out.
+    let mut again = tokio::time::timeout(Duration::from_secs(5), pool.acquire())
+        .await
+        .expect("the pool lends a connection")
+        .unwrap();
+    sqlx::query("SELECT 1").execute(&mut *again).await.unwrap();
+}

@@ -39,6 +39,17 @@ impl PgDialect {
                 None | Some("public") => prefix.to_owned(),
                 Some(schema) => format!("{prefix}\0{schema}"),
             });
+            // The caller's own connections may search other schemas: the
+            // sequence by its schema's name, quoted as an identifier inside
+            // a string literal.
+            let sequence = format!("{prefix}_fence");
+            let _ = self.caller_fence.set(match schema.as_deref() {
+                None => format!("nextval('{sequence}')"),
+                Some(schema) => format!(
+                    "nextval('\"{}\".{sequence}')",
+                    schema.replace('"', "\"\"").replace('\'', "''")
+                ),
+            });
             match session.conn.execute(self.create.as_str()).await {
                 Ok(_) => {}
                 // Two clients creating it at once: one of them is told it
