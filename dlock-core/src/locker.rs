@@ -170,6 +170,72 @@ impl Locker {
             .is_some()
     }
 
+    /// Who holds `key`'s lock now, as the server says: the holder's
+    /// fencing token and what it [proclaimed](crate::Election::proclaim),
+    /// or `None` if the key is free. One read: it takes no lock and waits
+    /// for none, and the answer may be stale by the time it arrives.
+    ///
+    /// It reads the key's plain lock (what [`lock`](Locker::lock),
+    /// [`DistMutex`](crate::DistMutex) and elections take), not a
+    /// read-write lock's shares or a semaphore's permits. A lock this
+    /// process holds is reported like any other.
+    ///
+    /// # Errors
+    ///
+    /// - [`LockError::Unsupported`] where the backend cannot know: Redlock
+    ///   (a holder read on a majority is not one holder) and Redis with
+    ///   `fence=off` store no fencing token to answer with;
+    /// - [`LockError::InvalidKey`]; [`LockError::Backend`] when the server
+    ///   fails.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{BackendExt, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let locker = MemoryBackend::new().into_locker();
+    /// assert!(locker.holder("report").await?.is_none());
+    /// let guard = locker.lock("report").await?;
+    /// let holder = locker.holder("report").await?.expect("held");
+    /// assert_eq!(holder.fence(), guard.fencing_token());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn holder(&self, key: impl AsRef<str>) -> Result<Option<crate::backend::Holder>> {
+        let key = LockKey::new(key.as_ref())?;
+        self.shared.backend.holder(&key).await
+    }
+
+    /// Whether anyone holds `key`'s lock now: [`holder`](Locker::holder)
+    /// is `Some`. One read, no lock taken; the answer may be stale by the
+    /// time it arrives, so it is for dashboards and operators, never a
+    /// substitute for [`try_lock`](Locker::try_lock).
+    ///
+    /// # Errors
+    ///
+    /// As [`holder`](Locker::holder).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{BackendExt, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let locker = MemoryBackend::new().into_locker();
+    /// let guard = locker.lock("report").await?;
+    /// assert!(locker.is_locked("report").await?);
+    /// guard.release().await?;
+    /// assert!(!locker.is_locked("report").await?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn is_locked(&self, key: impl AsRef<str>) -> Result<bool> {
+        Ok(self.holder(key).await?.is_some())
+    }
+
     /// Acquires `key`, waiting up to the locker's default wait limit.
     ///
     /// Inside the scope of a hold of `key` through this locker, re-enters

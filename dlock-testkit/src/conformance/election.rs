@@ -125,6 +125,56 @@ fn unproclaimed(
     assert!(ok, "[{}] {why}: {read:?}, holder fence {fence:?}", h.name);
 }
 
+/// `Locker::holder` and `Locker::is_locked` answer from another client
+/// without taking the lock: free, then held with the holder's fence (or
+/// none yet, where the backend learns it from a proclaim), then free
+/// again after the release; asking leaves the key to its holder and then
+/// to the next taker. Where the backend cannot know, both are
+/// `Unsupported`.
+pub async fn holder_and_is_locked_read_without_locking(h: &Harness) {
+    let name = h.key("is-locked");
+    let (owner, asker) = (h.locker().await, h.locker().await);
+    if !h.capabilities().await.has_fencing() {
+        for refused in [
+            asker.holder(&name).await.map(drop),
+            asker.is_locked(&name).await.map(drop),
+        ] {
+            assert!(
+                matches!(refused, Err(LockError::Unsupported { .. })),
+                "[{}] a holder read without fencing tokens: {refused:?}",
+                h.name
+            );
+        }
+        return;
+    }
+    let free = must(h, "asking about a free key", asker.is_locked(&name).await);
+    assert!(!free, "[{}] a free key is locked", h.name);
+    let guard = must(h, "the owner locks", owner.lock(&name).await);
+    let held = must(h, "asking about a held key", asker.is_locked(&name).await);
+    assert!(held, "[{}] a held key is free", h.name);
+    let read = must(h, "reading the holder", asker.holder(&name).await)
+        .map(|holder| (holder.fence(), holder.into_value()));
+    unproclaimed(
+        h,
+        read,
+        guard.fencing_token(),
+        "the holder another client reads",
+    );
+    // Asking took nothing: the key is still the owner's alone.
+    let refused = must(h, "a try beside the holder", asker.try_lock(&name).await);
+    assert!(refused.is_none(), "[{}] granted beside the holder", h.name);
+    assert!(
+        !guard.is_lost(),
+        "[{}] asking cost the owner its lock",
+        h.name
+    );
+    must(h, "the owner releases", guard.release().await);
+    let released = must(h, "asking after the release", asker.is_locked(&name).await);
+    assert!(!released, "[{}] a released key is locked", h.name);
+    let next = must(h, "the next taker", asker.try_lock(&name).await);
+    assert!(next.is_some(), "[{}] asking left the key taken", h.name);
+}
+
 /// A proclaimed value is the holder's own, for exactly as long as it
 /// holds: a stranger's token cannot write it, a release takes it, the next
 /// holder shows none until it proclaims, and the old holder's token can no

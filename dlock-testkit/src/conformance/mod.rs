@@ -268,6 +268,7 @@ macro_rules! conformance_tests {
             dropping_an_election_says_resigned,
             an_election_renews_whatever_the_default_lease,
             a_deposed_leader_is_told,
+            holder_and_is_locked_read_without_locking,
         );
     };
     (@run [each $harness:expr] $($check:ident),* $(,)?) => {
