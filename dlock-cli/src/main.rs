@@ -44,8 +44,9 @@ struct Server {
     /// The lock server, as a dlock URL: redis://HOST:PORT,
     /// redis+redlock://H1:P1,H2:P2,H3:P3, etcd://HOST:PORT/PREFIX,
     /// zk://HOST:PORT/PATH, postgres://USER:PASSWORD@HOST/DB,
-    /// redis+cluster://H1:P1,H2:P2, mysql://USER:PASSWORD@HOST/DB (and
-    /// rediss://, etcds://, zks:// over TLS), or file:///DIR (this machine
+    /// redis+cluster://H1:P1,H2:P2, redis+sentinel://S1:P1,S2:P2/MASTER,
+    /// mysql://USER:PASSWORD@HOST/DB (and rediss://, etcds://, zks:// over
+    /// TLS), or file:///DIR (this machine
     /// only). Default: file:///tmp/dlock-UID.
     #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
     url: Option<String>,

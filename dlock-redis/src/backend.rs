@@ -79,6 +79,15 @@ const REDLOCK_NODE_TIMEOUT_MAX: Duration = Duration::from_secs(1);
 ///   `None`): per-node counters taken by different majorities can go
 ///   backwards.
 ///
+/// # Sentinel
+///
+/// With `redis+sentinel://` the one node is whichever server the
+/// sentinels name master now: asked every second, and at once after an
+/// error a failover explains. Commands, the waiters' subscriptions and the
+/// watchdog's renewals follow a new master; a lock whose key it lacks
+/// (asynchronous replication lost the write) is reported lost by the next
+/// renewal. See the crate's README, "Redis Sentinel".
+///
 /// # Read-write locks and semaphores (one node)
 ///
 /// A key's read-write lock and its semaphore are objects of their own on

@@ -20,6 +20,12 @@ use dlock_core::{
 ///   key's names share a hash tag, so a lock lives in one slot, on the
 ///   master that owns it; wake-ups use its shard channel. Replication to
 ///   the replicas is asynchronous: see the README's "In production".
+/// - `redis+sentinel://[user:password@]s1:p1,s2:p2/MASTER[/db][?sentinel_user=…&sentinel_password=…]`:
+///   the master the sentinels name `MASTER`, followed through failovers
+///   (see [`RedisBackend`](crate::RedisBackend)'s "Sentinel"). The user
+///   and password are the data nodes'; `sentinel_user` and
+///   `sentinel_password` authenticate to the sentinels, if they ask.
+///   `rediss+sentinel://` speaks TLS to both, with the same files.
 ///
 /// `prefix` (default `dlock`) starts every key dlock writes. `fence`
 /// (default `on`) is `on` or `off`: with `off`, a lock carries no fencing
@@ -49,6 +55,8 @@ pub struct RedisConfig {
     redlock: bool,
     /// `redis+cluster://`: the nodes are a Redis Cluster's seed list.
     cluster: bool,
+    /// `redis+sentinel://`: the nodes are the sentinels.
+    sentinel: Option<Sentinel>,
     /// `Some` for `rediss://`: the files its TLS parameters name.
     tls: Option<TlsFiles>,
     prefix: String,
@@ -70,12 +78,39 @@ impl std::fmt::Debug for RedisConfig {
             .field("nodes", &nodes)
             .field("redlock", &self.redlock)
             .field("cluster", &self.cluster)
+            .field("sentinel", &self.sentinel)
             .field("tls", &self.tls)
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("unwatched_poll", &self.unwatched_poll)
             .field("fences", &self.fences)
+            .finish()
+    }
+}
+
+/// A Sentinel deployment: the master's name, and how to log in to the
+/// data nodes and to the sentinels. `Debug` shows no password.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Sentinel {
+    pub(crate) master: String,
+    pub(crate) db: i64,
+    pub(crate) user: Option<String>,
+    pub(crate) password: Option<String>,
+    pub(crate) sentinel_user: Option<String>,
+    pub(crate) sentinel_password: Option<String>,
+}
+
+impl std::fmt::Debug for Sentinel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |p: &Option<String>| p.as_ref().map(|_| "***");
+        f.debug_struct("Sentinel")
+            .field("master", &self.master)
+            .field("db", &self.db)
+            .field("user", &self.user)
+            .field("password", &hidden(&self.password))
+            .field("sentinel_user", &self.sentinel_user)
+            .field("sentinel_password", &hidden(&self.sentinel_password))
             .finish()
     }
 }
@@ -122,16 +157,18 @@ impl RedisConfig {
         let mut parts = BackendUrl::parse("Redis", url)?;
         let scheme = parts.scheme().to_owned();
         let cluster = scheme == "redis+cluster";
+        let sentinel = scheme.ends_with("+sentinel");
         let (redlock, tls) = match scheme.as_str() {
-            "redis" | "redis+cluster" => (false, false),
+            "redis" | "redis+cluster" | "redis+sentinel" => (false, false),
             "redis+redlock" => (true, false),
-            "rediss" | "rediss+redlock" if cfg!(feature = "tls") => (scheme != "rediss", true),
+            "rediss" | "rediss+sentinel" if cfg!(feature = "tls") => (false, true),
+            "rediss+redlock" if cfg!(feature = "tls") => (true, true),
             "rediss+cluster" => {
                 return Err(
                     parts.invalid("TLS is not offered on Redis Cluster yet (`redis+cluster://`)")
                 )
             }
-            "rediss" | "rediss+redlock" => {
+            "rediss" | "rediss+redlock" | "rediss+sentinel" => {
                 return Err(parts.invalid(
                     "TLS (`rediss://`) needs dlock-redis's `tls` feature (dlock's `tls`)",
                 ))
@@ -139,11 +176,23 @@ impl RedisConfig {
             other => {
                 return Err(parts.invalid(&format!(
                     "unknown scheme `{other}`; expected `redis`, `redis+redlock`, \
-                     `redis+cluster`, `rediss` or `rediss+redlock`"
+                     `redis+cluster`, `redis+sentinel`, `rediss`, `rediss+redlock` or \
+                     `rediss+sentinel`"
                 )))
             }
         };
-        let db = parts.path().trim_end_matches('/').to_owned();
+        let path = parts.path().trim_matches('/').to_owned();
+        // A Sentinel URL's path is the master's name, then the database.
+        let (master, db) = match path.split_once('/') {
+            _ if !sentinel => (String::new(), path),
+            Some((master, db)) => (master.to_owned(), db.to_owned()),
+            None => (path, String::new()),
+        };
+        if sentinel && master.is_empty() {
+            return Err(
+                parts.invalid("no master name: `redis+sentinel://host:port,host:port/MASTER_NAME`")
+            );
+        }
         if !db.is_empty() && db.parse::<u16>().is_err() {
             return Err(parts.invalid(&format!("the database `{db}` is not a number")));
         }
@@ -177,8 +226,13 @@ impl RedisConfig {
             Some("off") => false,
             Some(other) => return Err(parts.invalid(&format!("`fence={other}` is not on or off"))),
         };
+        let (sentinel_user, sentinel_password) = if sentinel {
+            (parts.take("sentinel_user"), parts.take("sentinel_password"))
+        } else {
+            (None, None)
+        };
         let files = parts.take_tls_files(tls, "rediss")?;
-        parts.finish(&[
+        let mut valid = vec![
             "prefix",
             "connect_timeout",
             "response_timeout",
@@ -186,7 +240,11 @@ impl RedisConfig {
             "tls_cert",
             "tls_key",
             "fence",
-        ])?;
+        ];
+        if sentinel {
+            valid.extend(["sentinel_user", "sentinel_password"]);
+        }
+        parts.finish(&valid)?;
         let auth = parts
             .userinfo()
             .map(|userinfo| format!("{userinfo}@"))
@@ -215,19 +273,37 @@ impl RedisConfig {
         if redlock && nodes.len() < 3 {
             return Err(parts.invalid("Redlock needs at least three independent nodes"));
         }
-        if !redlock && !cluster && nodes.len() != 1 {
+        if !redlock && !cluster && !sentinel && nodes.len() != 1 {
             return Err(parts.invalid(
-                "several hosts need `redis+redlock://` (independent nodes) or \
-                 `redis+cluster://` (one cluster's seed nodes)",
+                "several hosts need `redis+redlock://` (independent nodes), \
+                 `redis+cluster://` (one cluster's seed nodes) or `redis+sentinel://` \
+                 (the sentinels)",
             ));
         }
+        let sentinel = sentinel.then(|| Sentinel {
+            master,
+            db: db.parse().unwrap_or(0),
+            user: parts.user().map(str::to_owned),
+            password: parts.password().map(str::to_owned),
+            sentinel_user,
+            sentinel_password,
+        });
         if cluster && !db.is_empty() && db != "0" {
             return Err(parts.invalid("a Redis Cluster has only database 0"));
         }
         Ok(RedisConfig {
-            nodes,
+            nodes: match sentinel {
+                // The sentinels, without the data nodes' login.
+                Some(_) => parts
+                    .hosts()
+                    .iter()
+                    .map(|host| format!("{node_scheme}://{host}"))
+                    .collect(),
+                None => nodes,
+            },
             redlock,
             cluster,
+            sentinel,
             tls: tls.then_some(files),
             prefix,
             connect_timeout,
@@ -289,9 +365,44 @@ impl RedisConfig {
         self.cluster
     }
 
+    /// Whether the nodes are sentinels that name the master
+    /// (`redis+sentinel://`).
+    pub fn is_sentinel(&self) -> bool {
+        self.sentinel.is_some()
+    }
+
+    pub(crate) fn sentinel(&self) -> Option<&Sentinel> {
+        self.sentinel.as_ref()
+    }
+
     /// Whether the nodes are reached over TLS (`rediss://`).
     pub fn is_tls(&self) -> bool {
         self.tls.is_some()
+    }
+
+    /// The CA and client certificate the URL names, read now; `None`
+    /// without either.
+    #[cfg(feature = "tls")]
+    fn certificates(&self) -> Result<Option<redis::TlsCertificates>, LockError> {
+        let Some(files) = self
+            .tls
+            .as_ref()
+            .filter(|f| f.ca.is_some() || f.cert.is_some())
+        else {
+            return Ok(None);
+        };
+        let read = |path: &std::path::PathBuf| TlsFiles::read(path);
+        let client_tls = match (&files.cert, &files.key) {
+            (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                client_cert: read(cert)?,
+                client_key: read(key)?,
+            }),
+            _ => None,
+        };
+        Ok(Some(redis::TlsCertificates {
+            client_tls,
+            root_cert: files.ca.as_ref().map(read).transpose()?,
+        }))
     }
 
     /// The client of node `node` (one of [`nodes`](RedisConfig::nodes)),
@@ -302,27 +413,62 @@ impl RedisConfig {
             use_ring_unless_chosen();
         }
         #[cfg(feature = "tls")]
-        if let Some(files) = self
-            .tls
-            .as_ref()
-            .filter(|f| f.ca.is_some() || f.cert.is_some())
-        {
-            let read = |path: &std::path::PathBuf| TlsFiles::read(path);
-            let client_tls = match (&files.cert, &files.key) {
-                (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
-                    client_cert: read(cert)?,
-                    client_key: read(key)?,
-                }),
-                _ => None,
-            };
-            let certificates = redis::TlsCertificates {
-                client_tls,
-                root_cert: files.ca.as_ref().map(read).transpose()?,
-            };
+        if let Some(certificates) = self.certificates()? {
             return redis::Client::build_with_tls(node, certificates)
                 .map_err(|e| LockError::backend("redis", e));
         }
         redis::Client::open(node).map_err(|e| LockError::backend("redis", e))
+    }
+
+    /// The client that asks the sentinels for the master, and connects to
+    /// it with the data nodes' login and TLS; `None` unless
+    /// `redis+sentinel://`.
+    pub(crate) fn sentinel_client(
+        &self,
+    ) -> Result<Option<redis::sentinel::SentinelClient>, LockError> {
+        use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+        let Some(target) = &self.sentinel else {
+            return Ok(None);
+        };
+        let invalid = |e: redis::RedisError| LockError::backend("redis", e);
+        let sentinels = self
+            .nodes
+            .iter()
+            .map(|url| {
+                redis::IntoConnectionInfo::into_connection_info(url.as_str())
+                    .map(|info| info.addr().clone())
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(invalid)?;
+        let mut builder =
+            SentinelClientBuilder::new(sentinels, &target.master, SentinelServerType::Master)
+                .map_err(invalid)?
+                .set_client_to_redis_db(target.db);
+        if let Some(user) = &target.user {
+            builder = builder.set_client_to_redis_username(user);
+        }
+        if let Some(password) = &target.password {
+            builder = builder.set_client_to_redis_password(password);
+        }
+        if let Some(user) = &target.sentinel_user {
+            builder = builder.set_client_to_sentinel_username(user);
+        }
+        if let Some(password) = &target.sentinel_password {
+            builder = builder.set_client_to_sentinel_password(password);
+        }
+        #[cfg(feature = "tls")]
+        if self.tls.is_some() {
+            use_ring_unless_chosen();
+            builder = builder
+                .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
+                .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
+            if let Some(certificates) = self.certificates()? {
+                builder = builder
+                    .set_client_to_redis_certificates(certificates.clone())
+                    .set_client_to_sentinel_certificates(certificates);
+            }
+        }
+        builder.build().map(Some).map_err(invalid)
     }
 
     /// The node URLs, one per node, passwords included (their percent
@@ -406,6 +552,43 @@ mod tests {
         assert_eq!(c.prefix(), "dlock");
         let c = RedisConfig::from_url("redis://[::1]:6379").unwrap();
         assert_eq!(c.nodes(), ["redis://[::1]:6379"]);
+    }
+
+    #[test]
+    fn sentinel_urls_name_the_master_and_keep_every_password_out_of_sight() {
+        let c = RedisConfig::from_url(
+            "redis+sentinel://app:pw%40x@s1:26379,s2:26380/orders/2\
+             ?sentinel_user=watch&sentinel_password=spw&prefix=p",
+        )
+        .unwrap();
+        assert!(c.is_sentinel() && !c.is_redlock() && !c.is_cluster());
+        assert_eq!(c.nodes(), ["redis://s1:26379", "redis://s2:26380"]);
+        let target = c.sentinel().unwrap();
+        assert_eq!((target.master.as_str(), target.db), ("orders", 2));
+        assert_eq!(target.user.as_deref(), Some("app"));
+        assert_eq!(target.password.as_deref(), Some("pw@x"));
+        assert_eq!(target.sentinel_user.as_deref(), Some("watch"));
+        assert_eq!(target.sentinel_password.as_deref(), Some("spw"));
+        assert_eq!(c.prefix(), "p");
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("pw@x") && !shown.contains("spw"), "{shown}");
+        assert!(c.sentinel_client().unwrap().is_some());
+        let one = RedisConfig::from_url("redis+sentinel://s1:26379/m").unwrap();
+        assert_eq!(one.sentinel().unwrap().db, 0);
+        for (url, says) in [
+            ("redis+sentinel://s1:26379", "no master name"),
+            ("redis+sentinel://s1:26379/", "no master name"),
+            ("redis+sentinel://s1:26379/m/x", "is not a number"),
+            ("redis://h:1?sentinel_password=x", "unknown parameter"),
+        ] {
+            let e = RedisConfig::from_url(url).unwrap_err().to_string();
+            assert!(e.contains(says), "{url}: {e}");
+        }
+        // A bad URL's error shows neither password.
+        let e = RedisConfig::from_url("redis+sentinel://u:upw@s:1/m?sentinel_password=spw&x=1")
+            .unwrap_err()
+            .to_string();
+        assert!(!e.contains("upw") && !e.contains("spw"), "{e}");
     }
 
     #[test]

@@ -5,6 +5,7 @@ mod config;
 mod keys;
 mod node;
 mod scripts;
+mod sentinel;
 mod subscriber;
 
 pub use backend::RedisBackend;

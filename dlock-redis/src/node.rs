@@ -16,6 +16,7 @@ use redis::{
 use crate::{
     keys::Names,
     scripts::{scripts, Scripts},
+    sentinel::{Following, Master},
     subscriber::{Subscriber, Watch},
 };
 
@@ -25,6 +26,8 @@ use crate::{
 pub(crate) enum Conn {
     Node(ConnectionManager),
     Cluster(ClusterConnection),
+    /// The master a Sentinel deployment names now.
+    Sentinel(Following),
 }
 
 impl ConnectionLike for Conn {
@@ -32,6 +35,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Node(conn) => conn.req_packed_command(cmd),
             Conn::Cluster(conn) => conn.req_packed_command(cmd),
+            Conn::Sentinel(conn) => conn.req_packed_command(cmd),
         }
     }
 
@@ -44,6 +48,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Node(conn) => conn.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Conn::Sentinel(conn) => conn.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -51,6 +56,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Node(conn) => conn.get_db(),
             Conn::Cluster(conn) => conn.get_db(),
+            Conn::Sentinel(conn) => conn.get_db(),
         }
     }
 }
@@ -189,7 +195,7 @@ impl redis::ToRedisArgs for Place {
 /// them too), and an evicted lock is granted to the next owner while its
 /// holder still works. A server that refuses `CONFIG GET` (managed Redis
 /// often does) is not checked.
-async fn warn_if_evicting(conn: &mut ConnectionManager, client: &Client) {
+pub(crate) async fn warn_if_evicting(conn: &mut ConnectionManager, client: &Client) {
     let answer: RedisResult<Vec<String>> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("maxmemory-policy")
@@ -205,6 +211,18 @@ async fn warn_if_evicting(conn: &mut ConnectionManager, client: &Client) {
         Ok(_) => {}
         Err(error) => tracing::debug!(%error, "dlock redis could not read maxmemory-policy"),
     }
+}
+
+/// The reconnecting connection's settings.
+fn manager_config(
+    connect_timeout: Duration,
+    response_timeout: Duration,
+) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(connect_timeout))
+        .set_response_timeout(Some(response_timeout))
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(500))
 }
 
 pub(crate) struct Node {
@@ -224,11 +242,7 @@ impl Node {
         response_timeout: Duration,
         eager: bool,
     ) -> RedisResult<Node> {
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(Some(response_timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
+        let config = manager_config(connect_timeout, response_timeout);
         let conn = if eager {
             let mut conn = ConnectionManager::new_with_config(client.clone(), config).await?;
             if let Err(error) = scripts(false).load(&mut conn).await {
@@ -257,6 +271,31 @@ impl Node {
             addr,
             subscriber: Subscriber::new(client, connect_timeout, response_timeout),
             conn: Conn::Node(conn),
+            cluster: false,
+        })
+    }
+
+    /// The master of a Sentinel deployment, as one node: connects now to
+    /// the master the sentinels name, and follows the next one they name
+    /// (commands and wake-ups alike).
+    pub(crate) async fn sentinel(
+        sentinel: redis::sentinel::SentinelClient,
+        name: &str,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> RedisResult<Node> {
+        let master = Master::connect(
+            sentinel,
+            name,
+            manager_config(connect_timeout, response_timeout),
+            connect_timeout,
+        )
+        .await?;
+        let addr = format!("sentinel master `{name}` (now {})", master.addr());
+        Ok(Node {
+            addr,
+            subscriber: Subscriber::following(master.clone(), connect_timeout, response_timeout),
+            conn: Conn::Sentinel(Following(master)),
             cluster: false,
         })
     }

@@ -33,7 +33,9 @@ use redis::{
     aio::PubSubSink, cluster::ClusterClient, cluster_async::ClusterConnection, Client, PushInfo,
     PushKind, RedisError, RedisResult, Value,
 };
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
+
+use crate::sentinel::Master;
 
 /// Where the subscriber connects: one node, on classic channels; or a
 /// cluster, on shard channels (`SSUBSCRIBE`, served by the shard that owns
@@ -42,6 +44,9 @@ use tokio::sync::{mpsc, oneshot, Notify};
 #[allow(clippy::large_enum_variant)]
 enum Source {
     Node(Client),
+    /// The master a Sentinel deployment names now: the connection is
+    /// opened anew, to the new master, when it changes.
+    Sentinel(Arc<Master>),
     /// Built for RESP3: the pushes go to a sender whose receiver the
     /// manager reads.
     Cluster(ClusterClient),
@@ -202,6 +207,16 @@ impl Subscriber {
         Self::start(Source::Node(client), connect_timeout, response_timeout)
     }
 
+    /// A subscriber on whichever server `master` follows: it reconnects
+    /// (and wakes every waiter) each time the master changes.
+    pub(crate) fn following(
+        master: Arc<Master>,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Subscriber {
+        Self::start(Source::Sentinel(master), connect_timeout, response_timeout)
+    }
+
     /// A subscriber on a cluster's shard channels; `client` must be built
     /// with RESP3 and without a push sender of its own (see
     /// `RedisBackend::connect_with`).
@@ -319,7 +334,15 @@ async fn manage(
     mut queue: mpsc::UnboundedReceiver<Command>,
 ) {
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+    let mut masters = match &source {
+        Source::Sentinel(master) => Some(master.changes()),
+        _ => None,
+    };
     loop {
+        if let Some(masters) = &mut masters {
+            // The master about to be connected to is the one seen.
+            masters.borrow_and_update();
+        }
         if let Some((mut sink, mut stream)) = connect(&source, timeouts, &channels).await {
             backoff.reset();
             // Releases may have been missed while disconnected.
@@ -404,6 +427,10 @@ async fn manage(
                             break;
                         }
                     }
+                    () = new_master(&mut masters) => {
+                        tracing::warn!("dlock redis pub/sub: following the new master");
+                        break;
+                    }
                 }
             }
             tracing::warn!("dlock redis pub/sub connection lost; reconnecting");
@@ -429,6 +456,17 @@ async fn manage(
     }
 }
 
+/// Completes when the followed master changes; never without a
+/// Sentinel source (or once its master is gone).
+async fn new_master(masters: &mut Option<watch::Receiver<u64>>) {
+    if let Some(changes) = masters {
+        if changes.changed().await.is_ok() {
+            return;
+        }
+    }
+    std::future::pending().await
+}
+
 /// A new pub/sub connection, subscribed again to every watched channel;
 /// `None` if that failed.
 async fn connect(
@@ -437,7 +475,12 @@ async fn connect(
     channels: &Mutex<Channels>,
 ) -> Option<(Sink, Stream)> {
     let (mut sink, stream) = match source {
-        Source::Node(client) => {
+        Source::Node(_) | Source::Sentinel(_) => {
+            let client = match source {
+                Source::Sentinel(master) => master.client(),
+                Source::Node(client) => client.clone(),
+                Source::Cluster(_) => return None,
+            };
             let pubsub = tokio::time::timeout(timeouts.connect, client.get_async_pubsub()).await;
             match pubsub {
                 Ok(Ok(pubsub)) => {

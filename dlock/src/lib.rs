@@ -45,7 +45,7 @@ pub use dlock_zk as zk;
 
 /// The URLs [`connect`] accepts, for usage messages.
 pub const URLS: &str = "memory, redis://HOST:PORT, redis+redlock://H1:P1,H2:P2,H3:P3, \
-     redis+cluster://H1:P1,H2:P2, \
+     redis+cluster://H1:P1,H2:P2, redis+sentinel://S1:P1,S2:P2/MASTER, \
      rediss://HOST:PORT (TLS), etcd://HOST:PORT/PREFIX, etcds://HOST:PORT/PREFIX (TLS), \
      zk://HOST:PORT/PATH, zks://HOST:PORT/PATH (TLS), postgres://USER:PASSWORD@HOST:PORT/DB, \
      mysql://USER:PASSWORD@HOST:PORT/DB, file:///ABSOLUTE/DIR";
@@ -81,7 +81,8 @@ pub async fn connect(url: &str) -> Result<Locker> {
 
 /// A new client of the backend `url` names, by its scheme: `memory` (or
 /// `memory://`: a new in-process backend, whose locks reach this process
-/// only), `redis://` and `redis+redlock://`, `etcd://`, `zk://`,
+/// only), `redis://`, `redis+redlock://`, `redis+cluster://` and
+/// `redis+sentinel://`, `etcd://`, `zk://`,
 /// `postgres://` (or `postgresql://`), `mysql://` (or `mariadb://`),
 /// `file:///absolute/dir` (this machine only). Each
 /// backend's URL takes the options its config type documents.
@@ -111,9 +112,10 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn backend::Backend>> {
         return Ok(Arc::new(MemoryBackend::new()));
     }
     match url.split_once("://").map(|(scheme, _)| scheme) {
-        Some("redis" | "redis+redlock" | "redis+cluster" | "rediss" | "rediss+redlock") => {
-            redis_backend(url).await
-        }
+        Some(
+            "redis" | "redis+redlock" | "redis+cluster" | "redis+sentinel" | "rediss"
+            | "rediss+redlock" | "rediss+sentinel",
+        ) => redis_backend(url).await,
         Some("etcd" | "etcds") => etcd_backend(url).await,
         Some("zk" | "zks") => zk_backend(url).await,
         Some("postgres" | "postgresql") => postgres_backend(url).await,

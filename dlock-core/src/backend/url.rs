@@ -388,9 +388,10 @@ pub fn parse_url_duration(text: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
-/// `url` with the password of its user info replaced by `***`, for
-/// errors, `Debug` output and traces. A URL without a password is returned
-/// as it is.
+/// `url` with the password of its user info, and the value of every query
+/// parameter whose name holds `password` (`sentinel_password=`,
+/// `password=`, `sslpassword=`), replaced by `***`, for errors, `Debug`
+/// output and traces. A URL without a password is returned as it is.
 ///
 /// # Examples
 ///
@@ -400,6 +401,10 @@ pub fn parse_url_duration(text: &str) -> Result<Duration, String> {
 /// assert_eq!(redact_url("redis://app:s3cr%40t@db:6379/0"), "redis://app:***@db:6379/0");
 /// assert_eq!(redact_url("redis://:pw@a:1,b:2,c:3"), "redis://:***@a:1,b:2,c:3");
 /// assert_eq!(redact_url("etcd://10.0.0.1:2379/locks"), "etcd://10.0.0.1:2379/locks");
+/// assert_eq!(
+///     redact_url("redis+sentinel://s:26379/m?sentinel_password=pw&prefix=app"),
+///     "redis+sentinel://s:26379/m?sentinel_password=***&prefix=app"
+/// );
 /// ```
 pub fn redact_url(url: &str) -> Cow<'_, str> {
     let Some((scheme, rest)) = url.split_once("://") else {
@@ -407,17 +412,34 @@ pub fn redact_url(url: &str) -> Cow<'_, str> {
     };
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let authority = &rest[..authority_end];
-    let Some(at) = authority.rfind('@') else {
-        return Cow::Borrowed(url);
+    let authority = match authority.rfind('@') {
+        Some(at) => match authority[..at].find(':') {
+            Some(colon) => Cow::Owned(format!("{}:***{}", &authority[..colon], &authority[at..])),
+            None => Cow::Borrowed(authority),
+        },
+        None => Cow::Borrowed(authority),
     };
-    let Some(colon) = authority[..at].find(':') else {
-        return Cow::Borrowed(url);
+    let after = &rest[authority_end..];
+    let (before_fragment, fragment) = after.split_at(after.find('#').unwrap_or(after.len()));
+    let after = match before_fragment.split_once('?') {
+        Some((path, query)) if query.to_ascii_lowercase().contains("password") => {
+            let pairs: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((name, _)) if name.to_ascii_lowercase().contains("password") => {
+                        format!("{name}=***")
+                    }
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            Cow::Owned(format!("{path}?{}{fragment}", pairs.join("&")))
+        }
+        _ => Cow::Borrowed(after),
     };
-    Cow::Owned(format!(
-        "{scheme}://{}:***{}",
-        &authority[..colon],
-        &rest[at..]
-    ))
+    if matches!((&authority, &after), (Cow::Borrowed(_), Cow::Borrowed(_))) {
+        return Cow::Borrowed(url);
+    }
+    Cow::Owned(format!("{scheme}://{authority}{after}"))
 }
 
 /// Decodes `%XX` escapes in a user name or password taken from a URL

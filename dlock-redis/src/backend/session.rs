@@ -61,6 +61,20 @@ impl RedisBackend {
     ///
     /// As [`connect`](RedisBackend::connect).
     pub async fn connect_with(config: RedisConfig) -> Result<RedisBackend> {
+        if let (Some(sentinel), Some(target)) = (config.sentinel_client()?, config.sentinel()) {
+            // Boxed: the sentinel client's futures nest deep, and inline
+            // they would push the layout of every future that awaits a
+            // `connect` past rustc's recursion limit.
+            let node = Box::pin(Node::sentinel(
+                sentinel,
+                &target.master,
+                config.connect_timeout(),
+                config.response_timeout(),
+            ))
+            .await
+            .map_err(backend_error)?;
+            return Self::on_nodes(vec![node], &config).await;
+        }
         if config.is_cluster() {
             let client = |resp3: bool| {
                 let mut builder = redis::cluster::ClusterClient::builder(config.nodes().to_vec())

@@ -216,7 +216,7 @@ impl ZkBackend {
         let connector = match config.digest() {
             Some(digest) => Some(
                 connector
-                    .unwrap_or_else(Client::connector)
+                    .unwrap_or_else(zookeeper_client::Client::connector)
                     .with_auth("digest", digest.as_bytes()),
             ),
             None if config.creator_acls() && connector.is_none() => {
