@@ -55,6 +55,7 @@
 
 pub mod backend;
 mod builder;
+mod connection;
 mod default_locker;
 mod duration;
 pub mod election;
@@ -77,6 +78,7 @@ mod watchdog;
 
 pub use backend::memory::MemoryBackend;
 pub use builder::{BackendExt, LockerBuilder};
+pub use connection::ConnectionState;
 pub use default_locker::{default_locker, set_default_locker};
 pub use duration::parse_duration;
 pub use election::Election;

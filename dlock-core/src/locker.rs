@@ -170,6 +170,37 @@ impl Locker {
             .is_some()
     }
 
+    /// What the backend knows of its connection to the servers, as a
+    /// watch: [`Connected`](crate::ConnectionState::Connected),
+    /// [`Suspended`](crate::ConnectionState::Suspended) while it cannot
+    /// tell whether its leases live, [`Lost`](crate::ConnectionState::Lost)
+    /// when they may be gone, then
+    /// [`Reconnected`](crate::ConnectionState::Reconnected). Each backend's
+    /// docs say which of its signals move it; the in-process and file
+    /// backends stay `Connected`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{BackendExt, ConnectionState, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let locker = MemoryBackend::new().into_locker();
+    /// let mut state = locker.state();
+    /// tokio::spawn(async move {
+    ///     while state.changed().await.is_ok() {
+    ///         if *state.borrow() == ConnectionState::Suspended {
+    ///             // pause work that must not run without its lock
+    ///         }
+    ///     }
+    /// });
+    /// # }
+    /// ```
+    pub fn state(&self) -> tokio::sync::watch::Receiver<crate::ConnectionState> {
+        self.shared.backend.connection_state()
+    }
+
     /// Who holds `key`'s lock now, as the server says: the holder's
     /// fencing token and what it [proclaimed](crate::Election::proclaim),
     /// or `None` if the key is free. One read: it takes no lock and waits

@@ -13,6 +13,7 @@
 //! | [`LOST`] | counter | `backend`, `reason` | locks lost while held |
 //! | [`RENEWALS`] | counter | `backend`, `outcome` | the watchdog's renewal round trips |
 //! | [`RENEWAL_SECONDS`] | histogram | `backend` | how long each renewal round trip took |
+//! | [`CONNECTION_STATES`] | counter | `backend`, `state` | changes of a backend's [`ConnectionState`](crate::ConnectionState), by the state entered |
 //!
 //! The labels' values:
 //!
@@ -27,6 +28,7 @@
 //!   (see [`LostReason`]).
 //! - `outcome` of a renewal round trip: `ok`, `error` or `timeout`. One
 //!   round trip renews every lock its tick found due.
+//! - `state` entered: `connected`, `suspended`, `lost` or `reconnected`.
 //!
 //! No label holds a lock's key: keys are unbounded (one per order, per
 //! user), and a label per key would grow an exporter's memory without
@@ -63,6 +65,9 @@ pub const RENEWALS: &str = "dlock_renewals_total";
 /// Histogram, seconds: how long each renewal round trip took, labelled by
 /// `backend`.
 pub const RENEWAL_SECONDS: &str = "dlock_renewal_seconds";
+/// Counter: changes of a backend's connection state, labelled by `backend`
+/// and the `state` entered.
+pub const CONNECTION_STATES: &str = "dlock_connection_states_total";
 
 use std::time::Duration;
 
@@ -177,6 +182,13 @@ pub(crate) fn renewal(backend: &'static str, outcome: &'static str, took: Durati
         metrics::counter!(RENEWALS, "backend" => backend, "outcome" => outcome).increment(1);
         metrics::histogram!(RENEWAL_SECONDS, "backend" => backend).record(took);
     }
+}
+
+/// A backend's connection state changed to `state`.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn connection_state(backend: &'static str, state: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!(CONNECTION_STATES, "backend" => backend, "state" => state).increment(1);
 }
 
 #[cfg(test)]

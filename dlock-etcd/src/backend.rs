@@ -82,6 +82,15 @@ fn vanished() -> LockError {
 /// in whole seconds, rounded up; the guard still reports lost at the lease
 /// asked for).
 ///
+/// # Connection state
+///
+/// [`Locker::state`](dlock_core::Locker::state) follows the session
+/// leases: `Suspended` when a keepalive goes unanswered (the guards on
+/// the lease say they are unsure), `Lost` when a lease with guards on it
+/// expires (the cluster says so, or a whole TTL passed without an
+/// answer), `Reconnected` at the next answered keepalive, or when a new
+/// lease is granted after a lost one.
+///
 /// # Examples
 ///
 /// ```no_run
@@ -108,6 +117,8 @@ struct Inner {
     sessions: tokio::sync::Mutex<HashMap<u64, Arc<Session>>>,
     /// The etcd key of every acquisition in flight or held, by token.
     owned: Mutex<HashMap<Token, Owned>>,
+    /// Fed by every session: see "Connection state" above.
+    states: dlock_core::backend::ConnectionStates,
     /// Without a wait limit, how long the cluster may stay unreachable
     /// before a waiting acquire fails with the error.
     unreachable_after: Duration,
@@ -342,6 +353,10 @@ impl Backend for EtcdBackend {
         seen: Option<&'a Holder>,
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move { self.holder_changed_inner(key, seen).await })
+    }
+
+    fn connection_state(&self) -> tokio::sync::watch::Receiver<dlock_core::ConnectionState> {
+        self.inner.states.subscribe()
     }
 }
 

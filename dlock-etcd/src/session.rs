@@ -8,7 +8,7 @@ use std::{
 };
 
 use dlock_core::{
-    backend::{LossReporter, SessionHolders},
+    backend::{ConnectionStates, LossReporter, SessionHolders},
     LostReason, Token,
 };
 use etcd_client::{Client, TxnOp};
@@ -31,6 +31,7 @@ impl Session {
     pub(crate) async fn start(
         client: &Client,
         ttl: Duration,
+        states: &ConnectionStates,
     ) -> Result<Arc<Session>, etcd_client::Error> {
         let sent = Instant::now();
         let ttl_secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
@@ -39,7 +40,7 @@ impl Session {
         let session = Arc::new(Session {
             lease: grant.id(),
             ttl: granted,
-            holders: SessionHolders::new(sent),
+            holders: SessionHolders::reporting_to(sent, states.clone()),
         });
         tokio::spawn(keep_alive(client.clone(), Arc::downgrade(&session)));
         Ok(session)
@@ -151,6 +152,8 @@ async fn keep_alive(client: Client, session: Weak<Session>) {
             }
             _ => {
                 stream = None;
+                // Unanswered: the lease may live, but nobody can tell.
+                session.holders.unsure();
                 if session.holders.renewed_at().elapsed() >= session.ttl {
                     tracing::warn!(lease, "dlock etcd session could not be kept alive");
                     session.holders.expire();

@@ -444,3 +444,28 @@ async fn a_permit_freed_while_the_waiter_queues_is_taken_at_once() {
         drop(held_first);
     }
 }
+
+/// `Locker::state` follows the session lease: `Suspended` when a
+/// keepalive goes unanswered, `Reconnected` at the next answered one (the
+/// lock kept), `Lost` when the lease runs out with the lock on it,
+/// `Reconnected` on a new lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_state_follows_the_session_lease() {
+    let server = EtcdServer::start().expect("start etcd");
+    let proxy = TcpProxy::start(server.endpoint().parse().unwrap())
+        .await
+        .unwrap();
+    // A TTL the short cut and the client's reconnection stay inside.
+    let locker = locker_with_ttl(
+        &format!("etcd://{}/states", proxy.endpoint()),
+        Duration::from_secs(8),
+    )
+    .await;
+    session_faults::check_connection_states(
+        &locker,
+        &proxy,
+        Some(Duration::from_millis(1200)),
+        Duration::from_secs(25),
+    )
+    .await;
+}

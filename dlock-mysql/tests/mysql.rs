@@ -649,3 +649,26 @@ async fn released_fixed_leases_leave_no_timer_tasks_behind() {
     let locker = locker(&server.url()).await;
     dlock_testkit::session_faults::check_released_fixed_leases_leave_no_tasks(&locker).await;
 }
+
+/// `Locker::state` follows the sessions: a cut connection ends the
+/// holder's session with its lock on it (`Lost`), and the next session
+/// opened is `Reconnected`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_state_follows_the_sessions() {
+    let server = MariaDbServer::start().expect("start MariaDB");
+    let proxy = dlock_testkit::fixture::TcpProxy::start(server.host_port().parse().unwrap())
+        .await
+        .unwrap();
+    let locker = locker(&format!(
+        "mysql://dlock:{MARIADB_PASSWORD}@127.0.0.1:{}/dlock?session_timeout=3s",
+        proxy.port()
+    ))
+    .await;
+    dlock_testkit::session_faults::check_connection_states(
+        &locker,
+        &proxy,
+        None,
+        Duration::from_secs(10),
+    )
+    .await;
+}

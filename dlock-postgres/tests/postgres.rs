@@ -661,3 +661,27 @@ async fn connection_locks_release_and_a_dropped_wait_leaves_nothing_behind() {
         .unwrap();
     sqlx::query("SELECT 1").execute(&mut *again).await.unwrap();
 }
+
+/// `Locker::state` follows the sessions: a cut connection ends the
+/// holder's session with its lock on it (`Lost`; a session is one
+/// connection, so there is no `Suspended`), and the next session opened
+/// is `Reconnected`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_state_follows_the_sessions() {
+    let server = PostgresServer::start().expect("start PostgreSQL");
+    let proxy = dlock_testkit::fixture::TcpProxy::start(server.host_port().parse().unwrap())
+        .await
+        .unwrap();
+    let locker = locker(&format!(
+        "postgres://postgres:{POSTGRES_PASSWORD}@127.0.0.1:{}/postgres?session_timeout=3s",
+        proxy.port()
+    ))
+    .await;
+    dlock_testkit::session_faults::check_connection_states(
+        &locker,
+        &proxy,
+        None,
+        Duration::from_secs(10),
+    )
+    .await;
+}

@@ -7,8 +7,8 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, Mode, ReleaseOutcome,
-        RenewOutcome, RenewRequest,
+        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, ConnectionStates, Holder, Mode,
+        ReleaseOutcome, RenewOutcome, RenewRequest,
     },
     LockError, LockKey, Result, Token,
 };
@@ -87,6 +87,17 @@ const REDLOCK_NODE_TIMEOUT_MAX: Duration = Duration::from_secs(1);
 /// watchdog's renewals follow a new master; a lock whose key it lacks
 /// (asynchronous replication lost the write) is reported lost by the next
 /// renewal. See the crate's README, "Redis Sentinel".
+///
+/// # Connection state
+///
+/// [`Locker::state`](dlock_core::Locker::state) follows what the backend's
+/// own requests find (Redis has no session to watch): a step that a
+/// quorum of nodes cannot answer for a reason of the connection (refused,
+/// dropped, timed out) is `Suspended`; renewals that find no quorum for
+/// longer than their lease are `Lost` (every lease renewed by then has run
+/// out); the next answered step is `Reconnected`. The watchdog's
+/// renewals, acquires, releases and `check_servers` all count; a backend
+/// that sends nothing learns nothing.
 ///
 /// # Read-write locks and semaphores (one node)
 ///
@@ -170,6 +181,10 @@ struct Inner {
     unwatched_poll: Duration,
     /// Per key, the queue of this process's waiters (see `local_turn`).
     local: std::sync::Mutex<std::collections::HashMap<String, Arc<Semaphore>>>,
+    /// See "Connection state" above.
+    states: ConnectionStates,
+    /// When a quorum of nodes last answered.
+    answered_at: std::sync::Mutex<tokio::time::Instant>,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -206,11 +221,60 @@ impl RedisBackend {
         F: Fn(&'n Node) -> Fut,
         Fut: std::future::Future<Output = RedisResult<T>> + 'n,
     {
-        match &self.inner.nodes[..] {
+        let answers = match &self.inner.nodes[..] {
             // One node (not Redlock): no join to allocate and poll.
             [node] => vec![bounded(timeout, step(node)).await],
             nodes => join_all(nodes.iter().map(|node| bounded(timeout, step(node)))).await,
+        };
+        self.observe(&answers);
+        answers
+    }
+
+    /// Feeds the connection state from one step's answers: a quorum that
+    /// answered (even with a script's error) is `answered`; a step that a
+    /// quorum could not answer, for a reason of the connection, is
+    /// `suspended`.
+    fn observe<T>(&self, answers: &[RedisResult<T>]) {
+        let unreachable = |e: &RedisError| {
+            e.is_io_error()
+                || e.is_connection_refusal()
+                || e.is_connection_dropped()
+                || e.is_timeout()
+        };
+        let reached = answers
+            .iter()
+            .filter(|a| !matches!(a, Err(e) if unreachable(e)))
+            .count();
+        if reached >= self.inner.quorum {
+            *self.answered_at() = tokio::time::Instant::now();
+            self.inner.states.answered();
+        } else {
+            self.inner.states.suspended();
         }
+    }
+
+    fn answered_at(&self) -> std::sync::MutexGuard<'_, tokio::time::Instant> {
+        self.inner
+            .answered_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// After renewals that a quorum could not answer: `lost` at the end
+    /// of the longest of their leases unless a quorum answers by then
+    /// (every lease renewed at the last answer has run out).
+    fn lost_unless_answered_within(&self, lease: Duration) {
+        let answered = *self.answered_at();
+        let inner = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            tokio::time::sleep_until(answered + lease).await;
+            if let Some(inner) = inner.upgrade() {
+                let backend = RedisBackend { inner };
+                if *backend.answered_at() == answered {
+                    backend.inner.states.lost();
+                }
+            }
+        });
     }
 }
 
@@ -316,5 +380,9 @@ impl Backend for RedisBackend {
         seen: Option<&'a Holder>,
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move { self.holder_changed_inner(key, seen).await })
+    }
+
+    fn connection_state(&self) -> tokio::sync::watch::Receiver<dlock_core::ConnectionState> {
+        self.inner.states.subscribe()
     }
 }

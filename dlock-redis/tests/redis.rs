@@ -449,3 +449,32 @@ async fn a_backend_on_the_applications_client_shares_the_locks() {
         Err(LockError::InvalidOptions { .. })
     ));
 }
+
+/// `Locker::state` follows the backend's own requests: renewals that
+/// cannot reach the server are `Suspended`, the next answered one
+/// `Reconnected` (the lock kept), renewals failing for longer than the
+/// lease `Lost`, and the next answer `Reconnected`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_state_follows_the_renewals() {
+    let server = RedisServer::start().expect("redis-server");
+    let proxy = dlock_testkit::fixture::TcpProxy::start(server.host_port().parse().unwrap())
+        .await
+        .unwrap();
+    let locker = Locker::builder(
+        RedisBackend::connect(&format!("redis://{}/", proxy.endpoint()))
+            .await
+            .unwrap(),
+    )
+    // Renewals every 2 s: the short cut (noticed at the next renewal,
+    // then 1.2 s) ends well inside the lease.
+    .watchdog_lease(Duration::from_secs(6))
+    .build()
+    .unwrap();
+    dlock_testkit::session_faults::check_connection_states(
+        &locker,
+        &proxy,
+        Some(Duration::from_millis(1200)),
+        Duration::from_secs(20),
+    )
+    .await;
+}

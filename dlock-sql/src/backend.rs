@@ -96,6 +96,9 @@ impl<D: Dialect> Clone for SqlBackend<D> {
 
 struct Inner<D: Dialect> {
     dialect: Arc<D>,
+    /// Fed by every session: a statement answered, a session ended with
+    /// guards on it (see `SessionHolders::reporting_to`).
+    states: dlock_core::backend::ConnectionStates,
     /// The sessions that take uncontended locks, a key's always the same
     /// one (by its identifier); each replaced once it ends.
     holders: Vec<tokio::sync::Mutex<Option<Arc<Session<D>>>>>,
@@ -267,6 +270,15 @@ impl<D: Dialect> Backend for SqlBackend<D> {
     fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
         Box::pin(async move { self.holder_inner(key).await })
     }
+
+    /// Fed by the sessions: an answered statement is `Connected` (or
+    /// `Reconnected`), a session that ends with guards on it `Lost`. A
+    /// session is one connection, so there is no `Suspended`: a statement
+    /// is answered, or its session ends (a cut connection at once, one
+    /// whose traffic is dropped after the session timeout).
+    fn connection_state(&self) -> tokio::sync::watch::Receiver<dlock_core::ConnectionState> {
+        self.inner.states.subscribe()
+    }
 }
 
 /// Implements [`Backend`] for a newtype around a [`SqlBackend`], by
@@ -366,6 +378,12 @@ macro_rules! forward_backend {
                 seen: Option<&'a $crate::__private::Holder>,
             ) -> $crate::__private::BoxFuture<'a, $crate::__private::Result<()>> {
                 self.0.holder_changed(key, seen)
+            }
+
+            fn connection_state(
+                &self,
+            ) -> $crate::__private::Receiver<$crate::__private::ConnectionState> {
+                self.0.connection_state()
             }
         }
     };

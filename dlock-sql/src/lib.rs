@@ -21,6 +21,7 @@ pub mod __private {
             AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, Mode,
             ReleaseOutcome, RenewOutcome, RenewRequest,
         },
-        LockKey, Result, Token,
+        ConnectionState, LockKey, Result, Token,
     };
+    pub use tokio::sync::watch::Receiver;
 }

@@ -196,6 +196,9 @@ impl Backend for CountingBackend {
     ) -> BoxFuture<'a, Result<()>> {
         self.inner.holder_changed(key, seen)
     }
+    fn connection_state(&self) -> tokio::sync::watch::Receiver<dlock_core::ConnectionState> {
+        self.inner.connection_state()
+    }
 }
 
 /// Counts a renewal as answered when dropped: returned or abandoned.

@@ -214,3 +214,124 @@ pub async fn check_released_fixed_leases_leave_no_tasks(locker: &Locker) {
         "{after} tasks alive after 50 released fixed leases ({before} before)"
     );
 }
+
+/// The states [`Locker::state`] went through, recorded as they come.
+#[derive(Debug, Clone, Default)]
+struct StateLog(std::sync::Arc<std::sync::Mutex<Vec<dlock_core::ConnectionState>>>);
+
+impl StateLog {
+    fn follow(locker: &Locker) -> StateLog {
+        let log = StateLog::default();
+        let mut states = locker.state();
+        let seen = log.clone();
+        tokio::spawn(async move {
+            seen.push(*states.borrow_and_update());
+            while states.changed().await.is_ok() {
+                seen.push(*states.borrow_and_update());
+            }
+        });
+        log
+    }
+
+    fn push(&self, state: dlock_core::ConnectionState) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(state);
+    }
+
+    fn seen(&self) -> Vec<dlock_core::ConnectionState> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Waits until `state` is recorded after the first `after` entries;
+    /// its index.
+    async fn wait_for(
+        &self,
+        state: dlock_core::ConnectionState,
+        after: usize,
+        within: Duration,
+    ) -> usize {
+        let started = Instant::now();
+        loop {
+            if let Some(i) = self.seen().iter().skip(after).position(|s| *s == state) {
+                return after + i;
+            }
+            assert!(
+                started.elapsed() < within,
+                "no {state:?} within {within:?}: the states were {:?}",
+                self.seen()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Cuts every connection of `locker` (made through `proxy`) while it
+/// holds a lock, and checks what [`Locker::state`] says:
+///
+/// - with `short`, a cut of that long, shorter than the session or lease:
+///   `Suspended`, then `Reconnected` once the network is back, and the
+///   lock still held;
+/// - then a cut until the backend says `Lost` (within `lost_within`),
+///   with the held lock lost too; once the network is back,
+///   `Reconnected`, and a new lock works.
+///
+/// The states come in that order, starting from `Connected`.
+///
+/// # Panics
+///
+/// When a check fails.
+pub async fn check_connection_states(
+    locker: &Locker,
+    proxy: &TcpProxy,
+    short: Option<Duration>,
+    lost_within: Duration,
+) {
+    use dlock_core::ConnectionState::{Connected, Lost, Reconnected, Suspended};
+    let log = StateLog::follow(locker);
+    let guard = locker.lock("connection-states").await.expect("lock");
+    let mut mark = 0;
+    if let Some(short) = short {
+        proxy.block();
+        let suspended = log.wait_for(Suspended, 0, short * 4).await;
+        tokio::time::sleep(short).await;
+        proxy.unblock();
+        mark = log.wait_for(Reconnected, suspended, short * 8).await;
+        assert!(
+            !guard.is_lost(),
+            "a cut of {short:?} lost the lock: {:?}",
+            log.seen()
+        );
+    }
+    proxy.block();
+    let lost = log.wait_for(Lost, mark, lost_within).await;
+    let told = tokio::time::timeout(lost_within, guard.lost()).await;
+    assert!(told.is_ok(), "the backend said Lost, the guard never did");
+    proxy.unblock();
+    let after = locker
+        .lock_with(
+            "connection-states-after",
+            LockOptions::new().wait(lost_within),
+        )
+        .await
+        .expect("a lock once the network is back");
+    log.wait_for(Reconnected, lost, lost_within).await;
+    drop(after);
+    let seen = log.seen();
+    assert_eq!(seen.first(), Some(&Connected), "{seen:?}");
+    let expected: &[_] = if short.is_some() {
+        &[Suspended, Reconnected, Lost, Reconnected]
+    } else {
+        &[Lost, Reconnected]
+    };
+    // The expected states in order, with repeats of the cut's own states
+    // (a second `Suspended` before `Lost`) allowed between them.
+    let mut want = expected.iter().peekable();
+    for state in &seen[1..] {
+        if want.peek() == Some(&state) {
+            want.next();
+        }
+    }
+    assert!(
+        want.peek().is_none(),
+        "expected {expected:?} in order, saw {seen:?}"
+    );
+}

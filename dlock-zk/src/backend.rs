@@ -9,8 +9,8 @@ use std::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, LeaseTimers, Mode,
-        ReleaseOutcome, RenewOutcome, RenewRequest,
+        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, ConnectionStates, Holder,
+        LeaseTimers, Mode, ReleaseOutcome, RenewOutcome, RenewRequest,
     },
     LockError, LockKey, Result, Token,
 };
@@ -103,6 +103,15 @@ fn vanished() -> LockError {
 ///   process dies first, the session's expiry removes it. The guard ends at
 ///   the lease's end or the session's, whichever comes first.
 ///
+/// # Connection state
+///
+/// [`Locker::state`](dlock_core::Locker::state) follows the session:
+/// `Suspended` when the client is disconnected from every server (its
+/// guards are unsure), `Lost` when the session expires with guards on it
+/// (told by the servers, or a whole session timeout passed unconfirmed),
+/// `Reconnected` at the next confirmation, or when a new session opens
+/// after a lost one.
+///
 /// Keys are escaped (`%XX` for every byte but ASCII letters, digits, `-`,
 /// `_` and `:`), so `/`, `.`, `..`, unicode and control characters are safe.
 ///
@@ -129,6 +138,8 @@ struct Inner {
     config: ZkConfig,
     /// The application's connector, if it gave one, for every session.
     connector: Option<Connector>,
+    /// Fed by every session: see "Connection state" above.
+    states: ConnectionStates,
     session: tokio::sync::Mutex<Option<Arc<Session>>>,
     owned: Mutex<HashMap<Token, Owned>>,
     /// Ends fixed leases (ephemeral nodes have no TTL): one task for all.
@@ -368,6 +379,10 @@ impl Backend for ZkBackend {
         seen: Option<&'a Holder>,
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move { self.holder_changed_inner(key, seen).await })
+    }
+
+    fn connection_state(&self) -> tokio::sync::watch::Receiver<dlock_core::ConnectionState> {
+        self.inner.states.subscribe()
     }
 }
 

@@ -8,7 +8,7 @@ use std::{
 };
 
 use dlock_core::{
-    backend::{LossReporter, SessionHolders},
+    backend::{ConnectionStates, LossReporter, SessionHolders},
     LostReason, Token,
 };
 use tokio::time::Instant;
@@ -30,6 +30,7 @@ impl Session {
         connector: Option<&Connector>,
         servers: &str,
         timeout: Duration,
+        states: &ConnectionStates,
     ) -> Result<Arc<Session>, zookeeper_client::Error> {
         let sent = Instant::now();
         let client = connector
@@ -43,7 +44,7 @@ impl Session {
             timeout: client.session_timeout(),
             id: client.session_id().0,
             client: Mutex::new(Some(client)),
-            holders: SessionHolders::new(sent),
+            holders: SessionHolders::reporting_to(sent, states.clone()),
         });
         tokio::spawn(monitor(Arc::downgrade(&session)));
         Ok(session)

@@ -606,3 +606,29 @@ async fn released_fixed_leases_leave_no_timer_tasks_behind() {
     let locker = ZkBackend::connect(&url).await.unwrap().into_locker();
     session_faults::check_released_fixed_leases_leave_no_tasks(&locker).await;
 }
+
+/// `Locker::state` follows the session: `Suspended` while the client is
+/// cut off, `Reconnected` when it is back within the session timeout (the
+/// lock kept), `Lost` when the session expires, `Reconnected` on a new
+/// session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_state_follows_the_session() {
+    let server = ZooKeeperServer::start().expect("start ZooKeeper");
+    let proxy = TcpProxy::start(server.endpoint().parse().unwrap())
+        .await
+        .unwrap();
+    let locker = ZkBackend::connect(&format!(
+        "zk://{}/states?session_timeout=2s",
+        proxy.endpoint()
+    ))
+    .await
+    .unwrap()
+    .into_locker();
+    session_faults::check_connection_states(
+        &locker,
+        &proxy,
+        Some(Duration::from_millis(500)),
+        Duration::from_secs(10),
+    )
+    .await;
+}

@@ -24,6 +24,7 @@ mod session;
 mod timers;
 mod url;
 
+pub use crate::connection::ConnectionStates;
 pub use backoff::Backoff;
 pub use capabilities::Capabilities;
 pub use holder::{unsupported_holder, Holder, HOLDER_POLL};
@@ -268,6 +269,27 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
             Ok(())
         })
     }
+
+    /// What the backend knows of its connection to the servers (see
+    /// [`ConnectionState`](crate::ConnectionState)), fed by its own
+    /// signals through a [`ConnectionStates`].
+    ///
+    /// The default, for a backend with no connection to lose (the
+    /// in-process and file backends), stays
+    /// [`Connected`](crate::ConnectionState::Connected).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{backend::Backend, ConnectionState, MemoryBackend};
+    ///
+    /// let state = MemoryBackend::new().connection_state();
+    /// assert_eq!(*state.borrow(), ConnectionState::Connected);
+    /// ```
+    fn connection_state(&self) -> tokio::sync::watch::Receiver<crate::ConnectionState> {
+        // The sender is dropped: the state never changes.
+        tokio::sync::watch::channel(crate::ConnectionState::Connected).1
+    }
 }
 
 impl<B: Backend + ?Sized> Backend for Arc<B> {
@@ -314,5 +336,8 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
         seen: Option<&'a Holder>,
     ) -> BoxFuture<'a, Result<()>> {
         (**self).holder_changed(key, seen)
+    }
+    fn connection_state(&self) -> tokio::sync::watch::Receiver<crate::ConnectionState> {
+        (**self).connection_state()
     }
 }

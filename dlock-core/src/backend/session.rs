@@ -10,7 +10,7 @@ use std::{
 
 use tokio::time::Instant;
 
-use crate::{error::LostReason, lease::LossReporter, token::Token};
+use crate::{connection::ConnectionStates, error::LostReason, lease::LossReporter, token::Token};
 
 /// The guards held on one session, with when the session was last known
 /// alive. `T` is what the backend keeps per lock (its key name, or `()`).
@@ -33,6 +33,9 @@ use crate::{error::LostReason, lease::LossReporter, token::Token};
 pub struct SessionHolders<T> {
     inner: Mutex<Inner<T>>,
     ended: tokio::sync::Notify,
+    /// The backend's connection state, fed by this session (see
+    /// [`reporting_to`](SessionHolders::reporting_to)).
+    states: Option<ConnectionStates>,
 }
 
 #[derive(Debug)]
@@ -66,6 +69,37 @@ impl<T: Clone> SessionHolders<T> {
                 holders: HashMap::new(),
             }),
             ended: tokio::sync::Notify::new(),
+            states: None,
+        }
+    }
+
+    /// No holders, on a session opened (so known alive) at `renewed_at`,
+    /// that feeds the backend's connection state: the opening and every
+    /// renewal are [`answered`](ConnectionStates::answered),
+    /// [`unsure`](SessionHolders::unsure) is
+    /// [`suspended`](ConnectionStates::suspended), and an
+    /// [`expire`](SessionHolders::expire) that loses guards is
+    /// [`lost`](ConnectionStates::lost). A session ended with no guard on
+    /// it (a waiter's, given up) changes nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{backend::{ConnectionStates, SessionHolders}, ConnectionState};
+    /// use tokio::time::Instant;
+    ///
+    /// let states = ConnectionStates::new("mybackend");
+    /// let holders: SessionHolders<()> = SessionHolders::reporting_to(Instant::now(), states.clone());
+    /// holders.unsure();
+    /// assert_eq!(states.get(), ConnectionState::Suspended);
+    /// holders.expire(); // no guard on it: nothing lost
+    /// assert_eq!(states.get(), ConnectionState::Suspended);
+    /// ```
+    pub fn reporting_to(renewed_at: Instant, states: ConnectionStates) -> Self {
+        states.answered();
+        SessionHolders {
+            states: Some(states),
+            ..Self::new(renewed_at)
         }
     }
 
@@ -130,6 +164,9 @@ impl<T: Clone> SessionHolders<T> {
     /// holding 100,000 locks quadratic. A guard's lease so ends at most a
     /// tenth early, never late.
     pub fn renewed(&self, sent: Instant, lease: Duration) {
+        if let Some(states) = &self.states {
+            states.answered();
+        }
         let mut inner = self.inner();
         inner.renewed_at = sent;
         if !inner.unsure && sent < inner.passed_on + lease / 10 {
@@ -154,6 +191,10 @@ impl<T: Clone> SessionHolders<T> {
         for holder in inner.holders.values() {
             holder.loss.set_unsure(true);
         }
+        drop(inner);
+        if let Some(states) = &self.states {
+            states.suspended();
+        }
     }
 
     /// The session expired (or was given up): every guard on it is lost,
@@ -163,10 +204,14 @@ impl<T: Clone> SessionHolders<T> {
         let mut inner = self.inner();
         let first = !inner.expired;
         inner.expired = true;
+        let lost = !inner.holders.is_empty();
         for (_, holder) in inner.holders.drain() {
             holder.loss.report(LostReason::SessionExpired);
         }
         drop(inner);
+        if let (true, Some(states)) = (lost, &self.states) {
+            states.lost();
+        }
         self.ended.notify_waiters();
         first
     }

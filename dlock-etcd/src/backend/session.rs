@@ -133,6 +133,7 @@ impl EtcdBackend {
                 prefix: config.prefix().to_owned(),
                 sessions: tokio::sync::Mutex::default(),
                 owned: Mutex::default(),
+                states: dlock_core::backend::ConnectionStates::new(NAME),
                 unreachable_after: config.connect_timeout() + config.request_timeout(),
             }),
         })
@@ -145,9 +146,13 @@ impl EtcdBackend {
         if let Some(session) = sessions.get(&secs).filter(|s| s.is_usable()) {
             return Ok(session.clone());
         }
-        let session = Session::start(&self.inner.client, Duration::from_secs(secs))
-            .await
-            .map_err(backend_error)?;
+        let session = Session::start(
+            &self.inner.client,
+            Duration::from_secs(secs),
+            &self.inner.states,
+        )
+        .await
+        .map_err(backend_error)?;
         sessions.insert(secs, session.clone());
         Ok(session)
     }

@@ -188,7 +188,9 @@ impl RedisBackend {
         let answers = match &self.inner.nodes[..] {
             [node] => {
                 let step = node.acquire(names, token, lease_ms, fence, place, ticket_ms);
-                vec![bounded(timeout, step).await]
+                let answers = vec![bounded(timeout, step).await];
+                self.observe(&answers);
+                answers
             }
             nodes => {
                 // Stop listening once a majority granted: the slower nodes'
@@ -440,6 +442,7 @@ impl RedisBackend {
             let answer = node
                 .acquire_shared(&names, &entry, lease_ms, queue, lease_ms)
                 .await;
+            self.observe(std::slice::from_ref(&answer));
             let now = Instant::now();
             let sleep = match answer {
                 Ok(SharedAttempt::Acquired(fence)) => {

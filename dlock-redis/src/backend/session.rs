@@ -189,6 +189,8 @@ impl RedisBackend {
                 unreachable_after: config.connect_timeout() + config.response_timeout(),
                 unwatched_poll: config.unwatched_poll(),
                 local: std::sync::Mutex::default(),
+                states: dlock_core::backend::ConnectionStates::new(NAME),
+                answered_at: std::sync::Mutex::new(tokio::time::Instant::now()),
             }),
         };
         if config.is_redlock() {
@@ -303,6 +305,11 @@ impl RedisBackend {
         let answers = self
             .on_every_node(timeout, |node| node.renew(renewals))
             .await;
+        if self.inner.states.get() == dlock_core::ConnectionState::Suspended {
+            if let Some(longest) = locks.iter().map(|r| r.lease).max() {
+                self.lost_unless_answered_within(longest);
+            }
+        }
         if !self.inner.redlock {
             // One node: its error is the batch's.
             let answers = answers

@@ -9,7 +9,7 @@ use std::{
 };
 
 use dlock_core::{
-    backend::{Backoff, BoxFuture, LeaseTimers, SessionHolders, Wait},
+    backend::{Backoff, BoxFuture, ConnectionStates, LeaseTimers, SessionHolders, Wait},
     LockError, Result,
 };
 use tokio::{sync::Semaphore, time::Instant};
@@ -101,7 +101,7 @@ impl Retry {
 
 impl<D: Dialect> Session<D> {
     /// Opens a session, with the server's idle timeout set.
-    async fn open(dialect: &Arc<D>) -> Result<Arc<Session<D>>> {
+    async fn open(dialect: &Arc<D>, states: &ConnectionStates) -> Result<Arc<Session<D>>> {
         let settings = dialect.settings();
         let timeout = settings.session_timeout();
         let (conn, server_id) =
@@ -124,7 +124,7 @@ impl<D: Dialect> Session<D> {
             conn: Arc::new(tokio::sync::Mutex::new(Some(conn))),
             server_id,
             timeout,
-            holders: SessionHolders::new(Instant::now()),
+            holders: SessionHolders::reporting_to(Instant::now(), states.clone()),
         });
         tokio::spawn(keep_alive(Arc::downgrade(&session)));
         Ok(session)
@@ -282,6 +282,7 @@ impl<D: Dialect> SqlBackend<D> {
             inner: Arc::new_cyclic(|inner: &std::sync::Weak<Inner<D>>| {
                 let inner = inner.clone();
                 Inner {
+                    states: ConnectionStates::new(D::NAME),
                     waiters: Arc::new(Semaphore::new(max_waiters)),
                     holders: (0..holder_sessions)
                         .map(|_| tokio::sync::Mutex::new(None))
@@ -336,7 +337,7 @@ impl<D: Dialect> SqlBackend<D> {
     /// that ran the last one, if it is idle (PgBouncer's default): the
     /// second connection's first statement gets the first one's.
     async fn refuse_moving_sessions(&self, first: &Arc<Session<D>>) -> Result<()> {
-        let second = Session::open(&self.inner.dialect).await?;
+        let second = Session::open(&self.inner.dialect, &self.inner.states).await?;
         let mut moved = (second.server_id == first.server_id).then(|| {
             format!(
                 "two connections were given one server session ({})",
@@ -381,7 +382,7 @@ impl<D: Dialect> SqlBackend<D> {
         if let Some(session) = holder.as_ref().filter(|s| s.is_usable()) {
             return Ok(session.clone());
         }
-        let session = Session::open(&self.inner.dialect).await?;
+        let session = Session::open(&self.inner.dialect, &self.inner.states).await?;
         *holder = Some(session.clone());
         Ok(session)
     }
@@ -390,7 +391,7 @@ impl<D: Dialect> SqlBackend<D> {
     pub(super) async fn waiter_session(&self) -> Result<Arc<Session<D>>> {
         loop {
             let Some(session) = lock(&self.inner.idle).pop() else {
-                return Session::open(&self.inner.dialect).await;
+                return Session::open(&self.inner.dialect, &self.inner.states).await;
             };
             if session.is_usable() {
                 return Ok(session);

@@ -9,7 +9,7 @@ use std::{
 };
 
 use dlock_core::{
-    backend::{Backoff, LeaseTimers},
+    backend::{Backoff, ConnectionStates, LeaseTimers},
     LockError, Result, Token,
 };
 use tokio::time::Instant;
@@ -23,12 +23,16 @@ use crate::{config::ZkConfig, session::Session};
 /// Opens a session, trying again while the servers refuse one (down, or
 /// electing a leader: the client gives up on an attempt after a session
 /// timeout) until the connect timeout has passed.
-async fn open_session(config: &ZkConfig, connector: Option<&Connector>) -> Result<Arc<Session>> {
+async fn open_session(
+    config: &ZkConfig,
+    connector: Option<&Connector>,
+    states: &ConnectionStates,
+) -> Result<Arc<Session>> {
     let deadline = Instant::now() + config.connect_timeout();
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
     let servers = config.connect_string();
     loop {
-        let attempt = Session::start(connector, &servers, config.session_timeout());
+        let attempt = Session::start(connector, &servers, config.session_timeout(), states);
         let error = match tokio::time::timeout_at(deadline, attempt).await {
             Ok(Ok(session)) => return Ok(session),
             Ok(Err(e @ (ZkError::Timeout | ZkError::ConnectionLoss | ZkError::NoHosts))) => e,
@@ -245,6 +249,7 @@ impl ZkBackend {
                 Inner {
                     config,
                     connector,
+                    states: ConnectionStates::new(NAME),
                     session: tokio::sync::Mutex::default(),
                     owned: Mutex::default(),
                     lease_ends: LeaseTimers::new(move |token| {
@@ -284,7 +289,12 @@ impl ZkBackend {
         if let Some(session) = current.as_ref().filter(|s| s.is_usable()) {
             return Ok(session.clone());
         }
-        let session = open_session(&self.inner.config, self.inner.connector.as_ref()).await?;
+        let session = open_session(
+            &self.inner.config,
+            self.inner.connector.as_ref(),
+            &self.inner.states,
+        )
+        .await?;
         *current = Some(session.clone());
         Ok(session)
     }
