@@ -318,8 +318,9 @@ struct PgDialect {
     /// locks span the database, and the queue and holders' tables are per
     /// schema: two schemas' locks of one key must not meet.
     scope: std::sync::OnceLock<String>,
-    /// `nextval` of the fencing sequence in its schema, for statements on
-    /// the caller's connections (see [`caller`]), set at setup.
+    /// The fencing sequence by its schema's name, as `regclass` text, for
+    /// statements on the caller's connections (see [`caller`]), set at
+    /// setup.
     caller_fence: std::sync::OnceLock<String>,
     /// `nextval('{prefix}_fence')`.
     fence_expr: String,

@@ -489,8 +489,8 @@ async fn uncontended_permits_and_reads_scan_no_pg_locks() {
 /// the backend's locks of the key, is freed by commit and by rollback,
 /// and two transactions on one key serialize: the second is granted only
 /// once the first commits, sees its write, and gets a higher fence. A
-/// bare connection in a transaction block does not free it at the end of
-/// the statement.
+/// later statement of the transaction finds it still held: it is the
+/// transaction's, not the statement's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transaction_locks_are_freed_by_commit_and_rollback_and_serialize() {
     let server = PostgresServer::start().expect("start PostgreSQL");

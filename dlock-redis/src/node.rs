@@ -291,7 +291,7 @@ impl Node {
             connect_timeout,
         )
         .await?;
-        let addr = format!("sentinel master `{name}` (now {})", master.addr());
+        let addr = format!("sentinel master `{name}`");
         Ok(Node {
             addr,
             subscriber: Subscriber::following(master.clone(), connect_timeout, response_timeout),

@@ -1,17 +1,22 @@
 //! Following the master of a Sentinel deployment: the sentinels name it,
-//! and a failover names another. Commands go to the master named last; an
-//! error that a failover explains (the connection refused or dropped, a
-//! `READONLY` reply from a demoted master), and a check every second, ask
-//! the sentinels again. A new master gets a new connection, and the
-//! subscriber follows it (see [`Master::changes`]).
+//! and a failover names another. Commands go to the master named last.
+//! Every second one sentinel is asked the master's address (one command
+//! on a kept connection); an error that a failover explains (the
+//! connection refused or dropped, a `READONLY` reply from a demoted
+//! master) asks the sentinels in full, with the named master's `ROLE`
+//! checked. A new master gets a new connection, and the subscriber
+//! follows it (see [`Master::changes`]). One question at a time.
 
 use std::{
-    sync::{Arc, Mutex, MutexGuard, Weak},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Mutex, MutexGuard, Weak,
+    },
     time::Duration,
 };
 
 use redis::{
-    aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
+    aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection},
     sentinel::SentinelClient,
     Client, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
 };
@@ -25,6 +30,46 @@ const CHECK_EVERY: Duration = Duration::from_secs(1);
 /// The least time between two refreshes prompted by errors.
 const REFRESH_GAP: Duration = Duration::from_millis(100);
 
+/// How the sentinels are asked: in full through the client (which
+/// checks the named master's `ROLE`), or for the address alone on a kept
+/// connection to one sentinel.
+struct Asking {
+    client: SentinelClient,
+    sentinel: Option<MultiplexedConnection>,
+}
+
+impl Asking {
+    /// `host:port` of the master the sentinels name `name`, from one
+    /// sentinel.
+    async fn master_addr(&mut self, name: &str) -> RedisResult<String> {
+        if self.sentinel.is_none() {
+            let client = self.client.async_get_sentinel_client().await?;
+            self.sentinel = Some(client.get_multiplexed_async_connection().await?);
+        }
+        let Some(conn) = self.sentinel.as_mut() else {
+            return Err(timed_out());
+        };
+        let named: RedisResult<Option<(String, u16)>> = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(name)
+            .query_async(conn)
+            .await;
+        match named {
+            Ok(Some((host, port))) => Ok(format!("{host}:{port}")),
+            Ok(None) => Err(RedisError::from((
+                ErrorKind::Server(ServerErrorKind::ResponseError),
+                "the sentinel knows no master by this name",
+            ))),
+            Err(e) => {
+                // Asked again on another connection, perhaps another
+                // sentinel.
+                self.sentinel = None;
+                Err(e)
+            }
+        }
+    }
+}
+
 /// The master now: its address, and a connection to it.
 struct Current {
     addr: String,
@@ -34,7 +79,11 @@ struct Current {
 
 /// The master of one Sentinel deployment, as its sentinels name it.
 pub(crate) struct Master {
-    sentinel: tokio::sync::Mutex<SentinelClient>,
+    /// Held across a question and the change it makes, so that a late
+    /// answer never replaces a newer one.
+    asking: tokio::sync::Mutex<Asking>,
+    /// A refresh prompted by an error runs: no second one is started.
+    refreshing: AtomicBool,
     current: Mutex<Current>,
     /// Counts the masters followed: bumped at each change.
     changes: watch::Sender<u64>,
@@ -87,7 +136,11 @@ impl Master {
         }
         crate::node::warn_if_evicting(&mut conn, &client).await;
         let master = Arc::new(Master {
-            sentinel: tokio::sync::Mutex::new(sentinel),
+            asking: tokio::sync::Mutex::new(Asking {
+                client: sentinel,
+                sentinel: None,
+            }),
+            refreshing: AtomicBool::new(false),
             current: Mutex::new(Current {
                 addr: client.get_connection_info().addr().to_string(),
                 client,
@@ -112,43 +165,43 @@ impl Master {
         self.current().client.clone()
     }
 
-    /// The master's address now.
-    pub(crate) fn addr(&self) -> String {
-        self.current().addr.clone()
-    }
-
     /// Changes each time a new master is followed.
     pub(crate) fn changes(&self) -> watch::Receiver<u64> {
         self.changes.subscribe()
     }
 
-    /// Asks the sentinels again, soon, unless a refresh started within
-    /// [`REFRESH_GAP`].
+    /// Asks the sentinels again, soon, unless a refresh runs or started
+    /// within [`REFRESH_GAP`].
     fn suspect(self: &Arc<Self>) {
         {
             let mut refreshed = self.refreshed.lock().unwrap_or_else(|e| e.into_inner());
             if refreshed.elapsed() < REFRESH_GAP {
                 return;
             }
+            if self.refreshing.swap(true, Ordering::SeqCst) {
+                return;
+            }
             *refreshed = Instant::now();
         }
         let master = self.clone();
         tokio::spawn(async move {
-            if let Err(error) = master.refresh().await {
+            let answer = {
+                let mut asking = master.asking.lock().await;
+                master.follow(&mut asking).await
+            };
+            master.refreshing.store(false, Ordering::SeqCst);
+            if let Err(error) = answer {
                 tracing::debug!(%error, master = %master.name, "dlock redis: asking the sentinels failed");
             }
         });
     }
 
-    /// Asks the sentinels which server is master (and that server whether
-    /// it is); follows it if it is another one.
-    async fn refresh(&self) -> RedisResult<()> {
-        let client = {
-            let mut sentinel = self.sentinel.lock().await;
-            tokio::time::timeout(self.connect_timeout, sentinel.async_get_client())
-                .await
-                .map_err(|_| timed_out())??
-        };
+    /// Asks the sentinels in full which server is master (and that server
+    /// whether it is); follows it if it is another one.
+    async fn follow(&self, asking: &mut Asking) -> RedisResult<()> {
+        let client = tokio::time::timeout(self.connect_timeout, asking.client.async_get_client())
+            .await
+            .map_err(|_| timed_out())??;
         let addr = client.get_connection_info().addr().to_string();
         if addr == self.current().addr {
             return Ok(());
@@ -171,6 +224,19 @@ impl Master {
         self.changes.send_modify(|n| *n += 1);
         Ok(())
     }
+
+    /// Asks one sentinel the master's address; follows it, in full, if
+    /// it moved.
+    async fn check(&self) -> RedisResult<()> {
+        let mut asking = self.asking.lock().await;
+        let named = tokio::time::timeout(self.connect_timeout, asking.master_addr(&self.name))
+            .await
+            .map_err(|_| timed_out())??;
+        if named == self.current().addr {
+            return Ok(());
+        }
+        self.follow(&mut asking).await
+    }
 }
 
 /// Asks the sentinels every [`CHECK_EVERY`] while the master is followed.
@@ -180,8 +246,7 @@ async fn check(master: Weak<Master>) {
         let Some(master) = master.upgrade() else {
             return;
         };
-        *master.refreshed.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
-        if let Err(error) = master.refresh().await {
+        if let Err(error) = master.check().await {
             tracing::debug!(%error, master = %master.name, "dlock redis: asking the sentinels failed");
         }
     }

@@ -32,7 +32,11 @@ use dlock_core::{
 /// made [from a connector](crate::ZkBackend::from_connector) that
 /// authenticates itself, `open` to keep nodes open while authenticating.
 /// Nodes that exist already keep their ACLs: a lock path created open
-/// stays open to new children of others.
+/// stays open to new children of others. Every component of the lock
+/// path that dlock creates is creator-only too, the default `/dlock`
+/// included: on an ensemble that applications share, give each its own
+/// path (`zk://app:pw@h:2181/app/locks`), or the first one with
+/// credentials keeps the others out of it.
 ///
 /// The password is never printed: `Debug` shows the user only.
 ///
@@ -107,7 +111,13 @@ impl ZkConfig {
             (Some(user), _) if user.contains(':') => {
                 return Err(parts.invalid("the user name has a `:`, which digest names cannot"))
             }
-            (Some(user), password) => Some((user.to_owned(), password.unwrap_or("").to_owned())),
+            (Some(_), None) => {
+                return Err(parts.invalid(
+                    "a user without a password: digest credentials need both \
+                     (`zk://user:password@…`)",
+                ))
+            }
+            (Some(user), Some(password)) => Some((user.to_owned(), password.to_owned())),
             (None, Some(_)) => return Err(parts.invalid("the user name is empty")),
             (None, None) => None,
         };
@@ -291,6 +301,7 @@ mod tests {
             ("zk://a:1/x//y", "empty"),
             ("zk://a:1/x/..", "`..`"),
             ("zk://:p@a:1", "user name is empty"),
+            ("zk://app@a:1", "without a password"),
             ("zk://u%3Ax:p@a:1", "has a `:`"),
             ("zk://a:1?acl=world", "expected `creator`"),
             ("zk://a:1?session_timeout=soon", "malformed duration"),

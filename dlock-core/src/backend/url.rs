@@ -138,7 +138,17 @@ impl BackendUrl {
             .split(',')
             .filter(|h| host_needed || !host_list.is_empty() || !h.is_empty())
         {
-            hosts.push(parse_host(host).map_err(&bad)?);
+            match parse_host(host) {
+                Ok(host) => hosts.push(host),
+                // `redis://u:pa/ss@h`: the host list is the user info cut
+                // short; naming it would show part of the password.
+                Err(_) if userinfo.is_none() && tail.contains('@') => {
+                    return Err(bad("the user info holds a `/`, `?` or `#`: write them \
+                                    `%2F`, `%3F` and `%23`"
+                        .to_owned()))
+                }
+                Err(why) => return Err(bad(why)),
+            }
         }
         // The URL crate would resolve `.` and `..` in the path silently.
         let raw_path = &tail[..tail.find(['?', '#']).unwrap_or(tail.len())];
@@ -411,35 +421,60 @@ pub fn redact_url(url: &str) -> Cow<'_, str> {
         return Cow::Borrowed(url);
     };
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    let authority = match authority.rfind('@') {
-        Some(at) => match authority[..at].find(':') {
-            Some(colon) => Cow::Owned(format!("{}:***{}", &authority[..colon], &authority[at..])),
-            None => Cow::Borrowed(authority),
+    // The user info ends at the authority's last `@`; without one there,
+    // at the last `@` of all when the authority is no host list (`u:pa`
+    // of `redis://u:pa/ss@h`: a password with a `/`, `?` or `#` its writer
+    // did not escape). An `@` in the path or the query then hides more
+    // than the password, never less.
+    let user_end = rest[..authority_end].rfind('@').or_else(|| {
+        let hosts = &rest[..authority_end];
+        let host_list = hosts.split(',').all(|host| {
+            let port = host.rsplit_once(']').map_or(host, |(_, after)| after);
+            port.split_once(':')
+                .is_none_or(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
+        });
+        rest.rfind('@').filter(|_| !host_list)
+    });
+    let rest = match user_end {
+        Some(at) => match rest[..at].find(':') {
+            Some(colon) => Cow::Owned(format!("{}:***{}", &rest[..colon], &rest[at..])),
+            None => Cow::Borrowed(rest),
         },
-        None => Cow::Borrowed(authority),
+        None => Cow::Borrowed(rest),
     };
-    let after = &rest[authority_end..];
-    let (before_fragment, fragment) = after.split_at(after.find('#').unwrap_or(after.len()));
-    let after = match before_fragment.split_once('?') {
-        Some((path, query)) if query.to_ascii_lowercase().contains("password") => {
-            let pairs: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((name, _)) if name.to_ascii_lowercase().contains("password") => {
-                        format!("{name}=***")
-                    }
-                    _ => pair.to_owned(),
-                })
-                .collect();
-            Cow::Owned(format!("{path}?{}{fragment}", pairs.join("&")))
-        }
-        _ => Cow::Borrowed(after),
+    let after_user = match &rest {
+        Cow::Owned(masked) => masked.find(":***@").map_or(0, |at| at + 5),
+        Cow::Borrowed(_) => 0,
     };
-    if matches!((&authority, &after), (Cow::Borrowed(_), Cow::Borrowed(_))) {
+    let query = match rest[after_user..].find('?') {
+        Some(q) => after_user + q + 1,
+        None if matches!(rest, Cow::Borrowed(_)) => return Cow::Borrowed(url),
+        None => return Cow::Owned(format!("{scheme}://{rest}")),
+    };
+    let (head, tail) = rest.split_at(query);
+    let (query, fragment) = tail.split_at(tail.find('#').unwrap_or(tail.len()));
+    let secret = |name: &str| {
+        // Names as the parser reads them: percent-decoded.
+        percent_decode(name)
+            .unwrap_or_else(|_| name.to_owned())
+            .to_ascii_lowercase()
+            .contains("password")
+    };
+    if !matches!(rest, Cow::Owned(_))
+        && !query
+            .split('&')
+            .any(|p| secret(p.split('=').next().unwrap_or(p)))
+    {
         return Cow::Borrowed(url);
     }
-    Cow::Owned(format!("{scheme}://{authority}{after}"))
+    let query: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) if secret(name) => format!("{name}=***"),
+            _ => pair.to_owned(),
+        })
+        .collect();
+    Cow::Owned(format!("{scheme}://{head}{}{fragment}", query.join("&")))
 }
 
 /// Decodes `%XX` escapes in a user name or password taken from a URL
@@ -490,6 +525,27 @@ mod tests {
             ("redis://user@h:1", "redis://user@h:1"),
             ("redis://h:1/x:y@z", "redis://h:1/x:y@z"),
             ("not a url", "not a url"),
+            // Unescaped `/`, `?`, `#` in a password.
+            ("redis://u:pa/ss@h:1", "redis://u:***@h:1"),
+            ("redis://:pa#ss@h", "redis://:***@h"),
+            ("redis://u:p?w@h/0", "redis://u:***@h/0"),
+            // Password parameters, however their names are escaped.
+            (
+                "redis+sentinel://s:1/m?sentinel_password=x&prefix=p",
+                "redis+sentinel://s:1/m?sentinel_password=***&prefix=p",
+            ),
+            (
+                "postgres://h/d?p%61ssword=x",
+                "postgres://h/d?p%61ssword=***",
+            ),
+            (
+                "postgres://h/d?sslPassword=x#f",
+                "postgres://h/d?sslPassword=***#f",
+            ),
+            (
+                "redis://u:p@h/?sentinel%5Fpassword=y",
+                "redis://u:***@h/?sentinel%5Fpassword=***",
+            ),
         ] {
             assert_eq!(redact_url(url), shown, "{url}");
         }
@@ -537,10 +593,13 @@ mod tests {
             ("redis://u:p@a/#frag", "a fragment"),
             ("zk://a:1/x/../y", "`.` or `..`"),
             ("zk://a:1/x/%2E%2e", "`.` or `..`"),
+            ("redis://u:sec/ret@h", "holds a `/`, `?` or `#`"),
+            ("redis://u:sec?ret@h", "holds a `/`, `?` or `#`"),
         ] {
             let err = BackendUrl::parse("test", url).unwrap_err().to_string();
             assert!(err.contains(why), "{url}: {err}");
             assert!(!err.contains("p@"), "{url}: {err}");
+            assert!(!err.contains("sec") && !err.contains("ret"), "{url}: {err}");
         }
         let mut plain = BackendUrl::parse("test", "etcd://a:1?tls_ca=x").unwrap();
         let err = plain

@@ -5,7 +5,7 @@
 use std::fmt;
 
 use dlock_core::{backend::Mode, LockError, LockKey, LostReason, Result};
-use dlock_sql::{sqlx, Dialect};
+use dlock_sql::{session_moved, sqlx, Dialect};
 use sqlx::{pool::PoolConnection, postgres::PgConnection, Postgres, Transaction};
 
 use super::PgBackend;
@@ -153,6 +153,8 @@ pub struct ConnLock<C: CallerConnection> {
     id: i64,
     /// `None` until granted.
     fence: Option<u64>,
+    /// The server session that locked (`pg_backend_pid()`).
+    pid: i32,
 }
 
 impl<C: CallerConnection> fmt::Debug for ConnLock<C> {
@@ -223,16 +225,28 @@ impl<C: CallerConnection> ConnLock<C> {
     /// # }
     /// ```
     pub async fn release(mut self) -> Result<C> {
-        let unlocked = sqlx::query_scalar::<_, bool>("SELECT pg_advisory_unlock($1)")
-            .bind(self.id)
-            .fetch_one(&mut *self)
-            .await;
+        // Only on the server session that locked: through a pooler that
+        // moves statements, another session's unlock would free nothing.
+        let unlocked = sqlx::query_as::<_, (Option<bool>, i32)>(
+            "SELECT CASE WHEN pg_backend_pid() = $2 THEN pg_advisory_unlock($1) END, \
+             pg_backend_pid()",
+        )
+        .bind(self.id)
+        .bind(self.pid)
+        .fetch_one(&mut *self)
+        .await;
         match unlocked {
-            Ok(true) => Ok(self.conn.take().expect("held until released")),
-            Ok(false) => Err(LockError::Lost {
+            Ok((Some(true), _)) => self.conn.take().ok_or_else(|| {
+                LockError::backend("postgres", std::io::Error::other("released twice"))
+            }),
+            Ok((Some(false), _)) => Err(LockError::Lost {
                 key: self.key.clone(),
                 reason: LostReason::NotHeld,
             }),
+            Ok((None, found)) => Err(sql_error(session_moved(
+                u64::try_from(self.pid).unwrap_or_default(),
+                u64::try_from(found).unwrap_or_default(),
+            ))),
             Err(e) => Err(sql_error(e)),
         }
     }
@@ -275,7 +289,8 @@ impl<C: CallerConnection> Drop for ConnLock<C> {
 
 impl PgBackend {
     /// The lock identifier of `key`'s plain lock, as the backend's own
-    /// locks name it, and `nextval` of its fencing sequence.
+    /// locks name it, and its fencing sequence as `regclass` text (bound
+    /// as `$2`).
     fn caller_lock(&self, key: &str) -> Result<(LockKey, i64, &str)> {
         let key = LockKey::new(key)?;
         let dialect = self.0.dialect();
@@ -306,9 +321,13 @@ impl PgBackend {
     /// transaction (`SET LOCAL lock_timeout = '5s'`), which ends it with
     /// an error that aborts the transaction, or use
     /// [`try_lock_in`](PgBackend::try_lock_in). Dropping this future while
-    /// it waits leaves the statement running on the transaction's
-    /// connection: the lock, if the server grants it later, is the
-    /// transaction's, and its end frees it.
+    /// it waits does not end the wait: the statement keeps running on the
+    /// transaction's connection, and the transaction's next statement,
+    /// commit or rollback (or the pool's check when it gets the connection
+    /// back) waits until the server grants the lock, or until
+    /// `lock_timeout`. The lock is then the transaction's, and its end
+    /// frees it. So bound a wait with `lock_timeout`, not by dropping the
+    /// future.
     ///
     /// # Errors
     ///
@@ -338,20 +357,9 @@ impl PgBackend {
         tx: &mut Transaction<'_, Postgres>,
         key: impl AsRef<str>,
     ) -> Result<TxLock> {
-        let (key, id, fence) = self.caller_lock(key.as_ref())?;
-        // The subquery (kept apart by `OFFSET 0`) is granted before the
-        // fence is taken: fences follow grants.
-        let statement =
-            format!("SELECT {fence} FROM (SELECT pg_advisory_xact_lock($1) OFFSET 0) AS granted");
-        let fence: i64 = sqlx::query_scalar(&statement)
-            .bind(id)
-            .fetch_one(&mut **tx)
-            .await
-            .map_err(sql_error)?;
-        Ok(TxLock {
-            key: key.as_str().to_owned(),
-            fence: fence as u64,
-        })
+        self.take_in(tx, key.as_ref(), true)
+            .await?
+            .ok_or_else(|| LockError::backend("postgres", std::io::Error::other("no grant")))
     }
 
     /// Locks `key` in the caller's transaction if it is free now
@@ -378,10 +386,29 @@ impl PgBackend {
         tx: &mut Transaction<'_, Postgres>,
         key: impl AsRef<str>,
     ) -> Result<Option<TxLock>> {
-        let (key, id, fence) = self.caller_lock(key.as_ref())?;
-        let statement = format!("SELECT CASE WHEN pg_try_advisory_xact_lock($1) THEN {fence} END");
-        let fence: Option<i64> = sqlx::query_scalar(&statement)
+        self.take_in(tx, key.as_ref(), false).await
+    }
+
+    /// `pg_advisory_xact_lock` (with `wait`) or `pg_try_advisory_xact_lock`
+    /// on `key`, and the fence after the grant, in one statement.
+    async fn take_in(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        key: &str,
+        wait: bool,
+    ) -> Result<Option<TxLock>> {
+        let (key, id, sequence) = self.caller_lock(key)?;
+        // The subquery (kept apart by `OFFSET 0`) is granted before the
+        // fence is taken: fences follow grants.
+        let statement = if wait {
+            "SELECT nextval($2::regclass) \
+             FROM (SELECT pg_advisory_xact_lock($1) OFFSET 0) AS granted"
+        } else {
+            "SELECT CASE WHEN pg_try_advisory_xact_lock($1) THEN nextval($2::regclass) END"
+        };
+        let fence: Option<i64> = sqlx::query_scalar(statement)
             .bind(id)
+            .bind(sequence)
             .fetch_one(&mut **tx)
             .await
             .map_err(sql_error)?;
@@ -431,23 +458,16 @@ impl PgBackend {
         conn: C,
         key: impl AsRef<str>,
     ) -> Result<ConnLock<C>> {
-        let (key, id, fence) = self.caller_lock(key.as_ref())?;
-        let statement =
-            format!("SELECT {fence} FROM (SELECT pg_advisory_lock($1) OFFSET 0) AS granted");
-        // Owned by the lock from here: dropped at any await, it closes.
-        let mut lock = ConnLock {
-            conn: Some(conn),
-            key: key.as_str().to_owned(),
-            id,
-            fence: None,
-        };
-        let fence: i64 = sqlx::query_scalar(&statement)
-            .bind(id)
-            .fetch_one(&mut *lock)
-            .await
-            .map_err(sql_error)?;
-        lock.fence = Some(fence as u64);
-        Ok(lock)
+        match self.take_on(conn, key.as_ref(), true).await? {
+            Ok(lock) => Ok(lock),
+            Err(conn) => {
+                conn.discard();
+                Err(LockError::backend(
+                    "postgres",
+                    std::io::Error::other("no grant"),
+                ))
+            }
+        }
     }
 
     /// Locks `key` on the caller's connection if it is free now
@@ -475,25 +495,52 @@ impl PgBackend {
         conn: C,
         key: impl AsRef<str>,
     ) -> Result<std::result::Result<ConnLock<C>, C>> {
-        let (key, id, fence) = self.caller_lock(key.as_ref())?;
-        let statement = format!("SELECT CASE WHEN pg_try_advisory_lock($1) THEN {fence} END");
+        self.take_on(conn, key.as_ref(), false).await
+    }
+
+    /// `pg_advisory_lock` (with `wait`) or `pg_try_advisory_lock` on
+    /// `key`, the fence after the grant, and the server session, in one
+    /// statement; `Err(conn)` when refused.
+    async fn take_on<C: CallerConnection>(
+        &self,
+        conn: C,
+        key: &str,
+        wait: bool,
+    ) -> Result<std::result::Result<ConnLock<C>, C>> {
+        let (key, id, sequence) = self.caller_lock(key)?;
+        let statement = if wait {
+            "SELECT nextval($2::regclass), pg_backend_pid() \
+             FROM (SELECT pg_advisory_lock($1) OFFSET 0) AS granted"
+        } else {
+            "SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval($2::regclass) END, \
+             pg_backend_pid()"
+        };
+        // Owned by the lock from here: dropped at any await, it closes.
         let mut lock = ConnLock {
             conn: Some(conn),
             key: key.as_str().to_owned(),
             id,
             fence: None,
+            pid: 0,
         };
-        let fence: Option<i64> = sqlx::query_scalar(&statement)
+        let (fence, pid): (Option<i64>, i32) = sqlx::query_as(statement)
             .bind(id)
+            .bind(sequence)
             .fetch_one(&mut *lock)
             .await
             .map_err(sql_error)?;
-        match fence {
-            Some(fence) => {
+        lock.pid = pid;
+        match (fence, lock.conn.take()) {
+            (Some(fence), Some(conn)) => {
+                lock.conn = Some(conn);
                 lock.fence = Some(fence as u64);
                 Ok(Ok(lock))
             }
-            None => Ok(Err(lock.conn.take().expect("not released"))),
+            (None, Some(conn)) => Ok(Err(conn)),
+            (_, None) => Err(LockError::backend(
+                "postgres",
+                std::io::Error::other("the connection went missing"),
+            )),
         }
     }
 }

@@ -40,15 +40,12 @@ impl PgDialect {
                 Some(schema) => format!("{prefix}\0{schema}"),
             });
             // The caller's own connections may search other schemas: the
-            // sequence by its schema's name, quoted as an identifier inside
-            // a string literal.
+            // sequence by its schema's name, as `regclass` text (bound as
+            // a parameter, never written into a statement).
             let sequence = format!("{prefix}_fence");
             let _ = self.caller_fence.set(match schema.as_deref() {
-                None => format!("nextval('{sequence}')"),
-                Some(schema) => format!(
-                    "nextval('\"{}\".{sequence}')",
-                    schema.replace('"', "\"\"").replace('\'', "''")
-                ),
+                None => sequence,
+                Some(schema) => format!("\"{}\".{sequence}", schema.replace('"', "\"\"")),
             });
             match session.conn.execute(self.create.as_str()).await {
                 Ok(_) => {}

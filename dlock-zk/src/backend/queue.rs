@@ -283,6 +283,10 @@ impl ZkBackend {
                             source: ZkError::NodeExists,
                             ..
                         }) => {}
+                        Err(MultiWriteError::OperationFailed {
+                            source: ZkError::NoAuth,
+                            ..
+                        }) => return Err(backend_error(ZkError::NoAuth)),
                         Err(e) => {
                             // Perhaps applied, with the answer lost.
                             strays = true;
@@ -291,6 +295,9 @@ impl ZkBackend {
                     }
                 }
                 Err(ZkError::SessionExpired) => return Err(vanished()),
+                // Refused by the parent's ACL: nothing was created, and
+                // asking again changes nothing.
+                Err(ZkError::NoAuth) => return Err(backend_error(ZkError::NoAuth)),
                 Err(e) => {
                     // The create may have happened: a node of ours may now
                     // exist whether or not we find it.
