@@ -267,6 +267,46 @@ impl Locker {
         Ok(self.holder(key).await?.is_some())
     }
 
+    /// Frees `key`'s lock, whoever holds it: for operators, when a holder
+    /// is stuck or gone in a way its lease does not cover. Returns whether
+    /// a holder was removed. The first waiter in line gets the lock next.
+    ///
+    /// **Dangerous**: the holder may still be inside its critical
+    /// section, and only the next holder's greater fencing token protects
+    /// data from it. Its guard reports lost
+    /// ([`LostReason::NotHeld`](crate::LostReason::NotHeld)); each
+    /// backend's docs say how soon (see
+    /// [`Backend::force_release`](crate::backend::Backend::force_release)).
+    /// It frees the key's plain lock, not a read-write lock's shares or a
+    /// semaphore's permits.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Unsupported`] where the backend cannot take a lock
+    /// from its holder (the file backend: an `flock` belongs to its
+    /// process); [`LockError::InvalidKey`]; [`LockError::Backend`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{BackendExt, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let server = MemoryBackend::new();
+    /// let (worker, operator) = (server.clone().into_locker(), server.into_locker());
+    /// let stuck = worker.lock("nightly").await?;
+    /// assert!(operator.force_release("nightly").await?);
+    /// assert!(stuck.is_lost());
+    /// assert!(operator.try_lock("nightly").await?.is_some());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn force_release(&self, key: impl AsRef<str>) -> Result<bool> {
+        let key = LockKey::new(key.as_ref())?;
+        self.shared.backend.force_release(&key).await
+    }
+
     /// Acquires `key`, waiting up to the locker's default wait limit.
     ///
     /// Inside the scope of a hold of `key` through this locker, re-enters

@@ -243,6 +243,7 @@ impl Backend for EtcdBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::new()
+            .forced_release(true)
             .fencing(true)
             .fifo(true)
             .session_leases(true)
@@ -357,6 +358,13 @@ impl Backend for EtcdBackend {
 
     fn connection_state(&self) -> tokio::sync::watch::Receiver<dlock_core::ConnectionState> {
         self.inner.states.subscribe()
+    }
+
+    /// Deletes the holder's key: the next in line, who watches it, takes
+    /// the lock; the holder's guard learns at its session's next check,
+    /// within a third of the lease's TTL.
+    fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move { self.force_release_inner(key).await })
     }
 }
 

@@ -410,6 +410,39 @@ impl Dialect for MySqlDialect {
         self.disclaim_inner(conn, id, token)
     }
 
+    /// The connection that holds the named lock (`IS_USED_LOCK`), unless
+    /// it is this one, killed (`KILL CONNECTION`).
+    fn end_holder<'a>(
+        &'a self,
+        session: &'a mut MySqlSession,
+        id: &'a String,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
+        Box::pin(async move {
+            let (holder, own): (Option<i64>, i64) = sqlx::query_as(
+                "SELECT CAST(IS_USED_LOCK(?) AS SIGNED), CAST(CONNECTION_ID() AS SIGNED)",
+            )
+            .bind(id)
+            .fetch_one(&mut session.conn)
+            .await?;
+            let Some(holder) = holder.filter(|holder| *holder != own) else {
+                return Ok(false);
+            };
+            // A number the server gave: no text of ours in the statement.
+            let kill = format!("KILL CONNECTION {holder}");
+            match sqlx::Executor::execute(&mut session.conn, kill.as_str()).await {
+                Ok(_) => Ok(true),
+                // ER_NO_SUCH_THREAD: it ended meanwhile.
+                Err(sqlx::Error::Database(e))
+                    if e.try_downcast_ref::<MySqlDatabaseError>()
+                        .is_some_and(|e| e.number() == 1094) =>
+                {
+                    Ok(false)
+                }
+                Err(e) => Err(e),
+            }
+        })
+    }
+
     fn holder<'a>(
         &'a self,
         conn: &'a mut MySqlSession,

@@ -277,6 +277,12 @@ impl PgDialect {
                  SELECT CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock($2) END, \
                  pg_backend_pid()"
             ),
+            end_holder: format!(
+                "SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l \
+                 WHERE {held} AND l.pid <> pg_backend_pid() AND l.database = \
+                 (SELECT oid FROM pg_database WHERE datname = current_database())",
+                held = one_key_lock("l", "$1"),
+            ),
             holder: format!(
                 "SELECT h.fence, h.value FROM pg_locks l \
                  LEFT JOIN {holders} h ON h.lock_id = $1 AND EXISTS (\
@@ -354,6 +360,8 @@ struct PgDialect {
     /// Whether a plain lock is held, and its holder's record if its
     /// session holds the record's entry lock.
     holder: String,
+    /// Ends every other session of this database holding plain lock `$1`.
+    end_holder: String,
 }
 
 /// A dlock session's connection, and the process id of the server
@@ -549,6 +557,22 @@ impl Dialect for PgDialect {
         token: &'a Token,
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         self.disclaim_inner(session, id, token)
+    }
+
+    /// `pg_terminate_backend` of every other session of this database
+    /// that holds the lock (one, as it is exclusive).
+    fn end_holder<'a>(
+        &'a self,
+        session: &'a mut PgSession,
+        id: &'a i64,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
+        Box::pin(async move {
+            let ended: i64 = sqlx::query_scalar(&self.end_holder)
+                .bind(*id)
+                .fetch_one(&mut session.conn)
+                .await?;
+            Ok(ended > 0)
+        })
     }
 
     fn holder<'a>(

@@ -329,6 +329,7 @@ impl Backend for RedisBackend {
         // per-node holder sets is not one set of holders.
         let one_node = !self.inner.redlock;
         Capabilities::new()
+            .forced_release(true)
             .fencing(self.inner.fences)
             .fifo(true)
             .read_write(one_node)
@@ -384,5 +385,12 @@ impl Backend for RedisBackend {
 
     fn connection_state(&self) -> tokio::sync::watch::Receiver<dlock_core::ConnectionState> {
         self.inner.states.subscribe()
+    }
+
+    /// Reads the holder's token on each node and releases it there (the
+    /// script hands the lock to the first waiter in line). The holder's
+    /// guard learns at its next renewal, within a third of its lease.
+    fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move { self.force_release_inner(key).await })
     }
 }

@@ -177,6 +177,7 @@ impl<D: Dialect> Backend for SqlBackend<D> {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::new()
+            .forced_release(true)
             .fencing(self.inner.dialect.fences())
             .read_write(self.inner.dialect.supports(Mode::Read))
             .semaphores(
@@ -278,6 +279,16 @@ impl<D: Dialect> Backend for SqlBackend<D> {
     /// whose traffic is dropped after the session timeout).
     fn connection_state(&self) -> tokio::sync::watch::Receiver<dlock_core::ConnectionState> {
         self.inner.states.subscribe()
+    }
+
+    /// Ends the server session that holds the lock (a lock can only be
+    /// taken from its session by ending it): that frees it, and every
+    /// other lock of that session, whose guards learn it at their
+    /// session's next statement or ping, within a third of the session
+    /// timeout. A lock this backend holds itself is not ended this way
+    /// (the statement runs on its own holder session): release its guard.
+    fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move { self.force_release_inner(key).await })
     }
 }
 
@@ -384,6 +395,13 @@ macro_rules! forward_backend {
                 &self,
             ) -> $crate::__private::Receiver<$crate::__private::ConnectionState> {
                 self.0.connection_state()
+            }
+
+            fn force_release<'a>(
+                &'a self,
+                key: &'a $crate::__private::LockKey,
+            ) -> $crate::__private::BoxFuture<'a, $crate::__private::Result<bool>> {
+                self.0.force_release(key)
             }
         }
     };

@@ -464,6 +464,15 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         Box::pin(std::future::ready(Err(no_holders())))
     }
 
+    /// Ends the server session that holds plain lock `id`, unless it is
+    /// `conn`'s own: the server then frees the lock, and every other lock
+    /// of that session. `true` if a session was ended.
+    fn end_holder<'a>(
+        &'a self,
+        conn: &'a mut Self::Conn,
+        id: &'a Self::Id,
+    ) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
+
     /// Whether `error` means the session is gone, with every lock it held:
     /// the connection failed, or the server ended the session.
     fn ends_the_session(&self, error: &sqlx::Error) -> bool;

@@ -199,6 +199,9 @@ impl Backend for CountingBackend {
     fn connection_state(&self) -> tokio::sync::watch::Receiver<dlock_core::ConnectionState> {
         self.inner.connection_state()
     }
+    fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool>> {
+        self.inner.force_release(key)
+    }
 }
 
 /// Counts a renewal as answered when dropped: returned or abandoned.

@@ -284,6 +284,7 @@ impl Backend for ZkBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::new()
+            .forced_release(true)
             .fencing(true)
             .fifo(true)
             .session_leases(true)
@@ -383,6 +384,13 @@ impl Backend for ZkBackend {
 
     fn connection_state(&self) -> tokio::sync::watch::Receiver<dlock_core::ConnectionState> {
         self.inner.states.subscribe()
+    }
+
+    /// Deletes the holder's node: its own-node watch tells its guard at
+    /// once (a lock held under 100 ms finds out when it sets the watch),
+    /// and the next node's watcher takes the lock.
+    fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move { self.force_release_inner(key).await })
     }
 }
 

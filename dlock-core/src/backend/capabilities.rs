@@ -19,6 +19,7 @@ pub struct Capabilities {
     session_leases: bool,
     read_write: bool,
     semaphores: bool,
+    forced_release: bool,
 }
 
 impl Capabilities {
@@ -30,6 +31,7 @@ impl Capabilities {
             session_leases: false,
             read_write: false,
             semaphores: false,
+            forced_release: false,
         }
     }
 
@@ -65,6 +67,19 @@ impl Capabilities {
     pub const fn semaphores(mut self, yes: bool) -> Self {
         self.semaphores = yes;
         self
+    }
+
+    /// [`Backend::force_release`](super::Backend::force_release) takes a
+    /// lock from its holder.
+    pub const fn forced_release(mut self, yes: bool) -> Self {
+        self.forced_release = yes;
+        self
+    }
+
+    /// Whether [`Backend::force_release`](super::Backend::force_release)
+    /// takes a lock from its holder.
+    pub const fn has_forced_release(&self) -> bool {
+        self.forced_release
     }
 
     /// Whether read-write locks are offered.

@@ -438,6 +438,7 @@ impl Backend for MemoryBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities::new()
+            .forced_release(true)
             .fencing(true)
             .fifo(true)
             .read_write(true)
@@ -538,6 +539,27 @@ impl Backend for MemoryBackend {
                 self.holders_changed(Mode::Exclusive);
             }
             Ok(written)
+        })
+    }
+
+    /// Removes the holder at once; its guard is told at once.
+    fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let mut state = self.state();
+            let Some(entry) = state.keys.get_mut(&(Kind::Lock, key.clone())) else {
+                return Ok(false);
+            };
+            entry.expire(Instant::now());
+            let removed: Vec<Hold> = entry.holders.drain(..).collect();
+            for hold in &removed {
+                hold.loss.report(LostReason::NotHeld);
+            }
+            if !removed.is_empty() {
+                entry.wake();
+                self.holders_changed(Mode::Exclusive);
+            }
+            state.forget_if_idle(key, Mode::Exclusive);
+            Ok(!removed.is_empty())
         })
     }
 

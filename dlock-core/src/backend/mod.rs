@@ -270,6 +270,43 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         })
     }
 
+    /// Frees `key`'s plain lock, whoever holds it: for operators, when a
+    /// holder is stuck or gone in a way its lease does not cover. Returns
+    /// whether a holder was removed (`false`: the key was free). The first
+    /// waiter in line gets the lock next, as after a release.
+    ///
+    /// **Dangerous.** The holder may still be inside its critical
+    /// section; only the next holder's greater fencing token protects data
+    /// from it. Its guard is told it lost the lock
+    /// ([`LostReason::NotHeld`](crate::LostReason::NotHeld)): at once
+    /// where the server tells it, otherwise at its next renewal or check.
+    /// Each backend's docs say how.
+    ///
+    /// The default answers [`LockError::Unsupported`](crate::LockError::Unsupported).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// use dlock_core::{backend::Backend, BackendExt, LockKey, MemoryBackend};
+    ///
+    /// let server = MemoryBackend::new();
+    /// let guard = server.clone().into_locker().lock("stuck").await?;
+    /// assert!(server.force_release(&LockKey::new("stuck")?).await?);
+    /// assert!(guard.is_lost());
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool>> {
+        let _ = key;
+        let name = self.name();
+        Box::pin(std::future::ready(Err(crate::LockError::Unsupported {
+            backend: name,
+            what: "forced releases",
+        })))
+    }
+
     /// What the backend knows of its connection to the servers (see
     /// [`ConnectionState`](crate::ConnectionState)), fed by its own
     /// signals through a [`ConnectionStates`].
@@ -339,5 +376,8 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     fn connection_state(&self) -> tokio::sync::watch::Receiver<crate::ConnectionState> {
         (**self).connection_state()
+    }
+    fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool>> {
+        (**self).force_release(key)
     }
 }

@@ -74,6 +74,28 @@ impl EtcdBackend {
         }))
     }
 
+    /// Deletes the first key of the queue, the holder's: its watchers
+    /// (the next in line) are told; its own session's next check finds it
+    /// gone.
+    pub(super) async fn force_release_inner(&self, key: &LockKey) -> Result<bool> {
+        let queue = queue_of(&self.inner.prefix, key, Mode::Exclusive);
+        let read = retried(|| {
+            let (mut client, queue) = (self.client(), queue.clone());
+            async move { client.get(queue, Some(first_created())).await }
+        })
+        .await?;
+        let Some(first) = read.kvs().first() else {
+            return Ok(false);
+        };
+        let name = first.key().to_vec();
+        let deleted = retried(|| {
+            let (mut client, name) = (self.client(), name.clone());
+            async move { client.delete(name, None).await }
+        })
+        .await?;
+        Ok(deleted.deleted() > 0)
+    }
+
     pub(super) async fn holder_changed_inner(
         &self,
         key: &LockKey,

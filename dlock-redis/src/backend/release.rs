@@ -65,4 +65,34 @@ impl RedisBackend {
         self.release_names(&names, &token.to_string(), timeout)
             .await
     }
+
+    /// Reads each node's holder token and releases it there: the release
+    /// script checks the token, so a holder that changed in between is
+    /// left alone, and the first waiter in line is told, as after a
+    /// release. `true` if a node released.
+    pub(super) async fn force_release_inner(&self, key: &LockKey) -> Result<bool> {
+        let names = names(&self.inner.prefix, key);
+        let names = &names;
+        let timeout = self.inner.redlock.then_some(REDLOCK_NODE_TIMEOUT_MAX);
+        let answers = self
+            .on_every_node(timeout, |node| async move {
+                let mut conn = node.connection();
+                let holder: Option<String> = redis::cmd("GET")
+                    .arg(&names.lock)
+                    .query_async(&mut conn)
+                    .await?;
+                match holder {
+                    Some(token) => node.release(names, &token, Place::None, 0).await,
+                    None => Ok(false),
+                }
+            })
+            .await;
+        if answers.iter().any(|a| matches!(a, Ok(true))) {
+            return Ok(true);
+        }
+        match answers.into_iter().find_map(|a| a.err()) {
+            Some(error) if !self.inner.redlock => Err(backend_error(error)),
+            _ => Ok(false),
+        }
+    }
 }

@@ -95,4 +95,15 @@ impl<D: Dialect> SqlBackend<D> {
             }),
         )
     }
+
+    /// Ends the holder's server session, from the key's holder session.
+    pub(super) async fn force_release_inner(&self, key: &LockKey) -> Result<bool> {
+        let id = self.inner.dialect.lock_id(key, Mode::Exclusive);
+        let session = self.holder(&id).await?;
+        let (_, ended) = session
+            .run(move |d, c| Box::pin(async move { d.end_holder(c, &id).await }))
+            .await
+            .map_err(backend_error::<D>)?;
+        Ok(ended)
+    }
 }

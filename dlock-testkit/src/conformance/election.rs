@@ -175,6 +175,56 @@ pub async fn holder_and_is_locked_read_without_locking(h: &Harness) {
     assert!(next.is_some(), "[{}] asking left the key taken", h.name);
 }
 
+/// `Locker::force_release` takes a held lock from its holder, from another
+/// client: it answers `true`, the next taker gets the key, and the
+/// holder's guard reports lost (on a 3 s watchdog lease, so that
+/// renewals and session checks come within a second). A free key answers
+/// `false`. A backend without the capability answers `Unsupported`.
+pub async fn force_release_frees_the_key_and_tells_the_holder(h: &Harness) {
+    let name = h.key("forced");
+    let holder = h
+        .locker_with(|b| b.watchdog_lease(Duration::from_secs(3)))
+        .await;
+    let operator = h.locker().await;
+    if !h.capabilities().await.has_forced_release() {
+        let refused = operator.force_release(&name).await;
+        assert!(
+            matches!(refused, Err(LockError::Unsupported { .. })),
+            "[{}] a forced release without the capability: {refused:?}",
+            h.name
+        );
+        return;
+    }
+    let free = must(h, "forcing a free key", operator.force_release(&name).await);
+    assert!(!free, "[{}] a free key had a holder to remove", h.name);
+    let guard = must(h, "the holder locks", holder.lock(&name).await);
+    let forced = must(
+        h,
+        "forcing the held key",
+        operator.force_release(&name).await,
+    );
+    assert!(forced, "[{}] no holder was removed", h.name);
+    let next = must(
+        h,
+        "the next taker",
+        operator
+            .lock_with(&name, dlock_core::LockOptions::new().wait(PATIENCE))
+            .await,
+    );
+    let told = tokio::time::timeout(PATIENCE, guard.lost()).await;
+    assert!(
+        told.is_ok(),
+        "[{}] the holder was never told its lock was taken",
+        h.name
+    );
+    assert!(
+        next.fencing_token() > guard.fencing_token() || next.fencing_token().is_none(),
+        "[{}] the next holder's fence does not rise",
+        h.name
+    );
+    must(h, "the next holder releases", next.release().await);
+}
+
 /// A proclaimed value is the holder's own, for exactly as long as it
 /// holds: a stranger's token cannot write it, a release takes it, the next
 /// holder shows none until it proclaims, and the old holder's token can no

@@ -269,6 +269,7 @@ macro_rules! conformance_tests {
             an_election_renews_whatever_the_default_lease,
             a_deposed_leader_is_told,
             holder_and_is_locked_read_without_locking,
+            force_release_frees_the_key_and_tells_the_holder,
         );
     };
     (@run [each $harness:expr] $($check:ident),* $(,)?) => {

@@ -104,6 +104,33 @@ impl ZkBackend {
         Err(backend_error(last))
     }
 
+    /// Deletes the first node of the key's queue, the holder's: its own
+    /// watch tells its guard at once, and the next node's watch wakes the
+    /// next in line.
+    pub(super) async fn force_release_inner(&self, key: &LockKey) -> Result<bool> {
+        let session = self.session().await?;
+        let client = session.client().map_err(backend_error)?;
+        let parent = parent_of(self.inner.config.path(), key, Mode::Exclusive);
+        synced(&client, &parent).await?;
+        for _ in 0..5 {
+            let children = match client.list_children(&parent).await {
+                Ok(children) => children,
+                Err(ZkError::NoNode) => return Ok(false),
+                Err(e) => return Err(backend_error(e)),
+            };
+            let Some(first) = holding(children) else {
+                return Ok(false);
+            };
+            match client.delete(&format!("{parent}/{first}"), None).await {
+                Ok(()) => return Ok(true),
+                // Gone meanwhile (released, expired): look again.
+                Err(ZkError::NoNode) => continue,
+                Err(e) => return Err(backend_error(e)),
+            }
+        }
+        Ok(false)
+    }
+
     pub(super) async fn holder_changed_inner(
         &self,
         key: &LockKey,
