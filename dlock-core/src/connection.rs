@@ -3,9 +3,13 @@
 //! it, and [`ConnectionStates`], which a backend feeds from its own
 //! signals.
 
-use std::{fmt, sync::Arc};
+use std::{fmt, future::Future, sync::Arc, time::Duration};
 
 use tokio::sync::watch;
+
+/// How often a backend that is not connected asks its servers (see
+/// [`ConnectionStates::probe_while_disconnected`]).
+const PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// What a backend knows of its connection to its servers, and so of the
 /// leases of the locks it holds. These are the states of Curator's
@@ -171,6 +175,55 @@ impl ConnectionStates {
     /// The leases may be gone: `Lost`.
     pub fn lost(&self) {
         self.set(|_| ConnectionState::Lost);
+    }
+
+    /// While the state is `Suspended` or `Lost`, calls `probe` once a
+    /// second until it is connected again: a backend passes its
+    /// [`check_servers`](crate::backend::Backend::check_servers), whose
+    /// answer feeds the state, so that a backend with nothing to renew
+    /// still learns the servers answer again. `probe` answers `None` once
+    /// the backend is gone (it holds a weak reference), which ends the
+    /// task. Does nothing outside a Tokio runtime.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::backend::ConnectionStates;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let states = ConnectionStates::new("mybackend");
+    /// let probed = states.clone();
+    /// states.probe_while_disconnected(move || {
+    ///     let states = probed.clone();
+    ///     Some(async move { states.answered() }) // a check that answered
+    /// });
+    /// # }
+    /// ```
+    pub fn probe_while_disconnected<F, Fut>(&self, probe: F)
+    where
+        F: Fn() -> Option<Fut> + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut state = self.subscribe();
+        runtime.spawn(async move {
+            loop {
+                // Ends when the backend, and with it the sender, is gone.
+                if state.wait_for(|s| !s.is_connected()).await.is_err() {
+                    return;
+                }
+                while !state.borrow().is_connected() {
+                    tokio::time::sleep(PROBE_EVERY).await;
+                    match probe() {
+                        Some(check) => check.await,
+                        None => return,
+                    }
+                }
+            }
+        });
     }
 
     fn set(&self, next: impl Fn(ConnectionState) -> ConnectionState) {

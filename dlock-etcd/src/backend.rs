@@ -233,11 +233,15 @@ impl Backend for EtcdBackend {
     fn check_servers(&self) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
             let options = GetOptions::new().with_count_only();
-            self.client()
+            let answer = self
+                .client()
                 .get(self.inner.prefix.as_str(), Some(options))
-                .await
-                .map(drop)
-                .map_err(backend_error)
+                .await;
+            if answer.is_ok() {
+                // The cluster answers (see "Connection state").
+                self.inner.states.answered();
+            }
+            answer.map(drop).map_err(backend_error)
         })
     }
 

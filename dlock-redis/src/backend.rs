@@ -240,6 +240,14 @@ impl RedisBackend {
                 || e.is_connection_refusal()
                 || e.is_connection_dropped()
                 || e.is_timeout()
+                // A demoted master, or one a failover is replacing: its
+                // answer is not the master's.
+                || matches!(
+                    e.kind(),
+                    redis::ErrorKind::Server(
+                        redis::ServerErrorKind::ReadOnly | redis::ServerErrorKind::MasterDown
+                    )
+                )
         };
         let reached = answers
             .iter()
@@ -266,7 +274,10 @@ impl RedisBackend {
     fn lost_unless_answered_within(&self, lease: Duration) {
         let answered = *self.answered_at();
         let inner = Arc::downgrade(&self.inner);
-        tokio::spawn(async move {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
             tokio::time::sleep_until(answered + lease).await;
             if let Some(inner) = inner.upgrade() {
                 let backend = RedisBackend { inner };
@@ -275,6 +286,24 @@ impl RedisBackend {
                 }
             }
         });
+    }
+}
+
+/// A renewal round in flight: dropped before it is answered (the
+/// watchdog gives a round one period, which a black-holed node outlasts),
+/// it counts as unanswered.
+pub(crate) struct RenewalInFlight<'a> {
+    pub(crate) backend: &'a RedisBackend,
+    pub(crate) lease: Duration,
+    pub(crate) answered: bool,
+}
+
+impl Drop for RenewalInFlight<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.backend.inner.states.suspended();
+            self.backend.lost_unless_answered_within(self.lease);
+        }
     }
 }
 

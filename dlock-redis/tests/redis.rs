@@ -478,3 +478,41 @@ async fn connection_state_follows_the_renewals() {
     )
     .await;
 }
+
+/// A server whose traffic goes dark (nothing refused, nothing answered):
+/// the watchdog gives each renewal one period and drops it unanswered,
+/// which is `Suspended`, then `Lost` once the lease has run out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_state_sees_renewals_that_go_unanswered() {
+    use dlock_core::ConnectionState;
+    let server = RedisServer::start().expect("redis-server");
+    let proxy = dlock_testkit::fixture::TcpProxy::start(server.host_port().parse().unwrap())
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(3);
+    let locker = Locker::builder(
+        RedisBackend::connect(&format!("redis://{}/", proxy.endpoint()))
+            .await
+            .unwrap(),
+    )
+    .watchdog_lease(lease)
+    .build()
+    .unwrap();
+    let guard = locker.lock("dark").await.unwrap();
+    let mut state = locker.state();
+    proxy.black_hole();
+    for (wanted, within) in [
+        (ConnectionState::Suspended, lease),
+        (ConnectionState::Lost, lease * 2),
+    ] {
+        let seen = tokio::time::timeout(within, state.wait_for(|s| *s == wanted))
+            .await
+            .is_ok();
+        assert!(
+            seen,
+            "no {wanted:?} within {within:?}: {:?}",
+            *state.borrow()
+        );
+    }
+    assert!(guard.is_lost());
+}

@@ -275,8 +275,11 @@ impl<D: Dialect> Backend for SqlBackend<D> {
     /// Fed by the sessions: an answered statement is `Connected` (or
     /// `Reconnected`), a session that ends with guards on it `Lost`. A
     /// session is one connection, so there is no `Suspended`: a statement
-    /// is answered, or its session ends (a cut connection at once, one
-    /// whose traffic is dropped after the session timeout).
+    /// is answered, or its session ends (a cut connection at its next
+    /// statement or ping, within a third of the session timeout; one whose
+    /// traffic is dropped after the session timeout). While `Lost`, a
+    /// statement on a holder session every second finds when the server
+    /// answers again.
     fn connection_state(&self) -> tokio::sync::watch::Receiver<dlock_core::ConnectionState> {
         self.inner.states.subscribe()
     }

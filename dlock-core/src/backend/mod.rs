@@ -324,8 +324,13 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// assert_eq!(*state.borrow(), ConnectionState::Connected);
     /// ```
     fn connection_state(&self) -> tokio::sync::watch::Receiver<crate::ConnectionState> {
-        // The sender is dropped: the state never changes.
-        tokio::sync::watch::channel(crate::ConnectionState::Connected).1
+        // A sender that lives as long as the process: `changed()` waits
+        // forever rather than failing at once.
+        static ALWAYS: std::sync::OnceLock<tokio::sync::watch::Sender<crate::ConnectionState>> =
+            std::sync::OnceLock::new();
+        ALWAYS
+            .get_or_init(|| tokio::sync::watch::Sender::new(crate::ConnectionState::Connected))
+            .subscribe()
     }
 }
 

@@ -79,8 +79,10 @@ impl<T: Clone> SessionHolders<T> {
     /// [`unsure`](SessionHolders::unsure) is
     /// [`suspended`](ConnectionStates::suspended), and an
     /// [`expire`](SessionHolders::expire) that loses guards is
-    /// [`lost`](ConnectionStates::lost). A session ended with no guard on
-    /// it (a waiter's, given up) changes nothing.
+    /// [`lost`](ConnectionStates::lost) (also when the backend ends the
+    /// session itself, since those guards are lost too). A session ended
+    /// with no guard on it (a waiter's, given up) changes nothing, and an
+    /// expired session reports nothing more.
     ///
     /// # Examples
     ///
@@ -164,10 +166,12 @@ impl<T: Clone> SessionHolders<T> {
     /// holding 100,000 locks quadratic. A guard's lease so ends at most a
     /// tenth early, never late.
     pub fn renewed(&self, sent: Instant, lease: Duration) {
-        if let Some(states) = &self.states {
+        let mut inner = self.inner();
+        // Under the lock, so that an `unsure` cannot come in between; and
+        // not for a session that expired (a statement answered late).
+        if let (false, Some(states)) = (inner.expired, &self.states) {
             states.answered();
         }
-        let mut inner = self.inner();
         inner.renewed_at = sent;
         if !inner.unsure && sent < inner.passed_on + lease / 10 {
             return;
@@ -191,8 +195,7 @@ impl<T: Clone> SessionHolders<T> {
         for holder in inner.holders.values() {
             holder.loss.set_unsure(true);
         }
-        drop(inner);
-        if let Some(states) = &self.states {
+        if let (false, Some(states)) = (inner.expired, &self.states) {
             states.suspended();
         }
     }
@@ -208,10 +211,10 @@ impl<T: Clone> SessionHolders<T> {
         for (_, holder) in inner.holders.drain() {
             holder.loss.report(LostReason::SessionExpired);
         }
-        drop(inner);
         if let (true, Some(states)) = (lost, &self.states) {
             states.lost();
         }
+        drop(inner);
         self.ended.notify_waiters();
         first
     }

@@ -48,10 +48,10 @@ impl Locker {
     ///
     /// # Errors
     ///
-    /// - [`LockError::Unsupported`] where the backend cannot know: Redlock
+    /// - [`LockError::Unsupported`](crate::LockError::Unsupported) where the backend cannot know: Redlock
     ///   (a holder read on a majority is not one holder) and Redis with
     ///   `fence=off` store no fencing token to answer with;
-    /// - [`LockError::InvalidKey`]; [`LockError::Backend`] when the server
+    /// - [`LockError::InvalidKey`](crate::LockError::InvalidKey); [`LockError::Backend`](crate::LockError::Backend) when the server
     ///   fails.
     ///
     /// # Examples
@@ -117,9 +117,9 @@ impl Locker {
     ///
     /// # Errors
     ///
-    /// [`LockError::Unsupported`] where the backend cannot take a lock
+    /// [`LockError::Unsupported`](crate::LockError::Unsupported) where the backend cannot take a lock
     /// from its holder (the file backend: an `flock` belongs to its
-    /// process); [`LockError::InvalidKey`]; [`LockError::Backend`].
+    /// process); [`LockError::InvalidKey`](crate::LockError::InvalidKey); [`LockError::Backend`](crate::LockError::Backend).
     ///
     /// # Examples
     ///

@@ -127,7 +127,7 @@ impl EtcdBackend {
                 )
             })?
             .map_err(backend_error)?;
-        Ok(EtcdBackend {
+        let backend = EtcdBackend {
             inner: Arc::new(Inner {
                 client,
                 prefix: config.prefix().to_owned(),
@@ -136,7 +136,17 @@ impl EtcdBackend {
                 states: dlock_core::backend::ConnectionStates::new(NAME),
                 unreachable_after: config.connect_timeout() + config.request_timeout(),
             }),
-        })
+        };
+        let weak = Arc::downgrade(&backend.inner);
+        backend.inner.states.probe_while_disconnected(move || {
+            let backend = EtcdBackend {
+                inner: weak.upgrade()?,
+            };
+            Some(async move {
+                let _ = dlock_core::backend::Backend::check_servers(&backend).await;
+            })
+        });
+        Ok(backend)
     }
 
     /// The live session for leases of `ttl`, started if needed.

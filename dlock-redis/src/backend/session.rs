@@ -10,7 +10,7 @@ use dlock_core::{
 };
 use futures_util::future::join_all;
 
-use super::{backend_error, timed_out, Inner, RedisBackend, NAME};
+use super::{backend_error, timed_out, Inner, RedisBackend, RenewalInFlight, NAME};
 use crate::{
     config::RedisConfig,
     keys::{entry, names, shared_names, Names},
@@ -203,6 +203,15 @@ impl RedisBackend {
             // goes to one node of many.
             backend.refuse_old_servers(config.connect_timeout()).await?;
         }
+        let weak = Arc::downgrade(&backend.inner);
+        backend.inner.states.probe_while_disconnected(move || {
+            let backend = RedisBackend {
+                inner: weak.upgrade()?,
+            };
+            Some(async move {
+                let _ = dlock_core::backend::Backend::check_servers(&backend).await;
+            })
+        });
         Ok(backend)
     }
 
@@ -302,14 +311,18 @@ impl RedisBackend {
             .filter(|_| self.inner.redlock)
             .map(|lease| lease / 3);
         let renewals = &renewals;
+        let longest = locks.iter().map(|r| r.lease).max().unwrap_or_default();
+        let mut in_flight = RenewalInFlight {
+            backend: self,
+            lease: longest,
+            answered: false,
+        };
         let answers = self
             .on_every_node(timeout, |node| node.renew(renewals))
             .await;
-        if self.inner.states.get() == dlock_core::ConnectionState::Suspended {
-            if let Some(longest) = locks.iter().map(|r| r.lease).max() {
-                self.lost_unless_answered_within(longest);
-            }
-        }
+        // Unanswered, the guard counts it when it drops.
+        in_flight.answered = self.inner.states.get() != dlock_core::ConnectionState::Suspended;
+        drop(in_flight);
         if !self.inner.redlock {
             // One node: its error is the batch's.
             let answers = answers

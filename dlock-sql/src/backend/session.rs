@@ -322,6 +322,15 @@ impl<D: Dialect> SqlBackend<D> {
             },
             None => backend_error::<D>(e),
         })?;
+        let weak = Arc::downgrade(&backend.inner);
+        backend.inner.states.probe_while_disconnected(move || {
+            let backend = SqlBackend {
+                inner: weak.upgrade()?,
+            };
+            Some(async move {
+                let _ = dlock_core::backend::Backend::check_servers(&backend).await;
+            })
+        });
         Ok(backend)
     }
 

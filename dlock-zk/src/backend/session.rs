@@ -280,6 +280,15 @@ impl ZkBackend {
                 Err(e) => return Err(backend_error(e)),
             }
         }
+        let weak = Arc::downgrade(&backend.inner);
+        backend.inner.states.probe_while_disconnected(move || {
+            let backend = ZkBackend {
+                inner: weak.upgrade()?,
+            };
+            Some(async move {
+                let _ = dlock_core::backend::Backend::check_servers(&backend).await;
+            })
+        });
         Ok(backend)
     }
 
