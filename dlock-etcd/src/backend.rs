@@ -11,7 +11,7 @@ use std::{
 use dlock_core::{
     backend::{
         AcquireRequest, Acquired, Backend, Backoff, BoxFuture, Capabilities, Holder, Mode,
-        ReleaseOutcome, RenewOutcome, RenewRequest,
+        ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
     },
     LockError, LockKey, Result, Token,
 };
@@ -117,6 +117,12 @@ struct Inner {
     sessions: tokio::sync::Mutex<HashMap<u64, Arc<Session>>>,
     /// The etcd key of every acquisition in flight or held, by token.
     owned: Mutex<HashMap<Token, Owned>>,
+    /// `layout=etcdctl`: plain locks at `{key}/{lease hex}` (see
+    /// `EtcdConfig::etcdctl_layout`).
+    etcdctl: bool,
+    /// With `etcdctl`, one acquisition of a key at a time in this
+    /// backend: two on one session would name one etcd key.
+    turns: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
     /// Fed by every session: see "Connection state" above.
     states: dlock_core::backend::ConnectionStates,
     /// Without a wait limit, how long the cluster may stay unreachable
@@ -134,6 +140,9 @@ struct Owned {
     on_own_lease: bool,
     /// The key's create revision, once granted: its place and fence.
     granted: Option<i64>,
+    /// With `layout=etcdctl`, this backend's turn at the key, given back
+    /// when the entry goes.
+    _turn: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl fmt::Debug for EtcdBackend {
@@ -221,6 +230,58 @@ impl EtcdBackend {
 
     fn owned(&self) -> MutexGuard<'_, HashMap<Token, Owned>> {
         self.inner.owned.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Where `key`'s entries in `mode` queue: dlock's layout under the
+    /// prefix, or for a plain lock with `layout=etcdctl`, `{key}/` as
+    /// `etcdctl lock` names it.
+    fn queue(&self, key: &LockKey, mode: Mode) -> String {
+        if self.inner.etcdctl && mode == Mode::Exclusive {
+            format!("{}/", key.as_str())
+        } else {
+            queue_of(&self.inner.prefix, key, mode)
+        }
+    }
+
+    /// The name of our entry in `queue` on `lease`: with the etcdctl
+    /// layout, the lease alone in hex, as Go's `concurrency.Mutex` writes
+    /// it (one entry per session and key: see [`Inner::turns`]).
+    fn entry_name(&self, queue: &str, mode: Mode, lease: i64, token: &Token) -> String {
+        if self.inner.etcdctl && mode == Mode::Exclusive {
+            format!("{queue}{lease:x}")
+        } else {
+            format!("{queue}{lease:016x}-{token}")
+        }
+    }
+
+    /// With `layout=etcdctl`, waits for this backend's turn at a plain
+    /// lock's key, until `deadline` (`None` if it passed); otherwise no
+    /// turn is needed.
+    async fn turn(
+        &self,
+        queue: &str,
+        mode: Mode,
+        wait: Wait,
+    ) -> Option<Option<tokio::sync::OwnedSemaphorePermit>> {
+        if !(self.inner.etcdctl && mode == Mode::Exclusive) {
+            return Some(None);
+        }
+        let turns = {
+            let mut all = self.inner.turns.lock().unwrap_or_else(|e| e.into_inner());
+            // A turn nobody holds or waits for is only the map's.
+            all.retain(|_, turn| Arc::strong_count(turn) > 1);
+            all.entry(queue.to_owned())
+                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(1)))
+                .clone()
+        };
+        let permit = match wait.deadline() {
+            Some(deadline) => tokio::time::timeout_at(deadline, turns.acquire_owned())
+                .await
+                .ok()?,
+            None => turns.acquire_owned().await,
+        };
+        // The semaphore is never closed.
+        permit.ok().map(Some)
     }
 }
 

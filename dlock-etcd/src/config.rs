@@ -32,6 +32,8 @@ pub struct EtcdConfig {
     request_timeout: Duration,
     /// `Some` for `etcds://`: the PEM files its TLS parameters name.
     tls: Option<TlsFiles>,
+    /// `layout=etcdctl`: plain locks where `etcdctl lock` puts its own.
+    etcdctl_layout: bool,
 }
 
 impl std::fmt::Debug for EtcdConfig {
@@ -39,6 +41,7 @@ impl std::fmt::Debug for EtcdConfig {
         f.debug_struct("EtcdConfig")
             .field("endpoints", &self.endpoints)
             .field("prefix", &self.prefix)
+            .field("etcdctl_layout", &self.etcdctl_layout)
             .field("user", &self.user.as_ref().map(|(name, _)| name))
             .field("tls", &self.tls)
             .finish_non_exhaustive()
@@ -89,8 +92,18 @@ impl EtcdConfig {
         let request_timeout = parts
             .take_duration("request_timeout")?
             .unwrap_or(Duration::from_secs(5));
+        let etcdctl_layout = match parts.take("layout").as_deref() {
+            None | Some("dlock") => false,
+            Some("etcdctl") => true,
+            Some(other) => {
+                return Err(
+                    parts.invalid(&format!("`layout={other}`: expected `dlock` or `etcdctl`"))
+                )
+            }
+        };
         let files = parts.take_tls_files(tls, "etcds")?;
         parts.finish(&[
+            "layout",
             "connect_timeout",
             "request_timeout",
             "tls_ca",
@@ -125,7 +138,27 @@ impl EtcdConfig {
             connect_timeout,
             request_timeout,
             tls: tls.then_some(files),
+            etcdctl_layout,
         })
+    }
+
+    /// Whether plain locks use the key layout of `etcdctl lock NAME` and
+    /// Go's `concurrency.Mutex` (`layout=etcdctl`): the key `NAME/{lease
+    /// id in hex}`, without the prefix, so that a dlock holder and an
+    /// `etcdctl lock` holder of one name exclude each other. Read-write
+    /// locks and semaphores keep dlock's layout under the prefix.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_etcd::EtcdConfig;
+    ///
+    /// assert!(EtcdConfig::from_url("etcd://h:2379?layout=etcdctl")?.etcdctl_layout());
+    /// assert!(!EtcdConfig::from_url("etcd://h:2379/locks")?.etcdctl_layout());
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn etcdctl_layout(&self) -> bool {
+        self.etcdctl_layout
     }
 
     /// Whether the endpoints are reached over TLS (`etcds://`).

@@ -469,3 +469,80 @@ async fn connection_state_follows_the_session_lease() {
     )
     .await;
 }
+
+/// With `layout=etcdctl`, dlock's locks and `etcdctl lock NAME` (Debian's
+/// `etcd-client`, Go's `concurrency.Mutex`) exclude each other, both
+/// ways: `etcdctl` waits while dlock holds and runs its command only after
+/// the release; dlock waits while `etcdctl` holds and is granted only
+/// after it exits, with a fence above the one dlock held before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_lock_and_dlock_exclude_each_other() {
+    use std::process::Stdio;
+    let etcdctl = dlock_testkit::fixture::find_binary("etcdctl", "etcd-client")
+        .expect("etcdctl, from the etcd-client package");
+    let server = EtcdServer::start().expect("start etcd");
+    let endpoint = server.endpoint();
+    let locker = locker(&format!("etcd://{endpoint}/ignored?layout=etcdctl")).await;
+    let etcdctl_lock = |command: &str| {
+        tokio::process::Command::new(&etcdctl)
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &endpoint, "lock", "jobs/nightly", "--"])
+            .args(["sh", "-c", command])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("run etcdctl")
+    };
+
+    // dlock holds: etcdctl waits.
+    let held = locker.lock("jobs/nightly").await.unwrap();
+    let waiting = etcdctl_lock("echo ran");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut waiting = waiting;
+    assert!(
+        waiting.try_wait().unwrap().is_none(),
+        "etcdctl ran its command while dlock held the lock"
+    );
+    let fence = held.fencing_token().expect("a fence");
+    held.release().await.unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(10), waiting.wait_with_output())
+        .await
+        .expect("etcdctl never got the lock after the release")
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("ran"),
+        "etcdctl: {out:?}"
+    );
+
+    // etcdctl holds: dlock waits until it exits.
+    let mut holding = etcdctl_lock("echo holding; sleep 2");
+    let started = Instant::now();
+    loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "etcdctl never took the lock"
+        );
+        if locker.is_locked("jobs/nightly").await.unwrap() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        locker.try_lock("jobs/nightly").await.unwrap().is_none(),
+        "dlock was granted beside etcdctl"
+    );
+    let granted = locker
+        .lock_with(
+            "jobs/nightly",
+            LockOptions::new().wait(Duration::from_secs(10)),
+        )
+        .await
+        .expect("dlock's lock after etcdctl's");
+    let exited = holding.try_wait().unwrap();
+    assert!(
+        exited.is_some(),
+        "dlock was granted while etcdctl still ran its command"
+    );
+    assert!(granted.fencing_token() > Some(fence));
+}

@@ -7,7 +7,7 @@ use dlock_core::{
 };
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, WatchOptions};
 
-use super::{backend_error, first_created, mode_value, queue_of, retried, EtcdBackend, NAME};
+use super::{backend_error, first_created, mode_value, retried, EtcdBackend, NAME};
 
 /// A plain lock's entry with what its holder proclaimed: its mode tag (empty),
 /// a NUL, and the value. The tag never holds a NUL.
@@ -38,7 +38,7 @@ impl EtcdBackend {
         let Some((name, revision)) = held else {
             return Ok(false);
         };
-        let queue = queue_of(&self.inner.prefix, key, Mode::Exclusive);
+        let queue = self.queue(key, Mode::Exclusive);
         if !name.starts_with(&queue) {
             return Ok(false);
         }
@@ -62,7 +62,7 @@ impl EtcdBackend {
     }
 
     pub(super) async fn holder_inner(&self, key: &LockKey) -> Result<Option<Holder>> {
-        let queue = queue_of(&self.inner.prefix, key, Mode::Exclusive);
+        let queue = self.queue(key, Mode::Exclusive);
         let read = retried(|| {
             let (mut client, queue) = (self.client(), queue.clone());
             async move { client.get(queue, Some(first_created())).await }
@@ -78,7 +78,7 @@ impl EtcdBackend {
     /// (the next in line) are told; its own session's next check finds it
     /// gone.
     pub(super) async fn force_release_inner(&self, key: &LockKey) -> Result<bool> {
-        let queue = queue_of(&self.inner.prefix, key, Mode::Exclusive);
+        let queue = self.queue(key, Mode::Exclusive);
         let read = retried(|| {
             let (mut client, queue) = (self.client(), queue.clone());
             async move { client.get(queue, Some(first_created())).await }
@@ -101,7 +101,7 @@ impl EtcdBackend {
         key: &LockKey,
         seen: Option<&Holder>,
     ) -> Result<()> {
-        let queue = queue_of(&self.inner.prefix, key, Mode::Exclusive);
+        let queue = self.queue(key, Mode::Exclusive);
         let mut end = queue.as_bytes().to_vec();
         if let Some(last) = end.last_mut() {
             *last += 1; // `/` + 1: just past every key under the queue

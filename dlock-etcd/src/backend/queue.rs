@@ -21,8 +21,7 @@ use etcd_client::{
 use tokio::time::Instant;
 
 use super::{
-    backend_error, first_created, mode_of, mode_value, queue_of, retried, vanished, EtcdBackend,
-    Owned, NAME,
+    backend_error, first_created, mode_of, mode_value, retried, vanished, EtcdBackend, Owned, NAME,
 };
 use crate::session::Session;
 
@@ -110,7 +109,10 @@ impl EtcdBackend {
     pub(super) async fn acquire_inner(&self, req: &AcquireRequest<'_>) -> Result<Option<Acquired>> {
         let token = *req.token;
         let mode = req.mode;
-        let queue = queue_of(&self.inner.prefix, req.key, mode);
+        let queue = self.queue(req.key, mode);
+        let Some(turn) = self.turn(&queue, mode, req.wait).await else {
+            return Ok(None);
+        };
         // Every queue key lives on the session while it waits; a fixed
         // lease is attached when the lock is granted, so that waiting does
         // not use it up.
@@ -120,7 +122,7 @@ impl EtcdBackend {
         };
         let session = self.session(session_ttl).await?;
         let lease = session.lease;
-        let name = format!("{queue}{lease:016x}-{token}");
+        let name = self.entry_name(&queue, mode, lease, &token);
         self.owned().insert(
             token,
             Owned {
@@ -129,6 +131,7 @@ impl EtcdBackend {
                 own_lease: None,
                 on_own_lease: false,
                 granted: None,
+                _turn: turn,
             },
         );
         let sent = Instant::now();

@@ -133,6 +133,8 @@ impl EtcdBackend {
                 prefix: config.prefix().to_owned(),
                 sessions: tokio::sync::Mutex::default(),
                 owned: Mutex::default(),
+                etcdctl: config.etcdctl_layout(),
+                turns: Mutex::default(),
                 states: dlock_core::backend::ConnectionStates::new(NAME),
                 unreachable_after: config.connect_timeout() + config.request_timeout(),
             }),
