@@ -1,15 +1,20 @@
 //! The whole conformance suite against real `redis-server` processes: one
 //! node (with fencing tokens, and without: `fence=off`), and Redlock over
-//! five. Every client is a new `RedisBackend` with
+//! five; and on one Sentinel deployment (a master, its replica and three
+//! sentinels), in one test, every check but those of a crashed client's
+//! lease, which run on one node above through the same code. Every client is a new `RedisBackend` with
 //! connections of its own, as another process would have.
 
 use std::sync::Arc;
 
 use dlock_core::backend::Backend;
 use dlock_redis::RedisBackend;
-use dlock_testkit::{fixture::RedisServer, Harness};
+use dlock_testkit::{
+    fixture::{RedisSentinels, RedisServer},
+    Harness,
+};
 
-fn harness(name: &str, servers: Vec<RedisServer>, url: String) -> Harness {
+fn harness<T: std::any::Any + Send + Sync>(name: &str, servers: T, url: String) -> Harness {
     Harness::new(name, move || {
         let url = url.clone();
         async move {
@@ -39,6 +44,46 @@ fn redlock_of_five() -> Harness {
     let url = RedisServer::redlock_url(&servers);
     harness("redlock", servers, url)
 }
+
+/// The master a Sentinel deployment names, through its sentinels.
+fn sentinel() -> Harness {
+    let set = RedisSentinels::start().expect("start a master, a replica and 3 sentinels");
+    let url = set.url();
+    harness("redis-sentinel", set, url)
+}
+
+dlock_testkit::conformance_tests!(suite sentinel_deployment, sentinel(), [
+    mutual_exclusion,
+    try_lock_on_held_key_returns_none_at_once,
+    wait_limit_gives_timeout,
+    queued_waiters_get_an_expired_lock,
+    dist_mutex_excludes_across_clients,
+    zero_wait_makes_one_whole_attempt,
+    stale_guard_cannot_release_or_renew,
+    fencing_tokens_strictly_increase,
+    drop_releases,
+    reentry_inside_a_scope_asks_the_server_once,
+    joined_futures_in_one_task_exclude_each_other,
+    cancel_safety,
+    dropped_futures_cost_the_clients_other_locks_nothing,
+    watchdog_keeps_lock_past_its_lease,
+    renewal_that_finds_another_owner_reports_lost,
+    invalid_input_gives_typed_errors,
+    awkward_keys_are_distinct_locks,
+    readers_share_and_a_writer_excludes_everyone,
+    a_waiting_writer_keeps_new_readers_out,
+    permits_are_never_exceeded,
+    cancelled_permit_waits_leave_nothing,
+    cancelled_reads_never_undo_a_live_readers_hold,
+    lock_all_in_opposite_orders_neither_deadlocks_nor_overlaps,
+    lock_all_that_times_out_gives_back_what_it_took,
+    one_lost_key_makes_the_whole_guard_lost,
+    an_election_has_one_leader_at_a_time_and_rising_terms,
+    followers_observe_every_change_of_leader,
+    a_deposed_leader_is_told,
+    holder_and_is_locked_read_without_locking,
+    force_release_frees_the_key_and_tells_the_holder,
+]);
 
 mod single {
     dlock_testkit::conformance_tests!(super::single_node());
