@@ -516,7 +516,9 @@ async fn etcdctl_lock_and_dlock_exclude_each_other() {
     );
 
     // etcdctl holds: dlock waits until it exits.
-    let mut holding = etcdctl_lock("echo holding; sleep 2");
+    let done = std::env::temp_dir().join(format!("dlock-etcdctl-{}-done", std::process::id()));
+    let _ = std::fs::remove_file(&done);
+    let mut holding = etcdctl_lock(&format!("echo holding; sleep 2; touch {}", done.display()));
     let started = Instant::now();
     loop {
         assert!(
@@ -539,10 +541,13 @@ async fn etcdctl_lock_and_dlock_exclude_each_other() {
         )
         .await
         .expect("dlock's lock after etcdctl's");
-    let exited = holding.try_wait().unwrap();
+    // etcdctl deletes its key once its command ended: the command's
+    // last step is done before dlock's grant.
     assert!(
-        exited.is_some(),
+        done.exists(),
         "dlock was granted while etcdctl still ran its command"
     );
+    let _ = holding.wait().await;
+    let _ = std::fs::remove_file(&done);
     assert!(granted.fencing_token() > Some(fence));
 }

@@ -112,7 +112,7 @@ impl ZkBackend {
         let client = session.client().map_err(backend_error)?;
         let parent = parent_of(self.inner.config.path(), key, Mode::Exclusive);
         synced(&client, &parent).await?;
-        for _ in 0..5 {
+        {
             let children = match client.list_children(&parent).await {
                 Ok(children) => children,
                 Err(ZkError::NoNode) => return Ok(false),
@@ -122,13 +122,13 @@ impl ZkBackend {
                 return Ok(false);
             };
             match client.delete(&format!("{parent}/{first}"), None).await {
-                Ok(()) => return Ok(true),
-                // Gone meanwhile (released, expired): look again.
-                Err(ZkError::NoNode) => continue,
-                Err(e) => return Err(backend_error(e)),
+                Ok(()) => Ok(true),
+                // Gone meanwhile (released, expired): the holder asked
+                // about left; the next one is not ours to remove.
+                Err(ZkError::NoNode) => Ok(false),
+                Err(e) => Err(backend_error(e)),
             }
         }
-        Ok(false)
     }
 
     pub(super) async fn holder_changed_inner(
