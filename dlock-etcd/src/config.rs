@@ -103,12 +103,12 @@ impl EtcdConfig {
         };
         let files = parts.take_tls_files(tls, "etcds")?;
         parts.finish(&[
-            "layout",
             "connect_timeout",
             "request_timeout",
             "tls_ca",
             "tls_cert",
             "tls_key",
+            "layout",
         ])?;
         let user = match (parts.user(), parts.password()) {
             (Some(name), password) => Some((name.to_owned(), password.unwrap_or("").to_owned())),
