@@ -278,7 +278,7 @@ impl PgDialect {
                  pg_backend_pid()"
             ),
             end_holder: format!(
-                "SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l \
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(l.pid)) FROM pg_locks l \
                  WHERE {held} AND l.pid <> pg_backend_pid() AND l.database = \
                  (SELECT oid FROM pg_database WHERE datname = current_database())",
                 held = one_key_lock("l", "$1"),

@@ -90,8 +90,10 @@ impl RedisBackend {
         if answers.iter().any(|a| matches!(a, Ok(true))) {
             return Ok(true);
         }
+        // "Free" only when a quorum said so; otherwise the nodes' error.
+        let answered = answers.iter().filter(|a| a.is_ok()).count();
         match answers.into_iter().find_map(|a| a.err()) {
-            Some(error) if !self.inner.redlock => Err(backend_error(error)),
+            Some(error) if answered < self.inner.quorum => Err(backend_error(error)),
             _ => Ok(false),
         }
     }
