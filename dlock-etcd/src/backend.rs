@@ -15,7 +15,7 @@ use dlock_core::{
     },
     LockError, LockKey, Result, Token,
 };
-use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
+use etcd_client::{Client, GetOptions, KeyValue, SortOrder, SortTarget};
 
 use crate::session::Session;
 
@@ -138,12 +138,19 @@ struct Owned {
     own_lease: Option<i64>,
     /// Whether the key was moved onto `own_lease`, off the session.
     on_own_lease: bool,
+    /// The key's create revision, once known: a release deletes only the
+    /// key created then.
+    created: Option<i64>,
     /// The key's create revision, once granted: its place and fence.
     granted: Option<i64>,
     /// With `layout=etcdctl`, this backend's turn at the key, given back
-    /// when the entry goes.
-    _turn: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// when the entry is gone and no request that may create it is in
+    /// flight (the enqueueing task keeps a share).
+    _turn: Option<Turn>,
 }
+
+/// With `layout=etcdctl`, this backend's turn at a plain lock's key.
+type Turn = Arc<tokio::sync::OwnedSemaphorePermit>;
 
 impl fmt::Debug for EtcdBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -216,11 +223,18 @@ fn mode_of(value: &[u8]) -> Option<Mode> {
     Mode::from_tag(std::str::from_utf8(tag).ok()?)
 }
 
-fn first_created() -> GetOptions {
-    GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Ascend)
-        .with_limit(1)
+/// The entries directly in `queue`, in the order read: with
+/// `layout=etcdctl`, lock `a`'s read of `a/` also returns lock `a/b`'s
+/// entries, which are not its own. (dlock's layout escapes `/`, so no
+/// queue of its own nests in another.)
+fn direct<'k>(queue: &str, kvs: &'k [KeyValue]) -> Vec<&'k KeyValue> {
+    kvs.iter()
+        .filter(|kv| {
+            kv.key()
+                .get(queue.len()..)
+                .is_some_and(|rest| !rest.contains(&b'/'))
+        })
+        .collect()
 }
 
 impl EtcdBackend {
@@ -232,11 +246,31 @@ impl EtcdBackend {
         self.inner.owned.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether `mode`'s entries take Go's layout: plain locks with
+    /// `layout=etcdctl`.
+    fn go_layout(&self, mode: Mode) -> bool {
+        self.inner.etcdctl && mode == Mode::Exclusive
+    }
+
+    /// How to read a queue of `mode`, oldest first: a plain lock needs
+    /// only the first entry, unless queues nest (see [`direct`]); shared
+    /// modes need them all.
+    fn queue_read(&self, mode: Mode) -> GetOptions {
+        let all = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        if mode == Mode::Exclusive && !self.go_layout(mode) {
+            all.with_limit(1)
+        } else {
+            all
+        }
+    }
+
     /// Where `key`'s entries in `mode` queue: dlock's layout under the
     /// prefix, or for a plain lock with `layout=etcdctl`, `{key}/` as
     /// `etcdctl lock` names it.
     fn queue(&self, key: &LockKey, mode: Mode) -> String {
-        if self.inner.etcdctl && mode == Mode::Exclusive {
+        if self.go_layout(mode) {
             format!("{}/", key.as_str())
         } else {
             queue_of(&self.inner.prefix, key, mode)
@@ -247,7 +281,7 @@ impl EtcdBackend {
     /// layout, the lease alone in hex, as Go's `concurrency.Mutex` writes
     /// it (one entry per session and key: see [`Inner::turns`]).
     fn entry_name(&self, queue: &str, mode: Mode, lease: i64, token: &Token) -> String {
-        if self.inner.etcdctl && mode == Mode::Exclusive {
+        if self.go_layout(mode) {
             format!("{queue}{lease:x}")
         } else {
             format!("{queue}{lease:016x}-{token}")
@@ -257,13 +291,8 @@ impl EtcdBackend {
     /// With `layout=etcdctl`, waits for this backend's turn at a plain
     /// lock's key, until `deadline` (`None` if it passed); otherwise no
     /// turn is needed.
-    async fn turn(
-        &self,
-        queue: &str,
-        mode: Mode,
-        wait: Wait,
-    ) -> Option<Option<tokio::sync::OwnedSemaphorePermit>> {
-        if !(self.inner.etcdctl && mode == Mode::Exclusive) {
+    async fn turn(&self, queue: &str, mode: Mode, wait: Wait) -> Option<Option<Turn>> {
+        if !self.go_layout(mode) {
             return Some(None);
         }
         let turns = {
@@ -281,7 +310,7 @@ impl EtcdBackend {
             None => turns.acquire_owned().await,
         };
         // The semaphore is never closed.
-        permit.ok().map(Some)
+        permit.ok().map(|permit| Some(Arc::new(permit)))
     }
 }
 

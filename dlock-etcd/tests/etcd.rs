@@ -551,3 +551,87 @@ async fn etcdctl_lock_and_dlock_exclude_each_other() {
     let _ = std::fs::remove_file(&done);
     assert!(granted.fencing_token() > Some(fence));
 }
+
+/// With `layout=etcdctl`, lock `a`'s queue `a/` also holds the entries of
+/// lock `a/b` (`a/b/{lease}`): they are not `a`'s. `a` is free while
+/// `a/b` is held, has no holder, and a forced release of `a` leaves `a/b`
+/// alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_etcdctl_layout_a_lock_ignores_the_locks_nested_under_it() {
+    let server = EtcdServer::start().expect("start etcd");
+    let url = format!("etcd://{}?layout=etcdctl", server.endpoint());
+    let (nested, outer) = (locker(&url).await, locker(&url).await);
+    let held = nested.lock("a/b").await.unwrap();
+    assert_eq!(
+        outer.holder("a").await.unwrap(),
+        None,
+        "a/b read as a's holder"
+    );
+    assert!(
+        !outer.force_release("a").await.unwrap(),
+        "a forced release of a found a holder"
+    );
+    assert!(outer.is_locked("a/b").await.unwrap(), "a/b was released");
+    let a = outer
+        .try_lock("a")
+        .await
+        .unwrap()
+        .expect("a waited behind a/b");
+    assert!(!held.is_lost(), "a/b was lost");
+    a.release().await.unwrap();
+    held.release().await.unwrap();
+}
+
+/// With `layout=etcdctl`, an entry is named by the session's lease alone,
+/// so a key left under that name on a lease of its own (as an abandoned
+/// fixed-lease grant leaves it; put here with a plain client) is not this
+/// session's to take over: an acquisition waits until its lease ends and
+/// is then granted with a fence of its own, above the old key's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_etcdctl_layout_a_key_left_on_another_lease_is_never_taken_over() {
+    let server = EtcdServer::start().expect("start etcd");
+    let url = format!("etcd://{}?layout=etcdctl", server.endpoint());
+    let locker = locker(&url).await;
+    let mut client = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .unwrap();
+    // Learns the entry's name (the session lives on after the release).
+    let guard = locker.lock("job").await.unwrap();
+    let read = client
+        .get("job/", Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let name = read.kvs()[0].key().to_vec();
+    guard.release().await.unwrap();
+
+    let lease = client.lease_grant(3, None).await.unwrap().id();
+    let put = client
+        .put(
+            name.clone(),
+            "",
+            Some(etcd_client::PutOptions::new().with_lease(lease)),
+        )
+        .await
+        .unwrap();
+    let left = put.header().unwrap().revision();
+    let started = Instant::now();
+    assert!(
+        locker.try_lock("job").await.unwrap().is_none(),
+        "the key left on another lease was taken over"
+    );
+    let granted = locker
+        .lock_with("job", LockOptions::new().wait(Duration::from_secs(15)))
+        .await
+        .expect("granted once the old lease ended");
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "granted {:?} after the old key was left, inside its lease",
+        started.elapsed()
+    );
+    let fence = granted.fencing_token().expect("a fence");
+    assert!(
+        fence > u64::try_from(left).unwrap(),
+        "fence {fence} given twice"
+    );
+    granted.release().await.unwrap();
+}

@@ -7,7 +7,7 @@ use dlock_core::{
 };
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, WatchOptions};
 
-use super::{backend_error, first_created, mode_value, retried, EtcdBackend, NAME};
+use super::{backend_error, direct, mode_value, retried, EtcdBackend, NAME};
 
 /// A plain lock's entry with what its holder proclaimed: its mode tag (empty),
 /// a NUL, and the value. The tag never holds a NUL.
@@ -65,10 +65,11 @@ impl EtcdBackend {
         let queue = self.queue(key, Mode::Exclusive);
         let read = retried(|| {
             let (mut client, queue) = (self.client(), queue.clone());
-            async move { client.get(queue, Some(first_created())).await }
+            let read = self.queue_read(Mode::Exclusive);
+            async move { client.get(queue, Some(read)).await }
         })
         .await?;
-        Ok(read.kvs().first().map(|kv| {
+        Ok(direct(&queue, read.kvs()).first().map(|kv| {
             let fence = u64::try_from(kv.create_revision()).unwrap_or(0);
             Holder::new(Some(fence), proclaimed(kv.value()))
         }))
@@ -81,19 +82,29 @@ impl EtcdBackend {
         let queue = self.queue(key, Mode::Exclusive);
         let read = retried(|| {
             let (mut client, queue) = (self.client(), queue.clone());
-            async move { client.get(queue, Some(first_created())).await }
+            let read = self.queue_read(Mode::Exclusive);
+            async move { client.get(queue, Some(read)).await }
         })
         .await?;
-        let Some(first) = read.kvs().first() else {
+        let Some(first) = direct(&queue, read.kvs()).first().copied() else {
             return Ok(false);
         };
+        // Only the entry read: if it went meanwhile, a later key of that
+        // name (its session's next acquisition) is not the holder asked.
         let name = first.key().to_vec();
-        let deleted = retried(|| {
-            let (mut client, name) = (self.client(), name.clone());
-            async move { client.delete(name, None).await }
+        let delete = Txn::new()
+            .when([Compare::create_revision(
+                name.clone(),
+                CompareOp::Equal,
+                first.create_revision(),
+            )])
+            .and_then([TxnOp::delete(name, None)]);
+        let answer = retried(|| {
+            let (mut client, delete) = (self.client(), delete.clone());
+            async move { client.txn(delete).await }
         })
         .await?;
-        Ok(deleted.deleted() > 0)
+        Ok(answer.succeeded())
     }
 
     pub(super) async fn holder_changed_inner(

@@ -15,13 +15,13 @@ use dlock_core::{
     LockError, Result,
 };
 use etcd_client::{
-    Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, TxnResponse, WatchOptions,
+    Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
 };
 use tokio::time::Instant;
 
 use super::{
-    backend_error, first_created, mode_of, mode_value, retried, vanished, EtcdBackend, Owned, NAME,
+    backend_error, direct, mode_of, mode_value, retried, vanished, EtcdBackend, Owned, Turn, NAME,
 };
 use crate::session::Session;
 
@@ -62,7 +62,7 @@ const WAITING_SESSION_TTL: Duration = Duration::from_secs(10);
 /// queue sorted by creation: first come, first served. A reader holds when
 /// no writer is ahead of it, a writer when it is first, permits when the
 /// permits ahead (held or waited for) and its own fit the limit.
-fn admitted(queue: &[etcd_client::KeyValue], mine: i64, mode: Mode) -> bool {
+fn admitted(queue: &[&KeyValue], mine: i64, mode: Mode) -> bool {
     if mode == Mode::Exclusive {
         // A plain lock's read has only the queue's first entry.
         return queue.first().map(|kv| kv.create_revision()) == Some(mine);
@@ -75,23 +75,11 @@ fn admitted(queue: &[etcd_client::KeyValue], mine: i64, mode: Mode) -> bool {
 }
 
 /// A permit limit in `queue` other than `limit`, if any.
-fn other_limit(queue: &[etcd_client::KeyValue], limit: u32) -> Option<u32> {
+fn other_limit(queue: &[&KeyValue], limit: u32) -> Option<u32> {
     queue.iter().find_map(|kv| match mode_of(kv.value()) {
         Some(Mode::Permits { limit: theirs, .. }) if theirs != limit => Some(theirs),
         _ => None,
     })
-}
-
-/// The whole queue, oldest first (for shared modes), or only its first
-/// entry (for plain locks).
-fn queue_read(mode: Mode) -> GetOptions {
-    if mode == Mode::Exclusive {
-        first_created()
-    } else {
-        GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-    }
 }
 
 fn get_responses(response: &TxnResponse) -> Vec<etcd_client::GetResponse> {
@@ -121,52 +109,20 @@ impl EtcdBackend {
             LeaseKind::Fixed => WAITING_SESSION_TTL,
         };
         let session = self.session(session_ttl).await?;
-        let lease = session.lease;
-        let name = self.entry_name(&queue, mode, lease, &token);
-        self.owned().insert(
-            token,
-            Owned {
-                name: name.clone(),
-                session: session.clone(),
-                own_lease: None,
-                on_own_lease: false,
-                granted: None,
-                _turn: turn,
-            },
-        );
+        let name = self.entry_name(&queue, mode, session.lease, &token);
         let sent = Instant::now();
-        let txn = Txn::new()
-            .when([Compare::create_revision(name.as_str(), CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(
-                    name.as_str(),
-                    mode_value(mode),
-                    Some(PutOptions::new().with_lease(lease)),
-                ),
-                TxnOp::get(queue.as_str(), Some(queue_read(mode))),
-            ])
-            .or_else([
-                TxnOp::get(name.as_str(), None),
-                TxnOp::get(queue.as_str(), Some(queue_read(mode))),
-            ]);
-        let answer = self.enqueue(txn, &name).await?;
-        let gets = get_responses(&answer);
-        let mine = if answer.succeeded() {
-            answer.header().map(|h| h.revision()).unwrap_or_default()
-        } else {
-            gets.first()
-                .and_then(|g| g.kvs().first())
-                .map(|kv| kv.create_revision())
-                .ok_or_else(vanished)?
+        let Some((answer, mine)) = self.enter(req, &queue, &session, &name, turn).await? else {
+            return Ok(None);
         };
-        let entries = gets.last().map(|g| g.kvs()).unwrap_or_default();
+        let gets = get_responses(&answer);
+        let entries = direct(&queue, gets.last().map(|g| g.kvs()).unwrap_or_default());
         if let Mode::Permits { limit, .. } = mode {
-            if let Some(theirs) = other_limit(entries, limit) {
+            if let Some(theirs) = other_limit(&entries, limit) {
                 self.delete_owned(&token).await?;
                 return Err(LockError::permit_limit_mismatch(req.key, theirs, limit));
             }
         }
-        if admitted(entries, mine, mode) {
+        if admitted(&entries, mine, mode) {
             return self.granted(req, &session, &name, mine, sent).await;
         }
         if req.wait == Wait::No {
@@ -201,7 +157,7 @@ impl EtcdBackend {
                 let checked = Instant::now();
                 let check = Txn::new().and_then([
                     TxnOp::get(name.as_str(), Some(GetOptions::new().with_count_only())),
-                    TxnOp::get(queue.as_str(), Some(queue_read(mode))),
+                    TxnOp::get(queue.as_str(), Some(self.queue_read(mode))),
                 ]);
                 let answer = retried(|| {
                     let (mut client, check) = (self.client(), check.clone());
@@ -212,8 +168,8 @@ impl EtcdBackend {
                 if gets.first().is_none_or(|g| g.count() == 0) {
                     return Err(Vanished);
                 }
-                let entries = gets.last().map(|g| g.kvs()).unwrap_or_default();
-                Ok(admitted(entries, mine, mode).then_some(checked))
+                let entries = direct(&queue, gets.last().map(|g| g.kvs()).unwrap_or_default());
+                Ok(admitted(&entries, mine, mode).then_some(checked))
             };
             let step = async {
                 tokio::select! {
@@ -242,14 +198,168 @@ impl EtcdBackend {
         }
     }
 
+    /// Puts our entry `name` on the session's lease into `queue`, and
+    /// answers with the queue as read then and the entry's create revision
+    /// (`None` if the wait ended first).
+    ///
+    /// With `layout=etcdctl`, an entry's name is the session's lease alone,
+    /// so the name may already be taken by an earlier acquisition of this
+    /// session whose release failed until it was given up with its key on
+    /// a fixed lease of its own (see `abandon`). Such a key is not ours to
+    /// take over (its fence would be given twice) nor to delete: we wait
+    /// for its lease to end, then enter.
+    async fn enter(
+        &self,
+        req: &AcquireRequest<'_>,
+        queue: &str,
+        session: &Arc<Session>,
+        name: &str,
+        turn: Option<Turn>,
+    ) -> Result<Option<(TxnResponse, i64)>> {
+        let lease = session.lease;
+        let txn = Txn::new()
+            .when([Compare::create_revision(name, CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(
+                    name,
+                    mode_value(req.mode),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::get(queue, Some(self.queue_read(req.mode))),
+            ])
+            .or_else([
+                TxnOp::get(name, None),
+                TxnOp::get(queue, Some(self.queue_read(req.mode))),
+            ]);
+        // Only abandoned keys take the name, each until its lease ends,
+        // and none is made while we hold the turn: a second round finds
+        // the name free.
+        for _ in 0..3 {
+            self.owned().insert(
+                *req.token,
+                Owned {
+                    name: name.to_owned(),
+                    session: session.clone(),
+                    own_lease: None,
+                    on_own_lease: false,
+                    created: None,
+                    granted: None,
+                    _turn: turn.clone(),
+                },
+            );
+            let answer = self.enqueue(txn.clone(), name, lease, turn.clone()).await?;
+            let created = if answer.succeeded() {
+                answer.header().map(|h| h.revision()).unwrap_or_default()
+            } else {
+                // Ours from an attempt whose answer was lost, or another's.
+                let gets = get_responses(&answer);
+                let found = gets.first().and_then(|g| g.kvs().first());
+                let found = found.ok_or_else(vanished)?;
+                if found.lease() != lease {
+                    let (theirs, seen) = (found.lease(), found.mod_revision());
+                    self.owned().remove(req.token);
+                    if req.wait == Wait::No
+                        || !self
+                            .until_gone(name, theirs, seen, req.wait.deadline())
+                            .await?
+                    {
+                        return Ok(None);
+                    }
+                    continue;
+                }
+                found.create_revision()
+            };
+            if let Some(owned) = self.owned().get_mut(req.token) {
+                owned.created = Some(created);
+            }
+            return Ok(Some((answer, created)));
+        }
+        Err(LockError::backend(
+            NAME,
+            std::io::Error::other(format!("the queue entry {name} stayed taken")),
+        ))
+    }
+
+    /// Waits until the key `name`, last changed at `seen` on the lease
+    /// `lease`, is gone: `false` if `deadline` came first, an error if it
+    /// outlived its lease.
+    async fn until_gone(
+        &self,
+        name: &str,
+        lease: i64,
+        seen: i64,
+        deadline: Option<Instant>,
+    ) -> Result<bool> {
+        let ttl = retried(|| {
+            let mut client = self.client();
+            async move { client.lease_time_to_live(lease, None).await }
+        })
+        .await?
+        .ttl();
+        let ends = Instant::now() + Duration::from_secs(ttl.max(0).unsigned_abs()) + RECHECK;
+        let until = deadline.map_or(ends, |d| d.min(ends));
+        // Watched from just after the read that saw the key: no deletion
+        // can fall between the two.
+        let options = WatchOptions::new().with_start_revision(seen + 1);
+        let mut watch = self
+            .client()
+            .watch(name, Some(options))
+            .await
+            .map_err(backend_error)?;
+        let deleted = async {
+            while let Ok(Some(response)) = watch.message().await {
+                if response.canceled() {
+                    break;
+                }
+                if response
+                    .events()
+                    .iter()
+                    .any(|e| e.event_type() == EventType::Delete)
+                {
+                    return;
+                }
+            }
+            // The watch ended without news: wait out the lease instead.
+            std::future::pending::<()>().await;
+        };
+        let _ = tokio::time::timeout_at(until, deleted).await;
+        let still = retried(|| {
+            let mut client = self.client();
+            async move {
+                client
+                    .get(name, Some(GetOptions::new().with_count_only()))
+                    .await
+            }
+        })
+        .await?;
+        if still.count() == 0 {
+            return Ok(true);
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(false);
+        }
+        Err(LockError::backend(
+            NAME,
+            std::io::Error::other(format!("the queue entry {name} outlived its lease")),
+        ))
+    }
+
     /// Runs the enqueueing transaction in a task of its own, so that if the
     /// caller goes away while it is in flight, the key it may still create
-    /// is deleted once it has.
-    async fn enqueue(&self, txn: Txn, name: &str) -> Result<TxnResponse> {
+    /// on `lease` is deleted once it has. The task keeps a share of the
+    /// turn until then: no later acquisition can meet the key.
+    async fn enqueue(
+        &self,
+        txn: Txn,
+        name: &str,
+        lease: i64,
+        turn: Option<Turn>,
+    ) -> Result<TxnResponse> {
         let abandoned = Arc::new(AtomicBool::new(false));
         let done = abandoned.clone();
         let (client, name) = (self.client(), name.to_owned());
         let task = tokio::spawn(async move {
+            let _turn = turn;
             // Idempotent: a retry after a lost reply finds our key, and the
             // else-branch reads its create revision.
             let answer = retried(|| {
@@ -258,9 +368,13 @@ impl EtcdBackend {
             })
             .await;
             if done.load(Ordering::SeqCst) {
+                // Only a key on our lease is ours (see `enter`).
+                let delete = Txn::new()
+                    .when([Compare::lease(name.as_str(), CompareOp::Equal, lease)])
+                    .and_then([TxnOp::delete(name.as_str(), None)]);
                 let _ = retried(|| {
-                    let (mut client, name) = (client.clone(), name.clone());
-                    async move { client.delete(name, None).await }
+                    let (mut client, delete) = (client.clone(), delete.clone());
+                    async move { client.txn(delete).await }
                 })
                 .await;
             }
@@ -304,15 +418,19 @@ impl EtcdBackend {
         // Readers and permits need the modes ahead (etcd counts a range
         // before its revision filters: the kvs it returns are what
         // count), a writer only its predecessor.
+        // (With nested queues, a writer reads every key ahead: see
+        // [`direct`].)
         let ahead = match mode {
             Mode::Read | Mode::Permits { .. } => ahead,
+            _ if self.go_layout(mode) => ahead.with_keys_only(),
             _ => ahead.with_limit(1).with_keys_only(),
         };
-        let predecessors = retried(|| {
+        let read = retried(|| {
             let (mut client, ahead) = (self.client(), ahead.clone());
             async move { client.get(queue, Some(ahead)).await }
         })
         .await?;
+        let predecessors = direct(queue, read.kvs());
         // Entries ahead may have gone since the last check (between our
         // enqueue and this read, say): if what is left admits us, there
         // is nothing to wait for. A permit waiter that waited here for
@@ -320,7 +438,6 @@ impl EtcdBackend {
         // (A writer's read has no values: its one entry ahead counts as
         // exclusive, which blocks it as it should.)
         let modes_ahead = predecessors
-            .kvs()
             .iter()
             .map(|kv| mode_of(kv.value()).unwrap_or(Mode::Exclusive));
         if dlock_core::backend::admitted(mode, modes_ahead) {
@@ -328,11 +445,10 @@ impl EtcdBackend {
         }
         let blocking = if mode == Mode::Read {
             predecessors
-                .kvs()
                 .iter()
                 .find(|kv| mode_of(kv.value()) != Some(Mode::Read))
         } else {
-            predecessors.kvs().first()
+            predecessors.first()
         };
         let Some(key) = blocking.map(|kv| kv.key().to_vec()) else {
             return Ok(Waited::Changed);
@@ -355,7 +471,7 @@ impl EtcdBackend {
         } else {
             (key.clone(), None)
         };
-        let ahead_names: HashSet<&[u8]> = predecessors.kvs().iter().map(|kv| kv.key()).collect();
+        let ahead_names: HashSet<&[u8]> = predecessors.iter().map(|kv| kv.key()).collect();
         // Watch from now, then check the predecessor still exists: a watch
         // from an older revision would be served by etcd's slow catch-up.
         let mut watch = client.watch(watched, range).await.map_err(backend_error)?;
@@ -375,7 +491,7 @@ impl EtcdBackend {
                 async move { client.get(queue, Some(ahead)).await }
             })
             .await?;
-            still.kvs().len() < predecessors.kvs().len()
+            direct(queue, still.kvs()).len() < predecessors.len()
         } else {
             let still = retried(|| {
                 let (mut client, key) = (self.client(), key.clone());
