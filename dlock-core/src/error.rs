@@ -311,6 +311,10 @@ pub enum InvalidReason {
         /// The longest allowed.
         max: usize,
     },
+    /// [`LockGuard::extend`](crate::LockGuard::extend) on a lock the
+    /// watchdog renews: only a fixed lease has an end to move.
+    #[error("only a fixed lease can be extended; this lock is renewed by the watchdog")]
+    NotFixedLease,
     /// The election candidate resigned before it led.
     #[error("the candidate resigned")]
     Resigned,

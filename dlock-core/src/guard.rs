@@ -39,6 +39,8 @@ pub(crate) struct Hold {
     fence: Option<u64>,
     lease: Arc<LeaseState>,
     watchdog_id: Option<u64>,
+    /// Whether the lease is fixed (see [`LockGuard::extend`]).
+    fixed: bool,
     runtime: Handle,
     span: tracing::Span,
     /// Whether dropping the hold releases the lock on the server.
@@ -55,6 +57,7 @@ impl Hold {
         fence: Option<u64>,
         lease: Arc<LeaseState>,
         renewed_by_watchdog: bool,
+        fixed: bool,
         runtime: Handle,
     ) -> Arc<Hold> {
         let watchdog_id = renewed_by_watchdog.then(|| {
@@ -79,6 +82,7 @@ impl Hold {
             fence,
             lease,
             watchdog_id,
+            fixed,
             runtime,
             span,
             armed: true,
@@ -296,6 +300,88 @@ impl LockGuard {
     /// Cancel safe: use it in `select!`.
     pub async fn lost(&self) -> LostReason {
         self.hold.lease.lost().await
+    }
+
+    /// Moves the end of a fixed lease: the lock now lasts `lease` from
+    /// when the server sees the request, earlier or later than before.
+    /// The server checks that this guard's token still holds the lock in
+    /// the same step, so a lock lost meanwhile is never taken back. Guards
+    /// that re-entered this hold share its lease.
+    ///
+    /// A lock the watchdog renews needs none of this.
+    ///
+    /// # Errors
+    ///
+    /// - [`LockError::InvalidOptions`] for a lock renewed by the watchdog
+    ///   ([`InvalidReason::NotFixedLease`](crate::InvalidReason::NotFixedLease)),
+    ///   or a lease out of range;
+    /// - [`LockError::Lost`] if the lock was lost before, or the server
+    ///   says the token no longer holds it (the guard is then lost too);
+    /// - [`LockError::Backend`] if the server could not be asked: the
+    ///   lease may have moved or not, and the guard counts with the
+    ///   earlier of the two ends.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropped before the answer (or failing), the lease may
+    /// have moved on the server or not; the guard counts with the earlier
+    /// of its old end and the new one.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use dlock_core::{Locker, LockOptions, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let options = LockOptions::new().lease(Duration::from_secs(5));
+    /// let guard = locker.lock_with("import", options).await?;
+    /// // The import runs longer than planned.
+    /// guard.extend(Duration::from_secs(60)).await?;
+    /// guard.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn extend(&self, lease: std::time::Duration) -> Result<()> {
+        let hold = &self.hold;
+        if !hold.fixed {
+            return Err(crate::InvalidReason::NotFixedLease.into());
+        }
+        crate::options::validate_lease(lease, crate::options::MIN_LEASE)?;
+        let lost = |reason| LockError::Lost {
+            key: hold.key.to_string(),
+            reason,
+        };
+        if let Some(reason) = hold.lease.check(Instant::now()) {
+            return Err(lost(reason));
+        }
+        // A shorter lease may take effect on the server though its answer
+        // is lost: the guard counts with it from now on.
+        hold.lease.cap(Instant::now(), lease);
+        let backend = &hold.shared.backend;
+        let until = backend
+            .extend(&hold.key, hold.mode, &hold.token, lease)
+            .instrument(hold.span.clone())
+            .await?;
+        let Some((sent, length)) = until else {
+            hold.lease.mark_lost(LostReason::NotHeld);
+            return Err(lost(
+                hold.lease
+                    .check(Instant::now())
+                    .unwrap_or(LostReason::NotHeld),
+            ));
+        };
+        if hold.lease.reset(sent, length) {
+            Ok(())
+        } else {
+            Err(lost(
+                hold.lease
+                    .check(Instant::now())
+                    .unwrap_or(LostReason::LeaseExpired),
+            ))
+        }
     }
 
     /// Releases the lock now and reports the result.

@@ -142,6 +142,39 @@ impl LeaseState {
         }
     }
 
+    /// A request sent at `sent` may move the lease's end to `lease` after
+    /// it: until its answer, the guard counts with the earlier of the two
+    /// ends.
+    pub(crate) fn cap(&self, sent: Instant, lease: Duration) {
+        let mut inner = self.inner();
+        let end = lease_end(sent, lease);
+        if inner.deadline.is_some_and(|d| end < d) {
+            inner.deadline = Some(end);
+            self.notify.notify_waiters();
+        }
+    }
+
+    /// A fixed lease was moved by a request sent at `sent`: it now ends
+    /// `lease` after that, earlier or later than before, unless the old end
+    /// has passed (then the lock may have changed hands, and the guard
+    /// stays lost). Returns whether the guard still holds.
+    pub(crate) fn reset(&self, sent: Instant, lease: Duration) -> bool {
+        let now = Instant::now();
+        let mut inner = self.inner();
+        if inner.lost.is_some() {
+            return false;
+        }
+        if inner.deadline.is_some_and(|d| now >= d) {
+            self.set_lost(&mut inner, LostReason::LeaseExpired);
+            return false;
+        }
+        inner.deadline = Some(lease_end(sent, lease));
+        inner.length = lease;
+        // An earlier end: `lost` sleeps until the old one.
+        self.notify.notify_waiters();
+        true
+    }
+
     /// Whether the backend cannot tell right now if the lock is still
     /// held (disconnected, within its session timeout).
     pub(crate) fn is_unsure(&self) -> bool {

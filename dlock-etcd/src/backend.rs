@@ -454,9 +454,23 @@ impl Backend for EtcdBackend {
         self.inner.states.subscribe()
     }
 
-    /// Deletes the holder's key: the next in line, who watches it, takes
-    /// the lock; the holder's guard learns at its session's next check,
-    /// within a third of the lease's TTL.
+    /// A new etcd lease for the key, in a transaction that checks the
+    /// key's create revision; the old lease is revoked.
+    fn extend<'a>(
+        &'a self,
+        _key: &'a LockKey,
+        _mode: Mode,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Option<(tokio::time::Instant, Duration)>>> {
+        Box::pin(async move { self.extend_inner(token, lease).await })
+    }
+
+    /// Deletes the holder's key (only the key read, by its create
+    /// revision): the next in line, who watches it, takes the lock. A
+    /// holder under the watchdog learns at its session's next check,
+    /// within a third of the lease's TTL; a holder with a fixed lease
+    /// only when that lease ends.
     fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move { self.force_release_inner(key).await })
     }

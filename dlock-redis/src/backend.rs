@@ -416,6 +416,20 @@ impl Backend for RedisBackend {
         self.inner.states.subscribe()
     }
 
+    /// A renewal: the script sets the key's TTL (or the share's end) once
+    /// the token is checked; on Redlock, on a majority of the nodes.
+    fn extend<'a>(
+        &'a self,
+        key: &'a LockKey,
+        mode: Mode,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Option<(tokio::time::Instant, Duration)>>> {
+        Box::pin(dlock_core::backend::extend_by_renewal(
+            self, key, mode, token, lease,
+        ))
+    }
+
     /// Reads the holder's token on each node and releases it there (the
     /// script hands the lock to the first waiter in line). The holder's
     /// guard learns at its next renewal, within a third of its lease.

@@ -5,6 +5,7 @@ use std::{
     collections::HashMap,
     fmt,
     sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
 };
 
 use dlock_core::{
@@ -284,6 +285,30 @@ impl<D: Dialect> Backend for SqlBackend<D> {
         self.inner.states.subscribe()
     }
 
+    /// Moves the end this backend keeps for a fixed lease (session locks
+    /// have no TTL), for a lock its session still holds.
+    fn extend<'a>(
+        &'a self,
+        _key: &'a LockKey,
+        _mode: Mode,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Option<(Instant, Duration)>>> {
+        let mut owned = lock(&self.inner.owned);
+        let until = owned.get_mut(token).and_then(|owned| {
+            let session = owned.session.clone();
+            let until = session.holders.extend_fixed(
+                token,
+                lease,
+                session.timeout,
+                &self.inner.lease_ends,
+            )?;
+            owned.fixed_end = Some(Instant::now() + lease);
+            Some(until)
+        });
+        Box::pin(std::future::ready(Ok(until)))
+    }
+
     /// Ends the server session that holds the lock (a lock can only be
     /// taken from its session by ending it): that frees it, and every
     /// other lock of that session, whose guards learn it at their
@@ -405,6 +430,21 @@ macro_rules! forward_backend {
                 key: &'a $crate::__private::LockKey,
             ) -> $crate::__private::BoxFuture<'a, $crate::__private::Result<bool>> {
                 self.0.force_release(key)
+            }
+
+            fn extend<'a>(
+                &'a self,
+                key: &'a $crate::__private::LockKey,
+                mode: $crate::__private::Mode,
+                token: &'a $crate::__private::Token,
+                lease: ::std::time::Duration,
+            ) -> $crate::__private::BoxFuture<
+                'a,
+                $crate::__private::Result<
+                    Option<($crate::__private::Instant, ::std::time::Duration)>,
+                >,
+            > {
+                self.0.extend(key, mode, token, lease)
             }
         }
     };

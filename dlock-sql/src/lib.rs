@@ -23,5 +23,5 @@ pub mod __private {
         },
         ConnectionState, LockKey, Result, Token,
     };
-    pub use tokio::sync::watch::Receiver;
+    pub use tokio::{sync::watch::Receiver, time::Instant};
 }

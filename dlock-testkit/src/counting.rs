@@ -202,6 +202,15 @@ impl Backend for CountingBackend {
     fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool>> {
         self.inner.force_release(key)
     }
+    fn extend<'a>(
+        &'a self,
+        key: &'a LockKey,
+        mode: Mode,
+        token: &'a Token,
+        lease: std::time::Duration,
+    ) -> BoxFuture<'a, Result<Option<(tokio::time::Instant, std::time::Duration)>>> {
+        self.inner.extend(key, mode, token, lease)
+    }
 }
 
 /// Counts a renewal as answered when dropped: returned or abandoned.

@@ -5,6 +5,7 @@ use std::{
     collections::HashMap,
     fmt,
     sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
 };
 
 use dlock_core::{
@@ -14,6 +15,7 @@ use dlock_core::{
     },
     LockError, LockKey, Result, Token,
 };
+use tokio::time::Instant;
 use zookeeper_client::{Acls, Connector, Error as ZkError};
 
 use crate::{config::ZkConfig, session::Session};
@@ -384,6 +386,25 @@ impl Backend for ZkBackend {
 
     fn connection_state(&self) -> tokio::sync::watch::Receiver<dlock_core::ConnectionState> {
         self.inner.states.subscribe()
+    }
+
+    /// Moves the end this backend keeps for a fixed lease (ephemeral
+    /// nodes have no TTL), for a lock its session still holds: one the
+    /// own-node watch has not seen deleted, on a session not expired.
+    fn extend<'a>(
+        &'a self,
+        _key: &'a LockKey,
+        _mode: Mode,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Option<(Instant, Duration)>>> {
+        let session = match self.owned().get(token) {
+            Some(owned) if owned.granted => Some(owned.session.clone()),
+            _ => None,
+        };
+        let until =
+            session.and_then(|session| session.extend_fixed(token, lease, &self.inner.lease_ends));
+        Box::pin(std::future::ready(Ok(until)))
     }
 
     /// Deletes the holder's node: its own-node watch tells its guard at

@@ -100,6 +100,17 @@ impl Session {
         self.holders.holds(token)
     }
 
+    /// Moves a fixed lease's end (see [`SessionHolders::extend_fixed`]).
+    pub(crate) fn extend_fixed(
+        &self,
+        token: &Token,
+        lease: Duration,
+        timers: &dlock_core::backend::LeaseTimers,
+    ) -> Option<(Instant, Duration)> {
+        self.holders
+            .extend_fixed(token, lease, self.timeout, timers)
+    }
+
     /// Stops tracking a lock that is being released.
     pub(crate) fn forget(&self, token: &Token) {
         self.holders.forget(token, LostReason::NotHeld);

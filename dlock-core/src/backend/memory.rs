@@ -7,6 +7,7 @@ use std::{
     collections::{HashMap, VecDeque},
     fmt,
     sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
 };
 
 use tokio::{sync::Notify, time::Instant};
@@ -540,6 +541,17 @@ impl Backend for MemoryBackend {
             }
             Ok(written)
         })
+    }
+
+    /// A renewal: it sets the holder's end.
+    fn extend<'a>(
+        &'a self,
+        key: &'a LockKey,
+        mode: Mode,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Option<(Instant, Duration)>>> {
+        Box::pin(super::extend_by_renewal(self, key, mode, token, lease))
     }
 
     /// Removes the holder at once; its guard is told at once.

@@ -307,6 +307,55 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         })))
     }
 
+    /// Moves the end of a fixed lease: what `token` holds of `key` in
+    /// `mode` now lasts `lease` from when the server sees this request
+    /// (earlier or later than before), if and only if the token still
+    /// holds it, checked on the server in the same step. Answers when the
+    /// guard's lease now runs, as the instant a request was sent and a
+    /// length from it (a backend whose session keeps its locks vouches for
+    /// no more than the session's own lease), or `None` if the token no
+    /// longer holds the lock.
+    ///
+    /// [`LockGuard::extend`](crate::LockGuard::extend) calls this, for
+    /// fixed leases only. A backend whose [`renew`](Backend::renew) moves
+    /// a fixed lease's end on the server can answer with
+    /// [`extend_by_renewal`].
+    ///
+    /// The default answers [`LockError::Unsupported`](crate::LockError::Unsupported).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// use std::time::Duration;
+    /// use dlock_core::{backend::{Backend, Mode}, BackendExt, LockKey, LockOptions, MemoryBackend};
+    ///
+    /// let server = MemoryBackend::new();
+    /// let locker = server.clone().into_locker();
+    /// let options = LockOptions::new().lease(Duration::from_secs(5));
+    /// let guard = locker.lock_with("report", options).await?;
+    /// let key = LockKey::new("report")?;
+    /// let until = server.extend(&key, Mode::Exclusive, guard.token(), Duration::from_secs(60)).await?;
+    /// assert!(until.is_some_and(|(_, lease)| lease == Duration::from_secs(60)));
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn extend<'a>(
+        &'a self,
+        key: &'a LockKey,
+        mode: Mode,
+        token: &'a Token,
+        lease: std::time::Duration,
+    ) -> BoxFuture<'a, Result<Option<(tokio::time::Instant, std::time::Duration)>>> {
+        let _ = (key, mode, token, lease);
+        let name = self.name();
+        Box::pin(std::future::ready(Err(crate::LockError::Unsupported {
+            backend: name,
+            what: "extending fixed leases",
+        })))
+    }
+
     /// What the backend knows of its connection to the servers (see
     /// [`ConnectionState`](crate::ConnectionState)), fed by its own
     /// signals through a [`ConnectionStates`].
@@ -384,5 +433,60 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool>> {
         (**self).force_release(key)
+    }
+    fn extend<'a>(
+        &'a self,
+        key: &'a LockKey,
+        mode: Mode,
+        token: &'a Token,
+        lease: std::time::Duration,
+    ) -> BoxFuture<'a, Result<Option<(tokio::time::Instant, std::time::Duration)>>> {
+        (**self).extend(key, mode, token, lease)
+    }
+}
+
+/// [`Backend::extend`] for a backend whose [`renew`](Backend::renew)
+/// sets a lock's lease on the server, fixed or not, after checking its
+/// token (a key with a TTL): one renewal of the one lock.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock_core::LockError> {
+/// use std::time::Duration;
+/// use dlock_core::{backend::{extend_by_renewal, Mode}, LockKey, MemoryBackend, Token};
+///
+/// // A token that holds nothing: nothing is extended.
+/// let key = LockKey::new("k")?;
+/// let lease = Duration::from_secs(1);
+/// let until = extend_by_renewal(&MemoryBackend::new(), &key, Mode::Exclusive, &Token::generate(), lease).await?;
+/// assert_eq!(until, None);
+/// # Ok(())
+/// # }
+/// ```
+pub async fn extend_by_renewal<B: Backend + ?Sized>(
+    backend: &B,
+    key: &LockKey,
+    mode: Mode,
+    token: &Token,
+    lease: std::time::Duration,
+) -> Result<Option<(tokio::time::Instant, std::time::Duration)>> {
+    let sent = tokio::time::Instant::now();
+    let request = [RenewRequest {
+        key: key.clone(),
+        mode,
+        token: *token,
+        lease,
+    }];
+    let outcomes = backend.renew(&request).await?;
+    match outcomes.first() {
+        Some(RenewOutcome::Renewed) => Ok(Some((sent, lease))),
+        Some(RenewOutcome::NotHeld) => Ok(None),
+        // Some servers did not answer: the lease may or may not have moved.
+        _ => Err(crate::LockError::backend(
+            backend.name(),
+            std::io::Error::other("the servers did not all answer the extension"),
+        )),
     }
 }

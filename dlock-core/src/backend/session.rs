@@ -139,6 +139,56 @@ impl<T: Clone> SessionHolders<T> {
         Some(inner.renewed_at)
     }
 
+    /// Moves the end of the fixed lease of a lock still tracked, on a
+    /// session not expired, to `lease` from now, and has `timers` end it
+    /// then (see [`Backend::extend`](super::Backend::extend)). Answers the
+    /// guard's new lease: until then, or until the session's own lease of
+    /// `timeout` from when it was last known alive, whichever is earlier;
+    /// `None`, and nothing changed, if the lock is not tracked.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use std::time::Duration;
+    /// use dlock_core::{backend::{LeaseTimers, LossReporter, SessionHolders}, Token};
+    /// use tokio::time::Instant;
+    ///
+    /// let holders: SessionHolders<()> = SessionHolders::new(Instant::now());
+    /// let timers = LeaseTimers::new(|_| {});
+    /// let timeout = Duration::from_secs(10);
+    /// // Not held: nothing to extend.
+    /// let lease = Duration::from_secs(60);
+    /// assert_eq!(holders.extend_fixed(&Token::generate(), lease, timeout, &timers), None);
+    /// # }
+    /// ```
+    pub fn extend_fixed(
+        &self,
+        token: &Token,
+        lease: Duration,
+        timeout: Duration,
+        timers: &super::LeaseTimers,
+    ) -> Option<(Instant, Duration)> {
+        let sent = Instant::now();
+        let ends = sent + lease;
+        let alive_at = {
+            let mut inner = self.inner();
+            if inner.expired {
+                return None;
+            }
+            let alive_at = inner.renewed_at;
+            inner.holders.get_mut(token)?.ends = Some(ends);
+            alive_at
+        };
+        timers.add(*token, ends);
+        Some(if alive_at + timeout < ends {
+            (alive_at, timeout)
+        } else {
+            (sent, lease)
+        })
+    }
+
     /// Stops tracking a lock, telling its guard it is lost for `reason` if
     /// one still listens (a release from elsewhere with its token, or a key
     /// deleted behind its back; core releases only once its guard is gone).

@@ -176,6 +176,7 @@ impl Locker {
                 acquired.fence(),
                 lease_state,
                 renewed,
+                lease_kind == LeaseKind::Fixed,
                 runtime.clone(),
             );
             LockGuard::fresh(hold).map(Some)

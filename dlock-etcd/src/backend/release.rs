@@ -1,7 +1,11 @@
-//! Releasing: deleting our key, and revoking a fixed lease of its own.
+//! Releasing: deleting our key, and revoking a fixed lease of its own;
+//! and extending that lease.
+
+use std::time::Duration;
 
 use dlock_core::{backend::ReleaseOutcome, Result, Token};
-use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
+use tokio::time::Instant;
 
 use super::{retried, EtcdBackend};
 
@@ -59,5 +63,60 @@ impl EtcdBackend {
         } else {
             ReleaseOutcome::NotHeld
         })
+    }
+
+    /// Moves a granted key onto a new lease of `lease` (rounded up to
+    /// whole seconds, as etcd counts), in one transaction that checks the
+    /// key's create revision, so that a key lost meanwhile is never
+    /// recreated; then revokes the old lease. The key's value stays.
+    pub(super) async fn extend_inner(
+        &self,
+        token: &Token,
+        lease: Duration,
+    ) -> Result<Option<(Instant, Duration)>> {
+        let held = self.owned().get(token).and_then(|owned| {
+            let revision = owned.granted.filter(|_| owned.on_own_lease)?;
+            Some((owned.name.clone(), revision))
+        });
+        let Some((name, revision)) = held else {
+            return Ok(None);
+        };
+        let sent = Instant::now();
+        let secs = lease.as_secs_f64().ceil().max(1.0) as i64;
+        let grant = retried(|| {
+            let mut client = self.client();
+            async move { client.lease_grant(secs, None).await }
+        })
+        .await?;
+        let put = Txn::new()
+            .when([Compare::create_revision(
+                name.as_str(),
+                CompareOp::Equal,
+                revision,
+            )])
+            .and_then([TxnOp::put(
+                name.as_str(),
+                "",
+                Some(PutOptions::new().with_lease(grant.id()).with_ignore_value()),
+            )]);
+        // If this fails it may have landed all the same: the key then ends
+        // with the new lease, whose end the guard already counts with.
+        let answer = retried(|| {
+            let (mut client, put) = (self.client(), put.clone());
+            async move { client.txn(put).await }
+        })
+        .await?;
+        if !answer.succeeded() {
+            self.revoke_in_background(grant.id());
+            return Ok(None);
+        }
+        let old = self
+            .owned()
+            .get_mut(token)
+            .and_then(|owned| owned.own_lease.replace(grant.id()));
+        if let Some(old) = old {
+            self.revoke_in_background(old);
+        }
+        Ok(Some((sent, lease)))
     }
 }

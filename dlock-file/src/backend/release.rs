@@ -67,6 +67,27 @@ impl FileBackend {
     }
 }
 
+impl FileBackend {
+    /// Moves the end of `token`'s fixed lease to `lease` from now, if it
+    /// still holds its lock; the lease thread looks again.
+    pub(super) fn extend_fixed(
+        &self,
+        token: &Token,
+        lease: Duration,
+    ) -> Option<(tokio::time::Instant, Duration)> {
+        let sent = tokio::time::Instant::now();
+        let now = Instant::now();
+        let lease = lease.min(MAX_LEASE);
+        {
+            let mut owned = lock(&self.inner.owned);
+            let held = owned.get_mut(token).filter(|o| now < o.ends)?;
+            held.ends = now.checked_add(lease).unwrap_or(now);
+        }
+        self.inner.reaper.unpark();
+        Some((sent, lease))
+    }
+}
+
 /// Starts the thread that ends the leases of the backend it is then sent.
 pub(super) fn start_reaper() -> Result<(Thread, mpsc::Sender<Weak<Inner>>)> {
     let (tx, rx) = mpsc::channel::<Weak<Inner>>();

@@ -9,7 +9,7 @@ use std::{
 
 use dlock_core::{
     backend::{Backend, Mode},
-    distributed_lock, LockError, LockKey, Locker, LostReason, Token,
+    distributed_lock, LockError, LockKey, LockOptions, Locker, LostReason, Token,
 };
 use tokio::time::Instant;
 
@@ -418,4 +418,90 @@ pub async fn abort_on_lost_drops_the_body_the_server_took_the_lock_from(h: &Harn
         h.name
     );
     must(h, "release", taken.release().await);
+}
+
+/// `LockGuard::extend` moves a fixed lease's end, later and earlier, as
+/// the server sees it: a 1 s lease extended to 4 s still excludes others
+/// after 1.5 s; cut back to 1 s, it lets the next taker in and the guard
+/// says it lost the lock by then. The server checks the owner: a guard
+/// whose lease ran out and whose key has a new holder gets `Lost` and
+/// takes nothing back. A watchdog lock has no end to move.
+pub async fn extend_moves_a_fixed_lease_and_checks_the_owner(h: &Harness) {
+    let key = h.key("extend");
+    let (a, b) = (h.locker().await, h.locker().await);
+    let fixed = |lease| LockOptions::new().lease(lease);
+    let guard = must(
+        h,
+        "lock with a fixed lease",
+        a.lock_with(&key, fixed(Duration::from_secs(1))).await,
+    );
+    must(
+        h,
+        "extend to 4 s",
+        guard.extend(Duration::from_secs(4)).await,
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !guard.is_lost(),
+        "[{}] an extended lease ended at its first end",
+        h.name
+    );
+    let refused = must(h, "a try after the first end", b.try_lock(&key).await);
+    assert!(
+        refused.is_none(),
+        "[{}] granted beside a lease extended on the server",
+        h.name
+    );
+    must(
+        h,
+        "cut back to 1 s",
+        guard.extend(Duration::from_secs(1)).await,
+    );
+    let next = must(h, "the next taker", b.lock_with(&key, patient()).await);
+    assert!(
+        guard.is_lost(),
+        "[{}] another client acquired while the cut-back guard said it held",
+        h.name
+    );
+    must(h, "the next taker releases", next.release().await);
+    // Released behind its back, then taken by another: the server, not
+    // the guard's clock, refuses the extension.
+    let stale = must(
+        h,
+        "a 10 s lease",
+        a.lock_with(&key, fixed(Duration::from_secs(10))).await,
+    );
+    release_behind_its_back(h, &a, &stale).await;
+    let next = must(h, "the next holder", b.lock_with(&key, patient()).await);
+    let late = stale.extend(Duration::from_secs(10)).await;
+    assert!(
+        matches!(late, Err(LockError::Lost { .. })),
+        "[{}] a guard released behind its back extended: {late:?}",
+        h.name
+    );
+    assert!(
+        stale.is_lost(),
+        "[{}] a refused extension left the guard held",
+        h.name
+    );
+    let still = must(h, "a try beside the new holder", a.try_lock(&key).await);
+    assert!(
+        still.is_none() && !next.is_lost(),
+        "[{}] a refused extension took the lock back",
+        h.name
+    );
+    must(h, "the new holder releases", next.release().await);
+    drop(stale);
+    let watchdog = must(h, "a watchdog lock", a.lock(&key).await);
+    let refused = watchdog.extend(Duration::from_secs(10)).await;
+    assert!(
+        matches!(
+            refused,
+            Err(LockError::InvalidOptions {
+                reason: dlock_core::InvalidReason::NotFixedLease
+            })
+        ),
+        "[{}] a watchdog lock extended: {refused:?}",
+        h.name
+    );
 }

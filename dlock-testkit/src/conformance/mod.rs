@@ -244,6 +244,7 @@ macro_rules! conformance_tests {
             fixed_lease_reports_lost_before_others_acquire,
             a_fixed_lease_counts_from_the_grant,
             renewal_that_finds_another_owner_reports_lost,
+            extend_moves_a_fixed_lease_and_checks_the_owner,
             abort_on_lost_drops_the_body_the_server_took_the_lock_from,
             // input.rs
             invalid_input_gives_typed_errors,

@@ -58,7 +58,7 @@ pub async fn holder_and_is_locked_read_without_locking(h: &Harness) {
 }
 
 /// `Locker::force_release` takes a held lock from its holder, from another
-/// client: it answers `true`, the next taker gets the key, and the
+/// client: it answers `true`, the waiter in line gets the key, and the
 /// holder's guard reports lost (on a 3 s watchdog lease, so that
 /// renewals and session checks come within a second). A free key answers
 /// `false`. A backend without the capability answers `Unsupported`.
@@ -80,6 +80,18 @@ pub async fn force_release_frees_the_key_and_tells_the_holder(h: &Harness) {
     let free = must(h, "forcing a free key", operator.force_release(&name).await);
     assert!(!free, "[{}] a free key had a holder to remove", h.name);
     let guard = must(h, "the holder locks", holder.lock(&name).await);
+    // A waiter in line (on backends with one) is handed the lock, as
+    // after a release.
+    let waiter = h.locker().await;
+    let waiting = {
+        let name = name.clone();
+        tokio::spawn(async move {
+            waiter
+                .lock_with(&name, dlock_core::LockOptions::new().wait(PATIENCE))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let forced = must(
         h,
         "forcing the held key",
@@ -88,10 +100,8 @@ pub async fn force_release_frees_the_key_and_tells_the_holder(h: &Harness) {
     assert!(forced, "[{}] no holder was removed", h.name);
     let next = must(
         h,
-        "the next taker",
-        operator
-            .lock_with(&name, dlock_core::LockOptions::new().wait(PATIENCE))
-            .await,
+        "the waiter takes the key",
+        waiting.await.expect("the waiter's task"),
     );
     let told = tokio::time::timeout(PATIENCE, guard.lost()).await;
     assert!(
