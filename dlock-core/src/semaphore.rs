@@ -166,6 +166,51 @@ impl DistSemaphore {
     }
 }
 
+impl DistSemaphore {
+    /// How many permits are free now, read from the servers without
+    /// taking any: the limit less the permits held. A snapshot, for
+    /// dashboards and back pressure: another client may take or give back
+    /// permits before it is used; to take one, [`try_acquire`](Self::try_acquire).
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Unsupported`](crate::LockError::Unsupported) from a
+    /// backend without semaphores; the backend's error if its servers
+    /// cannot be read.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{DistSemaphore, Locker, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let pool = DistSemaphore::new(&locker, "db-connections", 3);
+    /// let held = pool.acquire_many(2).await?;
+    /// assert_eq!(pool.available().await?, 1);
+    /// held.release().await?;
+    /// assert_eq!(pool.available().await?, 3);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn available(&self) -> Result<u32> {
+        let key = crate::LockKey::new(&self.key)?;
+        let backend = self.locker.backend();
+        if !backend
+            .capabilities()
+            .supports(Mode::Permits { count: 1, limit: 1 })
+        {
+            return Err(crate::LockError::Unsupported {
+                backend: backend.name(),
+                what: "semaphores",
+            });
+        }
+        let taken = backend.permits_taken(&key, self.permits).await?;
+        Ok(self.permits.saturating_sub(taken))
+    }
+}
+
 impl fmt::Debug for DistSemaphore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DistSemaphore")

@@ -454,6 +454,11 @@ impl Backend for EtcdBackend {
         self.inner.states.subscribe()
     }
 
+    /// The admitted entries of the semaphore's queue, in one read.
+    fn permits_taken<'a>(&'a self, key: &'a LockKey, limit: u32) -> BoxFuture<'a, Result<u32>> {
+        Box::pin(async move { self.permits_taken_inner(key, limit).await })
+    }
+
     /// A new etcd lease for the key, in a transaction that checks the
     /// key's create revision; the old lease is revoked.
     fn extend<'a>(

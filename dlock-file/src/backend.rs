@@ -251,6 +251,18 @@ impl Backend for FileBackend {
         Box::pin(std::future::ready(Ok(self.extend(locks))))
     }
 
+    /// The semaphore's slot files some process holds an `flock` on, as
+    /// Linux's `/proc/locks` lists them (elsewhere, an error), read on a
+    /// blocking thread.
+    fn permits_taken<'a>(&'a self, key: &'a LockKey, limit: u32) -> BoxFuture<'a, Result<u32>> {
+        let names = self.names(key, Mode::Permits { count: 1, limit });
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || locks::slots_taken(&names, limit))
+                .await
+                .map_err(|e| LockError::backend(NAME, e))?
+        })
+    }
+
     /// Moves the lease's end, which the lease thread keeps, for a lock
     /// this backend still holds.
     fn extend<'a>(

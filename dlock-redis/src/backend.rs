@@ -430,6 +430,12 @@ impl Backend for RedisBackend {
         ))
     }
 
+    /// The semaphore's holders whose lease has not ended by the server's
+    /// clock, in one script.
+    fn permits_taken<'a>(&'a self, key: &'a LockKey, _limit: u32) -> BoxFuture<'a, Result<u32>> {
+        Box::pin(async move { self.permits_taken_inner(key).await })
+    }
+
     /// Reads the holder's token on each node and releases it there (the
     /// script hands the lock to the first waiter in line). The holder's
     /// guard learns at its next renewal, within a third of its lease.

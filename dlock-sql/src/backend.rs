@@ -285,6 +285,11 @@ impl<D: Dialect> Backend for SqlBackend<D> {
         self.inner.states.subscribe()
     }
 
+    /// The admitted live entries of the semaphore's queue, in one read.
+    fn permits_taken<'a>(&'a self, key: &'a LockKey, limit: u32) -> BoxFuture<'a, Result<u32>> {
+        Box::pin(async move { self.permits_taken_inner(key, limit).await })
+    }
+
     /// Moves the end this backend keeps for a fixed lease (session locks
     /// have no TTL), for a lock its session still holds.
     fn extend<'a>(
@@ -445,6 +450,14 @@ macro_rules! forward_backend {
                 >,
             > {
                 self.0.extend(key, mode, token, lease)
+            }
+
+            fn permits_taken<'a>(
+                &'a self,
+                key: &'a $crate::__private::LockKey,
+                limit: u32,
+            ) -> $crate::__private::BoxFuture<'a, $crate::__private::Result<u32>> {
+                self.0.permits_taken(key, limit)
             }
         }
     };

@@ -211,6 +211,9 @@ impl Backend for CountingBackend {
     ) -> BoxFuture<'a, Result<Option<(tokio::time::Instant, std::time::Duration)>>> {
         self.inner.extend(key, mode, token, lease)
     }
+    fn permits_taken<'a>(&'a self, key: &'a LockKey, limit: u32) -> BoxFuture<'a, Result<u32>> {
+        self.inner.permits_taken(key, limit)
+    }
 }
 
 /// Counts a renewal as answered when dropped: returned or abandoned.

@@ -407,6 +407,11 @@ impl Backend for ZkBackend {
         Box::pin(std::future::ready(Ok(until)))
     }
 
+    /// The admitted nodes of the semaphore's queue, after a `sync`.
+    fn permits_taken<'a>(&'a self, key: &'a LockKey, limit: u32) -> BoxFuture<'a, Result<u32>> {
+        Box::pin(async move { self.permits_taken_inner(key, limit).await })
+    }
+
     /// Deletes the holder's node: its own-node watch tells its guard at
     /// once (a lock held under 100 ms finds out when it sets the watch),
     /// and the next node's watcher takes the lock.

@@ -554,6 +554,23 @@ impl Backend for MemoryBackend {
         Box::pin(super::extend_by_renewal(self, key, mode, token, lease))
     }
 
+    /// The holders' permits, once the expired are gone.
+    fn permits_taken<'a>(&'a self, key: &'a LockKey, _limit: u32) -> BoxFuture<'a, Result<u32>> {
+        let mut state = self.state();
+        let taken = state
+            .keys
+            .get_mut(&(Kind::Semaphore, key.clone()))
+            .map_or(0, |entry| {
+                entry.expire(Instant::now());
+                let counts = entry.holders.iter().map(|h| match h.mode {
+                    Mode::Permits { count, .. } => count,
+                    _ => 0,
+                });
+                counts.sum()
+            });
+        Box::pin(std::future::ready(Ok(taken)))
+    }
+
     /// Removes the holder at once; its guard is told at once.
     fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {

@@ -29,7 +29,7 @@ pub use backoff::Backoff;
 pub use capabilities::Capabilities;
 pub use holder::{unsupported_holder, Holder, HOLDER_POLL};
 pub use keyhash::key_hash;
-pub use mode::{admitted, Mode};
+pub use mode::{admitted, permits_taken, Mode};
 pub use request::{
     AcquireRequest, Acquired, LeaseKind, ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
 };
@@ -356,6 +356,39 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         })))
     }
 
+    /// How many of `key`'s semaphore permits are held now (of `limit`),
+    /// read without taking any: a snapshot for dashboards and back
+    /// pressure, which may have changed by the time it is read. Permits
+    /// whose lease has ended on the server are not counted; a holder
+    /// whose process died counts until its lease or session ends.
+    ///
+    /// [`DistSemaphore::available`](crate::DistSemaphore::available)
+    /// calls this. The default answers
+    /// [`LockError::Unsupported`](crate::LockError::Unsupported).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// use dlock_core::{backend::Backend, BackendExt, DistSemaphore, LockKey, MemoryBackend};
+    ///
+    /// let server = MemoryBackend::new();
+    /// let pool = DistSemaphore::new(&server.clone().into_locker(), "pool", 3);
+    /// let _permit = pool.acquire().await?;
+    /// assert_eq!(server.permits_taken(&LockKey::new("pool")?, 3).await?, 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn permits_taken<'a>(&'a self, key: &'a LockKey, limit: u32) -> BoxFuture<'a, Result<u32>> {
+        let _ = (key, limit);
+        let name = self.name();
+        Box::pin(std::future::ready(Err(crate::LockError::Unsupported {
+            backend: name,
+            what: "reading a semaphore's permits",
+        })))
+    }
+
     /// What the backend knows of its connection to the servers (see
     /// [`ConnectionState`](crate::ConnectionState)), fed by its own
     /// signals through a [`ConnectionStates`].
@@ -442,6 +475,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
         lease: std::time::Duration,
     ) -> BoxFuture<'a, Result<Option<(tokio::time::Instant, std::time::Duration)>>> {
         (**self).extend(key, mode, token, lease)
+    }
+    fn permits_taken<'a>(&'a self, key: &'a LockKey, limit: u32) -> BoxFuture<'a, Result<u32>> {
+        (**self).permits_taken(key, limit)
     }
 }
 

@@ -142,3 +142,31 @@ pub fn admitted(mode: Mode, ahead: impl IntoIterator<Item = Mode>) -> bool {
         _ => ahead.next().is_none(),
     }
 }
+
+/// The permits held in a semaphore's queue of `entries`, oldest first,
+/// holders and waiters alike, by [`admitted`]'s rule: the permits of the
+/// longest prefix that fits its limit (an entry it cannot read, passed as
+/// anything but [`Mode::Permits`], ends the prefix).
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::backend::{permits_taken, Mode};
+///
+/// let p = |count| Mode::Permits { count, limit: 3 };
+/// // Two held, and a waiter for two more that does not fit.
+/// assert_eq!(permits_taken([p(1), p(1), p(2), p(1)]), 2);
+/// assert_eq!(permits_taken([]), 0);
+/// ```
+pub fn permits_taken(entries: impl IntoIterator<Item = Mode>) -> u32 {
+    let mut taken = 0u32;
+    for entry in entries {
+        match entry {
+            Mode::Permits { count, limit } if taken.saturating_add(count) <= limit => {
+                taken += count;
+            }
+            _ => break,
+        }
+    }
+    taken
+}

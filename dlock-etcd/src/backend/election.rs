@@ -144,3 +144,23 @@ impl EtcdBackend {
         }
     }
 }
+
+impl EtcdBackend {
+    /// The permits of the semaphore's queue that are admitted, oldest
+    /// first (see [`dlock_core::backend::permits_taken`]): an entry is
+    /// there while its lease lives.
+    pub(super) async fn permits_taken_inner(&self, key: &LockKey, limit: u32) -> Result<u32> {
+        let mode = Mode::Permits { count: 1, limit };
+        let queue = self.queue(key, mode);
+        let read = retried(|| {
+            let (mut client, queue) = (self.client(), queue.clone());
+            let read = self.queue_read(mode);
+            async move { client.get(queue, Some(read)).await }
+        })
+        .await?;
+        let modes = direct(&queue, read.kvs())
+            .into_iter()
+            .map(|kv| super::mode_of(kv.value()).unwrap_or(Mode::Exclusive));
+        Ok(dlock_core::backend::permits_taken(modes))
+    }
+}

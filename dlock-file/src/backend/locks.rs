@@ -285,6 +285,46 @@ fn slots(names: &Names, count: u32, limit: u32) -> Result<Option<Vec<File>>, Loc
     Ok(None)
 }
 
+/// How many of a semaphore's `limit` slot files some process holds an
+/// `flock` on now, read from Linux's `/proc/locks` (every lock, with its
+/// file's device and inode), not by trying them: a try would make an
+/// acquirer that meets it find a free slot taken.
+pub(crate) fn slots_taken(names: &Names, limit: u32) -> Result<u32, LockError> {
+    let table = std::fs::read_to_string("/proc/locks")
+        .map_err(|e| io_error("reading", Path::new("/proc/locks"), e))?;
+    let locked: std::collections::HashSet<(u32, u32, u64)> = table
+        .lines()
+        .filter_map(|line| {
+            // `N: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE START END`; a
+            // blocked request has `->` before `FLOCK`.
+            let mut fields = line.split_whitespace().skip(1);
+            if fields.next()? != "FLOCK" {
+                return None;
+            }
+            let mut id = fields.nth(3)?.split(':');
+            let major = u32::from_str_radix(id.next()?, 16).ok()?;
+            let minor = u32::from_str_radix(id.next()?, 16).ok()?;
+            Some((major, minor, id.next()?.parse().ok()?))
+        })
+        .collect();
+    let mut taken = 0;
+    for i in 0..limit {
+        let path = names.slot(i);
+        let meta = match std::fs::metadata(&path) {
+            Ok(meta) => meta,
+            // Never taken yet.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_error("reading a slot file", &path, e)),
+        };
+        let dev = std::os::unix::fs::MetadataExt::dev(&meta);
+        let inode = std::os::unix::fs::MetadataExt::ino(&meta);
+        if locked.contains(&(rustix::fs::major(dev), rustix::fs::minor(dev), inode)) {
+            taken += 1;
+        }
+    }
+    Ok(taken)
+}
+
 /// The semaphore's limit file, held shared, once it records `limit`: the
 /// first holder (nobody holds it shared) writes its limit; later ones
 /// check theirs against it. A limit can only change when the semaphore is

@@ -80,3 +80,43 @@ impl RedisBackend {
         Ok(())
     }
 }
+
+impl RedisBackend {
+    /// The semaphore's holders whose lease (their score, in server ms)
+    /// has not ended by the server's clock, read with it in one round
+    /// trip; their entries say their counts.
+    pub(super) async fn permits_taken_inner(&self, key: &LockKey) -> Result<u32> {
+        let names = crate::keys::shared_names(
+            &self.inner.prefix,
+            key,
+            dlock_core::backend::Mode::Permits { count: 1, limit: 1 },
+        );
+        // One script, routed by the key (on Cluster too): the server's
+        // clock and the holders together.
+        static READ: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
+        let read = READ.get_or_init(|| {
+            redis::Script::new(
+                "local t = redis.call('TIME') \
+                 return {t[1], t[2], redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')}",
+            )
+        });
+        let mut conn = self.inner.nodes[0].connection();
+        let (secs, micros, holders): (u64, u64, Vec<(String, f64)>) = read
+            .key(&names.lock)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(backend_error)?;
+        let now_ms = (secs * 1000 + micros / 1000) as f64;
+        Ok(holders
+            .iter()
+            .filter(|(_, ends)| *ends > now_ms)
+            .filter_map(|(entry, _)| {
+                let tag = entry.rsplit('|').next()?;
+                match dlock_core::backend::Mode::from_tag(tag)? {
+                    dlock_core::backend::Mode::Permits { count, .. } => Some(count),
+                    _ => None,
+                }
+            })
+            .sum())
+    }
+}

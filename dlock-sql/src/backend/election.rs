@@ -107,3 +107,24 @@ impl<D: Dialect> SqlBackend<D> {
         Ok(ended)
     }
 }
+
+impl<D: Dialect> SqlBackend<D> {
+    /// The permits of the semaphore's live queue entries that are
+    /// admitted, oldest first (see [`dlock_core::backend::permits_taken`]),
+    /// read on the key's holder session: an entry is live while its
+    /// owner's session holds its entry lock.
+    pub(super) async fn permits_taken_inner(&self, key: &LockKey, limit: u32) -> Result<u32> {
+        let mode = Mode::Permits { count: 1, limit };
+        let id = self.inner.dialect.lock_id(key, mode);
+        let session = self.holder(&id).await?;
+        let (_, (entries, _)) = session
+            .run(move |d, c| Box::pin(async move { d.ahead(c, &id, i64::MAX).await }))
+            .await
+            .map_err(backend_error::<D>)?;
+        let modes = entries
+            .iter()
+            .filter(|entry| entry.live)
+            .map(|entry| Mode::from_tag(&entry.tag).unwrap_or(Mode::Exclusive));
+        Ok(dlock_core::backend::permits_taken(modes))
+    }
+}

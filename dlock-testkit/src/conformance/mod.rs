@@ -254,6 +254,7 @@ macro_rules! conformance_tests {
             a_waiting_writer_keeps_new_readers_out,
             a_waiting_writer_keeps_out_the_readers_own_client,
             permits_are_never_exceeded,
+            available_counts_the_permits_held,
             a_crashed_permit_holder_gives_them_back_after_its_lease,
             cancelled_permit_waits_leave_nothing,
             stale_permits_cannot_release_or_renew,

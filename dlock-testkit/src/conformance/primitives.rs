@@ -514,3 +514,57 @@ pub async fn bad_permit_counts_are_typed_errors(h: &Harness) {
     );
     drop(held);
 }
+
+/// `DistSemaphore::available` reads, from another client and without
+/// taking any, the limit less the permits held: all three free, one after
+/// two are taken, still one while a waiter for two stands in line (a
+/// waiter holds nothing), one again once the release lets the waiter in,
+/// and all three after every release.
+pub async fn available_counts_the_permits_held(h: &Harness) {
+    const N: u32 = 3;
+    let key = h.key("available");
+    let (holder, reader) = (h.locker().await, h.locker().await);
+    if !offered(h, &holder, &key, Mode::Permits { count: 1, limit: N }).await {
+        let refused = DistSemaphore::new(&reader, &key, N).available().await;
+        assert!(
+            matches!(refused, Err(LockError::Unsupported { .. })),
+            "[{}] permits read without semaphores: {refused:?}",
+            h.name
+        );
+        return;
+    }
+    let read = DistSemaphore::new(&reader, &key, N);
+    let available = |what: &'static str| {
+        let read = &read;
+        async move { must(h, what, read.available().await) }
+    };
+    assert_eq!(available("an unused semaphore").await, N, "[{}]", h.name);
+    let semaphore = DistSemaphore::with_options(&holder, &key, N, patient());
+    let two = must(h, "two permits", semaphore.acquire_many(2).await);
+    assert_eq!(available("two held").await, 1, "[{}] two held", h.name);
+    let waiting = {
+        let semaphore = DistSemaphore::with_options(&h.locker().await, &key, N, patient());
+        tokio::spawn(async move { semaphore.acquire_many(2).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        available("a waiter in line").await,
+        1,
+        "[{}] a waiter counted as a holder",
+        h.name
+    );
+    must(h, "the first two go", two.release().await);
+    let next = must(
+        h,
+        "the waiter's two",
+        waiting.await.expect("the waiter's task"),
+    );
+    assert_eq!(available("the waiter's two held").await, 1, "[{}]", h.name);
+    must(h, "the waiter's two go", next.release().await);
+    assert_eq!(
+        available("all released").await,
+        N,
+        "[{}] permits left held",
+        h.name
+    );
+}

@@ -192,3 +192,29 @@ impl ZkBackend {
         Ok(())
     }
 }
+
+impl ZkBackend {
+    /// The permits of the semaphore's queue that are admitted, read after
+    /// a `sync` (see [`dlock_core::backend::permits_taken`]): a node is
+    /// there while its session lives.
+    pub(super) async fn permits_taken_inner(&self, key: &LockKey, limit: u32) -> Result<u32> {
+        let session = self.session().await?;
+        let client = session.client().map_err(backend_error)?;
+        let parent = parent_of(
+            self.inner.config.path(),
+            key,
+            Mode::Permits { count: 1, limit },
+        );
+        synced(&client, &parent).await?;
+        let mut children = match client.list_children(&parent).await {
+            Ok(children) => children,
+            Err(ZkError::NoNode) => return Ok(0),
+            Err(e) => return Err(backend_error(e)),
+        };
+        children.sort_by_key(|c| sequence(c).unwrap_or(i64::MAX));
+        let modes = children
+            .iter()
+            .map(|c| mode_of(c).unwrap_or(Mode::Exclusive));
+        Ok(dlock_core::backend::permits_taken(modes))
+    }
+}
