@@ -56,7 +56,9 @@ fn vanished() -> LockError {
 ///   empty); each acquisition creates an EPHEMERAL_SEQUENTIAL child named
 ///   `lock-{token}-` plus the sequence ("protected" mode: after a connection
 ///   loss during the create, the node is found by its token rather than
-///   created twice).
+///   created twice); with `layout=curator`, a plain lock's node is named
+///   `_c_{token as a UUID}-lock-` plus the sequence, as Curator's
+///   `InterProcessMutex` names its own (see [`ZkConfig::curator_layout`]).
 /// - **Acquire**: the create and the read of the children are sent back to
 ///   back; ZooKeeper runs a session's requests in order, so an uncontended
 ///   lock costs about one round trip. The lowest sequence holds the lock.
@@ -150,6 +152,8 @@ struct Inner {
 
 struct Owned {
     parent: String,
+    /// How our node's name starts: see [`ZkBackend::own_prefix`].
+    mine: String,
     /// Known once the create answered.
     path: Option<String>,
     /// A create whose answer was lost may have left another node with our
@@ -204,7 +208,27 @@ fn mode_tag(mode: Mode) -> String {
     }
 }
 
+/// The start of a node's name as Curator's `InterProcessMutex` creates it
+/// ("protected"): `_c_`, a UUID (here our token), `-lock-`; the sequence
+/// follows.
+fn curator_prefix(token: &Token) -> String {
+    let hex = token.to_string();
+    format!(
+        "_c_{}-{}-{}-{}-{}-lock-",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
+}
+
 fn mode_of(name: &str) -> Option<Mode> {
+    // A Curator mutex's node (`_c_{uuid}-lock-{seq}`), in either layout:
+    // counted as a plain lock, the safe reading.
+    if name.starts_with("_c_") && name.contains("-lock-") {
+        return Some(Mode::Exclusive);
+    }
     let parts: Vec<&str> = name.split('-').collect();
     match parts.as_slice() {
         [_, _, _] => Some(Mode::Exclusive),
@@ -248,6 +272,18 @@ impl ZkBackend {
     pub fn session_id(&self) -> Option<i64> {
         let session = self.inner.session.try_lock().ok()?;
         session.as_ref().map(|s| s.id)
+    }
+
+    /// How the name of `token`'s node in `mode`'s queue starts, before its
+    /// mode tag and sequence: `lock-{token}-`, or with `layout=curator`,
+    /// a plain lock's `_c_{token as a UUID}-lock-` (see
+    /// [`ZkConfig::curator_layout`]). A lost create's node is found by it.
+    fn own_prefix(&self, token: &Token, mode: Mode) -> String {
+        if self.inner.config.curator_layout() && mode == Mode::Exclusive {
+            curator_prefix(token)
+        } else {
+            format!("lock-{token}-")
+        }
     }
 
     /// The ACL of every node dlock creates: only its authenticated

@@ -10,7 +10,7 @@ use dlock_core::{
 /// Where and how to connect.
 ///
 /// Usually made by [`ZkConfig::from_url`] from
-/// `zk://[user:password@]host:port[,host:port...][/path][?session_timeout=10s&connect_timeout=15s&acl=creator]`.
+/// `zk://[user:password@]host:port[,host:port...][/path][?session_timeout=10s&connect_timeout=15s&acl=creator&layout=curator]`.
 /// The path (default `/dlock`) is where lock nodes live; the session
 /// timeout (default 10 s) is how long a crashed holder keeps
 /// its locks; the connect timeout (default 15 s) is how long opening a
@@ -40,6 +40,14 @@ use dlock_core::{
 ///
 /// The password is never printed: `Debug` shows the user only.
 ///
+/// # Layout
+///
+/// `layout=curator` names plain locks' nodes as Apache Curator's
+/// `InterProcessMutex` does (`_c_{uuid}-lock-{sequence}`), so that a dlock
+/// holder and a Curator holder of one lock path exclude each other (see
+/// [`ZkConfig::curator_layout`]). The default, `layout=dlock`, is dlock's
+/// own (`lock-{token}-{sequence}`).
+///
 /// # Examples
 ///
 /// ```
@@ -60,6 +68,8 @@ pub struct ZkConfig {
     digest: Option<(String, String)>,
     /// Whether nodes are created `creator_all` rather than open.
     creator_acls: bool,
+    /// `layout=curator`: plain locks' nodes named as Curator names them.
+    curator_layout: bool,
     /// `Some` for `zks://`: the PEM files its TLS parameters name.
     tls: Option<TlsFiles>,
     path: String,
@@ -73,6 +83,7 @@ impl std::fmt::Debug for ZkConfig {
             .field("servers", &self.servers)
             .field("user", &self.digest.as_ref().map(|(user, _)| user))
             .field("creator_acls", &self.creator_acls)
+            .field("curator_layout", &self.curator_layout)
             .field("tls", &self.tls)
             .field("path", &self.path)
             .field("session_timeout", &self.session_timeout)
@@ -131,6 +142,15 @@ impl ZkConfig {
                 )))
             }
         };
+        let curator_layout = match parts.take("layout").as_deref() {
+            None | Some("dlock") => false,
+            Some("curator") => true,
+            Some(other) => {
+                return Err(
+                    parts.invalid(&format!("`layout={other}`: expected `dlock` or `curator`"))
+                )
+            }
+        };
         let mut servers = Vec::new();
         for host in parts.hosts() {
             if host.port.is_none() {
@@ -156,11 +176,13 @@ impl ZkConfig {
             "tls_ca",
             "tls_cert",
             "tls_key",
+            "layout",
         ])?;
         Ok(ZkConfig {
             servers: servers.join(","),
             digest,
             creator_acls,
+            curator_layout,
             tls: tls.then_some(files),
             path: if path.is_empty() {
                 "/dlock".to_owned()
@@ -194,6 +216,27 @@ impl ZkConfig {
     /// creator (`creator_all`), rather than anyone.
     pub fn creator_acls(&self) -> bool {
         self.creator_acls
+    }
+
+    /// Whether plain locks name their nodes as Apache Curator's
+    /// `InterProcessMutex` does (`layout=curator`): `_c_{uuid}-lock-`
+    /// and the sequence, in the lock's own node. A Curator mutex on the
+    /// path `{path}/{key}` (the key escaped as dlock escapes it: `/` is
+    /// `%2F`) and dlock's lock on `key` then queue in one line, in
+    /// sequence order, and exclude each other. Read-write locks and
+    /// semaphores keep dlock's layout.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_zk::ZkConfig;
+    ///
+    /// assert!(ZkConfig::from_url("zk://h:2181/locks?layout=curator")?.curator_layout());
+    /// assert!(!ZkConfig::from_url("zk://h:2181/locks")?.curator_layout());
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn curator_layout(&self) -> bool {
+        self.curator_layout
     }
 
     /// Whether the servers are reached over TLS (`zks://`).
@@ -304,6 +347,7 @@ mod tests {
             ("zk://app@a:1", "without a password"),
             ("zk://u%3Ax:p@a:1", "has a `:`"),
             ("zk://a:1?acl=world", "expected `creator`"),
+            ("zk://a:1?layout=go", "expected `dlock` or `curator`"),
             ("zk://a:1?session_timeout=soon", "malformed duration"),
             ("zk://a:1?session_timeout=0s", "out of range"),
             (

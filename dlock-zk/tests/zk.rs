@@ -634,3 +634,136 @@ async fn connection_state_follows_the_session() {
     )
     .await;
 }
+
+/// With `layout=curator`, dlock's plain locks and Apache Curator's
+/// `InterProcessMutex` (Debian's `libcurator-recipes-java`, driven by
+/// `tests/curator/CuratorLock.java`, which the JDK compiles and runs) on
+/// one lock path queue in one line and exclude each other, both ways:
+/// Curator waits while dlock holds and takes the mutex after the release;
+/// dlock waits while Curator holds and is granted only after Curator's
+/// last step under it, with a fence above the one dlock held before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_mutex_and_dlock_exclude_each_other() {
+    use std::{path::Path, process::Stdio};
+    let java = dlock_testkit::fixture::find_binary("java", "default-jdk-headless")
+        .expect("java, from a JDK");
+    let jars = [
+        "curator-recipes",
+        "curator-framework",
+        "curator-client",
+        "zookeeper",
+        "zookeeper-jute",
+        "guava",
+        "slf4j-api",
+    ]
+    .map(|jar| format!("/usr/share/java/{jar}.jar"));
+    for jar in &jars {
+        assert!(
+            Path::new(jar).is_file(),
+            "{jar} is missing: install libcurator-recipes-java"
+        );
+    }
+    let classpath = jars.join(":");
+    let program = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/curator/CuratorLock.java"
+    );
+    let server = ZooKeeperServer::start().expect("start ZooKeeper");
+    let endpoint = server.endpoint();
+    let locker = ZkBackend::connect(&format!("zk://{endpoint}/locks?layout=curator"))
+        .await
+        .unwrap()
+        .into_locker();
+    let raw = zookeeper_client::Client::connect(&endpoint).await.unwrap();
+    let dir = std::env::temp_dir().join(format!("dlock-curator-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let curator = |hold_ms: u64, done: &Path| {
+        tokio::process::Command::new(&java)
+            .args(["-cp", &classpath, program, &endpoint, "/locks/nightly"])
+            .arg(hold_ms.to_string())
+            .arg(done)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("run java")
+    };
+    let queue = || async {
+        match raw.list_children("/locks/nightly").await {
+            Ok(children) => children,
+            Err(zookeeper_client::Error::NoNode) => Vec::new(),
+            Err(e) => panic!("listing the lock path: {e}"),
+        }
+    };
+
+    // dlock holds, in Curator's naming: Curator queues behind and waits.
+    let held = locker.lock("nightly").await.unwrap();
+    let fence = held.fencing_token().expect("a fence");
+    let ours = queue().await;
+    assert!(
+        ours.len() == 1 && ours[0].starts_with("_c_") && ours[0].contains("-lock-"),
+        "dlock's node is not named as Curator names its own: {ours:?}"
+    );
+    let first_done = dir.join("first");
+    let mut waiting = curator(0, &first_done);
+    let started = Instant::now();
+    while queue().await.len() < 2 {
+        assert!(
+            !first_done.exists(),
+            "Curator took its mutex while dlock held the lock"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "Curator never queued: {:?}",
+            waiting.try_wait()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !first_done.exists() && waiting.try_wait().unwrap().is_none(),
+        "Curator took its mutex while dlock held the lock"
+    );
+    held.release().await.unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(20), waiting.wait_with_output())
+        .await
+        .expect("Curator never got its mutex after the release")
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("holding") && said.contains("released"),
+        "Curator: {out:?}"
+    );
+
+    // Curator holds: dlock waits until Curator's last step under it.
+    let second_done = dir.join("second");
+    let mut holding = curator(3000, &second_done);
+    let started = Instant::now();
+    while !locker.is_locked("nightly").await.unwrap() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "Curator never took its mutex: {:?}",
+            holding.try_wait()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        locker.try_lock("nightly").await.unwrap().is_none(),
+        "dlock was granted beside Curator"
+    );
+    let granted = locker
+        .lock_with("nightly", LockOptions::new().wait(Duration::from_secs(20)))
+        .await
+        .expect("dlock's lock after Curator's");
+    assert!(
+        second_done.exists(),
+        "dlock was granted while Curator still held its mutex"
+    );
+    assert!(
+        granted.fencing_token() > Some(fence),
+        "the fence did not rise"
+    );
+    granted.release().await.unwrap();
+    let _ = holding.wait().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -5,7 +5,7 @@ use std::{sync::Arc, time::Duration};
 
 use dlock_core::{
     backend::{AcquireRequest, Acquired, Backoff, LeaseKind, Mode, Wait},
-    LockError, Result, Token,
+    LockError, Result,
 };
 use tokio::time::Instant;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult};
@@ -73,19 +73,20 @@ impl ZkBackend {
         let client = session.client().map_err(backend_error)?;
         let mode = req.mode;
         let parent = parent_of(self.inner.config.path(), req.key, mode);
-        let mine = format!("lock-{token}-");
+        let mine = self.own_prefix(&token, mode);
         let tag = mode_tag(mode);
         self.owned().insert(
             token,
             Owned {
                 parent: parent.clone(),
+                mine: mine.clone(),
                 path: None,
                 strays: false,
                 session: session.clone(),
                 granted: false,
             },
         );
-        let enqueued = self.enqueue(&client, &parent, &token, &tag).await;
+        let enqueued = self.enqueue(&client, &parent, &mine, &tag).await;
         if let Some(owned) = self.owned().get_mut(&token) {
             owned.strays = enqueued.as_ref().map_or(true, |e| e.strays);
         }
@@ -216,11 +217,10 @@ impl ZkBackend {
         &self,
         client: &Client,
         parent: &str,
-        token: &Token,
+        mine: &str,
         tag: &str,
     ) -> Result<Enqueued> {
-        let protected = format!("{parent}/lock-{token}-{tag}");
-        let mine = format!("lock-{token}-");
+        let protected = format!("{parent}/{mine}{tag}");
         let ephemeral = CreateMode::EphemeralSequential.with_acls(self.acls());
         let mut strays = false;
         let mut last_error = None;
@@ -309,7 +309,7 @@ impl ZkBackend {
                         faults::fail_lookup()?;
                         client.sync(parent).await?;
                         let listed = client.list_children(parent).await?;
-                        match listed.iter().find(|c| c.starts_with(&mine)).cloned() {
+                        match listed.iter().find(|c| c.starts_with(mine)).cloned() {
                             Some(name) => {
                                 let stat = client.check_stat(&format!("{parent}/{name}")).await?;
                                 Ok(stat.map(|stat| Enqueued {

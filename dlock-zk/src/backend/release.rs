@@ -6,13 +6,14 @@ use zookeeper_client::{Client, Error as ZkError};
 use super::{backend_error, ZkBackend};
 
 /// Deletes `path`, or without it (the create unanswered, or strays
-/// possible) every child of `parent` carrying `token`. Once: a failure is
+/// possible) every child of `parent` whose name starts with `mine`, our
+/// token's prefix. Once: a failure is
 /// sent again by core, with backoff (see `Backend::abandon`).
 async fn delete_ours(
     client: &Client,
     parent: &str,
     path: Option<String>,
-    token: &Token,
+    mine: &str,
 ) -> Result<ReleaseOutcome, ZkError> {
     let paths = match path {
         Some(path) => vec![path],
@@ -25,11 +26,10 @@ async fn delete_ours(
                 Ok(()) | Err(ZkError::NoNode) => {}
                 Err(e) => return Err(e),
             }
-            let mine = format!("lock-{token}-");
             match client.list_children(parent).await {
                 Ok(children) => children
                     .into_iter()
-                    .filter(|c| c.starts_with(&mine))
+                    .filter(|c| c.starts_with(mine))
                     .map(|c| format!("{parent}/{c}"))
                     .collect(),
                 Err(ZkError::NoNode) => Vec::new(),
@@ -78,7 +78,7 @@ impl ZkBackend {
     /// instead of leaving a node that blocks the key for as long as the
     /// session lives.
     pub(super) async fn delete_owned(&self, token: &Token) -> Result<ReleaseOutcome> {
-        let (parent, path, session) = {
+        let (parent, path, mine, session) = {
             let owned = self.owned();
             let Some(owned) = owned.get(token) else {
                 return Ok(ReleaseOutcome::NotHeld);
@@ -86,12 +86,13 @@ impl ZkBackend {
             (
                 owned.parent.clone(),
                 owned.path.clone().filter(|_| !owned.strays),
+                owned.mine.clone(),
                 owned.session.clone(),
             )
         };
         session.forget(token);
         let outcome = match session.client() {
-            Ok(client) => delete_ours(&client, &parent, path, token).await,
+            Ok(client) => delete_ours(&client, &parent, path, &mine).await,
             Err(e) => Err(e),
         };
         let outcome = match outcome {
