@@ -318,8 +318,8 @@ impl<D: Dialect> Backend for SqlBackend<D> {
     /// taken from its session by ending it): that frees it, and every
     /// other lock of that session, whose guards learn it at their
     /// session's next statement or ping, within a third of the session
-    /// timeout. A lock this backend holds itself is not ended this way
-    /// (the statement runs on its own holder session): release its guard.
+    /// timeout. A lock this backend holds itself is released on the
+    /// session that holds it instead, and its guard is told at once.
     fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move { self.force_release_inner(key).await })
     }

@@ -312,6 +312,21 @@ impl Backend for MapBackend {
         })
     }
 
+    /// Contract: move the end of a fixed lease to `lease` from now, if
+    /// `token` still holds the lock, in one step with that check. The
+    /// renewal above does exactly that.
+    fn extend<'a>(
+        &'a self,
+        key: &'a LockKey,
+        mode: Mode,
+        token: &'a Token,
+        lease: std::time::Duration,
+    ) -> BoxFuture<'a, Result<Option<(Instant, std::time::Duration)>>> {
+        Box::pin(dlock_core::backend::extend_by_renewal(
+            self, key, mode, token, lease,
+        ))
+    }
+
     // `check_servers` keeps its default (`Ok`): an in-process map always
     // answers.
 

@@ -96,9 +96,21 @@ impl<D: Dialect> SqlBackend<D> {
         )
     }
 
-    /// Ends the holder's server session, from the key's holder session.
+    /// Ends the holder's server session, from the key's holder session. A
+    /// lock this backend holds itself (on its holder session, or on a
+    /// waiter session it won by waiting) is released instead, on the
+    /// session that holds it, and its guard is told: ending that session
+    /// would take this backend's other locks with it.
     pub(super) async fn force_release_inner(&self, key: &LockKey) -> Result<bool> {
         let id = self.inner.dialect.lock_id(key, Mode::Exclusive);
+        let own = lock(&self.inner.owned)
+            .iter()
+            .find(|(_, owned)| owned.id == id && owned.mode == Mode::Exclusive)
+            .map(|(token, _)| *token);
+        if let Some(token) = own {
+            let released = self.unlock(&token).await?;
+            return Ok(released == dlock_core::backend::ReleaseOutcome::Released);
+        }
         let session = self.holder(&id).await?;
         let (_, ended) = session
             .run(move |d, c| Box::pin(async move { d.end_holder(c, &id).await }))

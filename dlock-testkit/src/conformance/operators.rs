@@ -60,7 +60,8 @@ pub async fn holder_and_is_locked_read_without_locking(h: &Harness) {
 /// `Locker::force_release` takes a held lock from its holder, from another
 /// client: it answers `true`, the waiter in line gets the key, and the
 /// holder's guard reports lost (on a 3 s watchdog lease, so that
-/// renewals and session checks come within a second). A free key answers
+/// renewals and session checks come within a second). The holder's own
+/// locker can force its own lock the same way. A free key answers
 /// `false`. A backend without the capability answers `Unsupported`.
 pub async fn force_release_frees_the_key_and_tells_the_holder(h: &Harness) {
     let name = h.key("forced");
@@ -115,4 +116,34 @@ pub async fn force_release_frees_the_key_and_tells_the_holder(h: &Harness) {
         h.name
     );
     must(h, "the next holder releases", next.release().await);
+
+    // The holder's own locker forces its own lock: the same. (The lost
+    // guard goes first: a backend may keep its process's turn at the key
+    // until then.)
+    drop(guard);
+    let own = must(h, "the holder locks again", holder.lock(&name).await);
+    let forced = must(
+        h,
+        "forcing a lock of its own",
+        holder.force_release(&name).await,
+    );
+    assert!(
+        forced,
+        "[{}] a locker found no holder of its own lock",
+        h.name
+    );
+    let told = tokio::time::timeout(PATIENCE, own.lost()).await;
+    assert!(
+        told.is_ok(),
+        "[{}] a guard whose own locker forced its lock was never told",
+        h.name
+    );
+    let after = must(
+        h,
+        "a taker after the own forced release",
+        operator
+            .lock_with(&name, dlock_core::LockOptions::new().wait(PATIENCE))
+            .await,
+    );
+    must(h, "that taker releases", after.release().await);
 }
