@@ -41,6 +41,9 @@ pub(crate) struct Hold {
     watchdog_id: Option<u64>,
     /// Whether the lease is fixed (see [`LockGuard::extend`]).
     fixed: bool,
+    /// One extension at a time: their answers then arrive in the order
+    /// the server applied them, and the last one sets the lease.
+    extending: tokio::sync::Mutex<()>,
     runtime: Handle,
     span: tracing::Span,
     /// Whether dropping the hold releases the lock on the server.
@@ -83,6 +86,7 @@ impl Hold {
             lease,
             watchdog_id,
             fixed,
+            extending: tokio::sync::Mutex::new(()),
             runtime,
             span,
             armed: true,
@@ -350,6 +354,7 @@ impl LockGuard {
             return Err(crate::InvalidReason::NotFixedLease.into());
         }
         crate::options::validate_lease(lease, crate::options::MIN_LEASE)?;
+        let _one_at_a_time = hold.extending.lock().await;
         let lost = |reason| LockError::Lost {
             key: hold.key.to_string(),
             reason,

@@ -223,20 +223,6 @@ fn mode_of(value: &[u8]) -> Option<Mode> {
     Mode::from_tag(std::str::from_utf8(tag).ok()?)
 }
 
-/// The entries directly in `queue`, in the order read: with
-/// `layout=etcdctl`, lock `a`'s read of `a/` also returns lock `a/b`'s
-/// entries, which are not its own. (dlock's layout escapes `/`, so no
-/// queue of its own nests in another.)
-fn direct<'k>(queue: &str, kvs: &'k [KeyValue]) -> Vec<&'k KeyValue> {
-    kvs.iter()
-        .filter(|kv| {
-            kv.key()
-                .get(queue.len()..)
-                .is_some_and(|rest| !rest.contains(&b'/'))
-        })
-        .collect()
-}
-
 impl EtcdBackend {
     fn client(&self) -> Client {
         self.inner.client.clone()
@@ -252,8 +238,27 @@ impl EtcdBackend {
         self.inner.etcdctl && mode == Mode::Exclusive
     }
 
+    /// The entries of `mode`'s `queue` among `kvs`, in the order read.
+    /// With `layout=etcdctl`, only those directly in it: lock `a`'s read
+    /// of `a/` also returns lock `a/b`'s entries, which are not its own.
+    /// In dlock's layout every entry read counts, nested or not (another
+    /// prefix may nest under this one: waiting on its entries is
+    /// cautious, and a read limited to one entry must not drop it).
+    fn direct<'k>(&self, queue: &str, mode: Mode, kvs: &'k [KeyValue]) -> Vec<&'k KeyValue> {
+        let nested = |kv: &&KeyValue| {
+            kv.key()
+                .get(queue.len()..)
+                .is_none_or(|rest| rest.contains(&b'/'))
+        };
+        if self.go_layout(mode) {
+            kvs.iter().filter(|kv| !nested(kv)).collect()
+        } else {
+            kvs.iter().collect()
+        }
+    }
+
     /// How to read a queue of `mode`, oldest first: a plain lock needs
-    /// only the first entry, unless queues nest (see [`direct`]); shared
+    /// only the first entry, unless queues nest (see [`Self::direct`]); shared
     /// modes need them all.
     fn queue_read(&self, mode: Mode) -> GetOptions {
         let all = GetOptions::new()
@@ -371,13 +376,22 @@ impl Backend for EtcdBackend {
         token: &'a Token,
     ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            let Some(owned) = self.owned().remove(token) else {
+            // The session is given up before the entry (and with it the
+            // turn at the key) goes: an acquisition that takes the turn
+            // must not find this key on a session still in use.
+            let owned = {
+                let mut all = self.owned();
+                if let Some(entry) = all.get(token).filter(|entry| !entry.on_own_lease) {
+                    entry.session.abandon();
+                }
+                all.remove(token)
+            };
+            let Some(owned) = owned else {
                 return;
             };
             let lease = if owned.on_own_lease {
                 owned.own_lease
             } else {
-                owned.session.abandon();
                 if let Some(own) = owned.own_lease {
                     self.revoke_in_background(own);
                 }

@@ -633,5 +633,12 @@ async fn with_the_etcdctl_layout_a_key_left_on_another_lease_is_never_taken_over
         fence > u64::try_from(left).unwrap(),
         "fence {fence} given twice"
     );
+    // The same name, on the same session: the case under test.
+    let now = client
+        .get("job/", Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let names: Vec<Vec<u8>> = now.kvs().iter().map(|kv| kv.key().to_vec()).collect();
+    assert_eq!(names, [name], "the new entry is not under the old name");
     granted.release().await.unwrap();
 }

@@ -291,7 +291,9 @@ impl<D: Dialect> Backend for SqlBackend<D> {
     }
 
     /// Moves the end this backend keeps for a fixed lease (session locks
-    /// have no TTL), for a lock its session still holds.
+    /// have no TTL), once a statement on the session that holds the lock
+    /// is answered: a session lock goes only with its session (or its own
+    /// unlock), so that proves it still held.
     fn extend<'a>(
         &'a self,
         _key: &'a LockKey,
@@ -299,19 +301,7 @@ impl<D: Dialect> Backend for SqlBackend<D> {
         token: &'a Token,
         lease: Duration,
     ) -> BoxFuture<'a, Result<Option<(Instant, Duration)>>> {
-        let mut owned = lock(&self.inner.owned);
-        let until = owned.get_mut(token).and_then(|owned| {
-            let session = owned.session.clone();
-            let until = session.holders.extend_fixed(
-                token,
-                lease,
-                session.timeout,
-                &self.inner.lease_ends,
-            )?;
-            owned.fixed_end = Some(Instant::now() + lease);
-            Some(until)
-        });
-        Box::pin(std::future::ready(Ok(until)))
+        Box::pin(async move { self.extend_inner(token, lease).await })
     }
 
     /// Ends the server session that holds the lock (a lock can only be

@@ -223,10 +223,33 @@ fn curator_prefix(token: &Token) -> String {
     )
 }
 
+/// Whether `name` is a Curator mutex's node (`_c_{uuid}-lock-{seq}`).
+fn is_curator(name: &str) -> bool {
+    name.starts_with("_c_") && name.contains("-lock-")
+}
+
+/// A plain lock's queue with nodes of both layouts, dlock's own
+/// (`lock-{token}-{seq}`) and Curator's: Curator orders dlock's own nodes
+/// by the text after their last `lock-` (the token), so a Curator client
+/// and a dlock client could both hold. Refused, with what to change.
+fn mixed_layouts(children: &[String]) -> Option<LockError> {
+    let curator = children.iter().any(|c| is_curator(c));
+    let ours = children.iter().any(|c| c.starts_with("lock-"));
+    (curator && ours).then(|| {
+        dlock_core::InvalidReason::Other(
+            "this lock's queue holds nodes of dlock's own layout beside Curator's, which \
+             orders them wrongly: give every dlock client of a path that Curator shares \
+             `layout=curator`"
+                .to_owned(),
+        )
+        .into()
+    })
+}
+
 fn mode_of(name: &str) -> Option<Mode> {
     // A Curator mutex's node (`_c_{uuid}-lock-{seq}`), in either layout:
     // counted as a plain lock, the safe reading.
-    if name.starts_with("_c_") && name.contains("-lock-") {
+    if is_curator(name) {
         return Some(Mode::Exclusive);
     }
     let parts: Vec<&str> = name.split('-').collect();
@@ -425,8 +448,9 @@ impl Backend for ZkBackend {
     }
 
     /// Moves the end this backend keeps for a fixed lease (ephemeral
-    /// nodes have no TTL), for a lock its session still holds: one the
-    /// own-node watch has not seen deleted, on a session not expired.
+    /// nodes have no TTL), for a lock whose node the leader still has
+    /// (read after a `sync`: another client may have deleted it before
+    /// our watch told us), on a session not expired.
     fn extend<'a>(
         &'a self,
         _key: &'a LockKey,
@@ -434,13 +458,7 @@ impl Backend for ZkBackend {
         token: &'a Token,
         lease: Duration,
     ) -> BoxFuture<'a, Result<Option<(Instant, Duration)>>> {
-        let session = match self.owned().get(token) {
-            Some(owned) if owned.granted => Some(owned.session.clone()),
-            _ => None,
-        };
-        let until =
-            session.and_then(|session| session.extend_fixed(token, lease, &self.inner.lease_ends));
-        Box::pin(std::future::ready(Ok(until)))
+        Box::pin(async move { self.extend_inner(token, lease).await })
     }
 
     /// The admitted nodes of the semaphore's queue, after a `sync`.

@@ -641,7 +641,9 @@ async fn connection_state_follows_the_session() {
 /// one lock path queue in one line and exclude each other, both ways:
 /// Curator waits while dlock holds and takes the mutex after the release;
 /// dlock waits while Curator holds and is granted only after Curator's
-/// last step under it, with a fence above the one dlock held before.
+/// last step under it, with a fence above the one dlock held before. A
+/// forced release of Curator's holder, which would never learn of it, is
+/// refused, and so is a dlock client in its own layout on that path.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curator_mutex_and_dlock_exclude_each_other() {
     use std::{path::Path, process::Stdio};
@@ -750,6 +752,23 @@ async fn curator_mutex_and_dlock_exclude_each_other() {
     assert!(
         locker.try_lock("nightly").await.unwrap().is_none(),
         "dlock was granted beside Curator"
+    );
+    // Curator's holder never watches its own node: forcing it is refused.
+    let forced = locker.force_release("nightly").await;
+    assert!(
+        matches!(forced, Err(dlock_core::LockError::Unsupported { .. })),
+        "a Curator holder's node was forced: {forced:?}"
+    );
+    // A client in dlock's own layout, whose node Curator would misorder,
+    // is refused rather than queued.
+    let own_layout = ZkBackend::connect(&format!("zk://{endpoint}/locks"))
+        .await
+        .unwrap()
+        .into_locker();
+    let mixed = own_layout.try_lock("nightly").await;
+    assert!(
+        matches!(mixed, Err(dlock_core::LockError::InvalidOptions { .. })),
+        "a dlock-layout client queued beside Curator: {mixed:?}"
     );
     let granted = locker
         .lock_with("nightly", LockOptions::new().wait(Duration::from_secs(20)))

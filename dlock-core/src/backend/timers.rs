@@ -116,6 +116,9 @@ async fn run(
     let mut keys: HashMap<Token, delay_queue::Key> = HashMap::new();
     loop {
         tokio::select! {
+            // Commands first: a lease moved later (an `Add` again) must
+            // replace its old end before that end is taken for expired.
+            biased;
             command = commands.recv() => match command {
                 Some(Command::Add(token, ends)) => {
                     if let Some(old) = keys.insert(token, queue.insert_at(token, ends)) {

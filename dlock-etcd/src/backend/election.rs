@@ -7,7 +7,7 @@ use dlock_core::{
 };
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, WatchOptions};
 
-use super::{backend_error, direct, mode_value, retried, EtcdBackend, NAME};
+use super::{backend_error, mode_value, retried, EtcdBackend, NAME};
 
 /// A plain lock's entry with what its holder proclaimed: its mode tag (empty),
 /// a NUL, and the value. The tag never holds a NUL.
@@ -69,10 +69,13 @@ impl EtcdBackend {
             async move { client.get(queue, Some(read)).await }
         })
         .await?;
-        Ok(direct(&queue, read.kvs()).first().map(|kv| {
-            let fence = u64::try_from(kv.create_revision()).unwrap_or(0);
-            Holder::new(Some(fence), proclaimed(kv.value()))
-        }))
+        Ok(self
+            .direct(&queue, Mode::Exclusive, read.kvs())
+            .first()
+            .map(|kv| {
+                let fence = u64::try_from(kv.create_revision()).unwrap_or(0);
+                Holder::new(Some(fence), proclaimed(kv.value()))
+            }))
     }
 
     /// Deletes the first key of the queue, the holder's: its watchers
@@ -86,7 +89,11 @@ impl EtcdBackend {
             async move { client.get(queue, Some(read)).await }
         })
         .await?;
-        let Some(first) = direct(&queue, read.kvs()).first().copied() else {
+        let Some(first) = self
+            .direct(&queue, Mode::Exclusive, read.kvs())
+            .first()
+            .copied()
+        else {
             return Ok(false);
         };
         // Only the entry read: if it went meanwhile, a later key of that
@@ -158,7 +165,8 @@ impl EtcdBackend {
             async move { client.get(queue, Some(read)).await }
         })
         .await?;
-        let modes = direct(&queue, read.kvs())
+        let modes = self
+            .direct(&queue, mode, read.kvs())
             .into_iter()
             .map(|kv| super::mode_of(kv.value()).unwrap_or(Mode::Exclusive));
         Ok(dlock_core::backend::permits_taken(modes))

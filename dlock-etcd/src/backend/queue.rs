@@ -21,7 +21,7 @@ use etcd_client::{
 use tokio::time::Instant;
 
 use super::{
-    backend_error, direct, mode_of, mode_value, retried, vanished, EtcdBackend, Owned, Turn, NAME,
+    backend_error, mode_of, mode_value, retried, vanished, EtcdBackend, Owned, Turn, NAME,
 };
 use crate::session::Session;
 
@@ -115,7 +115,11 @@ impl EtcdBackend {
             return Ok(None);
         };
         let gets = get_responses(&answer);
-        let entries = direct(&queue, gets.last().map(|g| g.kvs()).unwrap_or_default());
+        let entries = self.direct(
+            &queue,
+            mode,
+            gets.last().map(|g| g.kvs()).unwrap_or_default(),
+        );
         if let Mode::Permits { limit, .. } = mode {
             if let Some(theirs) = other_limit(&entries, limit) {
                 self.delete_owned(&token).await?;
@@ -168,7 +172,11 @@ impl EtcdBackend {
                 if gets.first().is_none_or(|g| g.count() == 0) {
                     return Err(Vanished);
                 }
-                let entries = direct(&queue, gets.last().map(|g| g.kvs()).unwrap_or_default());
+                let entries = self.direct(
+                    &queue,
+                    mode,
+                    gets.last().map(|g| g.kvs()).unwrap_or_default(),
+                );
                 Ok(admitted(&entries, mine, mode).then_some(checked))
             };
             let step = async {
@@ -430,7 +438,7 @@ impl EtcdBackend {
             async move { client.get(queue, Some(ahead)).await }
         })
         .await?;
-        let predecessors = direct(queue, read.kvs());
+        let predecessors = self.direct(queue, mode, read.kvs());
         // Entries ahead may have gone since the last check (between our
         // enqueue and this read, say): if what is left admits us, there
         // is nothing to wait for. A permit waiter that waited here for
@@ -491,7 +499,7 @@ impl EtcdBackend {
                 async move { client.get(queue, Some(ahead)).await }
             })
             .await?;
-            direct(queue, still.kvs()).len() < predecessors.len()
+            self.direct(queue, mode, still.kvs()).len() < predecessors.len()
         } else {
             let still = retried(|| {
                 let (mut client, key) = (self.client(), key.clone());

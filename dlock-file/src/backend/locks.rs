@@ -289,10 +289,17 @@ fn slots(names: &Names, count: u32, limit: u32) -> Result<Option<Vec<File>>, Loc
 /// `flock` on now, read from Linux's `/proc/locks` (every lock, with its
 /// file's device and inode), not by trying them: a try would make an
 /// acquirer that meets it find a free slot taken.
+///
+/// Matched by inode alone: on btrfs, and on overlayfs without `xino`,
+/// `stat` reports another device than `/proc/locks` does. A lock on
+/// another file with the same inode number on another device is then
+/// counted too (the count errs high, never low). Locks held from another
+/// PID namespace are not listed there, so not counted; nor are the slots
+/// an acquirer holds for a moment while it finds too few free.
 pub(crate) fn slots_taken(names: &Names, limit: u32) -> Result<u32, LockError> {
     let table = std::fs::read_to_string("/proc/locks")
         .map_err(|e| io_error("reading", Path::new("/proc/locks"), e))?;
-    let locked: std::collections::HashSet<(u32, u32, u64)> = table
+    let locked: std::collections::HashSet<u64> = table
         .lines()
         .filter_map(|line| {
             // `N: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE START END`; a
@@ -301,10 +308,7 @@ pub(crate) fn slots_taken(names: &Names, limit: u32) -> Result<u32, LockError> {
             if fields.next()? != "FLOCK" {
                 return None;
             }
-            let mut id = fields.nth(3)?.split(':');
-            let major = u32::from_str_radix(id.next()?, 16).ok()?;
-            let minor = u32::from_str_radix(id.next()?, 16).ok()?;
-            Some((major, minor, id.next()?.parse().ok()?))
+            fields.nth(3)?.rsplit(':').next()?.parse().ok()
         })
         .collect();
     let mut taken = 0;
@@ -316,9 +320,7 @@ pub(crate) fn slots_taken(names: &Names, limit: u32) -> Result<u32, LockError> {
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => return Err(io_error("reading a slot file", &path, e)),
         };
-        let dev = std::os::unix::fs::MetadataExt::dev(&meta);
-        let inode = std::os::unix::fs::MetadataExt::ino(&meta);
-        if locked.contains(&(rustix::fs::major(dev), rustix::fs::minor(dev), inode)) {
+        if locked.contains(&std::os::unix::fs::MetadataExt::ino(&meta)) {
             taken += 1;
         }
     }

@@ -546,7 +546,7 @@ pub async fn available_counts_the_permits_held(h: &Harness) {
         let semaphore = DistSemaphore::with_options(&h.locker().await, &key, N, patient());
         tokio::spawn(async move { semaphore.acquire_many(2).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
         available("a waiter in line").await,
         1,

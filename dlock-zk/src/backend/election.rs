@@ -3,7 +3,7 @@
 
 use dlock_core::{
     backend::{Holder, Mode},
-    LockKey, Result, Token,
+    LockError, LockKey, Result, Token,
 };
 use zookeeper_client::{Client, Error as ZkError};
 
@@ -121,7 +121,24 @@ impl ZkBackend {
             let Some(first) = holding(children) else {
                 return Ok(false);
             };
-            match client.delete(&format!("{parent}/{first}"), None).await {
+            let path = format!("{parent}/{first}");
+            let curators = super::is_curator(&first)
+                && match client.get_data(&path).await {
+                    Ok((data, _)) => {
+                        data != super::queue::OURS && data.first() != Some(&PROCLAIMED)
+                    }
+                    Err(ZkError::NoNode) => return Ok(false),
+                    Err(e) => return Err(backend_error(e)),
+                };
+            if curators {
+                // Curator's holder does not watch its own node: it would
+                // never learn, and hold beside the next one.
+                return Err(LockError::Unsupported {
+                    backend: super::NAME,
+                    what: "forcing the lock of a Curator holder, which would never learn of it",
+                });
+            }
+            match client.delete(&path, None).await {
                 Ok(()) => Ok(true),
                 // Gone meanwhile (released, expired): the holder asked
                 // about left; the next one is not ours to remove.
@@ -216,5 +233,31 @@ impl ZkBackend {
             .iter()
             .map(|c| mode_of(c).unwrap_or(Mode::Exclusive));
         Ok(dlock_core::backend::permits_taken(modes))
+    }
+}
+
+impl ZkBackend {
+    /// See [`Backend::extend`](dlock_core::backend::Backend::extend): our
+    /// node, checked on the leader's state, then the end moved.
+    pub(super) async fn extend_inner(
+        &self,
+        token: &Token,
+        lease: std::time::Duration,
+    ) -> Result<Option<(tokio::time::Instant, std::time::Duration)>> {
+        let held = match self.owned().get(token) {
+            Some(owned) if owned.granted => owned.path.clone().map(|p| (p, owned.session.clone())),
+            _ => None,
+        };
+        let Some((path, session)) = held else {
+            return Ok(None);
+        };
+        let client = session.client().map_err(backend_error)?;
+        synced(&client, &path).await?;
+        match client.check_stat(&path).await {
+            Ok(Some(_)) => {}
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(backend_error(e)),
+        }
+        Ok(session.extend_fixed(token, lease, &self.inner.lease_ends))
     }
 }

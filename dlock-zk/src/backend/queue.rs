@@ -11,10 +11,15 @@ use tokio::time::Instant;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiWriteError, MultiWriteResult};
 
 use super::{
-    admitted, backend_error, mode_of, mode_tag, parent_of, release::delete_strays, sequence,
-    session::watch_our_node, vanished, Owned, ZkBackend,
+    admitted, backend_error, mixed_layouts, mode_of, mode_tag, parent_of, release::delete_strays,
+    sequence, session::watch_our_node, vanished, Owned, ZkBackend,
 };
 use crate::session::Session;
+
+/// What a lock node of ours holds until its holder proclaims: in Curator's
+/// layout, it tells our nodes from Curator's (whose data is the client's
+/// address by default), which a forced release must not remove.
+pub(super) const OURS: &[u8] = b"dlock";
 
 /// Create attempts before an acquire gives up on repeated failures.
 const ENQUEUE_ATTEMPTS: usize = 5;
@@ -126,6 +131,12 @@ impl ZkBackend {
                 delete_strays(&client, &parent, &mine, &name, &children).await;
                 children.retain(|c| *c == name || !c.starts_with(&mine));
             }
+            if mode == Mode::Exclusive {
+                if let Some(refused) = mixed_layouts(&children) {
+                    self.delete_owned(&token).await?;
+                    return Err(refused);
+                }
+            }
             children.sort_by_key(|c| sequence(c).unwrap_or(i64::MAX));
             let position = children
                 .iter()
@@ -227,7 +238,7 @@ impl ZkBackend {
         for _ in 0..ENQUEUE_ATTEMPTS {
             let sent = Instant::now();
             // Sent back to back: the session runs them in order.
-            let create = client.create(&protected, b"", &ephemeral);
+            let create = client.create(&protected, OURS, &ephemeral);
             let listing = client.list_children(parent);
             let (created, listed) = (create.await, listing.await);
             #[cfg(test)]
@@ -250,7 +261,7 @@ impl ZkBackend {
                     let mut both = client.new_multi_writer();
                     let container = CreateMode::Container.with_acls(self.acls());
                     both.add_create(parent, b"", &container)
-                        .and_then(|()| both.add_create(&protected, b"", &ephemeral))
+                        .and_then(|()| both.add_create(&protected, OURS, &ephemeral))
                         .map_err(backend_error)?;
                     match both.commit().await {
                         Ok(results) => {
