@@ -50,25 +50,5 @@ fn etcdctl_layout() -> Harness {
 
 dlock_testkit::conformance_tests!(single_node());
 // The checks of plain locks, the only ones the layout changes.
-dlock_testkit::conformance_tests!(suite plain_locks_in_the_etcdctl_layout, etcdctl_layout(), [
-    mutual_exclusion,
-    try_lock_on_held_key_returns_none_at_once,
-    wait_limit_gives_timeout,
-    queued_waiters_get_an_expired_lock,
-    dist_mutex_excludes_across_clients,
-    zero_wait_makes_one_whole_attempt,
-    stale_guard_cannot_release_or_renew,
-    fencing_tokens_strictly_increase,
-    drop_releases,
-    joined_futures_in_one_task_exclude_each_other,
-    cancel_safety,
-    dropped_futures_cost_the_clients_other_locks_nothing,
-    crashed_holder_with_watchdog,
-    renewal_that_finds_another_owner_reports_lost,
-    awkward_keys_are_distinct_locks,
-    lock_all_in_opposite_orders_neither_deadlocks_nor_overlaps,
-    an_election_has_one_leader_at_a_time_and_rising_terms,
-    holder_and_is_locked_read_without_locking,
-    force_release_frees_the_key_and_tells_the_holder,
-]);
+dlock_testkit::conformance_tests!(plain_locks plain_locks_in_the_etcdctl_layout, etcdctl_layout());
 dlock_testkit::conformance_tests!(suite whole_suite_on_a_3_member_cluster, cluster_of_three());
