@@ -166,6 +166,21 @@ fn escape(key: &LockKey) -> String {
     key.escaped(|c| c == '/' || c.is_control())
 }
 
+/// A transaction that puts `value` at `name` with `options` only while the
+/// key is the one created at `revision` (ours, granted then): a key lost
+/// meanwhile is never recreated, nor another's written.
+fn put_if_created(
+    name: &str,
+    revision: i64,
+    value: impl Into<Vec<u8>>,
+    options: etcd_client::PutOptions,
+) -> etcd_client::Txn {
+    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+    Txn::new()
+        .when([Compare::create_revision(name, CompareOp::Equal, revision)])
+        .and_then([TxnOp::put(name, value, Some(options))])
+}
+
 /// gRPC's `UNAVAILABLE`: the request reached no live member.
 const GRPC_UNAVAILABLE: i32 = 14;
 

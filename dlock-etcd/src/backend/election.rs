@@ -42,17 +42,12 @@ impl EtcdBackend {
         if !name.starts_with(&queue) {
             return Ok(false);
         }
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                name.as_str(),
-                CompareOp::Equal,
-                revision,
-            )])
-            .and_then([TxnOp::put(
-                name.as_str(),
-                with_proclaimed(value),
-                Some(PutOptions::new().with_ignore_lease()),
-            )]);
+        let txn = super::put_if_created(
+            &name,
+            revision,
+            with_proclaimed(value),
+            PutOptions::new().with_ignore_lease(),
+        );
         let answer = retried(|| {
             let (mut client, txn) = (self.client(), txn.clone());
             async move { client.txn(txn).await }

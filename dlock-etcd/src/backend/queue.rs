@@ -579,13 +579,12 @@ impl EtcdBackend {
                 if let Some(owned) = self.owned().get_mut(req.token) {
                     owned.own_lease = Some(grant.id());
                 }
-                let put = Txn::new()
-                    .when([Compare::create_revision(name, CompareOp::Equal, revision)])
-                    .and_then([TxnOp::put(
-                        name,
-                        mode_value(req.mode),
-                        Some(PutOptions::new().with_lease(grant.id())),
-                    )]);
+                let put = super::put_if_created(
+                    name,
+                    revision,
+                    mode_value(req.mode),
+                    PutOptions::new().with_lease(grant.id()),
+                );
                 let answer = retried(|| {
                     let (mut client, put) = (self.client(), put.clone());
                     async move { client.txn(put).await }

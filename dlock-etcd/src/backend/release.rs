@@ -88,17 +88,12 @@ impl EtcdBackend {
             async move { client.lease_grant(secs, None).await }
         })
         .await?;
-        let put = Txn::new()
-            .when([Compare::create_revision(
-                name.as_str(),
-                CompareOp::Equal,
-                revision,
-            )])
-            .and_then([TxnOp::put(
-                name.as_str(),
-                "",
-                Some(PutOptions::new().with_lease(grant.id()).with_ignore_value()),
-            )]);
+        let put = super::put_if_created(
+            &name,
+            revision,
+            "",
+            PutOptions::new().with_lease(grant.id()).with_ignore_value(),
+        );
         // If this fails it may have landed all the same: the key then ends
         // with the new lease, whose end the guard already counts with.
         let answer = retried(|| {
