@@ -156,19 +156,16 @@ impl RedisConfig {
     pub fn from_url(url: &str) -> Result<RedisConfig, LockError> {
         let mut parts = BackendUrl::parse("Redis", url)?;
         let scheme = parts.scheme().to_owned();
-        let cluster = scheme == "redis+cluster";
+        let cluster = scheme.ends_with("+cluster");
         let sentinel = scheme.ends_with("+sentinel");
         let (redlock, tls) = match scheme.as_str() {
             "redis" | "redis+cluster" | "redis+sentinel" => (false, false),
             "redis+redlock" => (true, false),
-            "rediss" | "rediss+sentinel" if cfg!(feature = "tls") => (false, true),
-            "rediss+redlock" if cfg!(feature = "tls") => (true, true),
-            "rediss+cluster" => {
-                return Err(
-                    parts.invalid("TLS is not offered on Redis Cluster yet (`redis+cluster://`)")
-                )
+            "rediss" | "rediss+sentinel" | "rediss+cluster" if cfg!(feature = "tls") => {
+                (false, true)
             }
-            "rediss" | "rediss+redlock" | "rediss+sentinel" => {
+            "rediss+redlock" if cfg!(feature = "tls") => (true, true),
+            "rediss" | "rediss+redlock" | "rediss+sentinel" | "rediss+cluster" => {
                 return Err(parts.invalid(
                     "TLS (`rediss://`) needs dlock-redis's `tls` feature (dlock's `tls`)",
                 ))
@@ -176,8 +173,8 @@ impl RedisConfig {
             other => {
                 return Err(parts.invalid(&format!(
                     "unknown scheme `{other}`; expected `redis`, `redis+redlock`, \
-                     `redis+cluster`, `redis+sentinel`, `rediss`, `rediss+redlock` or \
-                     `rediss+sentinel`"
+                     `redis+cluster`, `redis+sentinel`, `rediss`, `rediss+redlock`, \
+                     `rediss+cluster` or `rediss+sentinel`"
                 )))
             }
         };
@@ -418,6 +415,25 @@ impl RedisConfig {
                 .map_err(|e| LockError::backend("redis", e));
         }
         redis::Client::open(node).map_err(|e| LockError::backend("redis", e))
+    }
+
+    /// `builder` with the URL's TLS: every node over TLS, trusting the
+    /// URL's CA (or the system's roots) and presenting its client
+    /// certificate, read now. Unchanged without `rediss+cluster://`.
+    pub(crate) fn cluster_tls(
+        &self,
+        builder: redis::cluster::ClusterClientBuilder,
+    ) -> Result<redis::cluster::ClusterClientBuilder, LockError> {
+        #[cfg(feature = "tls")]
+        if self.tls.is_some() {
+            use_ring_unless_chosen();
+            let builder = builder.tls(redis::TlsMode::Secure);
+            return Ok(match self.certificates()? {
+                Some(certificates) => builder.certs(certificates),
+                None => builder,
+            });
+        }
+        Ok(builder)
     }
 
     /// The client that asks the sentinels for the master, and connects to

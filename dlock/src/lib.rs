@@ -46,7 +46,8 @@ pub use dlock_zk as zk;
 /// The URLs [`connect`] accepts, for usage messages.
 pub const URLS: &str = "memory, redis://HOST:PORT, redis+redlock://H1:P1,H2:P2,H3:P3, \
      redis+cluster://H1:P1,H2:P2, redis+sentinel://S1:P1,S2:P2/MASTER, \
-     rediss://HOST:PORT (TLS), etcd://HOST:PORT/PREFIX, etcds://HOST:PORT/PREFIX (TLS), \
+     rediss://HOST:PORT, rediss+redlock://…, rediss+cluster://…, rediss+sentinel://… (TLS), \
+     etcd://HOST:PORT/PREFIX, etcds://HOST:PORT/PREFIX (TLS), \
      zk://HOST:PORT/PATH, zks://HOST:PORT/PATH (TLS), postgres://USER:PASSWORD@HOST:PORT/DB, \
      mysql://USER:PASSWORD@HOST:PORT/DB, file:///ABSOLUTE/DIR";
 
@@ -114,7 +115,7 @@ pub async fn connect_backend(url: &str) -> Result<Arc<dyn backend::Backend>> {
     match url.split_once("://").map(|(scheme, _)| scheme) {
         Some(
             "redis" | "redis+redlock" | "redis+cluster" | "redis+sentinel" | "rediss"
-            | "rediss+redlock" | "rediss+sentinel",
+            | "rediss+redlock" | "rediss+cluster" | "rediss+sentinel",
         ) => redis_backend(url).await,
         Some("etcd" | "etcds") => etcd_backend(url).await,
         Some("zk" | "zks") => zk_backend(url).await,

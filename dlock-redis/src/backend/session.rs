@@ -84,6 +84,7 @@ impl RedisBackend {
                 if resp3 {
                     builder = builder.use_protocol(redis::ProtocolVersion::RESP3);
                 }
+                builder = config.cluster_tls(builder)?;
                 builder.build().map_err(backend_error)
             };
             let node = Node::cluster(

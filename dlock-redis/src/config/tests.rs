@@ -71,7 +71,6 @@ fn parses_cluster_seed_lists() {
         .is_cluster());
     for (url, why) in [
         ("redis+cluster://a:1,b:2/3", "only database 0"),
-        ("rediss+cluster://a:1", "not offered on Redis Cluster"),
         ("redis://a:1,b:2", "redis+cluster://"),
     ] {
         let error = RedisConfig::from_url(url).unwrap_err().to_string();
@@ -134,7 +133,7 @@ fn never_prints_a_password() {
         "redis://app:s3cret@h:port",
         "redis://:s3cret@a:1,b:2",
         "redis+redlock://:s3cret@a:1,a:1,b:2",
-        "rediss+cluster://:s3cret@h:1",
+        "rediss+cluster://:s3cret@h:1/2",
         "redis://:s3cret@h:1?bad=1",
         "redis://:s3cret@h:1/x",
     ] {
@@ -150,6 +149,9 @@ fn never_prints_a_password() {
 fn tls_parameters_need_each_other() {
     let c = RedisConfig::from_url("rediss+redlock://a:1,b:1,c:1/?tls_ca=ca.pem").unwrap();
     assert!(c.is_tls() && c.nodes().iter().all(|n| n.starts_with("rediss://")));
+    let c = RedisConfig::from_url("rediss+cluster://a:1,b:1/?tls_ca=ca.pem").unwrap();
+    assert!(c.is_tls() && c.is_cluster());
+    assert!(c.nodes().iter().all(|n| n.starts_with("rediss://")));
     let error = RedisConfig::from_url("rediss://h:1?tls_cert=c.pem").unwrap_err();
     assert!(error.to_string().contains("both `tls_cert` and `tls_key`"));
 }
