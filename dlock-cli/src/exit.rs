@@ -8,6 +8,7 @@
 //! | 76 | the lock was lost while the command ran: the command was stopped (`--lost-exit-code`) |
 //! | 64 | bad options: a malformed URL, key or duration |
 //! | 69 | the lock server failed or could not be reached |
+//! | 77 | the lock server refused for want of a right (a ZooKeeper node whose ACL does not admit the URL's credentials) |
 //! | 126 / 127 | the command could not be run / was not found (as shells report it) |
 //! | 70 | an internal error |
 //!
@@ -27,6 +28,8 @@ pub(crate) const LOST: u8 = 76;
 pub(crate) const USAGE: u8 = 64;
 /// The lock server failed (`EX_UNAVAILABLE`).
 pub(crate) const UNAVAILABLE: u8 = 69;
+/// The server refused for want of a right (`EX_NOPERM`).
+pub(crate) const PERMISSION: u8 = 77;
 /// An internal error (`EX_SOFTWARE`).
 pub(crate) const SOFTWARE: u8 = 70;
 /// The command was found but could not be run.
@@ -39,6 +42,7 @@ pub(crate) fn for_error(error: &LockError) -> ExitCode {
     ExitCode::from(match error {
         LockError::InvalidOptions { .. } | LockError::InvalidKey { .. } => USAGE,
         LockError::Unsupported { .. } => USAGE,
+        LockError::PermissionDenied { .. } => PERMISSION,
         _ => UNAVAILABLE,
     })
 }

@@ -111,6 +111,19 @@ pub enum LockError {
         /// What is unsafe, and what to change.
         reason: String,
     },
+    /// The server refused for want of a right, and changed nothing: a
+    /// ZooKeeper node whose ACL does not admit this session's
+    /// credentials, or a [`force_release`](crate::Locker::force_release)
+    /// on PostgreSQL or MySQL by a role that may not end the holder's
+    /// session. The source names the right that is missing.
+    #[error("the {backend} server refused: permission denied: {source}")]
+    PermissionDenied {
+        /// The backend's name.
+        backend: &'static str,
+        /// The server's refusal, and what right it takes.
+        #[source]
+        source: Arc<dyn StdError + Send + Sync>,
+    },
     /// [`default_locker`](crate::default_locker) was called before
     /// [`set_default_locker`](crate::set_default_locker).
     #[error("no default locker is set; call dlock_core::set_default_locker at startup")]

@@ -454,6 +454,18 @@ impl Dialect for MySqlDialect {
     /// The connection failed, or the server ended the session: SQLSTATE
     /// class 08, `70100` (killed), or errors 1053 (shutdown), 1927
     /// (connection killed) and 4031 (idle timeout, MySQL 8).
+    /// `ER_KILL_DENIED_ERROR` (1095) from `KILL CONNECTION`, or
+    /// `ER_SPECIFIC_ACCESS_DENIED_ERROR` (1227).
+    fn missing_right(&self, e: &sqlx::Error) -> Option<&'static str> {
+        let denied = matches!(e, sqlx::Error::Database(e)
+            if e.try_downcast_ref::<MySqlDatabaseError>()
+                .is_some_and(|e| matches!(e.number(), 1095 | 1227)));
+        denied.then_some(
+            "the holder's user, or `CONNECTION ADMIN` (MariaDB) / `CONNECTION_ADMIN` \
+             (MySQL) or `SUPER`",
+        )
+    }
+
     fn ends_the_session(&self, e: &sqlx::Error) -> bool {
         match e {
             sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => true,

@@ -672,3 +672,31 @@ async fn connection_state_follows_the_sessions() {
     )
     .await;
 }
+
+/// `force_release` by a user that may not end the holder's connection
+/// (another user's, without `CONNECTION ADMIN`) is `PermissionDenied`,
+/// naming the right, and the lock stays held. A user with every right
+/// frees it, and the holder's guard is told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forcing_a_release_without_the_right_is_permission_denied() {
+    let server = MariaDbServer::start().expect("start MariaDB");
+    let admin = locker(&server.admin_url()).await;
+    let guard = admin.lock("stuck").await.unwrap();
+    let plain = locker(&server.url()).await;
+    match plain.force_release("stuck").await {
+        Err(e @ LockError::PermissionDenied { .. }) => {
+            assert!(e.to_string().contains("CONNECTION ADMIN"), "{e}")
+        }
+        other => panic!("a user without the right forced the release: {other:?}"),
+    }
+    assert!(!guard.is_lost(), "{:?}", guard.state());
+    assert!(
+        plain.try_lock("stuck").await.unwrap().is_none(),
+        "the refused force freed the lock"
+    );
+    let operator = locker(&server.admin_url()).await;
+    assert!(operator.force_release("stuck").await.unwrap());
+    tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("the holder's guard was not told");
+}

@@ -260,6 +260,11 @@ impl PgDialect {
                  lock_id BIGINT PRIMARY KEY, owner BIGINT NOT NULL, \
                  fence BIGINT NOT NULL, value BYTEA NOT NULL)"
             ),
+            created: format!(
+                "SELECT to_regclass('{sequence}') IS NOT NULL \
+                 AND to_regclass('{queue}_lock') IS NOT NULL \
+                 AND to_regclass('{holders}') IS NOT NULL"
+            ),
             proclaim: format!(
                 "WITH i AS (INSERT INTO {holders} (lock_id, owner, fence, value) \
                  SELECT $1, $2, $3, $4 \
@@ -342,6 +347,10 @@ struct PgDialect {
     try_write: String,
     /// Creates the fencing sequence and the semaphores' queue table.
     create: String,
+    /// Whether they all exist already: `create` is then skipped, as its
+    /// `CREATE INDEX IF NOT EXISTS` takes the table's owner even when
+    /// the index exists, and other roles may share the tables.
+    created: String,
     /// `{prefix}_queue`.
     queue: String,
     /// The entries of a semaphore up to one, each live while its owner's
@@ -587,6 +596,14 @@ impl Dialect for PgDialect {
     /// class 08, connection exception, or 57, operator intervention: a
     /// shutdown, `pg_terminate_backend`, the idle session timeout), or
     /// the connection is no longer on its server session.
+    /// `insufficient_privilege` (42501) from `pg_terminate_backend`.
+    fn missing_right(&self, e: &sqlx::Error) -> Option<&'static str> {
+        matches!(e, sqlx::Error::Database(e) if e.code().as_deref() == Some("42501")).then_some(
+            "the holder's role, or membership in `pg_signal_backend` \
+             (a superuser's session takes a superuser)",
+        )
+    }
+
     fn ends_the_session(&self, e: &sqlx::Error) -> bool {
         match e {
             sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => true,

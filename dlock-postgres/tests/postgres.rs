@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use dlock_core::{BackendExt, LockOptions, Locker};
+use dlock_core::{BackendExt, LockError, LockOptions, Locker};
 use dlock_postgres::PgBackend;
 use dlock_testkit::database_faults;
 use dlock_testkit::fixture::{PostgresServer, POSTGRES_PASSWORD};
@@ -329,7 +329,8 @@ async fn a_black_holed_connection_is_bounded() {
 /// `search_path`) keep apart locks of the same key: advisory locks span
 /// the database, so the schema is part of every lock's identifier. Each
 /// holds the key, and each one's 1-permit semaphore admits one holder of
-/// its own, and only one.
+/// its own, and only one. A lock on the caller's own transaction, whose
+/// connection searches another schema, is the backend's schema's lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schemas_keep_locks_of_one_key_apart() {
     use dlock_core::backend::Mode;
@@ -386,6 +387,37 @@ async fn schemas_keep_locks_of_one_key_apart() {
     for guard in [held, theirs, a.unwrap(), b.unwrap()] {
         guard.release().await.expect("release");
     }
+
+    // The caller's own transaction, on a pool that searches only
+    // `public`, locks app one's key through app one's backend: app one's
+    // identifier, and a fence from app one's sequence.
+    let before = one.lock("shared-key").await.unwrap();
+    let before_fence = before.fencing_token().expect("a fence");
+    before.release().await.unwrap();
+    let backend = PgBackend::connect(&in_schema("app_one")).await.unwrap();
+    let pool = sqlx::PgPool::connect(&server.url()).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let lock = backend
+        .lock_in(&mut tx, "shared-key")
+        .await
+        .expect("a transaction lock through app one's backend");
+    assert!(
+        lock.fencing_token() > before_fence,
+        "{} after {before_fence}",
+        lock.fencing_token()
+    );
+    assert!(
+        one_more.try_lock("shared-key").await.unwrap().is_none(),
+        "app one's locker took a key app one's transaction holds"
+    );
+    let theirs = two.try_lock("shared-key").await.unwrap();
+    assert!(
+        theirs.is_some(),
+        "app one's transaction lock held app two's key"
+    );
+    tx.rollback().await.unwrap();
+    let after = one_more.try_lock("shared-key").await.unwrap();
+    assert!(after.is_some(), "the rollback did not free app one's key");
 }
 
 /// A queue entry whose session ended stays in the table until the next
@@ -684,4 +716,57 @@ async fn connection_state_follows_the_sessions() {
         Duration::from_secs(10),
     )
     .await;
+}
+
+/// `force_release` by a role that may not end the holder's session (not
+/// the holder's role, not a member of `pg_signal_backend`) is
+/// `PermissionDenied`, naming the right, and the lock stays held. Given
+/// `pg_signal_backend`, the same call frees it, and the holder's guard is
+/// told. That role may use the tables another role made, without owning
+/// them or the right to create any.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forcing_a_release_without_the_right_is_permission_denied() {
+    use sqlx::{Connection, Executor};
+    let server = PostgresServer::start().expect("start PostgreSQL");
+    let mut admin = sqlx::PgConnection::connect(&server.url()).await.unwrap();
+    admin
+        .execute(
+            "CREATE ROLE worker LOGIN PASSWORD 'pw'; CREATE ROLE operator LOGIN PASSWORD 'pw'; \
+             GRANT CREATE, USAGE ON SCHEMA public TO worker; \
+             GRANT USAGE ON SCHEMA public TO operator; \
+             ALTER DEFAULT PRIVILEGES FOR ROLE worker IN SCHEMA public \
+             GRANT ALL ON TABLES TO operator; \
+             ALTER DEFAULT PRIVILEGES FOR ROLE worker IN SCHEMA public \
+             GRANT ALL ON SEQUENCES TO operator",
+        )
+        .await
+        .expect("the roles");
+    let as_role = |role: &str| {
+        format!(
+            "postgres://{role}:pw@{}/postgres?session_timeout=5s",
+            server.host_port()
+        )
+    };
+    let worker = locker(&as_role("worker")).await;
+    let guard = worker.lock("stuck").await.unwrap();
+    let operator = locker(&as_role("operator")).await;
+    match operator.force_release("stuck").await {
+        Err(e @ LockError::PermissionDenied { .. }) => {
+            assert!(e.to_string().contains("pg_signal_backend"), "{e}")
+        }
+        other => panic!("a role without the right forced the release: {other:?}"),
+    }
+    assert!(!guard.is_lost(), "{:?}", guard.state());
+    assert!(
+        operator.try_lock("stuck").await.unwrap().is_none(),
+        "the refused force freed the lock"
+    );
+    admin
+        .execute("GRANT pg_signal_backend TO operator")
+        .await
+        .unwrap();
+    assert!(operator.force_release("stuck").await.unwrap());
+    tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("the holder's guard was not told");
 }

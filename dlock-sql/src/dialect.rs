@@ -473,6 +473,14 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         id: &'a Self::Id,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
 
+    /// The right [`end_holder`](Dialect::end_holder) lacked, if `error`
+    /// is the server refusing it for want of one: named in
+    /// [`LockError::PermissionDenied`](dlock_core::LockError::PermissionDenied).
+    fn missing_right(&self, error: &sqlx::Error) -> Option<&'static str> {
+        let _ = error;
+        None
+    }
+
     /// Whether `error` means the session is gone, with every lock it held:
     /// the connection failed, or the server ended the session.
     fn ends_the_session(&self, error: &sqlx::Error) -> bool;

@@ -29,14 +29,14 @@ const NAME: &str = "zookeeper";
 
 fn backend_error(e: ZkError) -> LockError {
     match e {
-        ZkError::NoAuth => LockError::backend(
-            NAME,
-            std::io::Error::new(
+        ZkError::NoAuth => LockError::PermissionDenied {
+            backend: NAME,
+            source: std::sync::Arc::new(std::io::Error::new(
                 std::io::ErrorKind::PermissionDenied,
                 "not authorized: a node's ACL does not admit this session's credentials \
                  (see the `zk://user:password@` URL and `acl=`)",
-            ),
-        ),
+            )),
+        },
         e => LockError::backend(NAME, e),
     }
 }

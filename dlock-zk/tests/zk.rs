@@ -467,7 +467,7 @@ async fn a_backend_from_the_applications_connector_uses_its_settings() {
     let anonymous = ZkBackend::connect(&url).await.unwrap().into_locker();
     let refused = anonymous.try_lock("report").await;
     assert!(
-        matches!(refused, Err(dlock_core::LockError::Backend { .. })),
+        matches!(refused, Err(dlock_core::LockError::PermissionDenied { .. })),
         "a backend without the app's auth wrote under its path: {refused:?}"
     );
     let config = dlock_zk::ZkConfig::from_url(&url).unwrap();
@@ -544,11 +544,16 @@ async fn with_credentials_only_the_creator_may_touch_a_held_lock_node() {
         .unwrap()
         .into_locker();
     match intruder.try_lock("k").await {
-        Err(e @ dlock_core::LockError::Backend { .. }) => {
+        Err(e @ dlock_core::LockError::PermissionDenied { .. }) => {
             assert!(e.to_string().contains("not authorized"), "{e}")
         }
         other => panic!("another user's backend was not refused: {other:?}"),
     }
+    let forced = intruder.force_release("k").await;
+    assert!(
+        matches!(forced, Err(dlock_core::LockError::PermissionDenied { .. })),
+        "another user's backend forced the release: {forced:?}"
+    );
     let colleague = ZkBackend::connect(&url("app:s3cret"))
         .await
         .unwrap()

@@ -119,7 +119,11 @@ impl Locker {
     ///
     /// [`LockError::Unsupported`](crate::LockError::Unsupported) where the backend cannot take a lock
     /// from its holder (the file backend: an `flock` belongs to its
-    /// process); [`LockError::InvalidKey`](crate::LockError::InvalidKey); [`LockError::Backend`](crate::LockError::Backend).
+    /// process); [`LockError::PermissionDenied`](crate::LockError::PermissionDenied)
+    /// where the server refuses to end the holder's session (PostgreSQL
+    /// without the holder's role or `pg_signal_backend`, MySQL without
+    /// `CONNECTION ADMIN`) or to delete its node (a ZooKeeper ACL);
+    /// [`LockError::InvalidKey`](crate::LockError::InvalidKey); [`LockError::Backend`](crate::LockError::Backend).
     ///
     /// # Examples
     ///

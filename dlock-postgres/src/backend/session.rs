@@ -47,7 +47,15 @@ impl PgDialect {
                 None => sequence,
                 Some(schema) => format!("\"{}\".{sequence}", schema.replace('"', "\"\"")),
             });
-            match session.conn.execute(self.create.as_str()).await {
+            let created: bool = sqlx::query_scalar(self.created.as_str())
+                .fetch_one(&mut session.conn)
+                .await?;
+            let create = if created {
+                Ok(Default::default())
+            } else {
+                session.conn.execute(self.create.as_str()).await
+            };
+            match create {
                 Ok(_) => {}
                 // Two clients creating it at once: one of them is told it
                 // exists (unique_violation or duplicate_table). It does now.

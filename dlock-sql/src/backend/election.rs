@@ -115,7 +115,16 @@ impl<D: Dialect> SqlBackend<D> {
         let (_, ended) = session
             .run(move |d, c| Box::pin(async move { d.end_holder(c, &id).await }))
             .await
-            .map_err(backend_error::<D>)?;
+            .map_err(|e| match self.inner.dialect.missing_right(&e) {
+                Some(right) => dlock_core::LockError::PermissionDenied {
+                    backend: D::NAME,
+                    source: std::sync::Arc::new(std::io::Error::new(
+                        std::io::ErrorKind::PermissionDenied,
+                        format!("ending the holder's session takes {right}: {e}"),
+                    )),
+                },
+                None => backend_error::<D>(e),
+            })?;
         Ok(ended)
     }
 }
