@@ -120,8 +120,10 @@ struct Inner {
     /// `layout=etcdctl`: plain locks at `{key}/{lease hex}` (see
     /// `EtcdConfig::etcdctl_layout`).
     etcdctl: bool,
-    /// With `etcdctl`, one acquisition of a key at a time in this
-    /// backend: two on one session would name one etcd key.
+    /// With `etcdctl`, one acquisition of an entry name (a key on one
+    /// session's lease) at a time in this backend: two on one session
+    /// would name one etcd key. By name, not by key: a guard lost with
+    /// its session, but not yet dropped, keeps only its old name's turn.
     turns: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
     /// Fed by every session: see "Connection state" above.
     states: dlock_core::backend::ConnectionStates,
@@ -143,13 +145,13 @@ struct Owned {
     created: Option<i64>,
     /// The key's create revision, once granted: its place and fence.
     granted: Option<i64>,
-    /// With `layout=etcdctl`, this backend's turn at the key, given back
+    /// With `layout=etcdctl`, this backend's turn at the entry name, given back
     /// when the entry is gone and no request that may create it is in
     /// flight (the enqueueing task keeps a share).
     _turn: Option<Turn>,
 }
 
-/// With `layout=etcdctl`, this backend's turn at a plain lock's key.
+/// With `layout=etcdctl`, this backend's turn at a plain lock's entry name.
 type Turn = Arc<tokio::sync::OwnedSemaphorePermit>;
 
 impl fmt::Debug for EtcdBackend {
@@ -309,9 +311,9 @@ impl EtcdBackend {
     }
 
     /// With `layout=etcdctl`, waits for this backend's turn at a plain
-    /// lock's key, until `deadline` (`None` if it passed); otherwise no
-    /// turn is needed.
-    async fn turn(&self, queue: &str, mode: Mode, wait: Wait) -> Option<Option<Turn>> {
+    /// lock's entry `name`, until `deadline` (`None` if it passed);
+    /// otherwise no turn is needed.
+    async fn turn(&self, name: &str, mode: Mode, wait: Wait) -> Option<Option<Turn>> {
         if !self.go_layout(mode) {
             return Some(None);
         }
@@ -319,7 +321,7 @@ impl EtcdBackend {
             let mut all = self.inner.turns.lock().unwrap_or_else(|e| e.into_inner());
             // A turn nobody holds or waits for is only the map's.
             all.retain(|_, turn| Arc::strong_count(turn) > 1);
-            all.entry(queue.to_owned())
+            all.entry(name.to_owned())
                 .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(1)))
                 .clone()
         };
@@ -392,7 +394,7 @@ impl Backend for EtcdBackend {
     ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             // The session is given up before the entry (and with it the
-            // turn at the key) goes: an acquisition that takes the turn
+            // turn at the name) goes: an acquisition that takes the turn
             // must not find this key on a session still in use.
             let owned = {
                 let mut all = self.owned();

@@ -642,3 +642,48 @@ async fn with_the_etcdctl_layout_a_key_left_on_another_lease_is_never_taken_over
     assert_eq!(names, [name], "the new entry is not under the old name");
     granted.release().await.unwrap();
 }
+
+/// With the etcdctl layout, a guard lost with its session (its lease
+/// revoked behind its back) and not yet dropped does not hold up the next
+/// acquisition of its key in the same process: that one queues on a new
+/// session, under another name, and is granted with a higher fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_etcdctl_layout_a_guard_lost_with_its_session_holds_up_nothing() {
+    let server = EtcdServer::start().expect("start etcd");
+    let url = format!("etcd://{}?layout=etcdctl", server.endpoint());
+    let locker = locker_with_ttl(&url, Duration::from_secs(3)).await;
+    let mut client = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .unwrap();
+    let lost = locker.lock("job").await.unwrap();
+    let read = client
+        .get("job/", Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let (old_name, lease) = (read.kvs()[0].key().to_vec(), read.kvs()[0].lease());
+    client.lease_revoke(lease).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), lost.lost())
+        .await
+        .expect("the guard was not told its session ended");
+    let next = locker
+        .lock_with("job", LockOptions::new().wait(Duration::from_secs(10)))
+        .await
+        .expect("the next acquisition waited for the lost guard");
+    assert!(
+        next.fencing_token() > lost.fencing_token(),
+        "{:?} after {:?}",
+        next.fencing_token(),
+        lost.fencing_token()
+    );
+    let now = client
+        .get("job/", Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert!(
+        now.kvs().len() == 1 && now.kvs()[0].key() != old_name.as_slice(),
+        "{:?}",
+        now.kvs()
+    );
+    drop(lost);
+    next.release().await.unwrap();
+}

@@ -98,9 +98,6 @@ impl EtcdBackend {
         let token = *req.token;
         let mode = req.mode;
         let queue = self.queue(req.key, mode);
-        let Some(turn) = self.turn(&queue, mode, req.wait).await else {
-            return Ok(None);
-        };
         // Every queue key lives on the session while it waits; a fixed
         // lease is attached when the lock is granted, so that waiting does
         // not use it up.
@@ -108,8 +105,22 @@ impl EtcdBackend {
             LeaseKind::Watchdog => req.lease,
             LeaseKind::Fixed => WAITING_SESSION_TTL,
         };
-        let session = self.session(session_ttl).await?;
-        let name = self.entry_name(&queue, mode, session.lease, &token);
+        // The turn is at the entry's name: a guard lost with its session
+        // keeps its own name's, not the next session's. A session that
+        // ended while we waited for the turn is replaced (its lease is
+        // gone, so a put on it would fail).
+        let mut replaced = 0;
+        let (session, name, turn) = loop {
+            let session = self.session(session_ttl).await?;
+            let name = self.entry_name(&queue, mode, session.lease, &token);
+            let Some(turn) = self.turn(&name, mode, req.wait).await else {
+                return Ok(None);
+            };
+            if session.is_usable() || replaced == 2 {
+                break (session, name, turn);
+            }
+            replaced += 1;
+        };
         let sent = Instant::now();
         let Some((answer, mine)) = self.enter(req, &queue, &session, &name, turn).await? else {
             return Ok(None);
