@@ -644,9 +644,10 @@ async fn with_the_etcdctl_layout_a_key_left_on_another_lease_is_never_taken_over
 }
 
 /// With the etcdctl layout, a guard lost with its session (its lease
-/// revoked behind its back) and not yet dropped does not hold up the next
-/// acquisition of its key in the same process: that one queues on a new
-/// session, under another name, and is granted with a higher fence.
+/// revoked behind its back) and not yet dropped does not hold up the
+/// acquisition of its key already queued behind it in the same process:
+/// that one moves to a new session, under another name, and is granted
+/// with a higher fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_etcdctl_layout_a_guard_lost_with_its_session_holds_up_nothing() {
     let server = EtcdServer::start().expect("start etcd");
@@ -661,14 +662,26 @@ async fn with_the_etcdctl_layout_a_guard_lost_with_its_session_holds_up_nothing(
         .await
         .unwrap();
     let (old_name, lease) = (read.kvs()[0].key().to_vec(), read.kvs()[0].lease());
+    // Queued in the process behind the guard, on the same session.
+    let waiting = {
+        let locker = locker.clone();
+        tokio::spawn(async move {
+            locker
+                .lock_with("job", LockOptions::new().wait(Duration::from_secs(30)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "granted beside a live guard");
     client.lease_revoke(lease).await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), lost.lost())
         .await
         .expect("the guard was not told its session ended");
-    let next = locker
-        .lock_with("job", LockOptions::new().wait(Duration::from_secs(10)))
+    let next = tokio::time::timeout(Duration::from_secs(10), waiting)
         .await
-        .expect("the next acquisition waited for the lost guard");
+        .expect("the queued acquisition waited for the lost guard")
+        .unwrap()
+        .expect("the queued acquisition");
     assert!(
         next.fencing_token() > lost.fencing_token(),
         "{:?} after {:?}",

@@ -451,9 +451,6 @@ impl Dialect for MySqlDialect {
         self.holder_inner(conn, id)
     }
 
-    /// The connection failed, or the server ended the session: SQLSTATE
-    /// class 08, `70100` (killed), or errors 1053 (shutdown), 1927
-    /// (connection killed) and 4031 (idle timeout, MySQL 8).
     /// `ER_KILL_DENIED_ERROR` (1095) from `KILL CONNECTION`, or
     /// `ER_SPECIFIC_ACCESS_DENIED_ERROR` (1227).
     fn missing_right(&self, e: &sqlx::Error) -> Option<&'static str> {
@@ -466,6 +463,9 @@ impl Dialect for MySqlDialect {
         )
     }
 
+    /// The connection failed, or the server ended the session: SQLSTATE
+    /// class 08, `70100` (killed), or errors 1053 (shutdown), 1927
+    /// (connection killed) and 4031 (idle timeout, MySQL 8).
     fn ends_the_session(&self, e: &sqlx::Error) -> bool {
         match e {
             sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => true,

@@ -260,10 +260,13 @@ impl PgDialect {
                  lock_id BIGINT PRIMARY KEY, owner BIGINT NOT NULL, \
                  fence BIGINT NOT NULL, value BYTEA NOT NULL)"
             ),
+            // In `current_schema()`, where `create` makes them and the
+            // caller's statements name the sequence, whatever else the
+            // search path finds first.
             created: format!(
-                "SELECT to_regclass('{sequence}') IS NOT NULL \
-                 AND to_regclass('{queue}_lock') IS NOT NULL \
-                 AND to_regclass('{holders}') IS NOT NULL"
+                "SELECT to_regclass(format('%I.%I', current_schema(), '{sequence}')) IS NOT NULL \
+                 AND to_regclass(format('%I.%I', current_schema(), '{queue}_lock')) IS NOT NULL \
+                 AND to_regclass(format('%I.%I', current_schema(), '{holders}')) IS NOT NULL"
             ),
             proclaim: format!(
                 "WITH i AS (INSERT INTO {holders} (lock_id, owner, fence, value) \
@@ -592,10 +595,6 @@ impl Dialect for PgDialect {
         self.holder_inner(session, id)
     }
 
-    /// The connection failed, or the server ended the session (SQLSTATE
-    /// class 08, connection exception, or 57, operator intervention: a
-    /// shutdown, `pg_terminate_backend`, the idle session timeout), or
-    /// the connection is no longer on its server session.
     /// `insufficient_privilege` (42501) from `pg_terminate_backend`.
     fn missing_right(&self, e: &sqlx::Error) -> Option<&'static str> {
         matches!(e, sqlx::Error::Database(e) if e.code().as_deref() == Some("42501")).then_some(
@@ -604,6 +603,10 @@ impl Dialect for PgDialect {
         )
     }
 
+    /// The connection failed, or the server ended the session (SQLSTATE
+    /// class 08, connection exception, or 57, operator intervention: a
+    /// shutdown, `pg_terminate_backend`, the idle session timeout), or
+    /// the connection is no longer on its server session.
     fn ends_the_session(&self, e: &sqlx::Error) -> bool {
         match e {
             sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => true,

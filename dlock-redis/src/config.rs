@@ -64,6 +64,9 @@ pub struct RedisConfig {
     response_timeout: Duration,
     unwatched_poll: Duration,
     fences: bool,
+    /// `wait_replicas` and `wait_timeout`: see
+    /// [`wait_replicas`](RedisConfig::wait_replicas).
+    wait: Option<(u32, Duration)>,
 }
 
 /// Shows the node URLs with their passwords replaced by `***`.
@@ -85,6 +88,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("response_timeout", &self.response_timeout)
             .field("unwatched_poll", &self.unwatched_poll)
             .field("fences", &self.fences)
+            .field("wait", &self.wait)
             .finish()
     }
 }
@@ -223,6 +227,35 @@ impl RedisConfig {
             Some("off") => false,
             Some(other) => return Err(parts.invalid(&format!("`fence={other}` is not on or off"))),
         };
+        let wait = match parts.take("wait_replicas") {
+            None => None,
+            Some(n) => {
+                let Some(n) = n.parse::<u32>().ok().filter(|n| *n > 0) else {
+                    return Err(parts.invalid(&format!(
+                        "`wait_replicas={n}` is not a positive number of replicas"
+                    )));
+                };
+                if redlock || cluster {
+                    return Err(parts.invalid(
+                        "`wait_replicas` is for one node or Sentinel (`redis://`, \
+                         `redis+sentinel://`)",
+                    ));
+                }
+                let timeout = parts
+                    .take_duration("wait_timeout")?
+                    .unwrap_or(Duration::from_millis(100));
+                if timeout.is_zero() || timeout >= response_timeout {
+                    return Err(parts.invalid(&format!(
+                        "`wait_timeout` must be above zero and below `response_timeout` \
+                         ({response_timeout:?}): the wait holds the connection"
+                    )));
+                }
+                Some((n, timeout))
+            }
+        };
+        if wait.is_none() && parts.take("wait_timeout").is_some() {
+            return Err(parts.invalid("`wait_timeout` needs `wait_replicas`"));
+        }
         let (sentinel_user, sentinel_password) = if sentinel {
             (parts.take("sentinel_user"), parts.take("sentinel_password"))
         } else {
@@ -237,6 +270,8 @@ impl RedisConfig {
             "tls_cert",
             "tls_key",
             "fence",
+            "wait_replicas",
+            "wait_timeout",
         ];
         if sentinel {
             valid.extend(["sentinel_user", "sentinel_password"]);
@@ -307,7 +342,40 @@ impl RedisConfig {
             response_timeout,
             unwatched_poll: Duration::from_secs(1),
             fences,
+            wait,
         })
+    }
+
+    /// With `?wait_replicas=N[&wait_timeout=100ms]` (one node or
+    /// Sentinel): a grant or a renewal counts only once `N` replicas have
+    /// acknowledged it (`WAIT N timeout` on the connection that saw it).
+    /// An acquisition that `N` replicas do not acknowledge within the
+    /// timeout fails with [`LockError::Backend`] and gives the lock back;
+    /// a renewal that they do not acknowledge counts as unanswered, so the
+    /// guard's lease runs on from the last acknowledged one.
+    ///
+    /// This narrows the window in which a failover to a replica loses a
+    /// grant, as Redisson's `syncSlaves` does; it does not close it (a
+    /// replica that acknowledged may still not be the one promoted, and
+    /// the write is not on its disk). Each `WAIT` holds the backend's
+    /// multiplexed connection until the replicas answer or the timeout
+    /// passes, so keep the timeout short; it must be below
+    /// `response_timeout`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_redis::RedisConfig;
+    /// use std::time::Duration;
+    ///
+    /// let config = RedisConfig::from_url("redis+sentinel://s1:26379,s2:26379/locks?wait_replicas=1&wait_timeout=50ms")?;
+    /// assert_eq!(config.wait_replicas(), Some((1, Duration::from_millis(50))));
+    /// assert_eq!(RedisConfig::from_url("redis://h:6379")?.wait_replicas(), None);
+    /// assert!(RedisConfig::from_url("redis+redlock://a:1,b:1,c:1?wait_replicas=1").is_err());
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn wait_replicas(&self) -> Option<(u32, Duration)> {
+        self.wait
     }
 
     /// Whether each lock carries a fencing token (`fence=on`, the default

@@ -206,3 +206,56 @@ async fn holds_resume_on_the_new_master_after_a_failover_without_overlap() {
         detector.entries()
     );
 }
+
+/// With `wait_replicas=1`, a grant or a renewal counts only once the
+/// replica has acknowledged it. With the replica paused, a held guard's
+/// renewals are not acknowledged, so it reports lost when its lease runs
+/// out; an acquisition fails with a backend error that names
+/// `wait_replicas`, and gives the key back (a client without the option
+/// takes it). With the replica back, grants go through again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_wait_replicas_a_grant_counts_only_once_a_replica_has_it() {
+    let mut set = RedisSentinels::start().expect("start a master, a replica and 3 sentinels");
+    let url = format!("{}?wait_replicas=1&wait_timeout=200ms", set.url());
+    let lease = Duration::from_secs(2);
+    let (waiting, plain) = (locker(&url, lease).await, locker(&set.url(), lease).await);
+    let held = waiting
+        .lock("held")
+        .await
+        .expect("granted with the replica up");
+
+    set.replica().process().pause().unwrap();
+    let told = tokio::time::timeout(lease * 3, held.lost()).await;
+    let refused = waiting
+        .lock_with("next", LockOptions::new().wait(Duration::from_secs(5)))
+        .await;
+    let given_back = plain
+        .lock_with("next", LockOptions::new().wait(Duration::from_secs(3)))
+        .await;
+    set.replica().process().resume().unwrap();
+    assert!(
+        told.is_ok(),
+        "renewals no replica acknowledged kept the guard: {:?}",
+        held.state()
+    );
+    match refused {
+        Err(e @ dlock_core::LockError::Backend { .. }) => {
+            assert!(e.to_string().contains("wait_replicas"), "{e}")
+        }
+        other => panic!("granted without the replica's acknowledgement: {other:?}"),
+    }
+    let given_back = given_back.expect("the unacknowledged grant was not given back");
+    given_back.release().await.unwrap();
+
+    let mut again = None;
+    for _ in 0..50 {
+        match waiting.try_lock("next").await {
+            Ok(Some(guard)) => {
+                again = Some(guard);
+                break;
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    assert!(again.is_some(), "no grant once the replica was back");
+}

@@ -157,7 +157,10 @@ async fn a_tls_sentinel_set_is_followed_through_a_failover() {
     })
     .await;
 
-    let lease = Duration::from_secs(9);
+    // Longer than a failover takes, a split vote's retry included
+    // (`failover-timeout` 5 s, twice): a lease that runs out while no
+    // master answers is lost, rightly.
+    let lease = Duration::from_secs(15);
     let locker = |url: String| async move {
         let backend = RedisBackend::connect(&url).await.expect("connect over TLS");
         Locker::builder(backend)

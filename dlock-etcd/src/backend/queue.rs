@@ -107,19 +107,30 @@ impl EtcdBackend {
         };
         // The turn is at the entry's name: a guard lost with its session
         // keeps its own name's, not the next session's. A session that
-        // ended while we waited for the turn is replaced (its lease is
-        // gone, so a put on it would fail).
-        let mut replaced = 0;
+        // ends while we wait for its name's turn, or is no longer usable
+        // when we get it, is never used: a key found under its name could
+        // be an abandoned grant's. The next round asks for a live one.
+        let mut rounds = 0;
         let (session, name, turn) = loop {
+            rounds += 1;
+            if rounds > 10 {
+                return Err(LockError::backend(
+                    NAME,
+                    std::io::Error::other("the session kept ending while this waited its turn"),
+                ));
+            }
             let session = self.session(session_ttl).await?;
             let name = self.entry_name(&queue, mode, session.lease, &token);
-            let Some(turn) = self.turn(&name, mode, req.wait).await else {
+            let turn = tokio::select! {
+                turn = self.turn(&name, mode, req.wait) => turn,
+                () = session.ended() => continue,
+            };
+            let Some(turn) = turn else {
                 return Ok(None);
             };
-            if session.is_usable() || replaced == 2 {
+            if session.is_usable() {
                 break (session, name, turn);
             }
-            replaced += 1;
         };
         let sent = Instant::now();
         let Some((answer, mine)) = self.enter(req, &queue, &session, &name, turn).await? else {

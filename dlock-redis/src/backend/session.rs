@@ -192,6 +192,7 @@ impl RedisBackend {
                 local: std::sync::Mutex::default(),
                 states: dlock_core::backend::ConnectionStates::new(NAME),
                 answered_at: std::sync::Mutex::new(tokio::time::Instant::now()),
+                wait: config.wait_replicas(),
             }),
         };
         if config.is_redlock() {
@@ -275,6 +276,32 @@ impl RedisBackend {
         }))
     }
 
+    /// With `wait_replicas`, `WAIT`s on the node's connection, which
+    /// covers every write the server made before the grant or renewal we
+    /// just saw on it: an error unless enough replicas acknowledge in time.
+    pub(super) async fn replicated(&self) -> Result<()> {
+        let Some((replicas, timeout)) = self.inner.wait else {
+            return Ok(());
+        };
+        let mut conn = self.inner.nodes[0].connection();
+        let acked: i64 = redis::cmd("WAIT")
+            .arg(replicas)
+            .arg(timeout.as_millis().max(1) as u64)
+            .query_async(&mut conn)
+            .await
+            .map_err(backend_error)?;
+        if acked >= i64::from(replicas) {
+            return Ok(());
+        }
+        Err(LockError::backend(
+            NAME,
+            std::io::Error::other(format!(
+                "{acked} of the {replicas} replicas `wait_replicas` asks for acknowledged \
+                 the write within {timeout:?}: a failover could lose it"
+            )),
+        ))
+    }
+
     pub(super) async fn renew_inner(&self, locks: &[RenewRequest]) -> Result<Vec<RenewOutcome>> {
         let names: Vec<Names> = locks
             .iter()
@@ -331,6 +358,9 @@ impl RedisBackend {
                 .next()
                 .unwrap_or_else(|| Err(timed_out()))
                 .map_err(backend_error)?;
+            // Not acknowledged by the replicas: unanswered, so the guards'
+            // leases run on from the last renewal that was.
+            self.replicated().await?;
             return Ok(answers
                 .into_iter()
                 .map(|renewed| {
