@@ -196,3 +196,30 @@ fn rejects_malformed_urls_with_a_reason() {
         }
     }
 }
+
+#[test]
+fn wait_replicas_needs_a_count_a_short_timeout_and_one_master() {
+    let c = RedisConfig::from_url("redis://h:1?wait_replicas=2").unwrap();
+    assert_eq!(c.wait_replicas(), Some((2, Duration::from_millis(100))));
+    for (url, says) in [
+        ("redis://h:1?wait_replicas=0", "positive number"),
+        ("redis://h:1?wait_replicas=x", "positive number"),
+        ("redis://h:1?wait_timeout=1s", "needs `wait_replicas`"),
+        ("redis://h:1?wait_replicas=1&wait_timeout=0s", "above zero"),
+        (
+            "redis://h:1?wait_replicas=1&wait_timeout=5s",
+            "below `response_timeout`",
+        ),
+        (
+            "redis+cluster://a:1,b:2?wait_replicas=1",
+            "one node or Sentinel",
+        ),
+        (
+            "redis+redlock://a:1,b:2,c:3?wait_replicas=1",
+            "one node or Sentinel",
+        ),
+    ] {
+        let error = RedisConfig::from_url(url).unwrap_err().to_string();
+        assert!(error.contains(says), "{url}: {error}");
+    }
+}
