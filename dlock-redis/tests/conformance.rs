@@ -5,30 +5,15 @@
 //! lease, which run on one node above through the same code. Every client is a new `RedisBackend` with
 //! connections of its own, as another process would have.
 
-use std::sync::Arc;
-
-use dlock_core::backend::Backend;
-use dlock_redis::RedisBackend;
 use dlock_testkit::{
     fixture::{RedisSentinels, RedisServer},
     Harness,
 };
 
-fn harness<T: std::any::Any + Send + Sync>(name: &str, servers: T, url: String) -> Harness {
-    Harness::new(name, move || {
-        let url = url.clone();
-        async move {
-            let client: Arc<dyn Backend> = Arc::new(RedisBackend::connect(&url).await?);
-            Ok(client)
-        }
-    })
-    .keep_alive(servers)
-}
-
 fn single_node() -> Harness {
     let server = RedisServer::start().expect("start redis-server");
     let url = server.url();
-    harness("redis", vec![server], url)
+    Harness::redis("redis", url, vec![server])
 }
 
 /// One node with `fence=off`: the uncontended acquire is a plain `SET NX
@@ -36,20 +21,20 @@ fn single_node() -> Harness {
 fn single_node_unfenced() -> Harness {
     let server = RedisServer::start().expect("start redis-server");
     let url = format!("{}?fence=off", server.url());
-    harness("redis-unfenced", vec![server], url)
+    Harness::redis("redis-unfenced", url, vec![server])
 }
 
 fn redlock_of_five() -> Harness {
     let servers = RedisServer::start_many(5).expect("start redis-server");
     let url = RedisServer::redlock_url(&servers);
-    harness("redlock", servers, url)
+    Harness::redis("redlock", url, servers)
 }
 
 /// The master a Sentinel deployment names, through its sentinels.
 fn sentinel() -> Harness {
     let set = RedisSentinels::start().expect("start a master, a replica and 3 sentinels");
     let url = set.url();
-    harness("redis-sentinel", set, url)
+    Harness::redis("redis-sentinel", url, set)
 }
 
 dlock_testkit::conformance_tests!(suite sentinel_deployment, sentinel(), [

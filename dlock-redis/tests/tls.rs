@@ -7,33 +7,20 @@
 //! failover followed over TLS. The certificates are made in the test.
 #![cfg(feature = "tls")]
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
-use dlock_core::{backend::Backend, BackendExt, LockError, Locker};
+use dlock_core::{BackendExt, LockError, Locker};
 use dlock_redis::RedisBackend;
 use dlock_testkit::{
     fixture::{RedisCluster, RedisSentinels, RedisServer, TestCerts},
     Harness,
 };
 
-/// The harness of backends connected to `url`, keeping `servers` (and
-/// their certificates) alive.
-fn harness(name: &'static str, url: String, servers: impl Send + Sync + 'static) -> Harness {
-    Harness::new(name, move || {
-        let url = url.clone();
-        async move {
-            let client: Arc<dyn Backend> = Arc::new(RedisBackend::connect(&url).await?);
-            Ok(client)
-        }
-    })
-    .keep_alive(servers)
-}
-
 fn tls_harness() -> Harness {
     let certs = TestCerts::generate().expect("certificates");
     let server = RedisServer::start_tls(&certs).expect("start redis-server with TLS");
     let url = server.tls_url(&certs);
-    harness("redis over TLS", url, (server, certs))
+    Harness::redis("redis over TLS", url, (server, certs))
 }
 
 dlock_testkit::conformance_tests!(suite whole_suite_over_tls, tls_harness());
@@ -102,7 +89,7 @@ fn tls_cluster_harness() -> Harness {
     let cluster = RedisCluster::start_tls(3, 0, &certs).expect("start a Redis Cluster with TLS");
     let url = cluster.url();
     assert!(url.starts_with("rediss+cluster://"), "{url}");
-    harness("redis cluster over TLS", url, (cluster, certs))
+    Harness::redis("redis cluster over TLS", url, (cluster, certs))
 }
 
 dlock_testkit::conformance_tests!(plain_locks cluster_over_tls, tls_cluster_harness());
@@ -112,7 +99,7 @@ fn tls_sentinel_harness() -> Harness {
     let set = RedisSentinels::start_tls(&certs).expect("start Sentinel with TLS");
     let url = set.url();
     assert!(url.starts_with("rediss+sentinel://"), "{url}");
-    harness("redis sentinel over TLS", url, (set, certs))
+    Harness::redis("redis sentinel over TLS", url, (set, certs))
 }
 
 dlock_testkit::conformance_tests!(plain_locks sentinel_over_tls, tls_sentinel_harness());

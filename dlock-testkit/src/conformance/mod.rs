@@ -106,6 +106,33 @@ impl Harness {
         }
     }
 
+    /// A harness whose every client is a new `RedisBackend` on `url`, with
+    /// connections of its own (as another process would have), keeping
+    /// `servers` (the fixtures, and their certificates) alive.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use dlock_testkit::{fixture::RedisServer, Harness};
+    ///
+    /// let server = RedisServer::start()?;
+    /// let harness = Harness::redis("redis", server.url(), server);
+    /// # drop(harness);
+    /// # Ok::<(), dlock_testkit::fixture::FixtureError>(())
+    /// ```
+    #[cfg(feature = "redis")]
+    pub fn redis(name: &str, url: String, servers: impl Any + Send + Sync) -> Harness {
+        Harness::new(name, move || {
+            let url = url.clone();
+            async move {
+                let client: Arc<dyn Backend> =
+                    Arc::new(dlock_redis::RedisBackend::connect(&url).await?);
+                Ok(client)
+            }
+        })
+        .keep_alive(servers)
+    }
+
     /// Keeps `value` (a server fixture) alive as long as the harness.
     pub fn keep_alive(mut self, value: impl Any + Send + Sync) -> Harness {
         self.keep.push(Box::new(value));
