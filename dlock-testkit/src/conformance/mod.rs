@@ -208,14 +208,51 @@ impl Harness {
     }
 }
 
+/// One check of a suite, as [`run_suite`] takes it (some checks' futures
+/// are not `Send`; a suite runs them all in its test's own task).
+#[doc(hidden)]
+pub type Check<'a> = futures_util::future::LocalBoxFuture<'a, ()>;
+
+/// How many checks of one suite run at once: as many as the test harness
+/// runs tests at once on a 2-CPU machine, so a suite loads its servers no
+/// more than a binary of one-check tests does. Each check has keys of its
+/// own, so checks of one harness never see each other's locks.
+pub const SUITE_CONCURRENCY: usize = 2;
+
+/// Runs the checks `checks`, named, against `harness`,
+/// [`SUITE_CONCURRENCY`] at a time, each bounded by [`CHECK_LIMIT`]; panics
+/// with the first check that fails or overruns. What
+/// `conformance_tests!(suite …)` expands to.
+#[doc(hidden)]
+pub async fn run_suite(harness: &Harness, checks: Vec<(&'static str, Check<'_>)>) {
+    use futures_util::StreamExt;
+    futures_util::stream::iter(checks.into_iter().map(|(name, check)| async move {
+        let started = tokio::time::Instant::now();
+        if tokio::time::timeout(CHECK_LIMIT, check).await.is_err() {
+            panic!(
+                "[{}] check {name} did not finish within {CHECK_LIMIT:?}",
+                harness.name()
+            );
+        }
+        println!(
+            "[{}] {name} passed in {:?}",
+            harness.name(),
+            started.elapsed()
+        );
+    }))
+    .buffer_unordered(SUITE_CONCURRENCY)
+    .collect::<()>()
+    .await;
+}
+
 /// Generates the conformance tests for a harness made by `$harness` (an
 /// expression).
 ///
 /// - `conformance_tests!(harness)`: one `#[tokio::test]` per check, each
 ///   with a harness of its own (evaluated per test).
 /// - `conformance_tests!(suite test_name, harness)`: one test that runs
-///   every check in turn against one harness, for servers too costly to
-///   start once per check (a cluster).
+///   every check against one harness, [`SUITE_CONCURRENCY`] at a time,
+///   for servers too costly to start once per check (a cluster).
 /// - `conformance_tests!(suite test_name, harness, [check, check, …])`:
 ///   the same for the checks named, for a variant of a backend whose
 ///   other checks run elsewhere.
@@ -349,11 +386,14 @@ macro_rules! conformance_tests {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $name() {
             let harness = $harness;
-            $(
-                let started = ::tokio::time::Instant::now();
-                $crate::conformance_tests!(@one harness $check);
-                println!("[{}] {} passed in {:?}", harness.name(), stringify!($check), started.elapsed());
-            )*
+            $crate::conformance::run_suite(&harness, ::std::vec![
+                $((
+                    stringify!($check),
+                    ::std::boxed::Box::pin($crate::conformance::$check(&harness))
+                        as $crate::conformance::Check<'_>,
+                )),*
+            ])
+            .await;
         }
     };
     (@one $harness:ident $check:ident) => {
