@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use dlock_core::backend::{BoxFuture, Mode};
 use dlock_sql::{sqlx, Granted};
-use sqlx::{Executor, Row};
+use sqlx::Executor;
 
 use super::{own, split, PgDialect, PgSession, LOCK_NOT_AVAILABLE};
 
@@ -59,35 +59,27 @@ impl PgDialect {
         limit: Option<Duration>,
     ) -> BoxFuture<'a, Result<Option<Granted>, sqlx::Error>> {
         Box::pin(async move {
-            let lock_timeout = limit.map_or(0, |l| l.as_millis().max(1));
+            let lock_timeout = limit.map_or(0, |l| l.as_millis().max(1)).to_string();
             let (hi, lo) = split(*id);
-            let lock = match mode {
-                Mode::Read => format!("pg_advisory_lock_shared({hi}, {lo})"),
-                Mode::Write => format!("pg_advisory_lock({hi}, {lo})"),
-                _ => format!("pg_advisory_lock({id})"),
-            };
-            // One round trip, one server session: the session's process
-            // id, the wait (only on the session's own process), then (a
-            // statement of its own, so only after the grant) the token,
-            // and how long the server took since it received the query.
-            // The limit is lifted before the token, so the token's
-            // statement never times out after a grant.
-            let wait = format!(
-                "SET lock_timeout = {lock_timeout}; SELECT pg_backend_pid(); \
-                 SELECT {lock} WHERE pg_backend_pid() = {pid}; SET lock_timeout = 0; \
-                 SELECT {fence}, (extract(epoch FROM clock_timestamp() - statement_timestamp()) \
-                 * 1000000)::bigint WHERE pg_backend_pid() = {pid}",
-                pid = session.pid,
-                fence = self.fence_expr,
-            );
-            let rows = match session.conn.fetch_all(wait.as_str()).await {
-                Ok(rows) => rows,
+            let pid = session.pid;
+            let answer = match mode {
+                Mode::Read => sqlx::query_as(self.wait_read.as_str()).bind(hi).bind(lo),
+                Mode::Write => sqlx::query_as(self.wait_write.as_str()).bind(hi).bind(lo),
+                _ => sqlx::query_as(self.wait_lock.as_str()).bind(*id),
+            }
+            .bind(lock_timeout)
+            .bind(pid)
+            .fetch_one(&mut session.conn)
+            .await;
+            let (ran_on, fence, took_us, _): (i32, Option<i64>, i64, Option<String>) = match answer
+            {
+                Ok(answer) => answer,
                 // Not granted, most likely; but the server may grant the
                 // lock in the very instant it times the wait out, and a
                 // session-level lock outlives the failed statement. A
                 // waiter session holds nothing else, so an unlock can only
                 // undo this wait's own grant: then the session is as it
-                // was (its `lock_timeout` is set again at the next wait).
+                // was (the failed statement undid its `lock_timeout`).
                 Err(sqlx::Error::Database(e))
                     if e.code().as_deref() == Some(LOCK_NOT_AVAILABLE) =>
                 {
@@ -101,12 +93,9 @@ impl PgDialect {
                 }
                 Err(e) => return Err(e),
             };
-            let ran_on: i32 = rows.first().ok_or(sqlx::Error::RowNotFound)?.try_get(0)?;
             session.check(ran_on)?;
-            let row = rows.get(2).ok_or(sqlx::Error::RowNotFound)?;
-            let took_us: i64 = row.try_get(1)?;
             Ok(Some(Granted {
-                fence: row.try_get(0)?,
+                fence: fence.ok_or(sqlx::Error::RowNotFound)?,
                 took: Duration::from_micros(u64::try_from(took_us).unwrap_or(0)),
             }))
         })
