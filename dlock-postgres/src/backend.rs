@@ -38,32 +38,6 @@ fn on_own_session(pid: &str, expr: &str) -> String {
     format!("SELECT CASE WHEN pg_backend_pid() = {pid} THEN {expr} END, pg_backend_pid()")
 }
 
-/// The wait for `lock` on a waiter session, as one prepared statement
-/// (the server plans it once per session): on the session's own process
-/// only (`pid`, the parameter), with `lock_timeout` set to `limit` (the
-/// parameter, in milliseconds, as text; `0` for none); then, only once
-/// granted, the token from `sequence`, how long the server took since it
-/// received the statement (µs), and the limit lifted, so that no later
-/// statement on the session times out. Each step is a subquery the planner
-/// keeps apart (`OFFSET 0`), so that each runs on the row of the one
-/// inside it: nothing is left to run between the grant and the answer but
-/// the token. A wait that times out fails its statement, which undoes its
-/// `set_config`.
-///
-/// Answers the process id it ran on, the token (`NULL` if it ran on
-/// another process), and the server's time.
-fn wait_statement(lock: &str, limit: &str, pid: &str, sequence: &str) -> String {
-    format!(
-        "SELECT g.pid, CASE WHEN g.got IS NOT NULL THEN nextval('{sequence}') END, \
-         (extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000000)::bigint, \
-         CASE WHEN g.got IS NOT NULL THEN set_config('lock_timeout', '0', false) END \
-         FROM (SELECT s.pid, CASE WHEN s.pid = {pid} THEN {lock}::text END AS got \
-         FROM (SELECT pg_backend_pid() AS pid, CASE WHEN pg_backend_pid() = {pid} \
-         THEN set_config('lock_timeout', {limit}, false) END AS set OFFSET 0) AS s \
-         OFFSET 0) AS g"
-    )
-}
-
 /// The answer of a statement made by [`on_own_session`] on `session`:
 /// `expr`'s value, or [`session_moved`] if it ran on another session.
 fn own<T>(session: &PgSession, (value, pid): (Option<T>, i32)) -> Result<Option<T>, sqlx::Error> {
@@ -274,9 +248,14 @@ impl PgDialect {
                 "$3",
                 &format!("CASE WHEN pg_try_advisory_lock($1, $2) THEN nextval('{sequence}') END"),
             ),
-            wait_lock: wait_statement("pg_advisory_lock($1)", "$2", "$3", &sequence),
-            wait_read: wait_statement("pg_advisory_lock_shared($1, $2)", "$3", "$4", &sequence),
-            wait_write: wait_statement("pg_advisory_lock($1, $2)", "$3", "$4", &sequence),
+            wait_lock: acquire::wait_statement("pg_advisory_lock($1)", "$2", "$3", &sequence),
+            wait_read: acquire::wait_statement(
+                "pg_advisory_lock_shared($1, $2)",
+                "$3",
+                "$4",
+                &sequence,
+            ),
+            wait_write: acquire::wait_statement("pg_advisory_lock($1, $2)", "$3", "$4", &sequence),
             create: format!(
                 "CREATE SEQUENCE IF NOT EXISTS {sequence}; \
                  CREATE TABLE IF NOT EXISTS {queue} (\
@@ -374,7 +353,7 @@ struct PgDialect {
     try_read_behind_writers: String,
     /// The same for a writer.
     try_write: String,
-    /// The wait on a waiter session (see [`wait_statement`]).
+    /// The wait on a waiter session (see `acquire::wait_statement`).
     wait_lock: String,
     /// The same for a reader.
     wait_read: String,
