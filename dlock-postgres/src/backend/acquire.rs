@@ -10,28 +10,34 @@ use sqlx::Executor;
 use super::{own, split, PgDialect, PgSession, LOCK_NOT_AVAILABLE};
 
 /// The wait for `lock` on a waiter session, as one prepared statement
-/// (the server plans it once per session): on the session's own process
-/// only (`pid`, the parameter), with `lock_timeout` set to `limit` (the
-/// parameter, in milliseconds, as text; `0` for none); then, only once
-/// granted, the token from `sequence`, how long the server took since it
-/// received the statement (µs), and the limit lifted, so that no later
-/// statement on the session times out. Each step is a subquery the planner
-/// keeps apart (`OFFSET 0`), so that each runs on the row of the one
-/// inside it: nothing is left to run between the grant and the answer but
-/// the token. A wait that times out fails its statement, which undoes its
+/// (the server plans it once per session), in four steps, each a subquery
+/// the planner keeps apart (`OFFSET 0`, and `set_config` is volatile, so
+/// never dropped), so that each runs on the row of the one inside it:
+/// 1. on the session's own process only (`pid`, the parameter),
+///    `lock_timeout` set to `limit` (the parameter, in milliseconds, as
+///    text; `0` for none);
+/// 2. the wait, on that process only;
+/// 3. once granted, the limit lifted, so that no later statement on the
+///    session (the token's `nextval` first) times out;
+/// 4. then the token from `sequence`, and how long the server took since
+///    it received the statement (µs).
+///
+/// Nothing is left to run between the grant and the answer but the token.
+/// A wait that times out fails its statement, which undoes its
 /// `set_config`.
 ///
 /// Answers the process id it ran on, the token (`NULL` if it ran on
 /// another process), and the server's time.
 pub(super) fn wait_statement(lock: &str, limit: &str, pid: &str, sequence: &str) -> String {
     format!(
-        "SELECT g.pid, CASE WHEN g.got IS NOT NULL THEN nextval('{sequence}') END, \
-         (extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000000)::bigint, \
-         CASE WHEN g.got IS NOT NULL THEN set_config('lock_timeout', '0', false) END \
-         FROM (SELECT s.pid, CASE WHEN s.pid = {pid} THEN {lock}::text END AS got \
+        "SELECT l.pid, CASE WHEN l.got IS NOT NULL THEN nextval('{sequence}') END, \
+         (extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000000)::bigint \
+         FROM (SELECT g.pid, g.got, CASE WHEN g.got IS NOT NULL \
+         THEN set_config('lock_timeout', '0', false) END AS lifted FROM \
+         (SELECT s.pid, CASE WHEN s.pid = {pid} THEN {lock}::text END AS got \
          FROM (SELECT pg_backend_pid() AS pid, CASE WHEN pg_backend_pid() = {pid} \
          THEN set_config('lock_timeout', {limit}, false) END AS set OFFSET 0) AS s \
-         OFFSET 0) AS g"
+         OFFSET 0) AS g OFFSET 0) AS l"
     )
 }
 
@@ -97,8 +103,7 @@ impl PgDialect {
             .bind(pid)
             .fetch_one(&mut session.conn)
             .await;
-            let (ran_on, fence, took_us, _): (i32, Option<i64>, i64, Option<String>) = match answer
-            {
+            let (ran_on, fence, took_us): (i32, Option<i64>, i64) = match answer {
                 Ok(answer) => answer,
                 // Not granted, most likely; but the server may grant the
                 // lock in the very instant it times the wait out, and a

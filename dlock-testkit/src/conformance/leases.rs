@@ -108,36 +108,47 @@ pub async fn crashed_holder_with_watchdog(h: &Harness) {
 /// that, closing its connections, as a killed process's are; otherwise it
 /// is leaked with them open, as a paused process's stay. Returns when the
 /// client stopped, and the lease it had.
-fn stop_a_holder(h: &Harness, key: &str, close: bool) -> (Instant, Duration) {
+///
+/// The holder runs on a thread of its own, which this check awaits without
+/// blocking its task: a suite runs other checks in the same task (see
+/// [`run_suite`](super::run_suite)), and their timing must not stop while
+/// this one waits.
+async fn stop_a_holder(h: &Harness, key: &str, close: bool) -> (Instant, Duration) {
     let lease = Duration::from_millis(900);
-    let stopped = tokio::task::block_in_place(|| {
-        std::thread::scope(|scope| {
-            let holder = scope.spawn(|| {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("a runtime for the holder");
-                let guard = runtime.block_on(async {
-                    let a = h.locker_with(|b| b.watchdog_lease(lease)).await;
-                    let guard = must(h, "lock", a.lock_with(key, patient()).await);
-                    // Let the watchdog renew once.
-                    tokio::time::sleep(lease / 2).await;
-                    guard
-                });
-                drop(runtime);
-                let stopped = Instant::now();
-                if close {
-                    // Its release has no runtime left to run on.
-                    drop(guard);
-                } else {
-                    std::mem::forget(guard);
-                }
-                stopped
-            });
-            holder.join().expect("the holder thread panicked")
-        })
+    let (holder_h, key) = (h.detached(), key.to_owned());
+    let (tell, stopped) = tokio::sync::oneshot::channel();
+    let holder = std::thread::spawn(move || {
+        let h = holder_h;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime for the holder");
+        let guard = runtime.block_on(async {
+            let a = h.locker_with(|b| b.watchdog_lease(lease)).await;
+            let guard = must(&h, "lock", a.lock_with(&key, patient()).await);
+            // Let the watchdog renew once.
+            tokio::time::sleep(lease / 2).await;
+            guard
+        });
+        drop(runtime);
+        let stopped = Instant::now();
+        if close {
+            // Its release has no runtime left to run on.
+            drop(guard);
+        } else {
+            std::mem::forget(guard);
+        }
+        let _ = tell.send(stopped);
     });
-    (stopped, lease)
+    match stopped.await {
+        Ok(stopped) => (stopped, lease),
+        // The thread panicked (before it could tell): its panic is the
+        // check's.
+        Err(_) => match holder.join() {
+            Err(panic) => std::panic::resume_unwind(panic),
+            Ok(()) => panic!("[{}] the holder thread ended without a word", h.name),
+        },
+    }
 }
 
 /// A holder whose whole client dies (its runtime shuts down, and its
@@ -150,7 +161,7 @@ fn stop_a_holder(h: &Harness, key: &str, close: bool) -> (Instant, Duration) {
 pub async fn crashed_client_lets_others_in_after_its_lease(h: &Harness) {
     let key = h.key("crash-client");
     let b = h.locker().await;
-    let (crashed, lease) = stop_a_holder(h, &key, true);
+    let (crashed, lease) = stop_a_holder(h, &key, true).await;
     let outlives = h.session.unwrap_or(lease);
     if h.disconnect_releases {
         let next = must(
@@ -177,7 +188,7 @@ pub async fn crashed_client_lets_others_in_after_its_lease(h: &Harness) {
 pub async fn stopped_client_lets_others_in_after_its_lease(h: &Harness) {
     let key = h.key("stopped-client");
     let b = h.locker().await;
-    let (stopped, lease) = stop_a_holder(h, &key, false);
+    let (stopped, lease) = stop_a_holder(h, &key, false).await;
     let outlives = h.session.unwrap_or(lease);
     take_over_from_crashed(h, &key, &b, stopped, outlives / 2, outlives).await;
 }
