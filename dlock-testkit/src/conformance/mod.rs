@@ -466,3 +466,66 @@ async fn release_behind_its_back(h: &Harness, locker: &Locker, guard: &LockGuard
 fn patient() -> LockOptions {
     LockOptions::new().wait(PATIENCE)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        panic::AssertUnwindSafe,
+        sync::atomic::{AtomicUsize, Ordering},
+    };
+
+    use dlock_core::MemoryBackend;
+    use futures_util::FutureExt;
+
+    use super::*;
+
+    fn harness() -> Harness {
+        let server = MemoryBackend::new();
+        Harness::new("memory", move || {
+            let client: Arc<dyn Backend> = Arc::new(server.clone());
+            async move { Ok(client) }
+        })
+    }
+
+    /// A suite runs every check it is given, two of them at once (each
+    /// stays running a while, so that every one the suite started
+    /// overlaps), and not more.
+    #[tokio::test]
+    async fn a_suite_runs_every_check_two_at_a_time() {
+        let h = harness();
+        let (ran, running, most) = (
+            AtomicUsize::new(0),
+            AtomicUsize::new(0),
+            AtomicUsize::new(0),
+        );
+        let check = || -> Check<'_> {
+            Box::pin(async {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                running.fetch_sub(1, Ordering::SeqCst);
+                ran.fetch_add(1, Ordering::SeqCst);
+            })
+        };
+        run_suite(&h, (0..6).map(|_| ("check", check())).collect()).await;
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            6,
+            "a check of the suite never ran"
+        );
+        assert_eq!(most.load(Ordering::SeqCst), 2, "not two checks at a time");
+    }
+
+    /// A check that fails fails its suite, even beside checks that pass.
+    #[tokio::test]
+    async fn a_failing_check_fails_its_suite() {
+        let h = harness();
+        let checks: Vec<(&'static str, Check<'_>)> = vec![
+            ("passes", Box::pin(async {})),
+            ("fails", Box::pin(async { panic!("the check failed") })),
+            ("passes too", Box::pin(async {})),
+        ];
+        let outcome = AssertUnwindSafe(run_suite(&h, checks)).catch_unwind().await;
+        assert!(outcome.is_err(), "a suite with a failing check passed");
+    }
+}
