@@ -15,10 +15,10 @@ impl MySqlDialect {
     /// `session`) then, if granted, the token from the name's counter row
     /// (`-1` if the row is missing); answers the lock's state (1 granted,
     /// 0 timed out, `NULL` interrupted, -1 on another session), the
-    /// token, and the server's time on it in µs (0 for an attempt that
-    /// does not wait, `timeout` `"0"`). Names are ASCII letters,
+    /// token, and the server's time on it in µs (0 unless `timed`: an
+    /// attempt that does not wait has no use for it). Names are ASCII letters,
     /// digits and `-_.:/%#` only: safe inside quotes.
-    fn get_lock(&self, session: i64, name: &str, timeout: &str) -> String {
+    fn get_lock(&self, session: i64, name: &str, timeout: &str, timed: bool) -> String {
         let (take, token) = match self.config.fence() {
             FenceSource::Row => (
                 format!(
@@ -32,13 +32,13 @@ impl MySqlDialect {
         };
         // An attempt that does not wait has no use for the server's time
         // on it: one statement fewer.
-        let (start, took) = if timeout == "0" {
-            ("", "0")
-        } else {
+        let (start, took) = if timed {
             (
                 "SET @dlock_t = SYSDATE(6); ",
                 "TIMESTAMPDIFF(MICROSECOND, @dlock_t, SYSDATE(6))",
             )
+        } else {
+            ("", "0")
         };
         format!(
             "{start}\
@@ -65,7 +65,7 @@ impl MySqlDialect {
                 conn.check(session)?;
                 return Ok((granted == Some(1)).then_some(0));
             }
-            let request = self.get_lock(conn.id, id, "0");
+            let request = self.get_lock(conn.id, id, "0", false);
             let rows = conn.conn.fetch_all(request.as_str()).await?;
             let row = rows.last().ok_or(sqlx::Error::RowNotFound)?;
             conn.check(row.try_get(3)?)?;
@@ -90,7 +90,7 @@ impl MySqlDialect {
                 Some(limit) => format!("{:.6}", limit.as_secs_f64()),
                 None => FOREVER_SECS.to_string(),
             };
-            let request = self.get_lock(conn.id, id, &timeout);
+            let request = self.get_lock(conn.id, id, &timeout, true);
             let rows = conn.conn.fetch_all(request.as_str()).await?;
             let row = rows.last().ok_or(sqlx::Error::RowNotFound)?;
             conn.check(row.try_get(3)?)?;
