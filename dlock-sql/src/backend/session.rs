@@ -156,9 +156,11 @@ impl<D: Dialect> Session<D> {
     /// middle of an answer, and the next statement of any lock on the
     /// session would read the rest of it (or the server would cut the
     /// connection, taking every lock the session holds). So the caller may
-    /// leave while it waits for the connection, when nothing was sent, and
-    /// once the statement started it runs on in a task of its own; its
-    /// successors on the session queue behind it in order.
+    /// leave while it waits for the connection, when nothing was sent; the
+    /// statement runs in the caller's task while the caller waits for it
+    /// (no task hop), and if the caller leaves once it started, it runs on
+    /// to its end in a task of its own ([`FinishOnDrop`]). Its successors
+    /// on the session queue behind it in order.
     pub(super) async fn run<T, F>(
         self: &Arc<Self>,
         statement: F,
@@ -175,21 +177,14 @@ impl<D: Dialect> Session<D> {
         let mut live = self.live().await?;
         let dialect = self.dialect.clone();
         let within = self.timeout;
-        let task = tokio::spawn(async move {
+        let cut = ExpireIfCut(Some(self.clone()));
+        FinishOnDrop(Some(Box::pin(async move {
             let sent = live.sent;
             let answer = answered_within(within, statement(&dialect, live.conn())).await;
+            cut.answered();
             live.done(answer).map(|value| (sent, value))
-        });
-        match task.await {
-            Ok(answer) => answer,
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            // The runtime is shutting down: whether the statement ran is
-            // unknown, so the session counts as ended.
-            Err(_) => {
-                self.holders.expire();
-                Err(sqlx::Error::PoolClosed)
-            }
-        }
+        })))
+        .await
     }
 
     /// Ends the session: every guard on it is lost, and its connection is
@@ -212,6 +207,63 @@ impl<D: Dialect> Session<D> {
 
     pub(super) fn is_usable(&self) -> bool {
         !self.holders.is_expired()
+    }
+}
+
+/// A statement that runs in the task that awaits it and, if that task
+/// drops it before its end, runs on to its end in a task of its own: the
+/// connection is never left in the middle of an answer, and a caller that
+/// waits, as nearly every caller does, pays no task hop.
+struct FinishOnDrop<T: Send + 'static>(Option<BoxFuture<'static, T>>);
+
+impl<T: Send + 'static> std::future::Future for FinishOnDrop<T> {
+    type Output = T;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<T> {
+        let Some(statement) = self.0.as_mut() else {
+            panic!("FinishOnDrop polled after its end");
+        };
+        let answer = std::task::ready!(statement.as_mut().poll(cx));
+        self.0 = None;
+        std::task::Poll::Ready(answer)
+    }
+}
+
+impl<T: Send + 'static> Drop for FinishOnDrop<T> {
+    fn drop(&mut self) {
+        let Some(statement) = self.0.take() else {
+            return;
+        };
+        // Without a runtime the statement is dropped where it stands, and
+        // its `ExpireIfCut` ends the session's guards.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            drop(runtime.spawn(async move {
+                statement.await;
+            }));
+        }
+    }
+}
+
+/// Expires a session's guards if a statement on it is dropped before its
+/// answer came (its runtime shut down): whether the statement ran is
+/// unknown, and the connection may hold the rest of an answer.
+struct ExpireIfCut<D: Dialect>(Option<Arc<Session<D>>>);
+
+impl<D: Dialect> ExpireIfCut<D> {
+    /// The answer came: nothing to expire.
+    fn answered(mut self) {
+        self.0 = None;
+    }
+}
+
+impl<D: Dialect> Drop for ExpireIfCut<D> {
+    fn drop(&mut self) {
+        if let Some(session) = self.0.take() {
+            session.holders.expire();
+        }
     }
 }
 
