@@ -14,7 +14,9 @@ pub enum FenceSource {
     /// the grant's request also runs `UPDATE … SET v = LAST_INSERT_ID(v +
     /// 1)` on its key's row, a committed write that survives a server
     /// crash (with InnoDB's default `innodb_flush_log_at_trx_commit = 1`).
-    /// It costs one durable commit per grant.
+    /// It costs one durable commit per grant. An attempt that does not wait
+    /// runs both in the stored function `{prefix}_take`, where the login
+    /// may (see [`MySqlBackend`](crate::MySqlBackend)).
     #[default]
     Row,
     /// No fencing tokens: grants write nothing, and guards carry no token

@@ -700,3 +700,83 @@ async fn forcing_a_release_without_the_right_is_permission_denied() {
         .await
         .expect("the holder's guard was not told");
 }
+
+/// Whether the stored function `dlock_take` is in the database.
+async fn take_function_exists(admin: &mut sqlx::MySqlConnection) -> bool {
+    sqlx::query_scalar::<_, i64>(
+        "SELECT COUNT(*) FROM information_schema.ROUTINES \
+         WHERE ROUTINE_SCHEMA = 'dlock' AND ROUTINE_NAME = 'dlock_take'",
+    )
+    .fetch_one(admin)
+    .await
+    .expect("read the routines")
+        == 1
+}
+
+/// `taker` takes the free key `shared` with a fence above `last`, and
+/// `other` is refused it meanwhile; answers the fence.
+async fn take_shared(who: &str, taker: &Locker, other: &Locker, last: u64) -> u64 {
+    let guard = taker
+        .try_lock("shared")
+        .await
+        .unwrap_or_else(|e| panic!("{who}: {e}"))
+        .unwrap_or_else(|| panic!("{who}: the free key was refused"));
+    let fence = guard.fencing_token().expect("a fence");
+    assert!(fence > last, "{who}: fence {fence} after {last}");
+    assert!(
+        other.try_lock("shared").await.unwrap().is_none(),
+        "{who}'s lock was granted to another client beside it"
+    );
+    guard.release().await.unwrap();
+    fence
+}
+
+/// Tokens from the stored function `dlock_take` and from the text request
+/// come from the same counter rows. A login that may neither make nor run
+/// the function connects and locks, with tokens above those of a login
+/// that uses it, and each excludes the other; a function dropped while a
+/// client runs is given up at its next attempt, with nothing held twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logins_with_and_without_the_stored_function_share_keys_and_fences() {
+    use sqlx::{Connection, Executor};
+    let server = MariaDbServer::start().expect("start MariaDB");
+    let mut admin = sqlx::MySqlConnection::connect(&server.admin_url())
+        .await
+        .expect("connect");
+    admin
+        .execute(
+            format!(
+                "CREATE USER 'plain'@'127.0.0.1' IDENTIFIED BY '{MARIADB_PASSWORD}'; \
+                 GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON dlock.* TO 'plain'@'127.0.0.1'"
+            )
+            .as_str(),
+        )
+        .await
+        .expect("a login with the tables' rights only");
+    let plain = locker(&format!(
+        "mysql://plain:{MARIADB_PASSWORD}@{}/dlock",
+        server.host_port()
+    ))
+    .await;
+    assert!(
+        !take_function_exists(&mut admin).await,
+        "made without the right"
+    );
+    let full = locker(&server.url()).await;
+    assert!(
+        take_function_exists(&mut admin).await,
+        "not made with the right"
+    );
+    let mut last = 0;
+    for _ in 0..3 {
+        last = take_shared("plain", &plain, &full, last).await;
+        last = take_shared("full", &full, &plain, last).await;
+    }
+    admin
+        .execute("DROP FUNCTION dlock.dlock_take")
+        .await
+        .expect("drop the function");
+    for _ in 0..2 {
+        last = take_shared("full, its function dropped", &full, &plain, last).await;
+    }
+}

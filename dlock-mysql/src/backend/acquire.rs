@@ -1,7 +1,7 @@
 //! Acquiring a named lock: the uncontended attempt on a holder session,
 //! and the wait on the server on a waiter session.
 
-use std::time::Duration;
+use std::{sync::atomic::Ordering, time::Duration};
 
 use dlock_core::backend::{BoxFuture, Mode};
 use dlock_sql::{sqlx, Dialect, Granted};
@@ -10,7 +10,123 @@ use sqlx::{Executor, Row};
 use super::{on_own_session, MySqlDialect, MySqlSession, FENCE_ROWS, FOREVER_SECS};
 use crate::config::FenceSource;
 
+/// The stored function `{prefix}_take(session, name, timeout, shard)`:
+/// `GET_LOCK` and, if granted, the token from the name's counter row, in
+/// one prepared statement. The same work as [`MySqlDialect::get_lock`]'s
+/// text request of three statements, with the same counter rows, so
+/// clients that use it and clients that cannot lock alike. Answers the
+/// token (from 1 up), 0 if refused, -1 if the counter row is missing (the
+/// lock is held then: the caller undoes it), -2 if `GET_LOCK` answered
+/// `NULL` (interrupted), -3 on another server session (nothing run).
+///
+/// A change to the body takes a new name: clients of the old body keep
+/// using it.
+const TAKE_BODY: &str = "(s BIGINT, n VARCHAR(64), t DOUBLE, sh SMALLINT) RETURNS BIGINT \
+     NOT DETERMINISTIC MODIFIES SQL DATA SQL SECURITY DEFINER \
+     COMMENT 'dlock: a named lock and its fencing token, in one statement' \
+     BEGIN DECLARE g INT; \
+     IF CONNECTION_ID() <> s THEN RETURN -3; END IF; \
+     SET g = GET_LOCK(n, t); \
+     IF g IS NULL THEN RETURN -2; END IF; \
+     IF g = 0 THEN RETURN 0; END IF; \
+     UPDATE {table} SET v = LAST_INSERT_ID(v + 1) WHERE shard = sh; \
+     IF ROW_COUNT() <> 1 THEN RETURN -1; END IF; \
+     RETURN LAST_INSERT_ID(); END";
+
+/// The server's error number of `e`, if it is the server's.
+fn error_number(e: &sqlx::Error) -> Option<u16> {
+    match e {
+        sqlx::Error::Database(e) => e
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .map(|e| e.number()),
+        _ => None,
+    }
+}
+
+/// Errors of a call to `{prefix}_take` that ran none of it: the function
+/// is gone (1305), may not be run by this login (1370), has other
+/// parameters (1318), or its definer is gone (1449).
+fn take_did_not_run(e: &sqlx::Error) -> bool {
+    matches!(error_number(e), Some(1305 | 1370 | 1318 | 1449))
+}
+
 impl MySqlDialect {
+    /// At connect, with fences: makes `{prefix}_take` if it is missing,
+    /// and tries it once. Without the rights to make it (`CREATE
+    /// ROUTINE`, and with binary logging `log_bin_trust_function_creators`
+    /// or `SUPER`) or to run it (`EXECUTE`), each attempt sends the text
+    /// request instead, a few statements longer; nothing else changes.
+    pub(super) async fn prepare_take(&self, conn: &mut MySqlSession) -> Result<(), sqlx::Error> {
+        let exists: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE() \
+             AND ROUTINE_NAME = ? AND ROUTINE_TYPE = 'FUNCTION'",
+        )
+        .bind(&self.take)
+        .fetch_one(&mut conn.conn)
+        .await?;
+        if exists == 0 {
+            let create = format!(
+                "CREATE FUNCTION {}{}",
+                self.take,
+                TAKE_BODY.replace("{table}", &self.table)
+            );
+            match conn.conn.execute(create.as_str()).await {
+                // 1304: made meanwhile, by another client's connect.
+                Ok(_) => {}
+                Err(e) if error_number(&e) == Some(1304) => {}
+                Err(error @ sqlx::Error::Database(_)) => {
+                    tracing::info!(
+                        %error,
+                        function = %self.take,
+                        "dlock mysql cannot make its stored function; each lock sends a longer text request"
+                    );
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        // On session id -1, the function runs nothing but its first check.
+        let tried = sqlx::query_scalar::<_, i64>(&format!("SELECT {}(-1, '', 0, 0)", self.take))
+            .fetch_one(&mut conn.conn)
+            .await;
+        match tried {
+            Ok(-3) => self.take_ready.store(true, Ordering::Relaxed),
+            Ok(answer) => tracing::warn!(
+                answer,
+                function = %self.take,
+                "a stored function of dlock's name is not dlock's; each lock sends a text request"
+            ),
+            Err(error @ sqlx::Error::Database(_)) => tracing::info!(
+                %error,
+                function = %self.take,
+                "dlock mysql cannot run its stored function; each lock sends a longer text request"
+            ),
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+
+    /// An attempt that does not wait, through `{prefix}_take`.
+    async fn take(&self, conn: &mut MySqlSession, id: &String) -> Result<Option<i64>, sqlx::Error> {
+        let shard = (self.shard(id) % FENCE_ROWS) as i64;
+        let (taken, session): (i64, i64) = sqlx::query_as(&self.take_call)
+            .bind(conn.id)
+            .bind(id)
+            .bind(shard)
+            .fetch_one(&mut conn.conn)
+            .await?;
+        conn.check(session)?;
+        match taken {
+            1.. => Ok(Some(taken)),
+            0 | -2 => Ok(None),
+            -1 => self.token(None).map(Some),
+            other => Err(sqlx::Error::Protocol(format!(
+                "{} answered {other}",
+                self.take
+            ))),
+        }
+    }
+
     /// One request: `GET_LOCK(name, timeout)` (only on the server session
     /// `session`) then, if granted, the token from the name's counter row
     /// (`-1` if the row is missing); answers the lock's state (1 granted,
@@ -64,6 +180,20 @@ impl MySqlDialect {
                         .await?;
                 conn.check(session)?;
                 return Ok((granted == Some(1)).then_some(0));
+            }
+            if self.take_ready.load(Ordering::Relaxed) {
+                match self.take(conn, id).await {
+                    Err(error) if take_did_not_run(&error) => {
+                        // Dropped, or its rights taken, since connect.
+                        self.take_ready.store(false, Ordering::Relaxed);
+                        tracing::warn!(
+                            %error,
+                            function = %self.take,
+                            "dlock mysql's stored function went away; each lock sends a longer text request"
+                        );
+                    }
+                    answer => return answer,
+                }
             }
             let request = self.get_lock(conn.id, id, "0", false);
             let rows = conn.conn.fetch_all(request.as_str()).await?;

@@ -103,7 +103,8 @@ impl MySqlDialect {
                 self.table,
                 rows.join(", ")
             );
-            conn.conn.execute(create.as_str()).await.map(drop)
+            conn.conn.execute(create.as_str()).await?;
+            self.prepare_take(conn).await
         })
     }
 
