@@ -15,6 +15,7 @@ pub use crate::lease::LossReporter;
 
 mod backoff;
 mod capabilities;
+mod finish;
 mod holder;
 mod keyhash;
 pub mod memory;
@@ -27,6 +28,7 @@ mod url;
 pub use crate::connection::ConnectionStates;
 pub use backoff::Backoff;
 pub use capabilities::Capabilities;
+pub use finish::{Abandoned, FinishOnDrop};
 pub use holder::{unsupported_holder, Holder, HOLDER_POLL};
 pub use keyhash::key_hash;
 pub use mode::{admitted, permits_taken, Mode};

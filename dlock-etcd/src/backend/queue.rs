@@ -1,17 +1,10 @@
 //! Acquiring: our key in the key's revision queue, and the wait for the
 //! entries ahead of it.
 
-use std::{
-    collections::HashSet,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
-    time::Duration,
-};
+use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use dlock_core::{
-    backend::{AcquireRequest, Acquired, Backoff, LeaseKind, Mode, Wait},
+    backend::{AcquireRequest, Acquired, Backoff, FinishOnDrop, LeaseKind, Mode, Wait},
     LockError, Result,
 };
 use etcd_client::{
@@ -374,10 +367,10 @@ impl EtcdBackend {
         ))
     }
 
-    /// Runs the enqueueing transaction in a task of its own, so that if the
-    /// caller goes away while it is in flight, the key it may still create
-    /// on `lease` is deleted once it has. The task keeps a share of the
-    /// turn until then: no later acquisition can meet the key.
+    /// Runs the enqueueing transaction to its end even if the caller goes
+    /// away while it is in flight ([`FinishOnDrop`]): then the key it may
+    /// still create on `lease` is deleted once it has. The request keeps a
+    /// share of the turn until then: no later acquisition can meet the key.
     async fn enqueue(
         &self,
         txn: Txn,
@@ -385,10 +378,8 @@ impl EtcdBackend {
         lease: i64,
         turn: Option<Turn>,
     ) -> Result<TxnResponse> {
-        let abandoned = Arc::new(AtomicBool::new(false));
-        let done = abandoned.clone();
         let (client, name) = (self.client(), name.to_owned());
-        let task = tokio::spawn(async move {
+        FinishOnDrop::watched(|abandoned| async move {
             let _turn = turn;
             // Idempotent: a retry after a lost reply finds our key, and the
             // else-branch reads its create revision.
@@ -397,8 +388,9 @@ impl EtcdBackend {
                 async move { client.txn(txn).await }
             })
             .await;
-            if done.load(Ordering::SeqCst) {
-                // Only a key on our lease is ours (see `enter`).
+            if abandoned.get() {
+                // Nobody will use the key. Only a key on our lease is ours
+                // (see `enter`).
                 let delete = Txn::new()
                     .when([Compare::lease(name.as_str(), CompareOp::Equal, lease)])
                     .and_then([TxnOp::delete(name.as_str(), None)]);
@@ -409,16 +401,8 @@ impl EtcdBackend {
                 .await;
             }
             answer
-        });
-        struct Watching(Arc<AtomicBool>);
-        impl Drop for Watching {
-            fn drop(&mut self) {
-                self.0.store(true, Ordering::SeqCst);
-            }
-        }
-        // Dropped with this future: from then on, nobody will use the key.
-        let _watching = Watching(abandoned);
-        task.await.map_err(|e| LockError::backend(NAME, e))?
+        })
+        .await
     }
 
     /// Waits until the entry ahead of `mine` that keeps it waiting is

@@ -9,7 +9,9 @@ use std::{
 };
 
 use dlock_core::{
-    backend::{Backoff, BoxFuture, ConnectionStates, LeaseTimers, SessionHolders, Wait},
+    backend::{
+        Backoff, BoxFuture, ConnectionStates, FinishOnDrop, LeaseTimers, SessionHolders, Wait,
+    },
     LockError, Result,
 };
 use tokio::{sync::Semaphore, time::Instant};
@@ -178,12 +180,12 @@ impl<D: Dialect> Session<D> {
         let dialect = self.dialect.clone();
         let within = self.timeout;
         let cut = ExpireIfCut(Some(self.clone()));
-        FinishOnDrop(Some(Box::pin(async move {
+        FinishOnDrop::new(async move {
             let sent = live.sent;
             let answer = answered_within(within, statement(&dialect, live.conn())).await;
             cut.answered();
             live.done(answer).map(|value| (sent, value))
-        })))
+        })
         .await
     }
 
@@ -207,43 +209,6 @@ impl<D: Dialect> Session<D> {
 
     pub(super) fn is_usable(&self) -> bool {
         !self.holders.is_expired()
-    }
-}
-
-/// A statement that runs in the task that awaits it and, if that task
-/// drops it before its end, runs on to its end in a task of its own: the
-/// connection is never left in the middle of an answer, and a caller that
-/// waits, as nearly every caller does, pays no task hop.
-struct FinishOnDrop<T: Send + 'static>(Option<BoxFuture<'static, T>>);
-
-impl<T: Send + 'static> std::future::Future for FinishOnDrop<T> {
-    type Output = T;
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<T> {
-        let Some(statement) = self.0.as_mut() else {
-            panic!("FinishOnDrop polled after its end");
-        };
-        let answer = std::task::ready!(statement.as_mut().poll(cx));
-        self.0 = None;
-        std::task::Poll::Ready(answer)
-    }
-}
-
-impl<T: Send + 'static> Drop for FinishOnDrop<T> {
-    fn drop(&mut self) {
-        let Some(statement) = self.0.take() else {
-            return;
-        };
-        // Without a runtime the statement is dropped where it stands, and
-        // its `ExpireIfCut` ends the session's guards.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            drop(runtime.spawn(async move {
-                statement.await;
-            }));
-        }
     }
 }
 
