@@ -15,7 +15,7 @@ pub enum FenceSource {
     /// 1)` on its key's row, a committed write that survives a server
     /// crash (with InnoDB's default `innodb_flush_log_at_trx_commit = 1`).
     /// It costs one durable commit per grant. An attempt that does not wait
-    /// runs both in the stored function `{prefix}_take`, where the login
+    /// runs both in the stored function `{prefix}_take_v1`, where the login
     /// may (see [`MySqlBackend`](crate::MySqlBackend)).
     #[default]
     Row,

@@ -701,11 +701,11 @@ async fn forcing_a_release_without_the_right_is_permission_denied() {
         .expect("the holder's guard was not told");
 }
 
-/// Whether the stored function `dlock_take` is in the database.
+/// Whether the stored function `dlock_take_v1` is in the database.
 async fn take_function_exists(admin: &mut sqlx::MySqlConnection) -> bool {
     sqlx::query_scalar::<_, i64>(
         "SELECT COUNT(*) FROM information_schema.ROUTINES \
-         WHERE ROUTINE_SCHEMA = 'dlock' AND ROUTINE_NAME = 'dlock_take'",
+         WHERE ROUTINE_SCHEMA = 'dlock' AND ROUTINE_NAME = 'dlock_take_v1'",
     )
     .fetch_one(admin)
     .await
@@ -731,7 +731,7 @@ async fn take_shared(who: &str, taker: &Locker, other: &Locker, last: u64) -> u6
     fence
 }
 
-/// Tokens from the stored function `dlock_take` and from the text request
+/// Tokens from the stored function `dlock_take_v1` and from the text request
 /// come from the same counter rows. A login that may neither make nor run
 /// the function connects and locks, with tokens above those of a login
 /// that uses it, and each excludes the other; a function dropped while a
@@ -773,10 +773,22 @@ async fn logins_with_and_without_the_stored_function_share_keys_and_fences() {
         last = take_shared("full", &full, &plain, last).await;
     }
     admin
-        .execute("DROP FUNCTION dlock.dlock_take")
+        .execute("DROP FUNCTION dlock.dlock_take_v1")
         .await
         .expect("drop the function");
     for _ in 0..2 {
         last = take_shared("full, its function dropped", &full, &plain, last).await;
     }
+}
+
+/// A lock polled once and then parked (a `&mut` future in a `select!`
+/// loop) holds up none of the client's other locks on its session: its
+/// statement is in flight on the one connection they share, and the next
+/// statement reads its answer (see `check_a_parked_lock_blocks_nothing`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_lock_holds_up_nothing_on_its_session() {
+    let server = MariaDbServer::start().expect("start MariaDB");
+    let client = locker(&format!("{}?holder_sessions=1", server.url())).await;
+    let other = locker(&server.url()).await;
+    dlock_testkit::session_faults::check_a_parked_lock_blocks_nothing(&client, &other).await;
 }

@@ -770,3 +770,15 @@ async fn forcing_a_release_without_the_right_is_permission_denied() {
         .await
         .expect("the holder's guard was not told");
 }
+
+/// A lock polled once and then parked (a `&mut` future in a `select!`
+/// loop) holds up none of the client's other locks on its session: its
+/// statement is in flight on the one connection they share, and the next
+/// statement reads its answer (see `check_a_parked_lock_blocks_nothing`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_lock_holds_up_nothing_on_its_session() {
+    let server = PostgresServer::start().expect("start PostgreSQL");
+    let client = locker(&format!("{}?holder_sessions=1", server.url())).await;
+    let other = locker(&server.url()).await;
+    dlock_testkit::session_faults::check_a_parked_lock_blocks_nothing(&client, &other).await;
+}

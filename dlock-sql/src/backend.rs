@@ -49,7 +49,8 @@ use session::{answered_within, EndOnDrop, Retry, Session};
 ///   waits, not holds. A wait that is dropped ends its
 ///   session from another one, so a grant that arrives after the caller
 ///   left cannot outlive it; an attempt dropped in flight is unlocked after
-///   it, by the statement's own task and only if the server granted it.
+///   it, by the statement itself (which runs to its end, see
+///   `Session::run`) and only if the server granted it.
 /// - **Every undo matches its effect.** A session's holds of one key stack
 ///   on the server (readers of one process share a session), so an unlock
 ///   for a hold the session was never granted would remove another one's.

@@ -341,3 +341,62 @@ pub async fn check_connection_states(
         "the states were {seen:?}, expected one of {exact:?}"
     );
 }
+
+/// Polls an uncontended lock of `locker` once, so that its request is on
+/// its way, then leaves it parked without dropping it, as a `select!`
+/// loop does with a `&mut` future while another branch's body runs. The
+/// same task meanwhile releases a lock of `locker` and takes another: on a
+/// backend whose keys share a connection (give it one session for them),
+/// neither may wait for the parked request. Polled again, the parked lock
+/// is granted, once: `other` is refused it.
+///
+/// # Panics
+///
+/// When a check fails.
+pub async fn check_a_parked_lock_blocks_nothing(locker: &Locker, other: &Locker) {
+    let held = locker.lock("parked-held").await.unwrap();
+    // A first poll may send the request and read its answer at once (the
+    // server was that quick): then take another key, up to 50 times.
+    let mut parked = None;
+    for attempt in 0..50 {
+        let key = format!("parked-new-{attempt}");
+        let (l, k) = (locker.clone(), key.clone());
+        let mut lock = Box::pin(async move { l.lock(&k).await });
+        tokio::select! {
+            biased;
+            granted = &mut lock => granted.expect("lock").release().await.expect("release"),
+            () = std::future::ready(()) => {
+                parked = Some((key, lock));
+                break;
+            }
+        }
+    }
+    let (key, parked) =
+        parked.expect("every lock was granted at its first poll: none was in flight");
+    let meanwhile = async {
+        held.release()
+            .await
+            .expect("release beside the parked lock");
+        let again = locker
+            .lock("parked-other")
+            .await
+            .expect("lock beside the parked lock");
+        again
+            .release()
+            .await
+            .expect("release beside the parked lock");
+    };
+    tokio::time::timeout(Duration::from_secs(5), meanwhile)
+        .await
+        .expect("a lock request polled once and parked held up the client's other locks");
+    let guard = tokio::time::timeout(Duration::from_secs(5), parked)
+        .await
+        .expect("the parked lock never finished")
+        .expect("the parked lock");
+    assert!(
+        other.try_lock(&key).await.unwrap().is_none(),
+        "the parked lock's key was granted to another client too"
+    );
+    assert!(!guard.is_lost(), "the parked lock's guard says lost");
+    guard.release().await.unwrap();
+}

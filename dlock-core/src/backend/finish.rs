@@ -16,11 +16,17 @@ use super::BoxFuture;
 /// A request that must not stop half-way (a statement on a shared
 /// connection, a write whose outcome decides what to undo), run in the
 /// task that awaits it, with no task hop, and, if that task drops it
-/// before its end, run on to its end in a task of its own on the current
-/// Tokio runtime.
+/// before its end, run on to its end in a task of its own, on the Tokio
+/// runtime it was made on (wherever it is dropped).
 ///
-/// Without a runtime (it is shutting down), the request is dropped where
-/// it stands: give it a drop guard of its own for that case.
+/// Made outside a runtime and dropped outside one, or once its runtime
+/// shut down, the request is dropped where it stands: give it a drop guard
+/// of its own for that case. A request that panicked is not run on.
+///
+/// A caller that polls the request and then stops polling it without
+/// dropping it (a `&mut` future in a `select!` loop) stalls it: give
+/// anything else that needs the request's resources a way to finish it
+/// (dlock's SQL sessions share the in-flight statement for that).
 ///
 /// # Examples
 ///
@@ -49,6 +55,9 @@ use super::BoxFuture;
 pub struct FinishOnDrop<T: Send + 'static> {
     future: Option<BoxFuture<'static, T>>,
     abandoned: Abandoned,
+    /// The runtime it was made on, which runs it on if it is dropped
+    /// half-way, wherever that happens.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 /// Whether the caller of a [`FinishOnDrop`] request left before its end.
@@ -69,6 +78,7 @@ impl<T: Send + 'static> FinishOnDrop<T> {
         FinishOnDrop {
             future: Some(Box::pin(future)),
             abandoned: Abandoned::default(),
+            runtime: tokio::runtime::Handle::try_current().ok(),
         }
     }
 
@@ -83,6 +93,7 @@ impl<T: Send + 'static> FinishOnDrop<T> {
         FinishOnDrop {
             future: Some(Box::pin(make(abandoned.clone()))),
             abandoned,
+            runtime: tokio::runtime::Handle::try_current().ok(),
         }
     }
 }
@@ -94,7 +105,16 @@ impl<T: Send + 'static> Future for FinishOnDrop<T> {
         let Some(future) = self.future.as_mut() else {
             panic!("FinishOnDrop polled after its end");
         };
-        let output = ready!(future.as_mut().poll(cx));
+        // A future that panicked is not run on when dropped.
+        let polled =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| future.as_mut().poll(cx)));
+        let output = match polled {
+            Ok(poll) => ready!(poll),
+            Err(panic) => {
+                self.future = None;
+                std::panic::resume_unwind(panic)
+            }
+        };
         self.future = None;
         Poll::Ready(output)
     }
@@ -106,7 +126,11 @@ impl<T: Send + 'static> Drop for FinishOnDrop<T> {
             return;
         };
         self.abandoned.0.store(true, Ordering::SeqCst);
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let runtime = self
+            .runtime
+            .take()
+            .or_else(|| tokio::runtime::Handle::try_current().ok());
+        if let Some(runtime) = runtime {
             drop(runtime.spawn(async move {
                 future.await;
             }));

@@ -10,7 +10,7 @@ use sqlx::{Executor, Row};
 use super::{on_own_session, MySqlDialect, MySqlSession, FENCE_ROWS, FOREVER_SECS};
 use crate::config::FenceSource;
 
-/// The stored function `{prefix}_take(session, name, timeout, shard)`:
+/// The stored function `{prefix}_take_v1(session, name, timeout, shard)`:
 /// `GET_LOCK` and, if granted, the token from the name's counter row, in
 /// one prepared statement. The same work as [`MySqlDialect::get_lock`]'s
 /// text request of three statements, with the same counter rows, so
@@ -19,9 +19,11 @@ use crate::config::FenceSource;
 /// lock is held then: the caller undoes it), -2 if `GET_LOCK` answered
 /// `NULL` (interrupted), -3 on another server session (nothing run).
 ///
-/// A change to the body takes a new name: clients of the old body keep
-/// using it.
-const TAKE_BODY: &str = "(s BIGINT, n VARCHAR(64), t DOUBLE, sh SMALLINT) RETURNS BIGINT \
+/// The name is ASCII, as in the text request: the function locks the
+/// same bytes whatever the database's character set. A change to the
+/// body takes a new name (`_v2`): clients of the old body keep using it.
+const TAKE_BODY: &str = "(s BIGINT, n VARCHAR(64) CHARACTER SET ascii, t DOUBLE, sh SMALLINT) \
+     RETURNS BIGINT \
      NOT DETERMINISTIC MODIFIES SQL DATA SQL SECURITY DEFINER \
      COMMENT 'dlock: a named lock and its fencing token, in one statement' \
      BEGIN DECLARE g INT; \
@@ -43,7 +45,7 @@ fn error_number(e: &sqlx::Error) -> Option<u16> {
     }
 }
 
-/// Errors of a call to `{prefix}_take` that ran none of it: the function
+/// Errors of a call to `{prefix}_take_v1` that ran none of it: the function
 /// is gone (1305), may not be run by this login (1370), has other
 /// parameters (1318), or its definer is gone (1449).
 fn take_did_not_run(e: &sqlx::Error) -> bool {
@@ -51,12 +53,26 @@ fn take_did_not_run(e: &sqlx::Error) -> bool {
 }
 
 impl MySqlDialect {
-    /// At connect, with fences: makes `{prefix}_take` if it is missing,
-    /// and tries it once. Without the rights to make it (`CREATE
-    /// ROUTINE`, and with binary logging `log_bin_trust_function_creators`
-    /// or `SUPER`) or to run it (`EXECUTE`), each attempt sends the text
-    /// request instead, a few statements longer; nothing else changes.
+    /// At connect, with fences: makes `{prefix}_take_v1` if it is
+    /// missing, and tries it once. Without the rights to make it (`CREATE
+    /// ROUTINE`, and with binary logging `log_bin_trust_function_creators
+    /// = 1`) or to run it (`EXECUTE`), each attempt sends the text request
+    /// instead, a few statements longer; nothing else changes. Neither
+    /// with a statement-based binary log: a replica would replay the call,
+    /// `GET_LOCK` included, where the text request logs its `UPDATE`.
     pub(super) async fn prepare_take(&self, conn: &mut MySqlSession) -> Result<(), sqlx::Error> {
+        let (log_bin, format): (i64, Option<String>) =
+            sqlx::query_as("SELECT CAST(@@log_bin AS SIGNED), CAST(@@binlog_format AS CHAR)")
+                .fetch_one(&mut conn.conn)
+                .await?;
+        if log_bin != 0 && format.as_deref() != Some("ROW") {
+            tracing::info!(
+                binlog_format = format.as_deref().unwrap_or(""),
+                "dlock mysql leaves its stored function out with a binary log not in ROW format; \
+                 each lock sends a longer text request"
+            );
+            return Ok(());
+        }
         let exists: i64 = sqlx::query_scalar(
             "SELECT COUNT(*) FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE() \
              AND ROUTINE_NAME = ? AND ROUTINE_TYPE = 'FUNCTION'",
@@ -86,27 +102,30 @@ impl MySqlDialect {
             }
         }
         // On session id -1, the function runs nothing but its first check.
-        let tried = sqlx::query_scalar::<_, i64>(&format!("SELECT {}(-1, '', 0, 0)", self.take))
-            .fetch_one(&mut conn.conn)
-            .await;
+        let tried = sqlx::query_scalar::<_, Option<i64>>(&format!(
+            "SELECT CAST({}(-1, '', 0, 0) AS SIGNED)",
+            self.take
+        ))
+        .fetch_one(&mut conn.conn)
+        .await;
         match tried {
-            Ok(-3) => self.take_ready.store(true, Ordering::Relaxed),
+            Ok(Some(-3)) => self.take_ready.store(true, Ordering::Relaxed),
             Ok(answer) => tracing::warn!(
-                answer,
+                ?answer,
                 function = %self.take,
                 "a stored function of dlock's name is not dlock's; each lock sends a text request"
             ),
-            Err(error @ sqlx::Error::Database(_)) => tracing::info!(
+            Err(e) if self.ends_the_session(&e) => return Err(e),
+            Err(error) => tracing::info!(
                 %error,
                 function = %self.take,
                 "dlock mysql cannot run its stored function; each lock sends a longer text request"
             ),
-            Err(e) => return Err(e),
         }
         Ok(())
     }
 
-    /// An attempt that does not wait, through `{prefix}_take`.
+    /// An attempt that does not wait, through `{prefix}_take_v1`.
     async fn take(&self, conn: &mut MySqlSession, id: &String) -> Result<Option<i64>, sqlx::Error> {
         let shard = (self.shard(id) % FENCE_ROWS) as i64;
         let (taken, session): (i64, i64) = sqlx::query_as(&self.take_call)

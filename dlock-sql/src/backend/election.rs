@@ -48,7 +48,7 @@ impl<D: Dialect> SqlBackend<D> {
         let written = session
             .run(move |d, c| {
                 Box::pin(async move {
-                    // Checked and marked by the statement's own task,
+                    // Checked and marked by the statement itself,
                     // right before it is sent: a release queued behind
                     // it deletes what it writes, and one that ran
                     // first leaves nothing to write for.

@@ -9,7 +9,7 @@ use crate::Dialect;
 impl<D: Dialect> SqlBackend<D> {
     /// Releases the lock `token` holds, on the session that holds it.
     ///
-    /// The lock is taken out of `owned` by the statement's own task, right
+    /// The lock is taken out of `owned` by the statement itself, right
     /// before the unlock is sent on the session's connection: a release
     /// dropped before that sent nothing and leaves the lock to the next
     /// release; one dropped after runs to its end, and a second release

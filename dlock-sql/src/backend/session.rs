@@ -4,6 +4,7 @@
 
 use std::{
     collections::HashMap,
+    panic::AssertUnwindSafe,
     sync::{Arc, Mutex, Weak},
     time::Duration,
 };
@@ -14,6 +15,7 @@ use dlock_core::{
     },
     LockError, Result,
 };
+use futures_util::future::{FutureExt, Shared};
 use tokio::{sync::Semaphore, time::Instant};
 
 use super::{backend_error, lock, Inner, SqlBackend};
@@ -30,7 +32,16 @@ pub(super) struct Session<D: Dialect> {
     pub(super) server_id: u64,
     pub(super) timeout: Duration,
     pub(super) holders: SessionHolders<()>,
+    /// The statement [`Session::run`] runs now, for whoever waits for the
+    /// connection to drive to its end: its caller may have polled it once
+    /// and stopped (a `&mut` future in a `select!` loop), and until its
+    /// answer is read, nothing else can use the connection.
+    in_flight: Mutex<Option<InFlight>>,
 }
+
+/// A statement in flight on a session, shared by its caller and whoever
+/// waits for the connection; its answer goes to its caller by a channel.
+type InFlight = Shared<BoxFuture<'static, ()>>;
 
 /// One statement's hold on a session's connection.
 pub(super) struct Live<D: Dialect> {
@@ -127,6 +138,7 @@ impl<D: Dialect> Session<D> {
             server_id,
             timeout,
             holders: SessionHolders::reporting_to(Instant::now(), states.clone()),
+            in_flight: Mutex::new(None),
         });
         tokio::spawn(keep_alive(Arc::downgrade(&session)));
         Ok(session)
@@ -140,7 +152,7 @@ impl<D: Dialect> Session<D> {
     /// of dlock's own) or on a session that is ended if it does (a wait):
     /// anything else goes through [`Session::run`].
     pub(super) async fn live(self: &Arc<Self>) -> std::result::Result<Live<D>, sqlx::Error> {
-        let conn = self.conn.clone().lock_owned().await;
+        let conn = self.connection().await;
         if conn.is_none() || self.holders.is_expired() {
             return Err(sqlx::Error::PoolClosed);
         }
@@ -149,6 +161,32 @@ impl<D: Dialect> Session<D> {
             sent: Instant::now(),
             session: self.clone(),
         })
+    }
+
+    /// The connection, once no statement holds it: a statement in flight
+    /// whose caller stopped polling it is driven to its end here.
+    async fn connection(&self) -> tokio::sync::OwnedMutexGuard<Option<D::Conn>> {
+        loop {
+            let in_flight = lock(&self.in_flight).clone();
+            let Some(in_flight) = in_flight else {
+                return self.conn.clone().lock_owned().await;
+            };
+            tokio::select! {
+                conn = self.conn.clone().lock_owned() => return conn,
+                // A statement that panicked is its caller's to report.
+                _ = AssertUnwindSafe(in_flight.clone()).catch_unwind() => {
+                    self.settled(&in_flight);
+                }
+            }
+        }
+    }
+
+    /// Forgets `statement`, which has ended, unless another took its place.
+    fn settled(&self, statement: &InFlight) {
+        let mut in_flight = lock(&self.in_flight);
+        if in_flight.as_ref().is_some_and(|s| s.ptr_eq(statement)) {
+            *in_flight = None;
+        }
     }
 
     /// Runs one statement on the session to its end, even if the caller
@@ -162,7 +200,8 @@ impl<D: Dialect> Session<D> {
     /// statement runs in the caller's task while the caller waits for it
     /// (no task hop), and if the caller leaves once it started, it runs on
     /// to its end in a task of its own ([`FinishOnDrop`]). Its successors
-    /// on the session queue behind it in order.
+    /// on the session queue behind it in order, and drive it to its end if
+    /// its caller stopped polling it (see [`Session::connection`]).
     pub(super) async fn run<T, F>(
         self: &Arc<Self>,
         statement: F,
@@ -176,17 +215,28 @@ impl<D: Dialect> Session<D> {
             + Send
             + 'static,
     {
-        let mut live = self.live().await?;
+        let live = self.live().await?;
         let dialect = self.dialect.clone();
         let within = self.timeout;
-        let cut = ExpireIfCut(Some(self.clone()));
-        FinishOnDrop::new(async move {
+        let (answer_to, answer) = tokio::sync::oneshot::channel();
+        let statement: InFlight = async move {
+            let mut unanswered = Unanswered(Some(live));
+            let Some(live) = unanswered.0.as_mut() else {
+                return;
+            };
             let sent = live.sent;
             let answer = answered_within(within, statement(&dialect, live.conn())).await;
-            cut.answered();
-            live.done(answer).map(|value| (sent, value))
-        })
-        .await
+            if let Some(live) = unanswered.0.take() {
+                let _ = answer_to.send(live.done(answer).map(|value| (sent, value)));
+            }
+        }
+        .boxed()
+        .shared();
+        *lock(&self.in_flight) = Some(statement.clone());
+        FinishOnDrop::new(statement.clone()).await;
+        self.settled(&statement);
+        // No answer: the statement was dropped half-way (see `Unanswered`).
+        answer.await.unwrap_or(Err(sqlx::Error::PoolClosed))
     }
 
     /// Ends the session: every guard on it is lost, and its connection is
@@ -204,7 +254,7 @@ impl<D: Dialect> Session<D> {
 
     /// Closes the connection, once no statement runs on it.
     async fn close(&self) {
-        self.conn.lock().await.take();
+        self.connection().await.take();
     }
 
     pub(super) fn is_usable(&self) -> bool {
@@ -212,22 +262,18 @@ impl<D: Dialect> Session<D> {
     }
 }
 
-/// Expires a session's guards if a statement on it is dropped before its
-/// answer came (its runtime shut down): whether the statement ran is
-/// unknown, and the connection may hold the rest of an answer.
-struct ExpireIfCut<D: Dialect>(Option<Arc<Session<D>>>);
+/// A statement's hold on the connection until its answer is read. Dropped
+/// before that (its runtime shut down, or it panicked), it expires the
+/// session's guards first, then lets the connection go: whether the
+/// statement ran is unknown, and the connection may hold the rest of an
+/// answer, so no later statement may run on it.
+struct Unanswered<D: Dialect>(Option<Live<D>>);
 
-impl<D: Dialect> ExpireIfCut<D> {
-    /// The answer came: nothing to expire.
-    fn answered(mut self) {
-        self.0 = None;
-    }
-}
-
-impl<D: Dialect> Drop for ExpireIfCut<D> {
+impl<D: Dialect> Drop for Unanswered<D> {
     fn drop(&mut self) {
-        if let Some(session) = self.0.take() {
-            session.holders.expire();
+        if let Some(mut live) = self.0.take() {
+            live.session.holders.expire();
+            *live.conn = None;
         }
     }
 }
