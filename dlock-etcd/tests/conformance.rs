@@ -1,5 +1,6 @@
 //! The whole conformance suite against real etcd: a single node (one test
-//! per check), a 3-member cluster (the whole suite in one test), and the
+//! per check, each with keys of its own on one server the binary's tests
+//! share), a 3-member cluster (the whole suite in one test), and the
 //! checks of plain locks on a single node in `etcdctl lock`'s layout (in
 //! one test). Every client is a new `EtcdBackend` with a connection and
 //! session of its own; a cluster's clients know every member.
@@ -8,13 +9,20 @@ use std::sync::Arc;
 
 use dlock_core::backend::Backend;
 use dlock_etcd::EtcdBackend;
-use dlock_testkit::{fixture::EtcdServer, Harness};
+use dlock_testkit::{
+    fixture::{EtcdServer, Shared},
+    Harness,
+};
 
-fn harness(name: &str, servers: Vec<EtcdServer>) -> Harness {
+/// One server for every single-node check, in either layout: each check has
+/// keys of its own.
+static ETCD: Shared<EtcdServer> = Shared::new(EtcdServer::start);
+
+fn harness(name: &str, servers: &[EtcdServer]) -> Harness {
     harness_with(name, servers, "")
 }
 
-fn harness_with(name: &str, servers: Vec<EtcdServer>, query: &str) -> Harness {
+fn harness_with(name: &str, servers: &[EtcdServer], query: &str) -> Harness {
     let endpoints: Vec<String> = servers.iter().map(EtcdServer::endpoint).collect();
     let url = format!("etcd://{}/dlock-test{query}", endpoints.join(","));
     Harness::new(name, move || {
@@ -24,18 +32,15 @@ fn harness_with(name: &str, servers: Vec<EtcdServer>, query: &str) -> Harness {
             Ok(client)
         }
     })
-    .keep_alive(servers)
 }
 
 fn single_node() -> Harness {
-    harness("etcd", vec![EtcdServer::start().expect("start etcd")])
+    harness("etcd", std::slice::from_ref(ETCD.get()))
 }
 
 fn cluster_of_three() -> Harness {
-    harness(
-        "etcd-3",
-        EtcdServer::cluster(3).expect("start an etcd cluster"),
-    )
+    let servers = EtcdServer::cluster(3).expect("start an etcd cluster");
+    harness("etcd-3", &servers).keep_alive(servers)
 }
 
 /// Plain locks where `etcdctl lock` puts them (see
@@ -43,7 +48,7 @@ fn cluster_of_three() -> Harness {
 fn etcdctl_layout() -> Harness {
     harness_with(
         "etcd-etcdctl-layout",
-        vec![EtcdServer::start().expect("start etcd")],
+        std::slice::from_ref(ETCD.get()),
         "?layout=etcdctl",
     )
 }

@@ -2,32 +2,34 @@
 //! node (with fencing tokens, and without: `fence=off`), and Redlock over
 //! five; and on one Sentinel deployment (a master, its replica and three
 //! sentinels), in one test, every check but those of a crashed client's
-//! lease, which run on one node above through the same code. Every client is a new `RedisBackend` with
+//! lease, which run on one node above through the same code. One test per
+//! check on one node and on Redlock, each with keys of its own on servers
+//! the binary's tests share. Every client is a new `RedisBackend` with
 //! connections of its own, as another process would have.
 
 use dlock_testkit::{
-    fixture::{RedisSentinels, RedisServer},
+    fixture::{RedisSentinels, RedisServer, Shared},
     Harness,
 };
 
+/// One server for every single-node check, fenced or not, and five for
+/// every Redlock check: each check has keys of its own.
+static REDIS: Shared<RedisServer> = Shared::new(RedisServer::start);
+static REDLOCK: Shared<Vec<RedisServer>> = Shared::new(|| RedisServer::start_many(5));
+
 fn single_node() -> Harness {
-    let server = RedisServer::start().expect("start redis-server");
-    let url = server.url();
-    Harness::redis("redis", url, vec![server])
+    Harness::redis("redis", REDIS.get().url(), ())
 }
 
 /// One node with `fence=off`: the uncontended acquire is a plain `SET NX
 /// PX`, and the suite checks that no fence is given.
 fn single_node_unfenced() -> Harness {
-    let server = RedisServer::start().expect("start redis-server");
-    let url = format!("{}?fence=off", server.url());
-    Harness::redis("redis-unfenced", url, vec![server])
+    let url = format!("{}?fence=off", REDIS.get().url());
+    Harness::redis("redis-unfenced", url, ())
 }
 
 fn redlock_of_five() -> Harness {
-    let servers = RedisServer::start_many(5).expect("start redis-server");
-    let url = RedisServer::redlock_url(&servers);
-    Harness::redis("redlock", url, servers)
+    Harness::redis("redlock", RedisServer::redlock_url(REDLOCK.get()), ())
 }
 
 /// The master a Sentinel deployment names, through its sentinels.

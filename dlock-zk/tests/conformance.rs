@@ -1,5 +1,6 @@
 //! The whole conformance suite against real ZooKeeper: a standalone server
-//! (one test per check), a 3-server ensemble (the whole suite in one
+//! (one test per check, each with keys of its own on one server the
+//! binary's tests share), a 3-server ensemble (the whole suite in one
 //! test, on one ensemble), and the checks of plain locks in Curator's
 //! layout (in one test). Every client is a new `ZkBackend` with a session
 //! of its own; an ensemble's clients know every server.
@@ -7,17 +8,24 @@
 use std::{sync::Arc, time::Duration};
 
 use dlock_core::backend::Backend;
-use dlock_testkit::{fixture::ZooKeeperServer, Harness};
+use dlock_testkit::{
+    fixture::{Shared, ZooKeeperServer},
+    Harness,
+};
 use dlock_zk::ZkBackend;
 
 /// `session` is short, so that crashed clients let others in quickly.
-fn harness(name: &str, servers: Vec<ZooKeeperServer>, session: Duration) -> Harness {
+/// One standalone server for every check, in either layout: each check has
+/// keys of its own.
+static ZOOKEEPER: Shared<ZooKeeperServer> = Shared::new(ZooKeeperServer::start);
+
+fn harness(name: &str, servers: &[ZooKeeperServer], session: Duration) -> Harness {
     harness_with(name, servers, session, "")
 }
 
 fn harness_with(
     name: &str,
-    servers: Vec<ZooKeeperServer>,
+    servers: &[ZooKeeperServer],
     session: Duration,
     query: &str,
 ) -> Harness {
@@ -35,27 +43,28 @@ fn harness_with(
         }
     })
     .session_timeout(session)
-    .keep_alive(servers)
 }
 
 fn standalone() -> Harness {
-    let server = ZooKeeperServer::start().expect("start ZooKeeper");
-    harness("zookeeper", vec![server], Duration::from_secs(2))
+    harness(
+        "zookeeper",
+        std::slice::from_ref(ZOOKEEPER.get()),
+        Duration::from_secs(2),
+    )
 }
 
 fn ensemble_of_three() -> Harness {
     let servers = ZooKeeperServer::ensemble(3).expect("start a ZooKeeper ensemble");
     // Three JVMs share the two cores with the rest of the suite.
-    harness("zookeeper-3", servers, Duration::from_secs(4))
+    harness("zookeeper-3", &servers, Duration::from_secs(4)).keep_alive(servers)
 }
 
 /// Plain locks named as Curator's `InterProcessMutex` names its nodes
 /// (see `curator_mutex_and_dlock_exclude_each_other` in `zk.rs`).
 fn curator_layout() -> Harness {
-    let server = ZooKeeperServer::start().expect("start ZooKeeper");
     harness_with(
         "zookeeper-curator-layout",
-        vec![server],
+        std::slice::from_ref(ZOOKEEPER.get()),
         Duration::from_secs(2),
         "&layout=curator",
     )

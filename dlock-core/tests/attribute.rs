@@ -1,4 +1,7 @@
-//! `#[distributed_lock]` at run time, on `MemoryBackend`.
+//! `#[distributed_lock]` (dlock-macros, re-exported here) at run time, on
+//! `MemoryBackend`. It lives here, not in dlock-macros, so that the macro's
+//! compile-time tests (`ui.rs`, built by trybuild with every
+//! dev-dependency of dlock-macros) need no more than dlock-core.
 
 use std::{
     sync::{
