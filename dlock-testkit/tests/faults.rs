@@ -3,7 +3,10 @@
 //! a case applies: it cannot span processes).
 //!
 //! Cases tried here, per topology (Redis one node, Redlock over 5, etcd 1
-//! and 3 members, ZooKeeper 1 and 3 servers):
+//! and 3 members, ZooKeeper 1 and 3 servers, PostgreSQL, MariaDB). A
+//! topology's cases share its servers, each on a key of its own (none stops
+//! a server); the handoff case, which counts the servers' requests, starts
+//! a topology of its own:
 //! - the stock scenario across 4 OS processes × 8 tasks: 500 requests
 //!   against a stock of 300 in a file, read-pause-write under the lock, each
 //!   hold recorded on `CLOCK_MONOTONIC` in a [`HoldLog`] that must show no
@@ -54,7 +57,9 @@ use std::{path::Path, process::Stdio, time::Duration};
 use dlock_core::{LockError, LockOptions, Locker};
 use dlock_testkit::{
     conformance,
-    fixture::{free_port, EtcdServer, MariaDbServer, PostgresServer, RedisServer, ZooKeeperServer},
+    fixture::{
+        free_port, EtcdServer, MariaDbServer, PostgresServer, RedisServer, Shared, ZooKeeperServer,
+    },
     monotonic_ns, FencedStore, Harness, HoldLog,
 };
 use tokio::{
@@ -86,7 +91,7 @@ struct Topology {
 }
 
 /// A topology's servers, kept running while the test needs them.
-trait Servers: Send {
+trait Servers: Send + Sync {
     /// How many nodes each lock request goes to (5 for Redlock over 5; 1
     /// for a cluster whose client talks to one member).
     fn fan_out(&self) -> usize {
@@ -341,7 +346,7 @@ async fn stock_scenario(name: &str, url: &str, dir: &Path) -> (u64, i64, u64, Ho
     (sold, remaining, failed_releases, holds)
 }
 
-async fn stock_across_processes(t: Topology) {
+async fn stock_across_processes(t: &Topology) {
     let dir = tempfile::tempdir().unwrap();
     let start = Instant::now();
     let (sold, remaining, failed_releases, holds) =
@@ -382,7 +387,7 @@ async fn stock_without_a_lock_is_seen_overlapping() {
 /// 15 s and two leases or session timeouts (a Redis ticket lives two
 /// response timeouts unrefreshed, 10 s by default; etcd's waiting session
 /// 10 s; ZooKeeper's its timeout; a database ends the session at once).
-async fn waiter_killed_in_line(t: Topology) {
+async fn waiter_killed_in_line(t: &Topology) {
     let bound = Duration::from_secs(15).max(t.lease * 2);
     let holder = locker(&t.url).await;
     let held = holder
@@ -426,7 +431,7 @@ async fn waiter_killed_in_line(t: Topology) {
     );
 }
 
-async fn holder_killed(t: Topology) {
+async fn holder_killed(t: &Topology) {
     let lease = t.lease.as_millis().to_string();
     let dir = tempfile::tempdir().unwrap();
     let store_dir = dir.path().to_str().unwrap();
@@ -501,7 +506,7 @@ async fn holder_killed(t: Topology) {
     drop(next);
 }
 
-async fn holder_paused(t: Topology) {
+async fn holder_paused(t: &Topology) {
     let lease = t.lease.as_millis().to_string();
     let dir = tempfile::tempdir().unwrap();
     let store = FencedStore::new(dir.path());
@@ -624,7 +629,7 @@ const LONG: Duration = dlock_testkit::HANDOFF_FALLBACKS;
 /// it 50 ms. Every grant must follow the previous release promptly (well
 /// inside [`LONG`], which no wake-up but the release's beats), no two holds
 /// may overlap, and each handoff may cost only a few server requests.
-async fn handoffs_across_processes(t: Topology) {
+async fn handoffs_across_processes(t: &Topology) {
     let dir = tempfile::tempdir().unwrap();
     let holds = HoldLog::new(&dir.path().join("holds"));
     let holds_arg = holds.path().to_str().unwrap();
@@ -691,7 +696,7 @@ async fn handoffs_across_processes(t: Topology) {
     );
 }
 
-async fn cancel_storm(t: Topology) {
+async fn cancel_storm(t: &Topology) {
     let url = t.url.clone();
     let harness = Harness::new(t.name, move || {
         let url = url.clone();
@@ -713,7 +718,7 @@ async fn cancel_storm(t: Topology) {
 /// fenced store. Every leadership's fenced work is recorded on
 /// `CLOCK_MONOTONIC`: no two overlap (the exact detector), and terms
 /// strictly increase.
-async fn election_across_processes(t: Topology) {
+async fn election_across_processes(t: &Topology) {
     if !t.fencing {
         let refused = locker(&t.url).await.elect("scheduler");
         assert!(
@@ -901,7 +906,7 @@ async fn workers_done(name: &str, workers: Vec<Child>) -> u64 {
 /// permits came back, by a lease and 5 s after the pause if the workers
 /// finish sooner), and hold them while the paused
 /// holder resumes, whose first word is that its permit is lost.
-async fn permits_across_processes(t: Topology) {
+async fn permits_across_processes(t: &Topology) {
     let one = dlock_core::backend::Mode::permits(1, PERMITS as u32).unwrap();
     if !t.semaphores {
         // Redlock: a majority of per-node holder sets is not one set.
@@ -1052,7 +1057,7 @@ fn file() -> Topology {
 /// lease had time to run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_holder_killed() {
-    holder_killed(file()).await;
+    holder_killed(&file()).await;
 }
 
 macro_rules! per_topology {
@@ -1061,44 +1066,49 @@ macro_rules! per_topology {
             mod $topology {
                 use super::*;
 
+                /// The topology this module's tests share, each on keys of
+                /// its own (the handoff test, which counts the servers'
+                /// requests, starts its own).
+                static SHARED: Shared<Topology> = Shared::new(|| Ok($make));
+
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn stock_across_processes() {
-                    super::stock_across_processes($make).await;
+                    super::stock_across_processes(SHARED.get()).await;
                 }
 
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn holder_killed() {
-                    super::holder_killed($make).await;
+                    super::holder_killed(SHARED.get()).await;
                 }
 
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn waiter_killed_in_line() {
-                    super::waiter_killed_in_line($make).await;
+                    super::waiter_killed_in_line(SHARED.get()).await;
                 }
 
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn holder_paused() {
-                    super::holder_paused($make).await;
+                    super::holder_paused(SHARED.get()).await;
                 }
 
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn handoffs_across_processes() {
-                    super::handoffs_across_processes($make).await;
+                    super::handoffs_across_processes(&$make).await;
                 }
 
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn cancel_storm_of_1000() {
-                    super::cancel_storm($make).await;
+                    super::cancel_storm(SHARED.get()).await;
                 }
 
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn permits_across_processes() {
-                    super::permits_across_processes($make).await;
+                    super::permits_across_processes(SHARED.get()).await;
                 }
 
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn election_across_processes() {
-                    super::election_across_processes($make).await;
+                    super::election_across_processes(SHARED.get()).await;
                 }
             }
         )*
@@ -1209,10 +1219,16 @@ async fn expect_backend_error(url: &str) {
     println!("`{url}` failed as it should, in {:?}", start.elapsed());
 }
 
+/// [`expect_backend_error`] for every URL of `urls` at once: each waits on
+/// its own connect or wait limit, and none depends on another.
+async fn expect_backend_errors(urls: &[String]) {
+    futures_util::future::join_all(urls.iter().map(|url| expect_backend_error(url))).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_ports_are_backend_errors() {
     let ports: Vec<u16> = (0..3).map(|_| free_port().unwrap()).collect();
-    for url in [
+    let urls = [
         format!("redis://127.0.0.1:{}/", ports[0]),
         format!(
             "redis+redlock://127.0.0.1:{},127.0.0.1:{},127.0.0.1:{}",
@@ -1225,16 +1241,15 @@ async fn unreachable_ports_are_backend_errors() {
         ),
         format!("postgres://u@127.0.0.1:{}/db?connect_timeout=3s", ports[0]),
         format!("mysql://u@127.0.0.1:{}/db?connect_timeout=3s", ports[0]),
-    ] {
-        expect_backend_error(&url).await;
-    }
+    ];
+    expect_backend_errors(&urls).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_port_that_speaks_another_protocol_is_a_backend_error() {
     let redis = RedisServer::start().expect("redis-server");
     let etcd = EtcdServer::start().expect("etcd");
-    for url in [
+    let mut urls = vec![
         format!("redis://{}/", etcd.endpoint()),
         format!("etcd://{}", redis.host_port()),
         format!(
@@ -1243,22 +1258,19 @@ async fn a_port_that_speaks_another_protocol_is_a_backend_error() {
         ),
         format!("postgres://u@{}/db?connect_timeout=3s", redis.host_port()),
         format!("mysql://u@{}/db?connect_timeout=3s", redis.host_port()),
-    ] {
-        expect_backend_error(&url).await;
-    }
+    ];
     let garbage = misbehaving_server(Behaviour::Garbage).await;
     let half = misbehaving_server(Behaviour::HalfReplyThenClose).await;
     for port in [garbage, half] {
-        for url in [
+        urls.extend([
             format!("redis://127.0.0.1:{port}/"),
             format!("etcd://127.0.0.1:{port}"),
             format!("zk://127.0.0.1:{port}?session_timeout=2s&connect_timeout=3s"),
             format!("postgres://u@127.0.0.1:{port}/db?connect_timeout=3s"),
             format!("mysql://u@127.0.0.1:{port}/db?connect_timeout=3s"),
-        ] {
-            expect_backend_error(&url).await;
-        }
+        ]);
     }
+    expect_backend_errors(&urls).await;
 }
 
 #[derive(Clone, Copy)]
