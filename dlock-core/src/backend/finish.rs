@@ -196,4 +196,64 @@ mod tests {
         .await
         .unwrap();
     }
+
+    /// Dropped half-way on a thread with no runtime: runs on, on the
+    /// runtime it was made on.
+    #[test]
+    fn dropped_off_its_runtime_it_runs_on_its_own() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (go, gate) = tokio::sync::oneshot::channel::<()>();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut request = {
+            let _on = runtime.enter();
+            Box::pin(FinishOnDrop::new(async move {
+                let _ = gate.await;
+                let _ = tx.send(());
+            }))
+        };
+        // Polled once, so that it is half-way.
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(request.as_mut().poll(&mut cx).is_pending());
+        std::thread::spawn(move || {
+            assert!(tokio::runtime::Handle::try_current().is_err());
+            drop(request);
+        })
+        .join()
+        .unwrap();
+        // Fails if the request was dropped: then nothing runs on.
+        let _ = go.send(());
+        rx.recv_timeout(Duration::from_secs(5))
+            .expect("it ran to its end on the runtime it was made on");
+    }
+
+    /// A request that panicked is dropped, not run on.
+    #[tokio::test]
+    async fn a_request_that_panicked_is_not_run_on() {
+        let polls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = polls.clone();
+        let mut request = Box::pin(FinishOnDrop::new(std::future::poll_fn(move |_| {
+            if counted.fetch_add(1, Ordering::SeqCst) == 0 {
+                panic!("the request's own panic");
+            }
+            Poll::<()>::Pending
+        })));
+        let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            request.as_mut().poll(&mut cx)
+        }));
+        assert!(polled.is_err(), "the panic reaches the caller");
+        drop(request);
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            polls.load(Ordering::SeqCst),
+            1,
+            "polled again after its panic"
+        );
+    }
 }
