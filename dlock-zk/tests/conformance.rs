@@ -14,11 +14,11 @@ use dlock_testkit::{
 };
 use dlock_zk::ZkBackend;
 
-/// `session` is short, so that crashed clients let others in quickly.
 /// One standalone server for every check, in either layout: each check has
 /// keys of its own.
 static ZOOKEEPER: Shared<ZooKeeperServer> = Shared::new(ZooKeeperServer::start);
 
+/// `session` is short, so that crashed clients let others in quickly.
 fn harness(name: &str, servers: &[ZooKeeperServer], session: Duration) -> Harness {
     harness_with(name, servers, session, "")
 }
