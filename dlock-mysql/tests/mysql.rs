@@ -702,11 +702,12 @@ async fn forcing_a_release_without_the_right_is_permission_denied() {
 }
 
 /// Whether the stored function `dlock_take_v1` is in the database.
-async fn take_function_exists(admin: &mut sqlx::MySqlConnection) -> bool {
+async fn take_function_exists(admin: &mut sqlx::MySqlConnection, database: &str) -> bool {
     sqlx::query_scalar::<_, i64>(
         "SELECT COUNT(*) FROM information_schema.ROUTINES \
-         WHERE ROUTINE_SCHEMA = 'dlock' AND ROUTINE_NAME = 'dlock_take_v1'",
+         WHERE ROUTINE_SCHEMA = ? AND ROUTINE_NAME = 'dlock_take_v1'",
     )
+    .bind(database)
     .fetch_one(admin)
     .await
     .expect("read the routines")
@@ -738,33 +739,67 @@ async fn take_shared(who: &str, taker: &Locker, other: &Locker, last: u64) -> u6
 /// client runs is given up at its next attempt, with nothing held twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logins_with_and_without_the_stored_function_share_keys_and_fences() {
+    check_both_paths_share_keys_and_fences("dlock", None).await;
+}
+
+/// The same in a database whose character set is UTF-16: the function's
+/// name parameter is ASCII, so it locks the same bytes as the text
+/// request; in the database's own character set the two paths would hold
+/// one key twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_utf16_database_both_paths_lock_the_same_key() {
+    check_both_paths_share_keys_and_fences("wide", Some("utf16")).await;
+}
+
+/// A login with the tables' rights only (the text request) and one that
+/// may make the stored function, on `database` (made with `charset` if
+/// given), take one key in turn: rising fences, and each refused while the
+/// other holds it; then the function is dropped, and the locks go on.
+async fn check_both_paths_share_keys_and_fences(database: &str, charset: Option<&str>) {
     use sqlx::{Connection, Executor};
     let server = MariaDbServer::start().expect("start MariaDB");
     let mut admin = sqlx::MySqlConnection::connect(&server.admin_url())
         .await
         .expect("connect");
+    if let Some(charset) = charset {
+        admin
+            .execute(
+                format!(
+                    "CREATE DATABASE {database} CHARACTER SET {charset}; \
+                     GRANT ALL ON {database}.* TO 'dlock'@'127.0.0.1'"
+                )
+                .as_str(),
+            )
+            .await
+            .expect("a database in another character set");
+    }
     admin
         .execute(
             format!(
                 "CREATE USER 'plain'@'127.0.0.1' IDENTIFIED BY '{MARIADB_PASSWORD}'; \
-                 GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON dlock.* TO 'plain'@'127.0.0.1'"
+                 GRANT SELECT, INSERT, UPDATE, DELETE, CREATE ON {database}.* \
+                 TO 'plain'@'127.0.0.1'"
             )
             .as_str(),
         )
         .await
         .expect("a login with the tables' rights only");
     let plain = locker(&format!(
-        "mysql://plain:{MARIADB_PASSWORD}@{}/dlock",
+        "mysql://plain:{MARIADB_PASSWORD}@{}/{database}",
         server.host_port()
     ))
     .await;
     assert!(
-        !take_function_exists(&mut admin).await,
+        !take_function_exists(&mut admin, database).await,
         "made without the right"
     );
-    let full = locker(&server.url()).await;
+    let full = locker(&format!(
+        "mysql://dlock:{MARIADB_PASSWORD}@{}/{database}",
+        server.host_port()
+    ))
+    .await;
     assert!(
-        take_function_exists(&mut admin).await,
+        take_function_exists(&mut admin, database).await,
         "not made with the right"
     );
     let mut last = 0;
@@ -773,7 +808,7 @@ async fn logins_with_and_without_the_stored_function_share_keys_and_fences() {
         last = take_shared("full", &full, &plain, last).await;
     }
     admin
-        .execute("DROP FUNCTION dlock.dlock_take_v1")
+        .execute(format!("DROP FUNCTION {database}.dlock_take_v1").as_str())
         .await
         .expect("drop the function");
     for _ in 0..2 {
