@@ -827,3 +827,62 @@ async fn a_parked_lock_holds_up_nothing_on_its_session() {
     let other = locker(&server.url()).await;
     dlock_testkit::session_faults::check_a_parked_lock_blocks_nothing(&client, &other).await;
 }
+
+/// A stored function of dlock's name that is not dlock's (another
+/// version's, or someone else's) fails the probe at connect: the client
+/// sends the text request instead, with rising fences, and excludes a
+/// client that does the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_function_of_dlocks_name_that_is_not_dlocks_is_left_alone() {
+    use sqlx::{Connection, Executor};
+    let server = MariaDbServer::start().expect("start MariaDB");
+    let mut admin = sqlx::MySqlConnection::connect(&server.admin_url())
+        .await
+        .expect("connect");
+    admin
+        .execute(
+            "CREATE FUNCTION dlock.dlock_take_v1(s BIGINT, n VARCHAR(64), t DOUBLE, \
+             sh SMALLINT) RETURNS BIGINT NO SQL RETURN 7",
+        )
+        .await
+        .expect("an impostor");
+    let one = locker(&server.url()).await;
+    let two = locker(&server.url()).await;
+    let mut last = 0;
+    for _ in 0..3 {
+        last = take_shared("one", &one, &two, last).await;
+        last = take_shared("two", &two, &one, last).await;
+    }
+}
+
+/// With a binary log in `STATEMENT` format a replica would replay the
+/// stored function's call, `GET_LOCK` included: the client leaves the
+/// function out (the text request logs its `UPDATE` alone), and locks as
+/// well. In `ROW` format it makes the function and uses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_binary_log_leaves_the_stored_function_out() {
+    use sqlx::{Connection, Executor};
+    let server = MariaDbServer::start_with_binary_log("STATEMENT").expect("start MariaDB");
+    let mut admin = sqlx::MySqlConnection::connect(&server.admin_url())
+        .await
+        .expect("connect");
+    let one = locker(&server.url()).await;
+    assert!(
+        !take_function_exists(&mut admin, "dlock").await,
+        "made with a statement-based binary log"
+    );
+    admin
+        .execute("SET GLOBAL binlog_format = 'ROW'")
+        .await
+        .expect("binary log in ROW format");
+    let two = locker(&server.url()).await;
+    assert!(
+        take_function_exists(&mut admin, "dlock").await,
+        "not made with a row-based binary log"
+    );
+    let mut last = 0;
+    for _ in 0..3 {
+        last = take_shared("statement", &one, &two, last).await;
+        last = take_shared("row", &two, &one, last).await;
+    }
+}
