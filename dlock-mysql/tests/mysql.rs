@@ -20,12 +20,17 @@ async fn locker(url: &str) -> Locker {
         .into_locker()
 }
 
+/// A connection of the server's admin, who may do anything.
+async fn admin(server: &MariaDbServer) -> sqlx::MySqlConnection {
+    use sqlx::Connection;
+    sqlx::MySqlConnection::connect(&server.admin_url())
+        .await
+        .expect("an admin's connection")
+}
+
 /// The sessions user `dlock` has open, from an admin's connection.
 async fn dlock_sessions(server: &MariaDbServer) -> Vec<i64> {
-    use sqlx::Connection;
-    let mut conn = sqlx::MySqlConnection::connect(&server.admin_url())
-        .await
-        .expect("connect");
+    let mut conn = admin(server).await;
     sqlx::query_scalar(
         "SELECT CAST(ID AS SIGNED) FROM information_schema.PROCESSLIST \
          WHERE USER = 'dlock' ORDER BY ID",
@@ -252,13 +257,10 @@ async fn long_keys_and_case_are_distinct_locks() {
 /// after a failed attempt and after a failed wait alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_counter_row_is_a_typed_error_and_leaves_no_lock() {
-    use sqlx::Connection;
     let server = MariaDbServer::start().expect("start MariaDB");
     let fenced = locker(&server.url()).await;
     let unfenced = locker(&format!("{}?fence=off", server.url())).await;
-    let mut admin = sqlx::MySqlConnection::connect(&server.admin_url())
-        .await
-        .unwrap();
+    let mut admin = admin(&server).await;
     sqlx::query("DELETE FROM dlock_fence")
         .execute(&mut admin)
         .await
@@ -516,7 +518,7 @@ async fn a_held_up_enqueue_waits_and_costs_the_session_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_queue_entries_are_reaped_at_connect() {
     use dlock_core::backend::Mode;
-    use sqlx::{Connection, Executor};
+    use sqlx::Executor;
     let server = MariaDbServer::start().expect("start MariaDB");
     let url = format!("{}?session_timeout=3s", server.url());
     let held = locker(&url)
@@ -524,9 +526,7 @@ async fn dead_queue_entries_are_reaped_at_connect() {
         .lock_mode("reaped", Mode::Write, LockOptions::new())
         .await
         .expect("a write lock");
-    let mut admin = sqlx::MySqlConnection::connect(&server.admin_url())
-        .await
-        .expect("connect");
+    let mut admin = admin(&server).await;
     async fn count(admin: &mut sqlx::MySqlConnection) -> i64 {
         sqlx::query_scalar("SELECT COUNT(*) FROM dlock.dlock_queue")
             .fetch_one(admin)
@@ -607,11 +607,9 @@ async fn a_failed_enqueue_leaves_the_key_to_the_next() {
 /// and the counter row is not left locked by an open transaction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fences_are_committed_whatever_the_servers_autocommit() {
-    use sqlx::{Connection, Executor};
+    use sqlx::Executor;
     let server = MariaDbServer::start().expect("start MariaDB");
-    let mut admin = sqlx::MySqlConnection::connect(&server.admin_url())
-        .await
-        .expect("connect");
+    let mut admin = admin(&server).await;
     admin
         .execute("SET GLOBAL autocommit = 0")
         .await
@@ -619,9 +617,7 @@ async fn fences_are_committed_whatever_the_servers_autocommit() {
     let client = locker(&format!("{}?session_timeout=5s", server.url())).await;
     let guard = client.lock("committed").await.expect("lock");
     let fence = guard.fencing_token().expect("a fence") as i64;
-    let mut reader = sqlx::MySqlConnection::connect(&server.admin_url())
-        .await
-        .expect("connect");
+    let mut reader = self::admin(&server).await;
     reader
         .execute("SET SESSION autocommit = 1, innodb_lock_wait_timeout = 2")
         .await
@@ -756,11 +752,9 @@ async fn in_a_utf16_database_both_paths_lock_the_same_key() {
 /// given), take one key in turn: rising fences, and each refused while the
 /// other holds it; then the function is dropped, and the locks go on.
 async fn check_both_paths_share_keys_and_fences(database: &str, charset: Option<&str>) {
-    use sqlx::{Connection, Executor};
+    use sqlx::Executor;
     let server = MariaDbServer::start().expect("start MariaDB");
-    let mut admin = sqlx::MySqlConnection::connect(&server.admin_url())
-        .await
-        .expect("connect");
+    let mut admin = admin(&server).await;
     if let Some(charset) = charset {
         admin
             .execute(
@@ -834,11 +828,9 @@ async fn a_parked_lock_holds_up_nothing_on_its_session() {
 /// client that does the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stored_function_of_dlocks_name_that_is_not_dlocks_is_left_alone() {
-    use sqlx::{Connection, Executor};
+    use sqlx::Executor;
     let server = MariaDbServer::start().expect("start MariaDB");
-    let mut admin = sqlx::MySqlConnection::connect(&server.admin_url())
-        .await
-        .expect("connect");
+    let mut admin = admin(&server).await;
     admin
         .execute(
             "CREATE FUNCTION dlock.dlock_take_v1(s BIGINT, n VARCHAR(64), t DOUBLE, \
@@ -861,11 +853,9 @@ async fn a_stored_function_of_dlocks_name_that_is_not_dlocks_is_left_alone() {
 /// well. In `ROW` format it makes the function and uses it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statement_binary_log_leaves_the_stored_function_out() {
-    use sqlx::{Connection, Executor};
+    use sqlx::Executor;
     let server = MariaDbServer::start_with_binary_log("STATEMENT").expect("start MariaDB");
-    let mut admin = sqlx::MySqlConnection::connect(&server.admin_url())
-        .await
-        .expect("connect");
+    let mut admin = admin(&server).await;
     let one = locker(&server.url()).await;
     assert!(
         !take_function_exists(&mut admin, "dlock").await,
