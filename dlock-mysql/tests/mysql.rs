@@ -710,6 +710,19 @@ async fn take_function_exists(admin: &mut sqlx::MySqlConnection, database: &str)
         == 1
 }
 
+/// Whether `locker`'s attempts call the stored function: one `try_lock`
+/// and its release, read in the server's general log.
+async fn calls_the_function(server: &MariaDbServer, locker: &Locker) -> bool {
+    let count = server.count_statements().expect("the general log");
+    let guard = locker
+        .try_lock("which-path")
+        .await
+        .expect("try_lock")
+        .expect("a free key");
+    guard.release().await.expect("release");
+    count.containing("_take_v1").expect("the general log") > 0
+}
+
 /// `taker` takes the free key `shared` with a fence above `last`, and
 /// `other` is refused it meanwhile; answers the fence.
 async fn take_shared(who: &str, taker: &Locker, other: &Locker, last: u64) -> u64 {
@@ -796,6 +809,11 @@ async fn check_both_paths_share_keys_and_fences(database: &str, charset: Option<
         take_function_exists(&mut admin, database).await,
         "not made with the right"
     );
+    assert!(calls_the_function(&server, &full).await, "made, not used");
+    assert!(
+        !calls_the_function(&server, &plain).await,
+        "used without the right"
+    );
     let mut last = 0;
     for _ in 0..3 {
         last = take_shared("plain", &plain, &full, last).await;
@@ -840,6 +858,18 @@ async fn a_stored_function_of_dlocks_name_that_is_not_dlocks_is_left_alone() {
         .expect("an impostor");
     let one = locker(&server.url()).await;
     let two = locker(&server.url()).await;
+    assert!(
+        !calls_the_function(&server, &one).await,
+        "the impostor is called"
+    );
+    let body: String = sqlx::query_scalar(
+        "SELECT ROUTINE_DEFINITION FROM information_schema.ROUTINES \
+         WHERE ROUTINE_SCHEMA = 'dlock' AND ROUTINE_NAME = 'dlock_take_v1'",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .expect("the impostor's body");
+    assert_eq!(body, "RETURN 7", "the impostor was replaced");
     let mut last = 0;
     for _ in 0..3 {
         last = take_shared("one", &one, &two, last).await;
@@ -870,9 +900,28 @@ async fn a_statement_binary_log_leaves_the_stored_function_out() {
         take_function_exists(&mut admin, "dlock").await,
         "not made with a row-based binary log"
     );
+    // A client that finds the function made, under a statement log.
+    admin
+        .execute("SET GLOBAL binlog_format = 'STATEMENT'")
+        .await
+        .expect("binary log in STATEMENT format");
+    let three = locker(&server.url()).await;
+    assert!(
+        !calls_the_function(&server, &one).await,
+        "called under STATEMENT"
+    );
+    assert!(
+        calls_the_function(&server, &two).await,
+        "not called under ROW"
+    );
+    assert!(
+        !calls_the_function(&server, &three).await,
+        "called under STATEMENT, made"
+    );
     let mut last = 0;
     for _ in 0..3 {
         last = take_shared("statement", &one, &two, last).await;
-        last = take_shared("row", &two, &one, last).await;
+        last = take_shared("row", &two, &three, last).await;
+        last = take_shared("statement, made", &three, &one, last).await;
     }
 }

@@ -488,9 +488,9 @@ mod tests {
         })
     }
 
-    /// A suite runs every check it is given, two of them at once (each
-    /// stays running a while, so that every one the suite started
-    /// overlaps), and not more.
+    /// A suite runs every check it is given, `SUITE_CONCURRENCY` of them
+    /// at once (each stays running a while, so that every one the suite
+    /// started overlaps), and not more.
     #[tokio::test]
     async fn a_suite_runs_its_checks_suite_concurrency_at_a_time() {
         let h = harness();
