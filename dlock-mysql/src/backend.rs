@@ -266,6 +266,17 @@ fn on_own_session(expr: &str) -> String {
     format!("SELECT IF(CONNECTION_ID() = ?, {expr}, -1), CAST(CONNECTION_ID() AS SIGNED)")
 }
 
+/// A lock name that one of dlock's tables keeps in `column`, as the
+/// server's lock functions (`IS_USED_LOCK`) must be given it. They compare
+/// names by their bytes, and a column keeps its text in the table's
+/// character set: in a UTF-16 database, `IS_USED_LOCK(owner)` finds a held
+/// lock free (measured on MariaDB 10.11), so a live queue entry would be
+/// reaped and waiters would pass it. dlock's names are ASCII, whose bytes
+/// the connection's character set shares.
+fn lock_name_in(column: &str) -> String {
+    format!("CONVERT({column} USING ascii)")
+}
+
 /// A dlock session's connection, and the connection id of the server
 /// session it opened: every lock statement checks it is still there.
 struct MySqlSession {

@@ -5,7 +5,7 @@ use dlock_core::{backend::BoxFuture, Token};
 use dlock_sql::sqlx;
 use sqlx::Row;
 
-use super::{on_own_session, MySqlDialect, MySqlSession};
+use super::{lock_name_in, on_own_session, MySqlDialect, MySqlSession};
 
 impl MySqlDialect {
     /// A proclaimed hold's entry lock, named as a queue entry's is.
@@ -95,8 +95,9 @@ impl MySqlDialect {
         Box::pin(async move {
             let read = format!(
                 "SELECT CAST(IS_USED_LOCK(?) AS SIGNED), h.fence, h.value, \
-                 CAST(IS_USED_LOCK(h.owner) AS SIGNED) \
+                 CAST(IS_USED_LOCK({}) AS SIGNED) \
                  FROM (SELECT 1) x LEFT JOIN {} h ON h.lock_id = ?",
+                lock_name_in("h.owner"),
                 self.holders
             );
             let row = sqlx::query(read.as_str())

@@ -10,7 +10,7 @@ use dlock_core::{
 use dlock_sql::{sqlx, QueueEntry};
 use sqlx::{Executor, Row};
 
-use super::{on_own_session, MySqlDialect, MySqlSession, FOREVER_SECS, QUEUE_ROW};
+use super::{lock_name_in, on_own_session, MySqlDialect, MySqlSession, FOREVER_SECS, QUEUE_ROW};
 use crate::config::FenceSource;
 
 /// How long an enqueue waits at most for the key's other enqueues (each
@@ -25,8 +25,9 @@ impl MySqlDialect {
     /// reads them.
     fn ahead_query(&self, id: &str, number: &str) -> String {
         format!(
-            "SELECT n, mode, owner, CAST(COALESCE(IS_USED_LOCK(owner) = session, 0) AS SIGNED) \
+            "SELECT n, mode, owner, CAST(COALESCE(IS_USED_LOCK({}) = session, 0) AS SIGNED) \
              FROM {} WHERE lock_id = {id} AND n <= {number} ORDER BY n",
+            lock_name_in("owner"),
             self.queue
         )
     }

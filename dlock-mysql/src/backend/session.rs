@@ -8,7 +8,7 @@ use sqlx::{
     Connection, Executor, Row,
 };
 
-use super::{MySqlDialect, MySqlSession, QUEUE_ROW};
+use super::{lock_name_in, MySqlDialect, MySqlSession, QUEUE_ROW};
 use crate::config::FenceSource;
 
 /// Whether a server of `version` (as `VERSION()` answers) holds several
@@ -80,8 +80,9 @@ impl MySqlDialect {
             // Entries whose sessions ended are deleted by the next enqueue
             // of their key; those of keys nobody locks again, here.
             let reap = format!(
-                "DELETE FROM {} WHERE NOT (IS_USED_LOCK(owner) <=> session)",
-                self.queue
+                "DELETE FROM {} WHERE NOT (IS_USED_LOCK({}) <=> session)",
+                self.queue,
+                lock_name_in("owner")
             );
             conn.conn.execute(reap.as_str()).await?;
             if self.config.fence() == FenceSource::Off {
