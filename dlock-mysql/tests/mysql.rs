@@ -883,7 +883,6 @@ async fn a_stored_function_of_dlocks_name_that_is_not_dlocks_is_left_alone() {
 /// well. In `ROW` format it makes the function and uses it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statement_binary_log_leaves_the_stored_function_out() {
-    use sqlx::Executor;
     let server = MariaDbServer::start_with_binary_log("STATEMENT").expect("start MariaDB");
     let mut admin = admin(&server).await;
     let one = locker(&server.url()).await;
@@ -891,9 +890,8 @@ async fn a_statement_binary_log_leaves_the_stored_function_out() {
         !take_function_exists(&mut admin, "dlock").await,
         "made with a statement-based binary log"
     );
-    admin
-        .execute("SET GLOBAL binlog_format = 'ROW'")
-        .await
+    server
+        .admin("SET GLOBAL binlog_format = 'ROW'")
         .expect("binary log in ROW format");
     let two = locker(&server.url()).await;
     assert!(
@@ -901,9 +899,8 @@ async fn a_statement_binary_log_leaves_the_stored_function_out() {
         "not made with a row-based binary log"
     );
     // A client that finds the function made, under a statement log.
-    admin
-        .execute("SET GLOBAL binlog_format = 'STATEMENT'")
-        .await
+    server
+        .admin("SET GLOBAL binlog_format = 'STATEMENT'")
         .expect("binary log in STATEMENT format");
     let three = locker(&server.url()).await;
     assert!(
