@@ -143,6 +143,10 @@ struct Owned {
     /// The key's create revision, once known: a release deletes only the
     /// key created then.
     created: Option<i64>,
+    /// Whether the entry's name carries this acquisition's token (dlock's
+    /// layout), so that no other request ever makes a key of that name:
+    /// a plain delete of the name then removes only this key.
+    own_name: bool,
     /// The key's create revision, once granted: its place and fence.
     granted: Option<i64>,
     /// With `layout=etcdctl`, this backend's turn at the entry name, given back

@@ -266,6 +266,7 @@ impl EtcdBackend {
                     own_lease: None,
                     on_own_lease: false,
                     created: None,
+                    own_name: !self.go_layout(req.mode),
                     granted: None,
                     _turn: turn.clone(),
                 },

@@ -22,42 +22,65 @@ impl EtcdBackend {
     }
 
     pub(super) async fn delete_owned(&self, token: &Token) -> Result<ReleaseOutcome> {
-        let (name, session, own_lease, created) = {
+        let (name, session, own_lease, created, own_name) = {
             let owned = self.owned();
             let Some(owned) = owned.get(token) else {
                 return Ok(ReleaseOutcome::NotHeld);
             };
             let (name, session) = (owned.name.clone(), owned.session.clone());
-            (name, session, owned.own_lease, owned.created)
+            (
+                name,
+                session,
+                owned.own_lease,
+                owned.created,
+                owned.own_name,
+            )
         };
         session.forget(token);
-        // Only the key we made: the one created at the revision we know,
-        // or before we know it, the one on our session's lease (with
-        // `layout=etcdctl`, a name may be another acquisition's: see
-        // `enter`).
-        let ours = match created {
-            Some(revision) => Compare::create_revision(name.as_str(), CompareOp::Equal, revision),
-            None => Compare::lease(name.as_str(), CompareOp::Equal, session.lease),
-        };
-        let delete = Txn::new()
-            .when([ours])
-            .and_then([TxnOp::delete(name.as_str(), None)]);
         // Forgotten only once deleted: a release that fails (or is dropped)
         // can be sent again, rather than leave a key that blocks the queue
         // for as long as the session lives.
-        let answer = retried(|| {
-            let (mut client, delete) = (self.client(), delete.clone());
-            async move { client.txn(delete).await }
-        })
-        .await?;
+        let deleted = if own_name {
+            // The name carries our token: no other request makes a key of
+            // it, and none of ours makes it again once it is deleted (an
+            // extend or a proclaim checks the create revision). So a plain
+            // delete removes only ours, and etcd applies it faster than a
+            // transaction with a comparison: measured, 64 tasks on 64 keys
+            // made about 1.18x as many locks a second (see BENCHMARKS.md).
+            let answer = retried(|| {
+                let (mut client, name) = (self.client(), name.clone());
+                async move { client.delete(name, None).await }
+            })
+            .await?;
+            answer.deleted() > 0
+        } else {
+            // Only the key we made: the one created at the revision we
+            // know, or before we know it, the one on our session's lease
+            // (with `layout=etcdctl`, a name may be another acquisition's:
+            // see `enter`).
+            let ours = match created {
+                Some(revision) => {
+                    Compare::create_revision(name.as_str(), CompareOp::Equal, revision)
+                }
+                None => Compare::lease(name.as_str(), CompareOp::Equal, session.lease),
+            };
+            let delete = Txn::new()
+                .when([ours])
+                .and_then([TxnOp::delete(name.as_str(), None)]);
+            let answer = retried(|| {
+                let (mut client, delete) = (self.client(), delete.clone());
+                async move { client.txn(delete).await }
+            })
+            .await?;
+            answer.op_responses().into_iter().any(|op| match op {
+                TxnOpResponse::Delete(delete) => delete.deleted() > 0,
+                _ => false,
+            })
+        };
         self.owned().remove(token);
         if let Some(lease) = own_lease {
             self.revoke_in_background(lease);
         }
-        let deleted = answer.op_responses().into_iter().any(|op| match op {
-            TxnOpResponse::Delete(delete) => delete.deleted() > 0,
-            _ => false,
-        });
         Ok(if deleted {
             ReleaseOutcome::Released
         } else {
