@@ -687,4 +687,44 @@ mod tests {
         .unwrap();
         assert_eq!((locks, entries, fenced, records), (0, 0, false, 0));
     }
+
+    async fn lock_timeout(conn: &mut sqlx::PgConnection) -> String {
+        sqlx::query_scalar("SHOW lock_timeout")
+            .fetch_one(conn)
+            .await
+            .expect("SHOW lock_timeout")
+    }
+
+    /// A wait's limit is the server's `lock_timeout` while it waits, and
+    /// nothing after: a wait that ran out leaves the session's setting as
+    /// it was, and a granted one lifts it before its token, so that no
+    /// later statement on the session times out.
+    #[tokio::test]
+    async fn a_wait_limits_only_itself() {
+        let server = PostgresServer::start().expect("start PostgreSQL");
+        let dialect = PgDialect::new(PgConfig::from_url(&server.url()).unwrap());
+        let (mut holder, _) = dialect.open().await.expect("open a session");
+        dialect.setup(&mut holder).await.expect("set up");
+        let (mut waiter, _) = dialect.open().await.expect("open a session");
+        let id = dialect.lock_id(&LockKey::new("limited").unwrap(), Mode::Exclusive);
+        let held = dialect.try_lock(&mut holder, &id, Mode::Exclusive).await;
+        assert!(held.unwrap().is_some(), "the holder takes the free key");
+        let limit = Some(Duration::from_millis(100));
+        let waited = tokio::time::timeout(
+            Duration::from_secs(10),
+            dialect.wait(&mut waiter, &id, Mode::Exclusive, limit),
+        )
+        .await
+        .expect("the server ends the wait at its limit");
+        assert_eq!(waited.unwrap(), None, "not granted while held");
+        assert_eq!(lock_timeout(&mut waiter.conn).await, "0");
+        dialect
+            .unlock(&mut holder, &id, Mode::Exclusive)
+            .await
+            .unwrap();
+        let limit = Some(Duration::from_secs(5));
+        let granted = dialect.wait(&mut waiter, &id, Mode::Exclusive, limit).await;
+        assert!(granted.unwrap().is_some_and(|g| g.fence > 0));
+        assert_eq!(lock_timeout(&mut waiter.conn).await, "0");
+    }
 }

@@ -10,17 +10,23 @@ use sqlx::Executor;
 use super::{own, split, PgDialect, PgSession, LOCK_NOT_AVAILABLE};
 
 /// The wait for `lock` on a waiter session, as one prepared statement
-/// (the server plans it once per session), in four steps, each a subquery
-/// the planner keeps apart (`OFFSET 0`, and `set_config` is volatile, so
-/// never dropped), so that each runs on the row of the one inside it:
+/// (the server plans it once per session). A `CASE` runs its branches in
+/// order and stops at the first that answers (and none of these calls is
+/// folded ahead of time: each is volatile), so its steps run one after
+/// another, each only if the one before it ran:
 /// 1. on the session's own process only (`pid`, the parameter),
 ///    `lock_timeout` set to `limit` (the parameter, in milliseconds, as
 ///    text; `0` for none);
-/// 2. the wait, on that process only;
+/// 2. the wait;
 /// 3. once granted, the limit lifted, so that no later statement on the
 ///    session (the token's `nextval` first) times out;
-/// 4. then the token from `sequence`, and how long the server took since
-///    it received the statement (µs).
+/// 4. the token from `sequence`.
+///
+/// Then, outside the subquery that holds the `CASE` (`OFFSET 0` keeps it
+/// apart, so its row is made first), how long the server took since it
+/// received the statement (µs). One subquery in place of the three this
+/// statement had: measured with `pgbench` on one CPU, about 15 µs less
+/// per wait.
 ///
 /// Nothing is left to run between the grant and the answer but the token.
 /// A wait that times out fails its statement, which undoes its
@@ -30,14 +36,13 @@ use super::{own, split, PgDialect, PgSession, LOCK_NOT_AVAILABLE};
 /// another process), and the server's time.
 pub(super) fn wait_statement(lock: &str, limit: &str, pid: &str, sequence: &str) -> String {
     format!(
-        "SELECT l.pid, CASE WHEN l.got IS NOT NULL THEN nextval('{sequence}') END, \
+        "SELECT g.pid, g.fence, \
          (extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000000)::bigint \
-         FROM (SELECT g.pid, g.got, CASE WHEN g.got IS NOT NULL \
-         THEN set_config('lock_timeout', '0', false) END AS lifted FROM \
-         (SELECT s.pid, CASE WHEN s.pid = {pid} THEN {lock}::text END AS got \
-         FROM (SELECT pg_backend_pid() AS pid, CASE WHEN pg_backend_pid() = {pid} \
-         THEN set_config('lock_timeout', {limit}, false) END AS set OFFSET 0) AS s \
-         OFFSET 0) AS g OFFSET 0) AS l"
+         FROM (SELECT pg_backend_pid() AS pid, CASE WHEN pg_backend_pid() <> {pid} THEN NULL \
+         WHEN set_config('lock_timeout', {limit}, false) IS NULL THEN NULL \
+         WHEN {lock}::text IS NULL THEN NULL \
+         WHEN set_config('lock_timeout', '0', false) IS NULL THEN NULL \
+         ELSE nextval('{sequence}') END AS fence OFFSET 0) AS g"
     )
 }
 
