@@ -363,6 +363,75 @@ mod tests {
         );
     }
 
+    /// The fence is the server's clock in µs, written to the counter digit
+    /// for digit (as text, not through Lua's numbers), also when the µs
+    /// part has fewer than six digits; and one more than the counter when
+    /// the counter is ahead of the clock. The server's `TIME` is shadowed,
+    /// so that each case is met every run.
+    #[tokio::test]
+    async fn the_fence_is_the_clock_in_microseconds_digit_for_digit() {
+        let server = RedisServer::start().expect("redis-server");
+        let mut conn = server.connection().await;
+        let script = Script::new(&format!(
+            "local real = redis\n\
+             local redis = {{call = function(command, ...)\n\
+               if command == 'TIME' then return {{ARGV[1], ARGV[2]}} end\n\
+               return real.call(command, ...)\n\
+             end}}\n{}\nreturn fence(ARGV[3], false)",
+            fence_lua!()
+        ));
+        let cases = [
+            // (counter before, TIME's seconds and µs, the fence)
+            (None, "1764250000", "42", 1_764_250_000_000_042_i64),
+            (None, "1764250000", "0", 1_764_250_000_000_000),
+            (None, "1764250000", "999999", 1_764_250_000_999_999),
+            (
+                Some("1764250000000041"),
+                "1764250000",
+                "42",
+                1_764_250_000_000_042,
+            ),
+            (
+                Some("1764250009000005"),
+                "1764250000",
+                "42",
+                1_764_250_009_000_006,
+            ),
+        ];
+        for (counter, secs, us, expected) in cases {
+            let _: () = redis::cmd("DEL")
+                .arg("c")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            if let Some(counter) = counter {
+                let _: () = redis::cmd("SET")
+                    .arg("c")
+                    .arg(counter)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+            }
+            let fence: i64 = script
+                .key("lock")
+                .key("c")
+                .arg(secs)
+                .arg(us)
+                .arg(30_000)
+                .invoke_async(&mut conn)
+                .await
+                .expect("fence");
+            let kept: String = redis::cmd("GET")
+                .arg("c")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let case = format!("counter {counter:?}, TIME {secs} {us}");
+            assert_eq!(fence, expected, "{case}");
+            assert_eq!(kept, expected.to_string(), "{case}: the counter");
+        }
+    }
+
     /// The branch for a token that holds the lock already (its first reply
     /// was lost) never answers a fence of 0, or one below an earlier token,
     /// though the counter is gone.
