@@ -140,8 +140,8 @@ struct Owned {
     own_lease: Option<i64>,
     /// Whether the key was moved onto `own_lease`, off the session.
     on_own_lease: bool,
-    /// The key's create revision, once known: a release deletes only the
-    /// key created then.
+    /// The key's create revision, once known: with `layout=etcdctl`, a
+    /// release deletes only the key created then.
     created: Option<i64>,
     /// Whether the entry's name carries this acquisition's token (dlock's
     /// layout), so that no other request ever makes a key of that name:

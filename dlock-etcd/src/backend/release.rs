@@ -41,12 +41,15 @@ impl EtcdBackend {
         // can be sent again, rather than leave a key that blocks the queue
         // for as long as the session lives.
         let deleted = if own_name {
-            // The name carries our token: no other request makes a key of
-            // it, and none of ours makes it again once it is deleted (an
-            // extend or a proclaim checks the create revision). So a plain
-            // delete removes only ours, and etcd applies it faster than a
-            // transaction with a comparison: measured, 64 tasks on 64 keys
-            // made about 1.18x as many locks a second (see BENCHMARKS.md).
+            // The name carries our token and our session's lease: only this
+            // acquisition's requests make a key of it. (An enqueue retried
+            // after a lost reply may make it again after this delete; its
+            // caller has gone then, and the enqueue deletes it itself. An
+            // extend or a proclaim checks the create revision, so neither
+            // makes it again.) So a plain delete removes only ours, and
+            // etcd applies it faster than a transaction with a comparison:
+            // measured, 64 tasks on 64 keys made about 1.18x as many locks
+            // a second (BENCHMARKS.md, "What this round changed").
             let answer = retried(|| {
                 let (mut client, name) = (self.client(), name.clone());
                 async move { client.delete(name, None).await }

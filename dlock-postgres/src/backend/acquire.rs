@@ -11,9 +11,9 @@ use super::{own, split, PgDialect, PgSession, LOCK_NOT_AVAILABLE};
 
 /// The wait for `lock` on a waiter session, as one prepared statement
 /// (the server plans it once per session). A `CASE` runs its branches in
-/// order and stops at the first that answers (and none of these calls is
-/// folded ahead of time: each is volatile), so its steps run one after
-/// another, each only if the one before it ran:
+/// order and stops at the first that answers (and the server folds ahead
+/// of time only immutable calls, which none of these is), so its steps
+/// run one after another, each only if the one before it ran:
 /// 1. on the session's own process only (`pid`, the parameter),
 ///    `lock_timeout` set to `limit` (the parameter, in milliseconds, as
 ///    text; `0` for none);
@@ -38,7 +38,7 @@ pub(super) fn wait_statement(lock: &str, limit: &str, pid: &str, sequence: &str)
     format!(
         "SELECT g.pid, g.fence, \
          (extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000000)::bigint \
-         FROM (SELECT pg_backend_pid() AS pid, CASE WHEN pg_backend_pid() <> {pid} THEN NULL \
+         FROM (SELECT pg_backend_pid() AS pid, CASE WHEN pg_backend_pid() IS DISTINCT FROM {pid} THEN NULL \
          WHEN set_config('lock_timeout', {limit}, false) IS NULL THEN NULL \
          WHEN {lock}::text IS NULL THEN NULL \
          WHEN set_config('lock_timeout', '0', false) IS NULL THEN NULL \

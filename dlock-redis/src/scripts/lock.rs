@@ -364,9 +364,10 @@ mod tests {
     }
 
     /// The fence is the server's clock in µs, written to the counter digit
-    /// for digit (as text, not through Lua's numbers), also when the µs
-    /// part has fewer than six digits; and one more than the counter when
-    /// the counter is ahead of the clock. The server's `TIME` is shadowed,
+    /// for digit, also when the µs part has fewer than six digits; and one
+    /// more than the counter when the counter is ahead of the clock. The
+    /// counter lives ten minutes for a short lease, twice a long one, and
+    /// with `keep` never less than it had. The server's `TIME` is shadowed,
     /// so that each case is met every run.
     #[tokio::test]
     async fn the_fence_is_the_clock_in_microseconds_digit_for_digit() {
@@ -377,37 +378,83 @@ mod tests {
              local redis = {{call = function(command, ...)\n\
                if command == 'TIME' then return {{ARGV[1], ARGV[2]}} end\n\
                return real.call(command, ...)\n\
-             end}}\n{}\nreturn fence(ARGV[3], false)",
+             end}}\n{}\nreturn fence(ARGV[3], ARGV[4] == 'keep')",
             fence_lua!()
         ));
+        let (secs, short, long) = ("1764250000", 30_000, 900_000);
         let cases = [
-            // (counter before, TIME's seconds and µs, the fence)
-            (None, "1764250000", "42", 1_764_250_000_000_042_i64),
-            (None, "1764250000", "0", 1_764_250_000_000_000),
-            (None, "1764250000", "999999", 1_764_250_000_999_999),
+            // (the counter before and its TTL, TIME's µs, the lease,
+            // `keep`, the fence, the counter's TTL after, at most and at
+            // least)
             (
-                Some("1764250000000041"),
-                "1764250000",
+                None,
                 "42",
-                1_764_250_000_000_042,
+                short,
+                "",
+                1_764_250_000_000_042_i64,
+                (600_000, 599_000),
             ),
             (
-                Some("1764250009000005"),
-                "1764250000",
+                None,
+                "0",
+                short,
+                "",
+                1_764_250_000_000_000,
+                (600_000, 599_000),
+            ),
+            (
+                None,
+                "999999",
+                long,
+                "",
+                1_764_250_000_999_999,
+                (1_800_000, 1_799_000),
+            ),
+            (
+                Some(("1764250000000041", 5_000)),
                 "42",
+                short,
+                "",
+                1_764_250_000_000_042,
+                (600_000, 599_000),
+            ),
+            (
+                Some(("1764250009000005", 5_000)),
+                "42",
+                short,
+                "",
                 1_764_250_009_000_006,
+                (600_000, 599_000),
+            ),
+            (
+                Some(("1", 5_000_000)),
+                "42",
+                short,
+                "keep",
+                1_764_250_000_000_042,
+                (5_000_000, 4_999_000),
+            ),
+            (
+                Some(("1", 5_000)),
+                "7",
+                short,
+                "keep",
+                1_764_250_000_000_007,
+                (600_000, 599_000),
             ),
         ];
-        for (counter, secs, us, expected) in cases {
+        for (counter, us, lease, keep, expected, (most, least)) in cases {
             let _: () = redis::cmd("DEL")
                 .arg("c")
                 .query_async(&mut conn)
                 .await
                 .unwrap();
-            if let Some(counter) = counter {
+            if let Some((counter, ttl)) = counter {
                 let _: () = redis::cmd("SET")
                     .arg("c")
                     .arg(counter)
+                    .arg("PX")
+                    .arg(ttl)
                     .query_async(&mut conn)
                     .await
                     .unwrap();
@@ -417,18 +464,26 @@ mod tests {
                 .key("c")
                 .arg(secs)
                 .arg(us)
-                .arg(30_000)
+                .arg(lease)
+                .arg(keep)
                 .invoke_async(&mut conn)
                 .await
                 .expect("fence");
-            let kept: String = redis::cmd("GET")
+            let (kept, ttl): (String, i64) = redis::pipe()
+                .cmd("GET")
+                .arg("c")
+                .cmd("PTTL")
                 .arg("c")
                 .query_async(&mut conn)
                 .await
                 .unwrap();
-            let case = format!("counter {counter:?}, TIME {secs} {us}");
+            let case = format!("counter {counter:?}, µs {us}, lease {lease} {keep}");
             assert_eq!(fence, expected, "{case}");
             assert_eq!(kept, expected.to_string(), "{case}: the counter");
+            assert!(
+                (least..=most).contains(&ttl),
+                "{case}: the counter's TTL {ttl}"
+            );
         }
     }
 
