@@ -1,0 +1,98 @@
+//! Unit tests of the dialect's statements, on a real server.
+
+use super::*;
+use dlock_testkit::fixture::PostgresServer;
+
+/// With the session's recorded process id changed, as if a pooler had
+/// moved the connection to another server session, the ping and every
+/// statement that takes or gives back a lock answer `SessionMoved`,
+/// and take nothing: no advisory lock, no queue entry, no fencing
+/// token, no holder record.
+#[tokio::test]
+async fn statements_off_their_session_take_nothing() {
+    let server = PostgresServer::start().expect("start PostgreSQL");
+    let dialect = PgDialect::new(PgConfig::from_url(&server.url()).unwrap());
+    let (mut session, _) = dialect.open().await.expect("open a session");
+    dialect.setup(&mut session).await.expect("set up");
+    let key = LockKey::new("moved").unwrap();
+    let token = Token::generate();
+    session.pid += 1;
+    let moved = |what: &str, e: sqlx::Error| {
+        assert!(dlock_sql::is_session_moved(&e), "{what}: {e}");
+    };
+    moved("ping", dialect.ping(&mut session).await.unwrap_err());
+    for mode in [Mode::Exclusive, Mode::Read, Mode::Write] {
+        let id = dialect.lock_id(&key, mode);
+        let e = dialect.try_lock(&mut session, &id, mode).await;
+        moved("try_lock", e.unwrap_err());
+        let limit = Some(Duration::from_millis(10));
+        let e = dialect.wait(&mut session, &id, mode, limit).await;
+        moved("wait", e.unwrap_err());
+        let e = dialect.unlock(&mut session, &id, mode).await;
+        moved("unlock", e.unwrap_err());
+    }
+    let permits = Mode::Permits { count: 1, limit: 1 };
+    let queued = dialect.lock_id(&key, permits);
+    let e = dialect
+        .enqueue(&mut session, &queued, permits, &token)
+        .await;
+    moved("enqueue", e.unwrap_err());
+    let e = dialect.dequeue(&mut session, &token).await;
+    moved("dequeue", e.unwrap_err());
+    let plain = dialect.lock_id(&key, Mode::Exclusive);
+    let e = dialect
+        .proclaim(&mut session, &plain, &token, 1, b"v")
+        .await;
+    moved("proclaim", e.unwrap_err());
+    let e = dialect.disclaim(&mut session, &plain, &token).await;
+    moved("disclaim", e.unwrap_err());
+    let (locks, entries, fenced, records): (i64, i64, bool, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'), \
+         (SELECT count(*) FROM dlock_queue), \
+         (SELECT is_called FROM dlock_fence), (SELECT count(*) FROM dlock_holder)",
+    )
+    .fetch_one(&mut session.conn)
+    .await
+    .unwrap();
+    assert_eq!((locks, entries, fenced, records), (0, 0, false, 0));
+}
+
+async fn lock_timeout(conn: &mut sqlx::PgConnection) -> String {
+    sqlx::query_scalar("SHOW lock_timeout")
+        .fetch_one(conn)
+        .await
+        .expect("SHOW lock_timeout")
+}
+
+/// A wait's limit is the server's `lock_timeout` while it waits, and
+/// nothing after: a wait that ran out leaves the session's setting as
+/// it was, and a granted one lifts it before its token, so that no
+/// later statement on the session times out.
+#[tokio::test]
+async fn a_wait_limits_only_itself() {
+    let server = PostgresServer::start().expect("start PostgreSQL");
+    let dialect = PgDialect::new(PgConfig::from_url(&server.url()).unwrap());
+    let (mut holder, _) = dialect.open().await.expect("open a session");
+    dialect.setup(&mut holder).await.expect("set up");
+    let (mut waiter, _) = dialect.open().await.expect("open a session");
+    let id = dialect.lock_id(&LockKey::new("limited").unwrap(), Mode::Exclusive);
+    let held = dialect.try_lock(&mut holder, &id, Mode::Exclusive).await;
+    assert!(held.unwrap().is_some(), "the holder takes the free key");
+    let limit = Some(Duration::from_millis(100));
+    let waited = tokio::time::timeout(
+        Duration::from_secs(10),
+        dialect.wait(&mut waiter, &id, Mode::Exclusive, limit),
+    )
+    .await
+    .expect("the server ends the wait at its limit");
+    assert_eq!(waited.unwrap(), None, "not granted while held");
+    assert_eq!(lock_timeout(&mut waiter.conn).await, "0");
+    dialect
+        .unlock(&mut holder, &id, Mode::Exclusive)
+        .await
+        .unwrap();
+    let limit = Some(Duration::from_secs(5));
+    let granted = dialect.wait(&mut waiter, &id, Mode::Exclusive, limit).await;
+    assert!(granted.unwrap().is_some_and(|g| g.fence > 0));
+    assert_eq!(lock_timeout(&mut waiter.conn).await, "0");
+}
