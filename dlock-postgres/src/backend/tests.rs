@@ -3,6 +3,14 @@
 use super::*;
 use dlock_testkit::fixture::PostgresServer;
 
+/// The dialect on `server`, and a session of it with dlock's tables made.
+async fn set_up(server: &PostgresServer) -> (PgDialect, PgSession) {
+    let dialect = PgDialect::new(PgConfig::from_url(&server.url()).unwrap());
+    let (mut session, _) = dialect.open().await.expect("open a session");
+    dialect.setup(&mut session).await.expect("set up");
+    (dialect, session)
+}
+
 /// With the session's recorded process id changed, as if a pooler had
 /// moved the connection to another server session, the ping and every
 /// statement that takes or gives back a lock answer `SessionMoved`,
@@ -11,9 +19,7 @@ use dlock_testkit::fixture::PostgresServer;
 #[tokio::test]
 async fn statements_off_their_session_take_nothing() {
     let server = PostgresServer::start().expect("start PostgreSQL");
-    let dialect = PgDialect::new(PgConfig::from_url(&server.url()).unwrap());
-    let (mut session, _) = dialect.open().await.expect("open a session");
-    dialect.setup(&mut session).await.expect("set up");
+    let (dialect, mut session) = set_up(&server).await;
     let key = LockKey::new("moved").unwrap();
     let token = Token::generate();
     session.pid += 1;
@@ -71,9 +77,7 @@ async fn lock_timeout(conn: &mut sqlx::PgConnection) -> String {
 #[tokio::test]
 async fn a_wait_limits_only_itself() {
     let server = PostgresServer::start().expect("start PostgreSQL");
-    let dialect = PgDialect::new(PgConfig::from_url(&server.url()).unwrap());
-    let (mut holder, _) = dialect.open().await.expect("open a session");
-    dialect.setup(&mut holder).await.expect("set up");
+    let (dialect, mut holder) = set_up(&server).await;
     let (mut waiter, _) = dialect.open().await.expect("open a session");
     let id = dialect.lock_id(&LockKey::new("limited").unwrap(), Mode::Exclusive);
     let held = dialect.try_lock(&mut holder, &id, Mode::Exclusive).await;
