@@ -113,7 +113,9 @@ pub(super) fn watch_our_node(session: &Arc<Session>, token: Token, path: String)
     let session = Arc::downgrade(session);
     tokio::spawn(async move {
         tokio::time::sleep(WATCH_AFTER).await;
-        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+        // Made at the first failure: most watches never need one, and the
+        // task of every held lock would carry its 208 bytes.
+        let mut backoff: Option<Box<Backoff>> = None;
         loop {
             let Some(client) = session
                 .upgrade()
@@ -135,11 +137,19 @@ pub(super) fn watch_our_node(session: &Arc<Session>, token: Token, path: String)
                 // Cut off for now: the session's own clock loses the lock
                 // if it stays so; look again.
                 Err(_) => {
-                    tokio::time::sleep(backoff.next_delay()).await;
+                    let delay = backoff
+                        .get_or_insert_with(|| {
+                            Box::new(Backoff::new(
+                                Duration::from_millis(50),
+                                Duration::from_secs(1),
+                            ))
+                        })
+                        .next_delay();
+                    tokio::time::sleep(delay).await;
                     continue;
                 }
             };
-            backoff.reset();
+            backoff = None;
             match watcher.changed().await.event_type {
                 EventType::NodeDeleted => break,
                 // A terminal session state: the session's monitor tells.
