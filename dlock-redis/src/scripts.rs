@@ -135,14 +135,15 @@ mod lock;
 mod shared;
 
 use election::{HOLDER, PROCLAIM};
-use lock::{ACQUIRE, RELEASE, RENEW};
+use lock::{ACQUIRE, RELEASE, RENEW, RENEW_MANY};
 use shared::{SHARED_ACQUIRE, SHARED_RELEASE, SHARED_RENEW};
 
 /// Every script, in the order of [`Scripts`]' fields.
-const SOURCES: [&str; 8] = [
+const SOURCES: [&str; 9] = [
     ACQUIRE,
     RELEASE,
     RENEW,
+    RENEW_MANY,
     SHARED_ACQUIRE,
     SHARED_RELEASE,
     SHARED_RENEW,
@@ -155,6 +156,7 @@ pub(crate) struct Scripts {
     pub(crate) acquire: Script,
     pub(crate) release: Script,
     pub(crate) renew: Script,
+    pub(crate) renew_many: Script,
     pub(crate) shared_acquire: Script,
     pub(crate) shared_release: Script,
     pub(crate) shared_renew: Script,
@@ -181,11 +183,12 @@ impl Scripts {
             acquire: script(0),
             release: script(1),
             renew: script(2),
-            shared_acquire: script(3),
-            shared_release: script(4),
-            shared_renew: script(5),
-            proclaim: script(6),
-            holder: script(7),
+            renew_many: script(3),
+            shared_acquire: script(4),
+            shared_release: script(5),
+            shared_renew: script(6),
+            proclaim: script(7),
+            holder: script(8),
             sources,
         }
     }

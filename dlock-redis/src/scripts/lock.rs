@@ -218,26 +218,57 @@ return released
 "
 );
 
-/// Extend the lease if the token holds the lock (its value marked or not,
-/// see [`RELEASE`]), and the fence counter's
-/// life with it (see [`ACQUIRE`]; a key without a counter, as on Redlock,
-/// is left so).
+/// `renew(lock, counter, value, token, lease)`, the body of [`RENEW`] and
+/// [`RENEW_MANY`]: extends the lease if the token holds the lock (its
+/// value marked or not, see [`RELEASE`]), and the fence counter's life
+/// with it (see [`ACQUIRE`]; a key without a counter, as on Redlock, is
+/// left so). Returns 1 if renewed, else 0.
 ///
 /// A proclaimed value (see [`PROCLAIM`](super::election::PROCLAIM))
 /// lives twice the lease, and is kept alive with the counter (whose TTL
 /// has a floor, see [`ACQUIRE`]).
+macro_rules! renew_lua {
+    () => {
+        r"
+local function renew(lock, counter, value, token, lease)
+  local holder = redis.call('GET', lock)
+  if holder == token or holder == token .. '+' then
+    redis.call('PEXPIRE', counter, math.max(2 * lease, 600000))
+    redis.call('PEXPIRE', value, 2 * lease)
+    return redis.call('PEXPIRE', lock, lease)
+  end
+  return 0
+end
+"
+    };
+}
+
+/// Renews one lock (see `renew_lua!`).
 ///
 /// KEYS: lock, fence counter, proclaimed value. ARGV: token, lease in ms.
 /// Returns 1 if renewed, else 0.
-pub(super) const RENEW: &str = r"
-local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] or holder == ARGV[1] .. '+' then
-  redis.call('PEXPIRE', KEYS[2], math.max(2 * ARGV[2], 600000))
-  redis.call('PEXPIRE', KEYS[3], 2 * ARGV[2])
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+pub(super) const RENEW: &str = concat!(
+    renew_lua!(),
+    "return renew(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2])\n"
+);
+
+/// Renews many locks of one node in one call (see `renew_lua!`): a
+/// watchdog tick's renewals cost the server one script call per batch
+/// rather than one per lock.
+///
+/// KEYS: each lock's lock, fence counter and proclaimed value, in turn.
+/// ARGV: each lock's token and lease in ms, in the same order. Returns 1
+/// or 0 for each lock, in order.
+pub(super) const RENEW_MANY: &str = concat!(
+    renew_lua!(),
+    r"
+local renewed = {}
+for i = 1, #KEYS / 3 do
+  renewed[i] = renew(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], ARGV[2 * i - 1], ARGV[2 * i])
 end
-return 0
-";
+return renewed
+"
+);
 
 #[cfg(test)]
 mod tests {

@@ -8,12 +8,14 @@ use std::{
 };
 
 use dlock_core::{
-    backend::{Backend, Mode},
+    backend::{Backend, Mode, RenewOutcome, RenewRequest},
     distributed_lock, LockError, LockKey, LockOptions, Locker, LostReason, Token,
 };
 use tokio::time::Instant;
 
-use super::{free, must, patient, release_behind_its_back, taken, Harness, PATIENCE};
+use super::{
+    free, must, patient, primitives::offered, release_behind_its_back, taken, Harness, PATIENCE,
+};
 
 /// Checks that after a holder of `key` crashed, `other` cannot take the key
 /// at once, and gets it no sooner than `at_least` after `since` and not
@@ -344,6 +346,75 @@ pub async fn renewal_that_finds_another_owner_reports_lost(h: &Harness) {
         h.name
     );
     must(h, "release", taken.release().await);
+}
+
+/// One renewal of many locks answers each lock in its place: renewed
+/// where its guard holds the lock, not held where it was released behind
+/// the guard's back, whether the key is free now or another client took
+/// it. 600 locks, past the size of a batch a backend may renew in one call
+/// (256 on Redis), the released ones at the batches' edges, and a read
+/// lock among them where the backend has them, whose renewal goes apart
+/// from the plain locks'.
+pub async fn a_renewal_of_many_locks_answers_each_in_its_place(h: &Harness) {
+    const LOCKS: usize = 600;
+    const RELEASED: [usize; 8] = [0, 1, 255, 256, 257, 511, 512, 599];
+    let (a, b) = (h.locker().await, h.locker().await);
+    let mut guards = Vec::with_capacity(LOCKS + 1);
+    for i in 0..LOCKS {
+        let key = h.key(&format!("renew-many-{i}"));
+        let guard = must(h, "try_lock", a.try_lock(&key).await);
+        guards.push(guard.unwrap_or_else(|| panic!("[{}] {key} was held", h.name)));
+    }
+    let read_key = h.key("renew-many-read");
+    if offered(h, &a, &read_key, Mode::Read).await {
+        let read = must(
+            h,
+            "a read lock",
+            a.lock_mode(&read_key, Mode::Read, patient()).await,
+        );
+        guards.insert(300, read);
+    }
+    let mut expected = vec![RenewOutcome::Renewed; guards.len()];
+    let mut others = Vec::new();
+    for (n, &at) in RELEASED.iter().enumerate() {
+        release_behind_its_back(h, &a, &guards[at]).await;
+        expected[at] = RenewOutcome::NotHeld;
+        if n % 2 == 1 {
+            let key = guards[at].key().to_owned();
+            others.push(must(h, "another owner", b.lock_with(&key, patient()).await));
+        }
+    }
+    let requests: Vec<RenewRequest> = guards
+        .iter()
+        .map(|guard| RenewRequest {
+            key: LockKey::new(guard.key()).expect("valid key"),
+            mode: guard.mode(),
+            token: *guard.token(),
+            lease: Duration::from_secs(30),
+        })
+        .collect();
+    let renewed = must(h, "renew", a.backend().renew(&requests).await);
+    let wrong: Vec<(usize, RenewOutcome)> = renewed
+        .iter()
+        .enumerate()
+        .filter(|&(at, outcome)| expected.get(at) != Some(outcome))
+        .map(|(at, outcome)| (at, *outcome))
+        .collect();
+    assert!(
+        renewed.len() == expected.len() && wrong.is_empty(),
+        "[{}] {} outcomes for {} locks; out of place: {wrong:?}",
+        h.name,
+        renewed.len(),
+        expected.len()
+    );
+    assert!(
+        others.iter().all(|other| !other.is_lost()),
+        "[{}] another owner lost a key",
+        h.name
+    );
+    drop((guards, others));
+    a.wait_for_releases().await;
+    b.wait_for_releases().await;
 }
 
 /// A body that does guarded steps, one each 10 ms, under the lock, until it

@@ -306,6 +306,7 @@ macro_rules! conformance_tests {
             dropped_futures_cost_the_clients_other_locks_nothing,
             crashed_holder_with_watchdog,
             renewal_that_finds_another_owner_reports_lost,
+            a_renewal_of_many_locks_answers_each_in_its_place,
             extend_moves_a_fixed_lease_and_checks_the_owner,
             awkward_keys_are_distinct_locks,
             lock_all_in_opposite_orders_neither_deadlocks_nor_overlaps,
@@ -352,6 +353,7 @@ macro_rules! conformance_tests {
             fixed_lease_reports_lost_before_others_acquire,
             a_fixed_lease_counts_from_the_grant,
             renewal_that_finds_another_owner_reports_lost,
+            a_renewal_of_many_locks_answers_each_in_its_place,
             extend_moves_a_fixed_lease_and_checks_the_owner,
             abort_on_lost_drops_the_body_the_server_took_the_lock_from,
             // input.rs
