@@ -70,7 +70,12 @@ const REDLOCK_NODE_TIMEOUT_MAX: Duration = Duration::from_secs(1);
 ///   release after that serves the line in order again.
 /// - **Release and renewal** compare the token in a Lua script. The
 ///   watchdog renews every held lock of a locker in one pipelined round
-///   trip per node and tick.
+///   trip per node and tick, 256 plain locks to a script call, so one call
+///   names the keys of many locks: a `redis://` URL names one server (or
+///   a Sentinel deployment's master), not a proxy that spreads keys over
+///   cluster slots, which refuses such a call (`CROSSSLOT`) and would let
+///   every lease run out. For a cluster, `redis+cluster://`, which renews
+///   one lock to a call.
 /// - **Redlock** (`redis+redlock://`) sends each step to every node at once,
 ///   with a per-node timeout much shorter than the lease, and holds the
 ///   lock only with a majority and time left on the lease; otherwise it

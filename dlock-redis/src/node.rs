@@ -138,9 +138,10 @@ impl Keys {
     }
 }
 
-/// How many plain locks one batch renewal renews: the call holds the
-/// server for about a microsecond per lock, so a batch keeps other
-/// clients' commands waiting a quarter of a millisecond at most.
+/// How many plain locks one batch renewal renews: a `GET` and three
+/// `PEXPIRE`s each, so a call holds the server for a fraction of a
+/// millisecond (Redlock-5 renewed 100,000 locks on each of 5 nodes, on 2
+/// CPUs, in about 1.5 s), where a lock's request would wait behind it.
 const RENEW_BATCH: usize = 256;
 
 /// One lock for [`Node::renew`].
@@ -544,6 +545,13 @@ impl Node {
             }
             other => other?,
         };
+        if answers.len() != calls.len() {
+            return Err(RedisError::from((
+                ErrorKind::Parse,
+                "a renewal pipeline answered for another number of calls",
+                format!("{} answers for {} calls", answers.len(), calls.len()),
+            )));
+        }
         let mut renewed = vec![false; locks.len()];
         for (call, answer) in calls.iter().zip(answers) {
             let answer: Vec<i64> = if locks[call[0]].shared {

@@ -119,6 +119,7 @@ pub(super) async fn held(target: &Target, locks: usize) -> Row {
     tokio::time::sleep(lease * 2 / 3 + Duration::from_millis(100)).await;
     settled().await;
     let counted = counting.renewals() - counted_before;
+    let lost_counted = guards.iter().filter(|g| g.is_lost()).count() - lost;
     let server_requests = requests_before
         .zip(requests.so_far())
         .map(|(before, after)| (after - before) as f64 / counted.max(1) as f64);
@@ -132,7 +133,7 @@ pub(super) async fn held(target: &Target, locks: usize) -> Row {
         ops: locks as u64,
         ops_per_sec: locks as f64 / acquired_in.as_secs_f64(),
         notes: format!(
-            "{heap_per_lock:.0} heap bytes per held lock; {ticks_renewals} renew calls in 2 watchdog ticks (0 = the session keepalive covers them){}; lost {lost}",
+            "{heap_per_lock:.0} heap bytes per held lock; {ticks_renewals} renew calls in 2 watchdog ticks (0 = the session keepalive covers them){}; lost {lost} ({lost_counted} more while the requests were counted)",
             match (counted, server_requests) {
                 (0, Some(n)) => format!(", {:.0} server requests in them", n),
                 (_, Some(n)) => format!(", {n:.0} server requests per call"),
