@@ -119,9 +119,32 @@ pub(crate) fn flock(file: &File, op: Op, path: &Path) -> Result<bool, LockError>
     ))
 }
 
+/// A writer's gate, held exclusive: while it is held, new readers wait
+/// behind the writer. Dropping it unlocks it.
+#[derive(Debug)]
+pub(crate) struct Gate(File);
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        let _ = rustix::fs::flock(&self.0, Op::Unlock);
+    }
+}
+
 /// One attempt, without waiting: the grant, or `None` if the object is
 /// held against it.
 pub(crate) fn attempt(plan: &Plan, key: &LockKey) -> Result<Option<Held>, LockError> {
+    attempt_queued(plan, key, &mut None)
+}
+
+/// One attempt by a client that will wait if refused: a writer keeps the
+/// gate it took in `queued` (or passes the one already there), so that no
+/// reader slips in between its attempt and its wait. Other plans leave
+/// `queued` alone.
+pub(crate) fn attempt_queued(
+    plan: &Plan,
+    key: &LockKey,
+    queued: &mut Option<Gate>,
+) -> Result<Option<Held>, LockError> {
     let taken = match plan {
         Plan::Exclusive(names) => one(&names.main, Op::NonBlockingLockExclusive)?.map(|f| vec![f]),
         Plan::Read(names) => {
@@ -133,11 +156,17 @@ pub(crate) fn attempt(plan: &Plan, key: &LockKey) -> Result<Option<Held>, LockEr
             rw.map(|f| vec![f])
         }
         Plan::Write(names) => {
-            let Some(gate) = one(&names.gate(), Op::NonBlockingLockExclusive)? else {
-                return Ok(None);
-            };
+            if queued.is_none() {
+                match one(&names.gate(), Op::NonBlockingLockExclusive)? {
+                    Some(gate) => *queued = Some(Gate(gate)),
+                    None => return Ok(None),
+                }
+            }
             let rw = one(&names.main, Op::NonBlockingLockExclusive)?;
-            drop(unlocked(gate));
+            if rw.is_some() {
+                // Through the gate: the writer holds the lock itself now.
+                *queued = None;
+            }
             rw.map(|f| vec![f])
         }
         Plan::Permits {
@@ -160,7 +189,13 @@ pub(crate) fn attempt(plan: &Plan, key: &LockKey) -> Result<Option<Held>, LockEr
 /// gate), and polls with a backoff up to [`POLL_CAP`] where several do (a
 /// writer waiting for readers to leave, permits). `None` if stopped
 /// first; a lock obtained after the caller left is unlocked at once.
-pub(crate) fn wait(plan: &Plan, key: &LockKey, stop: &Stop<'_>) -> Result<Option<Held>, LockError> {
+/// A writer's gate its attempt kept comes in `queued`.
+pub(crate) fn wait(
+    plan: &Plan,
+    key: &LockKey,
+    stop: &Stop<'_>,
+    queued: Option<Gate>,
+) -> Result<Option<Held>, LockError> {
     let taken = match plan {
         Plan::Exclusive(names) => {
             let file = blocking(&names.main, Op::LockExclusive)?;
@@ -178,12 +213,15 @@ pub(crate) fn wait(plan: &Plan, key: &LockKey, stop: &Stop<'_>) -> Result<Option
             (!stop.now()).then(|| vec![rw])
         }
         Plan::Write(names) => {
-            let gate = blocking(&names.gate(), Op::LockExclusive)?;
+            let gate = match queued {
+                Some(gate) => gate,
+                None => Gate(blocking(&names.gate(), Op::LockExclusive)?),
+            };
             let rw = open(&names.main)?;
             let got = poll(stop, || {
                 flock(&rw, Op::NonBlockingLockExclusive, &names.main)
             })?;
-            drop(unlocked(gate));
+            drop(gate);
             got.then(|| vec![rw])
         }
         Plan::Permits {

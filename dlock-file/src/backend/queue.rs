@@ -20,7 +20,7 @@ use tokio::{sync::oneshot, time::Instant};
 
 use super::{
     lock,
-    locks::{self, Held, Plan, Stop},
+    locks::{self, Gate, Held, Plan, Stop},
     FileBackend, Owned,
 };
 use crate::NAME;
@@ -86,20 +86,25 @@ impl FileBackend {
 
     pub(super) async fn acquire_inner(&self, req: AcquireRequest<'_>) -> Result<Option<Acquired>> {
         let plan = self.plan(req.key, req.mode)?;
-        let held = {
+        let waits = !matches!(req.wait, Wait::No);
+        let (held, queued) = {
             let (plan, key) = (plan.clone(), req.key.clone());
-            // Dropped before it answers, its grant is dropped with its
-            // output: unlocked.
-            tokio::task::spawn_blocking(move || settled_attempt(&plan, &key))
-                .await
-                .map_err(|e| LockError::backend(NAME, e))??
+            // Dropped before it answers, its grant (or a writer's gate) is
+            // dropped with its output: unlocked.
+            tokio::task::spawn_blocking(move || {
+                let mut queued = None;
+                settled_attempt(&plan, &key, waits.then_some(&mut queued))
+                    .map(|held| (held, queued))
+            })
+            .await
+            .map_err(|e| LockError::backend(NAME, e))??
         };
         if let Some(held) = held {
             return Ok(Some(self.granted(&req, held)));
         }
         let held = match req.wait {
             Wait::No => None,
-            Wait::Until(_) | Wait::Forever => wait(plan, req.key.clone(), req.wait).await?,
+            Wait::Until(_) | Wait::Forever => wait(plan, req.key.clone(), req.wait, queued).await?,
         };
         Ok(held.map(|held| self.granted(&req, held)))
     }
@@ -128,10 +133,19 @@ impl FileBackend {
 
 /// One attempt; refused while a wait this process abandoned may hold the
 /// object for a moment, tried again for up to about 25 ms, so that a lock
-/// freed just now is not refused because of a waiter that left.
-fn settled_attempt(plan: &Plan, key: &LockKey) -> Result<Option<Held>> {
+/// freed just now is not refused because of a waiter that left. With
+/// `queued`, the caller waits if refused: a writer keeps its gate there.
+fn settled_attempt(
+    plan: &Plan,
+    key: &LockKey,
+    mut queued: Option<&mut Option<Gate>>,
+) -> Result<Option<Held>> {
     for _ in 0..25 {
-        if let Some(held) = locks::attempt(plan, key)? {
+        let held = match queued.as_deref_mut() {
+            Some(queued) => locks::attempt_queued(plan, key, queued)?,
+            None => locks::attempt(plan, key)?,
+        };
+        if let Some(held) = held {
             return Ok(Some(held));
         }
         if abandoned_waits(&plan.names().main) == 0 {
@@ -172,13 +186,16 @@ impl Drop for Waiting {
 }
 
 /// Waits for `plan` until `wait`'s deadline, on a thread of its own (or,
-/// past [`MAX_WAIT_THREADS`], by polling).
-async fn wait(plan: Plan, key: LockKey, wait: Wait) -> Result<Option<Held>> {
+/// past [`MAX_WAIT_THREADS`], by polling), holding a writer's gate its
+/// attempt kept (`queued`) throughout.
+async fn wait(plan: Plan, key: LockKey, wait: Wait, queued: Option<Gate>) -> Result<Option<Held>> {
     let deadline = wait.deadline();
     if WAIT_THREADS.fetch_add(1, Ordering::SeqCst) >= MAX_WAIT_THREADS {
         WAIT_THREADS.fetch_sub(1, Ordering::SeqCst);
-        return poll(plan, key, deadline).await;
+        return poll(plan, key, deadline, queued).await;
     }
+    // Moved into the thread; if none can be made, handed back to poll.
+    let queued = Arc::new(Mutex::new(queued));
     let cell = Arc::new(Cell::default());
     let path = plan.names().main.clone();
     let (tx, rx) = oneshot::channel();
@@ -187,12 +204,14 @@ async fn wait(plan: Plan, key: LockKey, wait: Wait) -> Result<Option<Held>> {
         .spawn({
             let (cell, plan, path, key) = (cell.clone(), plan.clone(), path.clone(), key.clone());
             let deadline = deadline.map(Instant::into_std);
+            let queued = queued.clone();
             move || {
                 let stop = Stop {
                     abandoned: &cell.abandoned,
                     deadline,
                 };
-                let outcome = locks::wait(&plan, &key, &stop);
+                let queued = lock(&queued).take();
+                let outcome = locks::wait(&plan, &key, &stop, queued);
                 // Sent to nobody, a grant is dropped here: unlocked.
                 drop(tx.send(outcome));
                 let mut finished = lock(&cell.finished);
@@ -205,7 +224,8 @@ async fn wait(plan: Plan, key: LockKey, wait: Wait) -> Result<Option<Held>> {
         });
     if spawned.is_err() {
         WAIT_THREADS.fetch_sub(1, Ordering::SeqCst);
-        return poll(plan, key, deadline).await;
+        let queued = lock(&queued).take();
+        return poll(plan, key, deadline, queued).await;
     }
     let mut waiting = Waiting {
         cell,
@@ -225,15 +245,25 @@ async fn wait(plan: Plan, key: LockKey, wait: Wait) -> Result<Option<Held>> {
 }
 
 /// Polls `plan` with one attempt per backoff step (2 ms up to 100 ms)
-/// until `deadline`: when no thread could be had for the wait.
-async fn poll(plan: Plan, key: LockKey, deadline: Option<Instant>) -> Result<Option<Held>> {
+/// until `deadline`: when no thread could be had for the wait. A writer
+/// holds its gate (`queued`) from its first attempt to its last.
+async fn poll(
+    plan: Plan,
+    key: LockKey,
+    deadline: Option<Instant>,
+    mut queued: Option<Gate>,
+) -> Result<Option<Held>> {
     let mut backoff = Backoff::new(Duration::from_millis(2), Duration::from_millis(100));
     loop {
         let held = {
             let (plan, key) = (plan.clone(), key.clone());
-            tokio::task::spawn_blocking(move || locks::attempt(&plan, &key))
-                .await
-                .map_err(|e| LockError::backend(NAME, e))??
+            let (held, kept) = tokio::task::spawn_blocking(move || {
+                locks::attempt_queued(&plan, &key, &mut queued).map(|held| (held, queued))
+            })
+            .await
+            .map_err(|e| LockError::backend(NAME, e))??;
+            queued = kept;
+            held
         };
         if held.is_some() {
             return Ok(held);
