@@ -246,7 +246,8 @@ async fn wait(plan: Plan, key: LockKey, wait: Wait, queued: Option<Gate>) -> Res
 
 /// Polls `plan` with one attempt per backoff step (2 ms up to 100 ms)
 /// until `deadline`: when no thread could be had for the wait. A writer
-/// holds its gate (`queued`) from its first attempt to its last.
+/// holds its gate (`queued`) from the first attempt that gets it to its
+/// last.
 async fn poll(
     plan: Plan,
     key: LockKey,
