@@ -81,6 +81,12 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// server, until the lock is granted or `req.wait`'s deadline passes.
     /// Returns `Ok(None)` if the lock was not acquired.
     ///
+    /// At the deadline the backend ends its wait on the server itself, and
+    /// answers once the server has let it go (a grant made in that instant
+    /// is undone, or returned). [`Locker`](crate::Locker) waits half a
+    /// second past the deadline for that answer; a wait still running then
+    /// is dropped, and ended from outside after the caller was told.
+    ///
     /// The returned [`Acquired::sent_at`] must be taken just before the
     /// request that won the lock was sent: the holder's lease clock starts
     /// there.

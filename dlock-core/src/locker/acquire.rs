@@ -25,6 +25,16 @@ use crate::{
 /// passed without a grant (see [`Backend::check_servers`]).
 const CHECK_SERVERS_WITHIN: Duration = Duration::from_secs(1);
 
+/// How long past the wait limit a backend may take to answer for its own
+/// wait, before the attempt is dropped. A server ends a wait it bounds
+/// itself (PostgreSQL's `lock_timeout`, a line's own deadline) a little
+/// after the client's deadline, one way of the network later, and the
+/// backend then undoes what the server may have granted in that instant:
+/// a wait dropped before that would be ended from outside, after
+/// `Timeout` was returned, and could be granted a release that comes in
+/// between, keeping the next owner out for that moment.
+const ANSWER_AFTER_LIMIT_WITHIN: Duration = Duration::from_millis(500);
+
 impl Locker {
     /// Asks the backend whether its servers answer, bounded to
     /// [`CHECK_SERVERS_WITHIN`]; no answer in time is their error.
@@ -132,13 +142,16 @@ impl Locker {
                 armed: true,
             };
             let attempt = self.shared.backend.acquire(request);
-            // The backend bounds its own wait; this bound makes the limit
-            // exact whatever the backend does.
+            // The backend bounds its own wait, and answers for it; this
+            // bound ends it whatever the backend does.
             let (outcome, cut_short) = match wait {
-                Wait::Until(deadline) => match tokio::time::timeout_at(deadline, attempt).await {
-                    Ok(outcome) => (outcome, false),
-                    Err(_) => (Ok(None), true),
-                },
+                Wait::Until(deadline) => {
+                    let give_up = deadline + ANSWER_AFTER_LIMIT_WITHIN;
+                    match tokio::time::timeout_at(give_up, attempt).await {
+                        Ok(outcome) => (outcome, false),
+                        Err(_) => (Ok(None), true),
+                    }
+                }
                 Wait::No | Wait::Forever => (attempt.await, false),
             };
             unanswered.armed = cut_short || outcome.is_err();
