@@ -67,7 +67,7 @@ impl LockerBuilder {
         self
     }
 
-    /// Waits at most `limit` by default.
+    /// Waits `limit` by default (see [`LockOptions::wait`](crate::LockOptions::wait)).
     pub fn wait(mut self, limit: Duration) -> Self {
         self.defaults = self.defaults.wait(limit);
         self

@@ -184,7 +184,8 @@ impl Locker {
     /// - [`LockError::InvalidKey`], [`LockError::InvalidOptions`];
     /// - [`LockError::Lost`] when re-entering a hold that was lost;
     /// - [`LockError::Backend`] when the server fails, also when the wait
-    ///   limit passes while the servers do not answer: then the backend is
+    ///   limit passes while the servers do not answer: then the backend's
+    ///   wait is dropped half a second past the limit, the backend is
     ///   asked once ([`Backend::check_servers`], at most 1 s more), and
     ///   their error is the answer;
     /// - [`LockError::NoRuntime`] outside a Tokio runtime.

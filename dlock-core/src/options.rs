@@ -71,8 +71,15 @@ impl LockOptions {
         Self::default()
     }
 
-    /// Waits at most `limit` for the lock, then fails with
+    /// Waits `limit` for the lock, then fails with
     /// [`LockError::Timeout`](crate::LockError::Timeout). A zero limit makes one attempt.
+    ///
+    /// At the limit the backend ends its wait on the server and answers
+    /// once the server has let it go, a round trip later: a grant the
+    /// server made in that instant is yours, and nothing of the wait is
+    /// left on the server when `Timeout` comes. Past the limit, the wait
+    /// for that answer lasts at most half a second (then the attempt is
+    /// dropped and cleaned up behind it).
     pub fn wait(mut self, limit: Duration) -> Self {
         self.wait = Some(Some(limit));
         self

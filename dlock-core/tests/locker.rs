@@ -252,6 +252,30 @@ async fn a_grant_whose_reply_misses_the_wait_limit_is_released() {
     );
 }
 
+/// A backend answers for its own wait a little after the limit (a
+/// server's own timer, started when the request arrived, ends it a moment
+/// later): its answer is heard, not cut off, so that nothing of the wait
+/// is left to end from outside after the caller was told.
+#[tokio::test]
+async fn a_grant_answered_shortly_after_the_wait_limit_is_kept() {
+    let server = MemoryBackend::new();
+    let locker = Locker::new(Answer {
+        inner: server.clone(),
+        sent_earlier: Duration::ZERO,
+        reply_delay: Duration::from_millis(250),
+        release_delay: Duration::ZERO,
+    });
+    let start = Instant::now();
+    let guard = locker
+        .lock_with("k", LockOptions::new().wait(Duration::from_millis(100)))
+        .await
+        .expect("the answer that came 150 ms past the limit");
+    assert!(start.elapsed() >= Duration::from_millis(250));
+    assert!(!server.is_idle(), "the kept grant is not held");
+    guard.release().await.unwrap();
+    assert!(server.is_idle());
+}
+
 #[tokio::test]
 async fn a_release_dropped_before_it_reached_the_server_is_still_sent() {
     let server = MemoryBackend::new();

@@ -85,7 +85,9 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// answers once the server has let it go (a grant made in that instant
     /// is undone, or returned). [`Locker`](crate::Locker) waits half a
     /// second past the deadline for that answer; a wait still running then
-    /// is dropped, and ended from outside after the caller was told.
+    /// is dropped, and ended from outside after the caller was told. A
+    /// wait no request can end (a thread blocked in `flock(2)`) may answer
+    /// at the deadline, if it lets a grant that comes later go at once.
     ///
     /// The returned [`Acquired::sent_at`] must be taken just before the
     /// request that won the lock was sent: the holder's lease clock starts

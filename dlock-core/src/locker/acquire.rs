@@ -145,13 +145,15 @@ impl Locker {
             // The backend bounds its own wait, and answers for it; this
             // bound ends it whatever the backend does.
             let (outcome, cut_short) = match wait {
-                Wait::Until(deadline) => {
-                    let give_up = deadline + ANSWER_AFTER_LIMIT_WITHIN;
-                    match tokio::time::timeout_at(give_up, attempt).await {
+                Wait::Until(deadline) => match deadline.checked_add(ANSWER_AFTER_LIMIT_WITHIN) {
+                    Some(give_up) => match tokio::time::timeout_at(give_up, attempt).await {
                         Ok(outcome) => (outcome, false),
                         Err(_) => (Ok(None), true),
-                    }
-                }
+                    },
+                    // A limit the clock cannot count past: the backend's
+                    // own bound is the only one.
+                    None => (attempt.await, false),
+                },
                 Wait::No | Wait::Forever => (attempt.await, false),
             };
             unanswered.armed = cut_short || outcome.is_err();

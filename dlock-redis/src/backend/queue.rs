@@ -392,14 +392,11 @@ impl RedisBackend {
                 Err(error) => pacing.failed(now, error)?,
             };
             if !pacing.pause(now, sleep, wake.as_ref()).await {
-                // Out of line, so that nobody waits for our turn (if this
-                // fails, the ticket lapses within its short life).
-                if let Err(error) = self
-                    .release_names(&names, &token, self.node_timeout(req.lease))
-                    .await
-                {
-                    tracing::warn!(%error, key = %names.lock, "dlock redis: leaving the line failed");
-                }
+                // Out of line, so that nobody waits for our turn. If no
+                // node answers, the error has core release the token
+                // again (a grant in the last instant included).
+                self.release_names(&names, &token, self.node_timeout(req.lease))
+                    .await?;
                 return Ok(None);
             }
         }
@@ -483,8 +480,12 @@ impl RedisBackend {
                 Err(error) => pacing.failed(now, backend_error(error))?,
             };
             if !pacing.pause(now, sleep, wake.as_ref()).await {
-                // Out of line, so that nobody waits for our turn.
-                let _ = node.release_shared(&names, &entry).await;
+                // Out of line, so that nobody waits for our turn: the
+                // entry lives for the lease, so a failure is an error,
+                // and core releases the token again.
+                node.release_shared(&names, &entry)
+                    .await
+                    .map_err(backend_error)?;
                 return Ok(None);
             }
         }
