@@ -199,7 +199,7 @@ impl Workers<'_> {
             .args(["--slot", &slot.to_string()])
             .args(["--tasks", &self.args.tasks.to_string()])
             .arg("--log")
-            .arg(self.dir.join(format!("worker-{id}.log")))
+            .arg(self.log(id))
             .args(["--seed", &self.seed.to_string()])
             .arg("--duration")
             .arg(format!("{}ms", left.as_millis().max(1)))
@@ -212,6 +212,39 @@ impl Workers<'_> {
         }
         self.running.push((id, slot, command.spawn()?));
         Ok(())
+    }
+
+    fn log(&self, id: u32) -> PathBuf {
+        self.dir.join(format!("worker-{id}.log"))
+    }
+
+    /// Stops a worker that holds a lock now, looking from the one at `at`
+    /// on (stopped, a worker's log is still, so its last lines tell);
+    /// if none does, stops the one at `at`. Its process id, `None` if it
+    /// has exited.
+    fn stop_a_holder(&self, at: usize) -> Option<Pid> {
+        let count = self.running.len();
+        let mut fallback = None;
+        for i in 0..count {
+            let (id, _, child) = &self.running[(at + i) % count];
+            let Some(pid) = Workers::pid(child) else {
+                continue;
+            };
+            let _ = kill_process(pid, Signal::STOP);
+            if holds_now(&self.log(*id)) {
+                if let Some(other) = fallback {
+                    let _ = kill_process(other, Signal::CONT);
+                }
+                return Some(pid);
+            }
+            match fallback {
+                None => fallback = Some(pid),
+                Some(_) => {
+                    let _ = kill_process(pid, Signal::CONT);
+                }
+            }
+        }
+        fallback
     }
 
     fn pid(child: &Child) -> Option<Pid> {
@@ -339,8 +372,7 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
         let at = rng.usize(..workers.running.len());
         match faults.get(pick) {
             Some(Fault::Pause) => {
-                if let Some(pid) = Workers::pid(&workers.running[at].2) {
-                    let _ = kill_process(pid, Signal::STOP);
+                if let Some(pid) = workers.stop_a_holder(at) {
                     tokio::time::sleep(pause_for).await;
                     let _ = kill_process(pid, Signal::CONT);
                     injected.pauses += 1;
@@ -510,6 +542,39 @@ fn report(
 
 type Holds = HashMap<usize, Vec<check::Hold>>;
 
+/// Whether the worker whose log is at `path` holds a lock now: a task's
+/// last start in the log's tail has no end after it (a stopped worker's
+/// log is whole: each line is one write).
+fn holds_now(path: &Path) -> bool {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    /// Far more than a hold's lines: a hold lasts at most 20 ms, with a
+    /// heartbeat every 5 ms.
+    const TAIL: u64 = 64 * 1024;
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return false;
+    };
+    let length = file.metadata().map_or(0, |m| m.len());
+    let mut tail = Vec::new();
+    if file
+        .seek(SeekFrom::Start(length.saturating_sub(TAIL)))
+        .is_err()
+        || file.read_to_end(&mut tail).is_err()
+    {
+        return false;
+    }
+    let text = String::from_utf8_lossy(&tail);
+    // The tail's first line is whole only if the tail is the whole file.
+    let skip = usize::from(length > TAIL);
+    let mut open: HashMap<(&str, &str), bool> = HashMap::new();
+    for line in text.lines().skip(skip) {
+        let fields: Vec<&str> = line.split(' ').collect();
+        if let [kind @ ("S" | "E"), worker, task, ..] = fields[..] {
+            open.insert((worker, task), kind == "S");
+        }
+    }
+    open.values().any(|&held| held)
+}
+
 /// Every hold in the workers' logs, by primitive; and how many ended in a
 /// loss their holder saw. A hold left open (its worker was killed) ends
 /// at the last moment it was known held (its last heartbeat, else its
@@ -575,4 +640,26 @@ fn read_logs(dir: &Path) -> std::io::Result<(Holds, usize)> {
         }
     }
     Ok((holds, lost))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::holds_now;
+
+    #[test]
+    fn a_worker_holds_while_a_task_has_a_start_with_no_end_after_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("worker-0.log");
+        let case = |text: &str| {
+            std::fs::write(&log, text).unwrap();
+            holds_now(&log)
+        };
+        assert!(!case(""));
+        assert!(case("S 0 1 0 100 5 X\nH 0 1 150\n"));
+        assert!(!case("S 0 1 0 100 5 X\nE 0 1 200 0\n"));
+        // Another task's start.
+        assert!(case("S 0 1 0 100 5 X\nS 0 2 1 120 - R\nE 0 1 200 0\n"));
+        assert!(!case("S 0 1 0 100 5 X\nE 0 1 200 1\nE 0 2 210 0\n"));
+        assert!(!holds_now(&dir.path().join("no-such.log")));
+    }
 }
