@@ -41,6 +41,7 @@
 
 mod alloc;
 mod chart;
+mod cpu;
 mod multiproc;
 mod peers;
 mod raw;
@@ -68,6 +69,9 @@ pub(crate) struct Target {
     memory: Option<MemoryBackend>,
     pub(crate) raw: Option<std::sync::Arc<Raw>>,
     servers: Servers,
+    /// The servers' process ids, whose CPU time (with their children's)
+    /// the serial and distinct-key rows report.
+    server_pids: Vec<u32>,
     /// Set while a scenario runs again only to count its requests.
     counting: std::sync::atomic::AtomicBool,
 }
@@ -91,6 +95,18 @@ enum Servers {
 }
 
 impl Servers {
+    /// The process ids of the servers.
+    fn pids(&mut self) -> Vec<u32> {
+        match self {
+            Servers::None | Servers::Dir { .. } => Vec::new(),
+            Servers::Redis(servers, _) => servers.iter_mut().map(|s| s.process().pid()).collect(),
+            Servers::Etcd(server) => vec![server.process().pid()],
+            Servers::Zk(server) => vec![server.process().pid()],
+            Servers::Postgres(server) => vec![server.process().pid()],
+            Servers::MariaDb(server) => vec![server.process().pid()],
+        }
+    }
+
     fn redis(servers: Vec<RedisServer>) -> Result<Servers, String> {
         let conns = servers
             .iter()
@@ -190,7 +206,19 @@ fn totals(servers: &Servers) -> Option<u64> {
 }
 
 impl Target {
+    /// Starts the target's servers and its floor's client.
     async fn start(name: &str) -> Result<Target, String> {
+        let mut target = Target::start_servers(name).await?;
+        target.server_pids = target.servers.pids();
+        Ok(target)
+    }
+
+    /// The CPU time the bench and the servers have taken so far.
+    pub(crate) fn cpu_now(&self) -> Option<cpu::CpuTimes> {
+        cpu::CpuTimes::now(&self.server_pids)
+    }
+
+    async fn start_servers(name: &str) -> Result<Target, String> {
         let fixture = |e: dlock_testkit::fixture::FixtureError| e.to_string();
         Ok(match name {
             "memory" => Target {
@@ -200,6 +228,7 @@ impl Target {
                 raw: None,
                 servers: Servers::None,
                 counting: Default::default(),
+                server_pids: Vec::new(),
             },
             // One node: dlock with fencing tokens, and without
             // (`fence=off`: an uncontended acquire is a plain `SET NX PX`),
@@ -218,6 +247,7 @@ impl Target {
                     memory: None,
                     servers: Servers::redis(vec![server])?,
                     counting: Default::default(),
+                    server_pids: Vec::new(),
                 }
             }
             "redlock" => {
@@ -234,6 +264,7 @@ impl Target {
                     memory: None,
                     servers: Servers::redis(servers)?,
                     counting: Default::default(),
+                    server_pids: Vec::new(),
                 }
             }
             "etcd" => {
@@ -245,6 +276,7 @@ impl Target {
                     memory: None,
                     servers: Servers::Etcd(server),
                     counting: Default::default(),
+                    server_pids: Vec::new(),
                 }
             }
             // Locks on this host: `flock(2)` on files in a directory of
@@ -259,6 +291,7 @@ impl Target {
                     memory: None,
                     servers: Servers::Dir { _dir: dir },
                     counting: Default::default(),
+                    server_pids: Vec::new(),
                 }
             }
             "postgres" => {
@@ -272,6 +305,7 @@ impl Target {
                     memory: None,
                     servers: Servers::Postgres(server),
                     counting: Default::default(),
+                    server_pids: Vec::new(),
                 }
             }
             // MariaDB: dlock with fencing tokens (a durable counter-row
@@ -291,6 +325,7 @@ impl Target {
                     memory: None,
                     servers: Servers::MariaDb(server),
                     counting: Default::default(),
+                    server_pids: Vec::new(),
                 }
             }
             "zk" => {
@@ -302,6 +337,7 @@ impl Target {
                     memory: None,
                     servers: Servers::Zk(server),
                     counting: Default::default(),
+                    server_pids: Vec::new(),
                 }
             }
             other => {

@@ -8,7 +8,7 @@ use futures_util::future::BoxFuture;
 use tokio::time::Instant;
 
 use super::{scenario, Lockable};
-use crate::{report::Row, stats::Samples, Target};
+use crate::{cpu::CpuTimes, report::Row, stats::Samples, Target};
 
 /// How many turns dlock (or a peer) and the raw floor take in the serial
 /// and distinct-key scenarios. On this kind of VM the speed of the whole
@@ -25,6 +25,9 @@ struct Side {
     requests: Option<u64>,
     /// Redis server time on the side's commands, in µs; `None` elsewhere.
     server_usec: Option<u64>,
+    /// CPU time of the clients and the servers over the side's turns;
+    /// `None` without `/proc`.
+    cpu: Option<CpuTimes>,
 }
 
 impl Side {
@@ -34,7 +37,24 @@ impl Side {
             elapsed: Duration::ZERO,
             requests: Some(0),
             server_usec: Some(0),
+            cpu: Some(CpuTimes::default()),
         }
+    }
+
+    /// Adds the CPU time taken since `before` (read at the turn's start).
+    fn add_cpu(&mut self, target: &Target, before: Option<CpuTimes>) {
+        let turn = before.zip(target.cpu_now()).map(|(b, a)| a.since(b));
+        self.cpu = self.cpu.zip(turn).map(|(sum, t)| sum.add(t));
+    }
+
+    /// CPU µs per operation of the clients and of the servers.
+    fn cpu_per_op(&self) -> Option<(f64, f64)> {
+        let cpu = self.cpu?;
+        let ops = self.ops().max(1) as f64;
+        Some((
+            cpu.client.as_secs_f64() * 1e6 / ops,
+            cpu.servers.as_secs_f64() * 1e6 / ops,
+        ))
     }
 
     /// One turn: `ops` calls of `op`, one after another.
@@ -53,11 +73,13 @@ impl Side {
             }
         };
         let usec_before = usec();
+        let cpu = target.cpu_now();
         let requests = target.count_requests();
         let start = Instant::now();
         self.samples.extend(timed(ops, op).await);
         self.elapsed += start.elapsed();
         self.add_requests(requests.so_far());
+        self.add_cpu(target, cpu);
         let usec = usec_before
             .zip(usec())
             .map(|(before, after)| after - before);
@@ -114,6 +136,7 @@ pub(super) async fn serial(target: &Target, subject: &dyn Lockable, ops: usize) 
     }
     let ops = ours.ops();
     let requests = ours.requests_per_op();
+    let cpu = cpu_note(&ours, &floor);
     let samples = Samples::new(ours.samples);
     let mut row = Row {
         scenario: scenario(subject, "serial".into()),
@@ -135,6 +158,7 @@ pub(super) async fn serial(target: &Target, subject: &dyn Lockable, ops: usize) 
         ) {
             notes.push(format!("Redis busy {dlock:.1} µs/op (raw {raw:.1})"));
         }
+        notes.extend(cpu);
         notes.push(format!("{turns} turns each"));
         row.notes = notes.join("; ");
         row.raw_requests = floor.requests_per_op();
@@ -145,6 +169,16 @@ pub(super) async fn serial(target: &Target, subject: &dyn Lockable, ops: usize) 
     row
 }
 
+/// The CPU µs per operation of the clients and the servers, the floor's
+/// beside each.
+fn cpu_note(ours: &Side, floor: &Side) -> Option<String> {
+    let ((client, servers), (raw_client, raw_servers)) =
+        ours.cpu_per_op().zip(floor.cpu_per_op())?;
+    Some(format!(
+        "CPU client {client:.1} µs/op (raw {raw_client:.1}), servers {servers:.1} (raw {raw_servers:.1})"
+    ))
+}
+
 /// Runs `task(i)` for `i` in `0..tasks`, each spawned (as a service's
 /// handlers are: futures joined in one task would share its wake-ups and
 /// writes); adds their samples to `side`, and the time they all took.
@@ -152,6 +186,7 @@ async fn spawn_each<F>(target: &Target, side: &mut Side, tasks: usize, task: F)
 where
     F: Fn(usize) -> BoxFuture<'static, Vec<Duration>>,
 {
+    let cpu = target.cpu_now();
     let requests = target.count_requests();
     let start = Instant::now();
     let handles: Vec<_> = (0..tasks).map(|i| tokio::spawn(task(i))).collect();
@@ -160,6 +195,7 @@ where
     }
     side.elapsed += start.elapsed();
     side.add_requests(requests.so_far());
+    side.add_cpu(target, cpu);
 }
 
 /// The latency of each of `ops` calls of `op`, one after another.
@@ -224,6 +260,7 @@ pub(super) async fn distinct(
     }
     let ops = ours.ops();
     let requests = ours.requests_per_op();
+    let cpu = cpu_note(&ours, &floor);
     let samples = Samples::new(ours.samples);
     let mut row = Row {
         scenario: scenario(&*subject, format!("distinct-{tasks}")),
@@ -241,7 +278,9 @@ pub(super) async fn distinct(
         row.raw_ops_per_sec = Some(raw_ops);
         row.ratio = Some(raw_ops / row.ops_per_sec);
         row.raw_requests = floor.requests_per_op();
-        row.notes = format!("{turns} turns each");
+        let mut notes: Vec<String> = cpu.into_iter().collect();
+        notes.push(format!("{turns} turns each"));
+        row.notes = notes.join("; ");
     }
     row
 }
