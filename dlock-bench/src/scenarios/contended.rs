@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use super::{counted, scenario, warm_up, Lockable, Unlock};
 use crate::{
+    cpu::CpuTimes,
     report::{micros, Row},
     stats::Samples,
     Target,
@@ -84,6 +85,9 @@ pub(crate) struct Contention {
     pub(crate) holds: Vec<Duration>,
     pub(crate) owner_changes: usize,
     pub(crate) overlaps: usize,
+    /// The clients' and the servers' CPU time over the run, where read
+    /// (in this process only: not across processes).
+    pub(crate) cpu: Option<CpuTimes>,
 }
 
 impl Contention {
@@ -103,6 +107,14 @@ impl Contention {
         let mean_hold = self.holds.iter().sum::<Duration>() / self.holds.len().max(1) as u32;
         let waits = Samples::new(self.waits);
         let turn = per_op * contenders as u32;
+        let cpu = self.cpu.map_or(String::new(), |cpu| {
+            let per_op = |d: Duration| d.as_secs_f64() * 1e6 / ops.max(1) as f64;
+            format!(
+                "; CPU client {:.1} µs/op, servers {:.1}",
+                per_op(cpu.client),
+                per_op(cpu.servers)
+            )
+        });
         Row {
             scenario,
             backend: target.name.into(),
@@ -114,7 +126,7 @@ impl Contention {
             requests: requests_per_op,
             overlaps: Some(self.overlaps as u64),
             notes: format!(
-                "wait times; owner changes {} of {ops}; hold {:.0} µs + handoff {:.0} µs; wait p99 = {:.2} × {contenders}·(hold + handoff)",
+                "wait times; owner changes {} of {ops}; hold {:.0} µs + handoff {:.0} µs; wait p99 = {:.2} × {contenders}·(hold + handoff){cpu}",
                 self.owner_changes,
                 micros(mean_hold),
                 micros(per_op.saturating_sub(mean_hold)),
@@ -135,6 +147,7 @@ pub(super) async fn contended(
     let detector = Arc::new(OverlapDetector::default());
     let last_owner = Arc::new(AtomicUsize::new(usize::MAX));
     let changes = Arc::new(AtomicUsize::new(0));
+    let cpu = target.cpu_now();
     let requests = target.count_requests();
     let start = Instant::now();
     let handles: Vec<_> = (0..tasks)
@@ -171,14 +184,16 @@ pub(super) async fn contended(
     }
     let elapsed = start.elapsed();
     let ops = (tasks * per_task) as u64;
+    let requests = requests.per_op(ops);
     contention.owner_changes = changes.load(Ordering::SeqCst);
     contention.overlaps = detector.overlaps();
+    contention.cpu = cpu.zip(target.cpu_now()).map(|(b, a)| a.since(b));
     contention.row(
         scenario(&*subject, name.to_owned()),
         target,
         ops,
         elapsed,
-        requests.per_op(ops),
+        requests,
         tasks,
     )
 }
