@@ -1,36 +1,60 @@
-//! CPU time, read from `/proc` before and after a side's turn: the bench
-//! process's own (its clients: dlock's, the peer's and the floor's alike)
-//! and the servers' (each server process and every process it started,
-//! such as PostgreSQL's backends). On a machine where the clients and the
-//! servers share the cores, these say which of them a gap comes from.
+//! CPU time, read before and after a side's turn: the bench process's own
+//! (its clients: dlock's, the peer's and the floor's alike) and the
+//! servers' (each server process and every process it started, such as
+//! PostgreSQL's backends). On a machine where the clients and the servers
+//! share the cores, these say which of them a gap comes from.
+//!
+//! Each process is read through its CPU-time clock
+//! (`clock_getcpuclockid(3)`): nanoseconds, threads that exited included,
+//! the running slice brought up to date. Whatever a process does in the
+//! background (a server's housekeeping, a client's idle keep-alives)
+//! counts too; `idle` measures that rate.
 
 use std::{collections::HashMap, fs, time::Duration};
 
 /// CPU time taken so far by the bench process and by the servers.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(crate) struct CpuTimes {
     pub(crate) client: Duration,
     pub(crate) servers: Duration,
 }
 
 impl CpuTimes {
-    /// Reads both now; `None` where `/proc` cannot be read (not Linux).
-    pub(crate) fn now(server_pids: &[u32]) -> Option<CpuTimes> {
-        let client = process_cpu(std::process::id())?;
-        let servers = if server_pids.is_empty() {
-            Duration::ZERO
-        } else {
-            tree_cpu(server_pids, &children()?)
-        };
+    /// Opens a window on what the bench and `server_pids` take: the
+    /// servers read first and the bench last, so that the bench's own
+    /// reading of `/proc` falls outside the window. Open it after
+    /// anything else the bench does before the measured work.
+    pub(crate) fn open(server_pids: &[u32]) -> Option<CpuTimes> {
+        let servers = CpuTimes::servers_now(server_pids)?;
+        let client = CpuTimes::client_now()?;
         Some(CpuTimes { client, servers })
     }
 
-    /// What was taken since `earlier`.
-    pub(crate) fn since(self, earlier: CpuTimes) -> CpuTimes {
-        CpuTimes {
-            client: self.client.saturating_sub(earlier.client),
-            servers: self.servers.saturating_sub(earlier.servers),
+    /// Closes the window `self` opened, the bench read first: what was
+    /// taken in it; `None` if a reading went back (a server process that
+    /// ended took its time with it). Close it before anything else the
+    /// bench does after the measured work.
+    pub(crate) fn close(self, server_pids: &[u32]) -> Option<CpuTimes> {
+        let client = CpuTimes::client_now()?;
+        let servers = CpuTimes::servers_now(server_pids)?;
+        Some(CpuTimes {
+            client: client.checked_sub(self.client)?,
+            servers: servers.checked_sub(self.servers)?,
+        })
+    }
+
+    /// The bench process's CPU time now; `None` if it cannot be read.
+    fn client_now() -> Option<Duration> {
+        process_cpu(0)
+    }
+
+    /// The CPU time of the processes `server_pids` and all their
+    /// descendants now; `None` without `/proc` (not Linux).
+    fn servers_now(server_pids: &[u32]) -> Option<Duration> {
+        if server_pids.is_empty() {
+            return Some(Duration::ZERO);
         }
+        Some(tree_cpu(server_pids, &children()?))
     }
 
     pub(crate) fn add(self, other: CpuTimes) -> CpuTimes {
@@ -38,6 +62,12 @@ impl CpuTimes {
             client: self.client + other.client,
             servers: self.servers + other.servers,
         }
+    }
+
+    /// Microseconds per operation of the clients and of the servers.
+    pub(crate) fn per_op(self, ops: u64) -> (f64, f64) {
+        let per = |d: Duration| d.as_secs_f64() * 1e6 / ops.max(1) as f64;
+        (per(self.client), per(self.servers))
     }
 }
 
@@ -66,12 +96,11 @@ fn parent_of(stat: &str) -> Option<u32> {
     rest.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// The CPU time of `roots` and of all their descendants: every thread's
-/// time on a CPU (`/proc/PID/task/TID/schedstat`, in nanoseconds).
+/// The CPU time of `roots` and of all their descendants.
 fn tree_cpu(roots: &[u32], children: &HashMap<u32, Vec<u32>>) -> Duration {
     let mut total = Duration::ZERO;
     let mut pending: Vec<u32> = roots.to_vec();
-    // Bounded: each process is visited once (a pid has one parent).
+    // Each process once, however the map came out.
     let mut seen = std::collections::HashSet::new();
     while let Some(pid) = pending.pop() {
         if !seen.insert(pid) {
@@ -85,20 +114,28 @@ fn tree_cpu(roots: &[u32], children: &HashMap<u32, Vec<u32>>) -> Duration {
     total
 }
 
-/// The CPU time of every live thread of `pid`.
+/// The CPU time of process `pid` (0: this one), all its threads, from its
+/// CPU-time clock; `None` if it has ended.
 fn process_cpu(pid: u32) -> Option<Duration> {
-    let mut nanos: u64 = 0;
-    for task in fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
-        let Ok(line) = fs::read_to_string(task.path().join("schedstat")) else {
-            continue;
-        };
-        nanos += line
-            .split_whitespace()
-            .next()
-            .and_then(|n| n.parse::<u64>().ok())
-            .unwrap_or(0);
+    let pid = libc::pid_t::try_from(pid).ok()?;
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: `clock` is a valid place for the answer; the call reads
+    // nothing else.
+    if unsafe { libc::clock_getcpuclockid(pid, &mut clock) } != 0 {
+        return None;
     }
-    Some(Duration::from_nanos(nanos))
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid place for the answer.
+    if unsafe { libc::clock_gettime(clock, &mut now) } != 0 {
+        return None;
+    }
+    Some(Duration::new(
+        u64::try_from(now.tv_sec).ok()?,
+        u32::try_from(now.tv_nsec).ok()?,
+    ))
 }
 
 #[cfg(test)]
@@ -112,20 +149,42 @@ mod tests {
         assert_eq!(parent_of("garbage"), None);
     }
 
-    #[test]
-    fn work_in_this_process_shows_as_client_time() {
-        let before = CpuTimes::now(&[]).expect("/proc");
+    fn spin(for_: Duration) {
         let start = std::time::Instant::now();
         let mut x = 0u64;
-        while start.elapsed() < Duration::from_millis(50) {
+        while start.elapsed() < for_ {
             x = std::hint::black_box(x.wrapping_add(1));
         }
-        let taken = CpuTimes::now(&[]).expect("/proc").since(before);
+    }
+
+    #[test]
+    fn work_in_this_process_shows_as_client_time() {
+        let before = CpuTimes::client_now().expect("a CPU clock");
+        spin(Duration::from_millis(50));
+        let taken = CpuTimes::client_now().expect("a CPU clock") - before;
         assert!(
-            taken.client >= Duration::from_millis(30),
-            "50 ms of spinning read as {:?}",
-            taken.client
+            taken >= Duration::from_millis(30),
+            "50 ms of spinning read as {taken:?}"
         );
-        assert_eq!(taken.servers, Duration::ZERO);
+    }
+
+    #[test]
+    fn a_child_process_counts_as_its_parents_server_time() {
+        // A shell whose grandchild spins (for 2 s at most): the tree is
+        // walked.
+        let mut parent = std::process::Command::new("sh")
+            .args(["-c", "timeout 2 sh -c 'while :; do :; done'; :"])
+            .spawn()
+            .expect("sh");
+        std::thread::sleep(Duration::from_millis(100));
+        let before = CpuTimes::servers_now(&[parent.id()]).expect("/proc");
+        std::thread::sleep(Duration::from_millis(300));
+        let after = CpuTimes::servers_now(&[parent.id()]).expect("/proc");
+        parent.kill().ok();
+        parent.wait().ok();
+        assert!(
+            after >= before + Duration::from_millis(20),
+            "the child's spinning was not counted: {before:?} -> {after:?}"
+        );
     }
 }

@@ -213,9 +213,15 @@ impl Target {
         Ok(target)
     }
 
-    /// The CPU time the bench and the servers have taken so far.
-    pub(crate) fn cpu_now(&self) -> Option<cpu::CpuTimes> {
-        cpu::CpuTimes::now(&self.server_pids)
+    /// Opens a window on the CPU time the bench and the servers take (see
+    /// [`cpu::CpuTimes::open`]).
+    pub(crate) fn cpu_open(&self) -> Option<cpu::CpuTimes> {
+        cpu::CpuTimes::open(&self.server_pids)
+    }
+
+    /// What the bench and the servers took since `opened`.
+    pub(crate) fn cpu_close(&self, opened: Option<cpu::CpuTimes>) -> Option<cpu::CpuTimes> {
+        opened?.close(&self.server_pids)
     }
 
     async fn start_servers(name: &str) -> Result<Target, String> {
@@ -550,6 +556,18 @@ async fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
+        // What the CPU figures count with nothing measured: the servers'
+        // housekeeping and the idle clients.
+        let idle = target.cpu_open();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if let Some(idle) = target.cpu_close(idle) {
+            eprintln!(
+                "{}: idle CPU over 1 s: client {:.0} µs, servers {:.0} µs",
+                target.name,
+                idle.client.as_secs_f64() * 1e6,
+                idle.servers.as_secs_f64() * 1e6
+            );
+        }
         for (i, run) in runs.iter_mut().enumerate() {
             eprintln!(
                 "benchmarking {}, run {} of {}",

@@ -108,12 +108,8 @@ impl Contention {
         let waits = Samples::new(self.waits);
         let turn = per_op * contenders as u32;
         let cpu = self.cpu.map_or(String::new(), |cpu| {
-            let per_op = |d: Duration| d.as_secs_f64() * 1e6 / ops.max(1) as f64;
-            format!(
-                "; CPU client {:.1} µs/op, servers {:.1}",
-                per_op(cpu.client),
-                per_op(cpu.servers)
-            )
+            let (client, servers) = cpu.per_op(ops);
+            format!("; CPU client {client:.1} µs/op, servers {servers:.1}")
         });
         Row {
             scenario,
@@ -147,8 +143,8 @@ pub(super) async fn contended(
     let detector = Arc::new(OverlapDetector::default());
     let last_owner = Arc::new(AtomicUsize::new(usize::MAX));
     let changes = Arc::new(AtomicUsize::new(0));
-    let cpu = target.cpu_now();
     let requests = target.count_requests();
+    let cpu = target.cpu_open();
     let start = Instant::now();
     let handles: Vec<_> = (0..tasks)
         .map(|me| {
@@ -183,11 +179,11 @@ pub(super) async fn contended(
         contention.holds.extend(holds);
     }
     let elapsed = start.elapsed();
+    contention.cpu = target.cpu_close(cpu);
     let ops = (tasks * per_task) as u64;
     let requests = requests.per_op(ops);
     contention.owner_changes = changes.load(Ordering::SeqCst);
     contention.overlaps = detector.overlaps();
-    contention.cpu = cpu.zip(target.cpu_now()).map(|(b, a)| a.since(b));
     contention.row(
         scenario(&*subject, name.to_owned()),
         target,

@@ -41,20 +41,14 @@ impl Side {
         }
     }
 
-    /// Adds the CPU time taken since `before` (read at the turn's start).
-    fn add_cpu(&mut self, target: &Target, before: Option<CpuTimes>) {
-        let turn = before.zip(target.cpu_now()).map(|(b, a)| a.since(b));
+    /// Adds a turn's CPU time; none read makes the sum none.
+    fn add_cpu(&mut self, turn: Option<CpuTimes>) {
         self.cpu = self.cpu.zip(turn).map(|(sum, t)| sum.add(t));
     }
 
     /// CPU µs per operation of the clients and of the servers.
     fn cpu_per_op(&self) -> Option<(f64, f64)> {
-        let cpu = self.cpu?;
-        let ops = self.ops().max(1) as f64;
-        Some((
-            cpu.client.as_secs_f64() * 1e6 / ops,
-            cpu.servers.as_secs_f64() * 1e6 / ops,
-        ))
+        Some(self.cpu?.per_op(self.ops()))
     }
 
     /// One turn: `ops` calls of `op`, one after another.
@@ -73,13 +67,13 @@ impl Side {
             }
         };
         let usec_before = usec();
-        let cpu = target.cpu_now();
         let requests = target.count_requests();
+        let cpu = target.cpu_open();
         let start = Instant::now();
         self.samples.extend(timed(ops, op).await);
         self.elapsed += start.elapsed();
+        self.add_cpu(target.cpu_close(cpu));
         self.add_requests(requests.so_far());
-        self.add_cpu(target, cpu);
         let usec = usec_before
             .zip(usec())
             .map(|(before, after)| after - before);
@@ -186,16 +180,16 @@ async fn spawn_each<F>(target: &Target, side: &mut Side, tasks: usize, task: F)
 where
     F: Fn(usize) -> BoxFuture<'static, Vec<Duration>>,
 {
-    let cpu = target.cpu_now();
     let requests = target.count_requests();
+    let cpu = target.cpu_open();
     let start = Instant::now();
     let handles: Vec<_> = (0..tasks).map(|i| tokio::spawn(task(i))).collect();
     for h in handles {
         side.samples.extend(h.await.expect("task"));
     }
     side.elapsed += start.elapsed();
+    side.add_cpu(target.cpu_close(cpu));
     side.add_requests(requests.so_far());
-    side.add_cpu(target, cpu);
 }
 
 /// The latency of each of `ops` calls of `op`, one after another.

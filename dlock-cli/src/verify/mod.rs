@@ -31,7 +31,7 @@ It starts --processes copies of itself on this machine, each with --tasks
 tasks that take the lock again and again and record every hold on the
 machine's monotonic clock (a holder stops recording the moment it sees its
 hold lost). Meanwhile it pauses holders past their lease (SIGSTOP, then
-SIGCONT), kills and restarts workers (SIGKILL), drops acquires and releases
+SIGCONT; a worker that holds nothing when none does), kills and restarts workers (SIGKILL), drops acquires and releases
 at random points, and runs --fault-cmd, on a schedule from --seed (printed,
 so that a run can be repeated). Then it checks every hold: no two exclusive
 holds overlap, fences rise in grant order, a semaphore never has more
@@ -219,10 +219,10 @@ impl Workers<'_> {
     }
 
     /// Stops a worker that holds a lock now, looking from the one at `at`
-    /// on (stopped, a worker's log is still, so its last lines tell);
-    /// if none does, stops the one at `at`. Its process id, `None` if it
-    /// has exited.
-    fn stop_a_holder(&self, at: usize) -> Option<Pid> {
+    /// on (once stopped, a worker's log is still, so its last lines
+    /// tell); if none does, the first it could stop stays stopped. Its
+    /// process id; `None` if none could be stopped.
+    async fn stop_a_holder(&self, at: usize) -> Option<Pid> {
         let count = self.running.len();
         let mut fallback = None;
         for i in 0..count {
@@ -230,7 +230,17 @@ impl Workers<'_> {
             let Some(pid) = Workers::pid(child) else {
                 continue;
             };
-            let _ = kill_process(pid, Signal::STOP);
+            if kill_process(pid, Signal::STOP).is_err() {
+                continue;
+            }
+            // The signal is sent, not yet taken: a moment until the
+            // process shows as stopped (bounded; read anyway after it).
+            for _ in 0..50 {
+                if is_stopped(pid) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
             if holds_now(&self.log(*id)) {
                 if let Some(other) = fallback {
                     let _ = kill_process(other, Signal::CONT);
@@ -372,7 +382,7 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
         let at = rng.usize(..workers.running.len());
         match faults.get(pick) {
             Some(Fault::Pause) => {
-                if let Some(pid) = workers.stop_a_holder(at) {
+                if let Some(pid) = workers.stop_a_holder(at).await {
                     tokio::time::sleep(pause_for).await;
                     let _ = kill_process(pid, Signal::CONT);
                     injected.pauses += 1;
@@ -542,13 +552,25 @@ fn report(
 
 type Holds = HashMap<usize, Vec<check::Hold>>;
 
+/// Whether process `pid` is stopped (state `T` in `/proc/PID/stat`).
+fn is_stopped(pid: Pid) -> bool {
+    std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero()))
+        .ok()
+        .and_then(|stat| {
+            let rest = &stat[stat.rfind(')')? + 1..];
+            rest.split_whitespace().next().map(|state| state == "T")
+        })
+        .unwrap_or(false)
+}
+
 /// Whether the worker whose log is at `path` holds a lock now: a task's
-/// last start in the log's tail has no end after it (a stopped worker's
-/// log is whole: each line is one write).
+/// last start in the log's tail has no end after it. A line not ended by
+/// its newline is left out, as the checker leaves it out.
 fn holds_now(path: &Path) -> bool {
     use std::io::{Read as _, Seek as _, SeekFrom};
-    /// Far more than a hold's lines: a hold lasts at most 20 ms, with a
-    /// heartbeat every 5 ms.
+    /// The last lines of every task of the worker: each writes about 200
+    /// bytes a hold (up to 20 ms, a heartbeat every 5 ms), so this is the
+    /// last hold of some 300 tasks.
     const TAIL: u64 = 64 * 1024;
     let Ok(mut file) = std::fs::File::open(path) else {
         return false;
@@ -562,7 +584,11 @@ fn holds_now(path: &Path) -> bool {
     {
         return false;
     }
-    let text = String::from_utf8_lossy(&tail);
+    let whole = tail
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(0, |end| end + 1);
+    let text = String::from_utf8_lossy(&tail[..whole]);
     // The tail's first line is whole only if the tail is the whole file.
     let skip = usize::from(length > TAIL);
     let mut open: HashMap<(&str, &str), bool> = HashMap::new();
@@ -657,8 +683,9 @@ mod tests {
         assert!(!case(""));
         assert!(case("S 0 1 0 100 5 X\nH 0 1 150\n"));
         assert!(!case("S 0 1 0 100 5 X\nE 0 1 200 0\n"));
-        // Another task's start.
+        // Another task's start; and an end not yet whole, left out.
         assert!(case("S 0 1 0 100 5 X\nS 0 2 1 120 - R\nE 0 1 200 0\n"));
+        assert!(case("S 0 1 0 100 5 X\nE 0 1"));
         assert!(!case("S 0 1 0 100 5 X\nE 0 1 200 1\nE 0 2 210 0\n"));
         assert!(!holds_now(&dir.path().join("no-such.log")));
     }
