@@ -37,7 +37,10 @@
 //! command a client sent (`MONITOR`, without the commands scripts run
 //! inside the server), counted in a second, untimed pass of the same
 //! scenario since `MONITOR` slows the server; etcd's gRPC messages
-//! received; ZooKeeper's `zk_packets_received`.
+//! received; ZooKeeper's `zk_packets_received`. The serial, distinct-key
+//! and in-process contended rows also report the CPU time per operation
+//! of the bench process and of the server processes (with their
+//! children), from each process's CPU-time clock.
 
 mod alloc;
 mod chart;
