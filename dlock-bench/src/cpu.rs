@@ -17,6 +17,10 @@ use std::{collections::HashMap, fs, time::Duration};
 pub(crate) struct CpuTimes {
     pub(crate) client: Duration,
     pub(crate) servers: Duration,
+    /// The bench process's `write(2)`-family calls (`syscw` in
+    /// `/proc/self/io`: `write` and `writev`, as an HTTP/2 or RESP
+    /// connection sends; not `send`), where read.
+    pub(crate) client_writes: Option<u64>,
 }
 
 impl CpuTimes {
@@ -27,7 +31,12 @@ impl CpuTimes {
     pub(crate) fn open(server_pids: &[u32]) -> Option<CpuTimes> {
         let servers = CpuTimes::servers_now(server_pids)?;
         let client = CpuTimes::client_now()?;
-        Some(CpuTimes { client, servers })
+        let client_writes = write_calls();
+        Some(CpuTimes {
+            client,
+            servers,
+            client_writes,
+        })
     }
 
     /// Closes the window `self` opened, the bench read first: what was
@@ -35,12 +44,25 @@ impl CpuTimes {
     /// ended took its time with it). Close it before anything else the
     /// bench does after the measured work.
     pub(crate) fn close(self, server_pids: &[u32]) -> Option<CpuTimes> {
+        let client_writes = write_calls();
         let client = CpuTimes::client_now()?;
         let servers = CpuTimes::servers_now(server_pids)?;
         Some(CpuTimes {
             client: client.checked_sub(self.client)?,
             servers: servers.checked_sub(self.servers)?,
+            client_writes: self
+                .client_writes
+                .zip(client_writes)
+                .and_then(|(before, after)| after.checked_sub(before)),
         })
+    }
+
+    /// Nothing taken: the start of a sum of windows.
+    pub(crate) fn zero() -> CpuTimes {
+        CpuTimes {
+            client_writes: Some(0),
+            ..CpuTimes::default()
+        }
     }
 
     /// The bench process's CPU time now; `None` if it cannot be read.
@@ -61,6 +83,10 @@ impl CpuTimes {
         CpuTimes {
             client: self.client + other.client,
             servers: self.servers + other.servers,
+            client_writes: self
+                .client_writes
+                .zip(other.client_writes)
+                .map(|(a, b)| a + b),
         }
     }
 
@@ -69,6 +95,14 @@ impl CpuTimes {
         let per = |d: Duration| d.as_secs_f64() * 1e6 / ops.max(1) as f64;
         (per(self.client), per(self.servers))
     }
+}
+
+/// The bench process's write calls so far (`syscw`).
+fn write_calls() -> Option<u64> {
+    let io = fs::read_to_string("/proc/self/io").ok()?;
+    io.lines()
+        .find_map(|line| line.strip_prefix("syscw:"))
+        .and_then(|n| n.trim().parse().ok())
 }
 
 /// Every live process's children, by parent, from `/proc/*/stat`.

@@ -37,7 +37,7 @@ impl Side {
             elapsed: Duration::ZERO,
             requests: Some(0),
             server_usec: Some(0),
-            cpu: Some(CpuTimes::default()),
+            cpu: Some(CpuTimes::zero()),
         }
     }
 
@@ -168,8 +168,17 @@ pub(super) async fn serial(target: &Target, subject: &dyn Lockable, ops: usize) 
 fn cpu_note(ours: &Side, floor: &Side) -> Option<String> {
     let ((client, servers), (raw_client, raw_servers)) =
         ours.cpu_per_op().zip(floor.cpu_per_op())?;
+    let writes = |side: &Side| {
+        let writes = side.cpu?.client_writes?;
+        Some(writes as f64 / side.ops().max(1) as f64)
+    };
+    let writes = writes(ours)
+        .zip(writes(floor))
+        .map_or(String::new(), |(ours, raw)| {
+            format!("; client writes {ours:.2}/op (raw {raw:.2})")
+        });
     Some(format!(
-        "CPU client {client:.1} µs/op (raw {raw_client:.1}), servers {servers:.1} (raw {raw_servers:.1})"
+        "CPU client {client:.1} µs/op (raw {raw_client:.1}), servers {servers:.1} (raw {raw_servers:.1}){writes}"
     ))
 }
 
