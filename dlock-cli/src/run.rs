@@ -42,8 +42,9 @@ pub(crate) struct RunArgs {
     /// The lock's key.
     #[arg(long)]
     key: String,
-    /// Wait at most this long for the lock (500ms, 10s, 1m30s); without
-    /// it, wait as long as it takes.
+    /// Wait this long for the lock (500ms, 10s, 1m30s; the server's answer
+    /// at the limit may come a round trip later); without it, wait as
+    /// long as it takes.
     #[arg(long, value_parser = duration, conflicts_with = "no_wait")]
     wait: Option<Duration>,
     /// Do not wait: exit with the conflict code at once if the lock is held.

@@ -78,8 +78,10 @@ impl LockOptions {
     /// once the server has let it go, a round trip later: a grant the
     /// server made in that instant is yours, and nothing of the wait is
     /// left on the server when `Timeout` comes. Past the limit, the wait
-    /// for that answer lasts at most half a second (then the attempt is
-    /// dropped and cleaned up behind it).
+    /// for that answer lasts at most half a second; an answer later than
+    /// that is dropped, and the wait is cleaned up behind the `Timeout`
+    /// (so are the file backend's waits, whose thread cannot be stopped:
+    /// it lets a lock that comes later go at once).
     pub fn wait(mut self, limit: Duration) -> Self {
         self.wait = Some(Some(limit));
         self

@@ -31,8 +31,8 @@ It starts --processes copies of itself on this machine, each with --tasks
 tasks that take the lock again and again and record every hold on the
 machine's monotonic clock (a holder stops recording the moment it sees its
 hold lost). Meanwhile it pauses holders past their lease (SIGSTOP, then
-SIGCONT; a worker that holds nothing when none does), kills and restarts workers (SIGKILL), drops acquires and releases
-at random points, and runs --fault-cmd, on a schedule from --seed (printed,
+SIGCONT; any worker when none holds), kills and restarts workers
+(SIGKILL), drops acquires and releases at random points, and runs --fault-cmd, on a schedule from --seed (printed,
 so that a run can be repeated). Then it checks every hold: no two exclusive
 holds overlap, fences rise in grant order, a semaphore never has more
 holders than permits, a writer never shares, leaders never overlap.
@@ -106,7 +106,8 @@ fn primitives(text: &str) -> Result<Primitives, String> {
 /// The faults to inject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Fault {
-    /// SIGSTOP a worker past its lease, then SIGCONT.
+    /// SIGSTOP a worker that holds a lock (any, if none does) past its
+    /// lease, then SIGCONT.
     Pause,
     /// SIGKILL a worker and start a new one.
     Kill,
@@ -552,19 +553,22 @@ fn report(
 
 type Holds = HashMap<usize, Vec<check::Hold>>;
 
-/// Whether process `pid` is stopped (state `T` in `/proc/PID/stat`).
+/// Whether every thread of process `pid` is stopped (state `T` in
+/// `/proc/PID/task/*/stat`): a log write in flight has ended then.
 fn is_stopped(pid: Pid) -> bool {
-    std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero()))
-        .ok()
-        .and_then(|stat| {
-            let rest = &stat[stat.rfind(')')? + 1..];
-            rest.split_whitespace().next().map(|state| state == "T")
-        })
-        .unwrap_or(false)
+    let stopped = |stat: String| {
+        let state = stat.rfind(')').map(|end| stat[end + 1..].trim_start());
+        state.is_some_and(|s| s.starts_with('T'))
+    };
+    std::fs::read_dir(format!("/proc/{}/task", pid.as_raw_nonzero())).is_ok_and(|tasks| {
+        tasks
+            .flatten()
+            .all(|t| std::fs::read_to_string(t.path().join("stat")).is_ok_and(stopped))
+    })
 }
 
 /// Whether the worker whose log is at `path` holds a lock now: a task's
-/// last start in the log's tail has no end after it. A line not ended by
+/// last start or heartbeat in the log's tail has no end after it. A line not ended by
 /// its newline is left out, as the checker leaves it out.
 fn holds_now(path: &Path) -> bool {
     use std::io::{Read as _, Seek as _, SeekFrom};
@@ -594,8 +598,9 @@ fn holds_now(path: &Path) -> bool {
     let mut open: HashMap<(&str, &str), bool> = HashMap::new();
     for line in text.lines().skip(skip) {
         let fields: Vec<&str> = line.split(' ').collect();
-        if let [kind @ ("S" | "E"), worker, task, ..] = fields[..] {
-            open.insert((worker, task), kind == "S");
+        // A heartbeat says held too (its start may be out of the tail).
+        if let [kind @ ("S" | "H" | "E"), worker, task, ..] = fields[..] {
+            open.insert((worker, task), kind != "E");
         }
     }
     open.values().any(|&held| held)
