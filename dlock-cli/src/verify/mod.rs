@@ -687,6 +687,8 @@ mod tests {
         };
         assert!(!case(""));
         assert!(case("S 0 1 0 100 5 X\nH 0 1 150\n"));
+        // A hold whose start has scrolled out of the tail.
+        assert!(case("H 0 1 150\n"));
         assert!(!case("S 0 1 0 100 5 X\nE 0 1 200 0\n"));
         // Another task's start; and an end not yet whole, left out.
         assert!(case("S 0 1 0 100 5 X\nS 0 2 1 120 - R\nE 0 1 200 0\n"));
