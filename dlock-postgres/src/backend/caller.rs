@@ -6,7 +6,11 @@ use std::fmt;
 
 use dlock_core::{backend::Mode, LockError, LockKey, LostReason, Result};
 use dlock_sql::{session_moved, sqlx, Dialect};
-use sqlx::{pool::PoolConnection, postgres::PgConnection, Postgres, Transaction};
+use sqlx::{
+    pool::PoolConnection,
+    postgres::{PgConnection, PgTransactionManager},
+    Postgres, Transaction, TransactionManager,
+};
 
 use super::PgBackend;
 
@@ -17,6 +21,10 @@ fn sql_error(e: sqlx::Error) -> LockError {
 /// A lock held by the caller's own transaction
 /// ([`PgBackend::lock_in`]): `pg_advisory_xact_lock`, freed by the
 /// transaction's commit or rollback, and by nothing else.
+///
+/// Taken only at the transaction's top level: PostgreSQL frees a lock
+/// taken inside a savepoint at `ROLLBACK TO SAVEPOINT`, so `lock_in`
+/// refuses a nested transaction (see [`PgBackend::lock_in`]).
 ///
 /// It is a receipt, not a guard: it borrows nothing, and dropping it
 /// changes nothing on the server.
@@ -317,6 +325,16 @@ impl PgBackend {
     /// lock works through a pooler in transaction mode, as it ends with
     /// the transaction.
     ///
+    /// Only at the transaction's top level. PostgreSQL frees a lock taken
+    /// inside a savepoint when the savepoint is rolled back, while the
+    /// transaction and its [`TxLock`] live on, so a nested transaction
+    /// (`tx.begin()`, a savepoint) is refused with
+    /// [`LockError::Unsupported`]: lock in the outer transaction, before
+    /// the savepoint. A savepoint made by your own SQL (`SAVEPOINT s`)
+    /// cannot be seen by the driver or asked of the server: do not lock
+    /// inside one. A connection lock ([`lock_on`](PgBackend::lock_on)) is
+    /// freed by no rollback.
+    ///
     /// A wait has no limit of its own: set `lock_timeout` in the
     /// transaction (`SET LOCAL lock_timeout = '5s'`), which ends it with
     /// an error that aborts the transaction, or use
@@ -332,8 +350,10 @@ impl PgBackend {
     /// # Errors
     ///
     /// [`LockError::InvalidKey`] for an empty or oversized key;
-    /// [`LockError::Backend`] if the statement fails (a deadlock the
-    /// server detects, `lock_timeout`, a transaction already aborted).
+    /// [`LockError::Unsupported`] inside a nested transaction (a
+    /// savepoint), with nothing sent; [`LockError::Backend`] if the
+    /// statement fails (a deadlock the server detects, `lock_timeout`, a
+    /// transaction already aborted).
     ///
     /// # Examples
     ///
@@ -398,6 +418,15 @@ impl PgBackend {
         wait: bool,
     ) -> Result<Option<TxLock>> {
         let (key, id, sequence) = self.caller_lock(key)?;
+        // sqlx counts the transactions it began on the connection: 1 is
+        // the top level, more are savepoints.
+        if PgTransactionManager::get_transaction_depth(&**tx) > 1 {
+            return Err(LockError::Unsupported {
+                backend: "postgres",
+                what: "transaction lock inside a savepoint (a nested transaction), \
+                       whose rollback would free it: lock in the outer transaction",
+            });
+        }
         // The subquery (kept apart by `OFFSET 0`) is granted before the
         // fence is taken: fences follow grants.
         let statement = if wait {
@@ -421,8 +450,9 @@ impl PgBackend {
     /// Locks `key` on the caller's connection, waiting as long as it
     /// takes: a session-level `pg_advisory_lock`, and in the same
     /// statement the next fencing token. The connection's session holds
-    /// it across commits and rollbacks until
-    /// [`ConnLock::release`], which hands the connection back.
+    /// it across commits and rollbacks (to a savepoint too), in or out of
+    /// a transaction, until [`ConnLock::release`], which hands the
+    /// connection back.
     ///
     /// It excludes the backend's own locks of `key` and every other
     /// session's, served first come, first served. The lock takes the
