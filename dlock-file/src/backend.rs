@@ -77,6 +77,8 @@ pub struct FileBackend {
 
 struct Inner {
     dir: PathBuf,
+    /// What every lock file's name starts with.
+    prefix: String,
     /// Every lock this client holds, by token.
     owned: Mutex<HashMap<Token, Owned>>,
     /// The thread that ends leases (see [`release`]).
@@ -100,6 +102,7 @@ impl fmt::Debug for FileBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("FileBackend");
         d.field("dir", &self.inner.dir);
+        d.field("prefix", &self.inner.prefix);
         match self.inner.owned.try_lock() {
             Ok(owned) => d.field("held", &owned.len()),
             Err(_) => d.field("held", &format_args!("<locked>")),
@@ -135,11 +138,43 @@ impl FileBackend {
     /// # Ok::<(), dlock_core::LockError>(())
     /// ```
     pub fn open(dir: impl AsRef<Path>) -> Result<FileBackend> {
+        FileBackend::open_with_prefix(dir, "")
+    }
+
+    /// A client of the locks in `dir` whose files' names start with
+    /// `prefix`: for a directory other programs use too, such as
+    /// `/run/lock` (which `dlock run` uses, with the prefix `dlock.`).
+    ///
+    /// In a directory every user may write to, with the sticky bit (as
+    /// `/run/lock` is), the files are made readable and writable by every
+    /// user, so that every user's clients lock the same keys; the sticky
+    /// bit keeps each from deleting or replacing another's files.
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](FileBackend::open), and [`LockError::InvalidOptions`]
+    /// for a prefix that is not at most 32 ASCII letters, digits, `-`,
+    /// `_` and `.`, or starts with `.`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_file::FileBackend;
+    ///
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let backend = FileBackend::open_with_prefix(dir.path(), "myapp.")?;
+    /// assert!(FileBackend::open_with_prefix(dir.path(), "../x").is_err());
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn open_with_prefix(dir: impl AsRef<Path>, prefix: &str) -> Result<FileBackend> {
         let dir = dir.as_ref().to_path_buf();
+        config::check_prefix(prefix)
+            .map_err(|why| LockError::from(dlock_core::InvalidReason::Other(why)))?;
         config::open_dir(&dir)?;
         let (reaper, start) = release::start_reaper()?;
         let inner = Arc::new(Inner {
             dir,
+            prefix: prefix.to_owned(),
             owned: Mutex::new(HashMap::new()),
             reaper,
         });
@@ -150,7 +185,9 @@ impl FileBackend {
     }
 
     /// A client of the locks in the directory `url` names:
-    /// `file:///absolute/path`, with no host and no parameters.
+    /// `file:///absolute/path`, with no host; its one parameter, `prefix`,
+    /// starts every lock file's name (see
+    /// [`open_with_prefix`](FileBackend::open_with_prefix)).
     ///
     /// # Errors
     ///
@@ -173,8 +210,8 @@ impl FileBackend {
     /// # }
     /// ```
     pub async fn connect(url: &str) -> Result<FileBackend> {
-        let dir = config::parse_url(url)?;
-        tokio::task::spawn_blocking(move || FileBackend::open(dir))
+        let (dir, prefix) = config::parse_url(url)?;
+        tokio::task::spawn_blocking(move || FileBackend::open_with_prefix(dir, &prefix))
             .await
             .map_err(|e| LockError::backend(NAME, e))?
     }
@@ -213,7 +250,7 @@ impl FileBackend {
             Mode::Permits { .. } => "sem",
             _ => "lock",
         };
-        Names::new(&self.inner.dir, key, object)
+        Names::new(&self.inner.dir, &self.inner.prefix, key, object)
     }
 }
 

@@ -11,8 +11,9 @@ use dlock_core::{backend::BackendUrl, LockError, LockKey};
 
 use crate::NAME;
 
-/// The directory a `file:///absolute/path` URL names.
-pub(crate) fn parse_url(url: &str) -> Result<PathBuf, LockError> {
+/// The directory a `file:///absolute/path` URL names, and its `prefix`
+/// parameter (empty without one).
+pub(crate) fn parse_url(url: &str) -> Result<(PathBuf, String), LockError> {
     let mut parts = BackendUrl::parse_host_optional(NAME, url)?;
     if parts.scheme() != "file" {
         return Err(parts.invalid("expected `file:///absolute/path`"));
@@ -26,8 +27,31 @@ pub(crate) fn parse_url(url: &str) -> Result<PathBuf, LockError> {
     if parts.path().trim_matches('/').is_empty() {
         return Err(parts.invalid("the directory is missing: `file:///absolute/path`"));
     }
-    parts.finish(&[])?;
-    Ok(Path::new("/").join(parts.path()))
+    let prefix = parts.take("prefix").unwrap_or_default();
+    check_prefix(&prefix).map_err(|why| parts.invalid(&why))?;
+    parts.finish(&["prefix"])?;
+    Ok((Path::new("/").join(parts.path()), prefix))
+}
+
+/// The longest file name prefix.
+pub(crate) const MAX_PREFIX: usize = 32;
+
+/// Why `prefix` cannot begin the lock files' names, if it cannot: at most
+/// [`MAX_PREFIX`] ASCII letters, digits, `-`, `_` and `.`, and not
+/// starting with `.` (which would hide the files).
+pub(crate) fn check_prefix(prefix: &str) -> Result<(), String> {
+    if prefix.len() > MAX_PREFIX
+        || prefix.starts_with('.')
+        || !prefix
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err(format!(
+            "`prefix` is at most {MAX_PREFIX} ASCII letters, digits, `-`, `_` and `.`, \
+             not starting with `.`"
+        ));
+    }
+    Ok(())
 }
 
 /// An I/O error on `path`, as a typed backend error that names the path.
@@ -161,9 +185,10 @@ pub(crate) struct Names {
 }
 
 impl Names {
-    pub(crate) fn new(dir: &Path, key: &LockKey, object: &str) -> Names {
+    /// The files of `key`'s `object` in `dir`, their names after `prefix`.
+    pub(crate) fn new(dir: &Path, prefix: &str, key: &LockKey, object: &str) -> Names {
         Names {
-            main: dir.join(format!("{}.{object}", stem(key))),
+            main: dir.join(format!("{prefix}{}.{object}", stem(key))),
         }
     }
 
@@ -200,11 +225,17 @@ mod tests {
 
     #[test]
     fn urls_name_an_absolute_directory_and_nothing_else() {
+        let dir = |url| parse_url(url).unwrap().0;
         assert_eq!(
-            parse_url("file:///var/lock/my%20app").unwrap(),
+            dir("file:///var/lock/my%20app"),
             Path::new("/var/lock/my app")
         );
-        assert_eq!(parse_url("file:///tmp/x/").unwrap(), Path::new("/tmp/x/"));
+        assert_eq!(dir("file:///tmp/x/"), Path::new("/tmp/x/"));
+        assert_eq!(
+            parse_url("file:///run/lock?prefix=dlock.").unwrap(),
+            (PathBuf::from("/run/lock"), "dlock.".to_owned())
+        );
+        assert_eq!(parse_url("file:///tmp/x").unwrap().1, "");
         for bad in [
             "file:///",
             "file://",
@@ -212,6 +243,9 @@ mod tests {
             "file://relative/x",
             "file://u@/tmp/x",
             "file:///tmp/x?wait=1s",
+            "file:///tmp/x?prefix=.hidden",
+            "file:///tmp/x?prefix=a/b",
+            "file:///tmp/x?prefix=%2E%2E%2Fetc",
             "file:///tmp/../etc",
             "file:tmp/x",
             "redis:///tmp/x",
@@ -246,7 +280,12 @@ mod tests {
         let long = "k".repeat(1000);
         let (a, b) = (stem(&key(&long)), stem(&key(&format!("{long}x"))));
         assert_ne!(a, b);
-        let longest = Names::new(Path::new("/d"), &key(&"é".repeat(512)), "sem");
+        let longest = Names::new(
+            Path::new("/d"),
+            &"p".repeat(MAX_PREFIX),
+            &key(&"é".repeat(512)),
+            "sem",
+        );
         let name = longest.slot(u32::MAX);
         let name = name.file_name().unwrap().len();
         assert!(name <= 255, "{name} bytes");

@@ -140,3 +140,78 @@ async fn a_dropped_wait_leaves_nothing_held() {
     let again = locker(dir.path()).try_lock("waited").await.unwrap();
     assert!(again.is_some(), "the dropped wait took the lock later");
 }
+
+/// `holder` (what `dlock status` asks) looks without locking: a client
+/// trying a free key at the same moment always gets it. A probe that took
+/// a shared `flock` on the key's file for a moment made such a try fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_lookup_never_makes_a_try_on_a_free_key_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    let (asker, trier) = (locker(dir.path()), locker(dir.path()));
+    // Made once, so that every try below is of an existing file.
+    trier.lock("k").await.unwrap().release().await.unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let looking = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let mut looks = 0_u32;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) && looks < 1_000_000 {
+                asker.holder("k").await.unwrap();
+                looks += 1;
+            }
+            looks
+        }
+    });
+    let mut refused = 0;
+    for _ in 0..10_000 {
+        match trier.try_lock("k").await.unwrap() {
+            Some(guard) => guard.release().await.unwrap(),
+            None => refused += 1,
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let looks = looking.await.unwrap();
+    assert!(
+        looks > 100,
+        "the lookups never overlapped the tries ({looks})"
+    );
+    assert_eq!(
+        refused, 0,
+        "{refused} of 10000 tries of a free key were refused"
+    );
+}
+
+/// In a sticky directory every user may write to (`/run/lock`), a lock
+/// file is made writable by every user whatever the umask, so that other
+/// users' clients can lock it and move its fence.
+#[tokio::test]
+async fn lock_files_in_a_shared_sticky_directory_are_every_users() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let root = tempfile::tempdir().unwrap();
+    let shared = root.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let private = root.path().join("private");
+    let url = |dir: &Path| format!("file://{}?prefix=app.", dir.display());
+    for dir in [&shared, &private] {
+        let backend = FileBackend::connect(&url(dir)).await.unwrap();
+        backend
+            .into_locker()
+            .lock("k")
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let mode =
+        |path: std::path::PathBuf| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    for file in ["app.k.lock", "app.k.lock-fence"] {
+        assert_eq!(mode(shared.join(file)), 0o666, "{file}");
+        assert_eq!(
+            mode(private.join(file)) & 0o002,
+            0,
+            "{file} in a private directory"
+        );
+    }
+}

@@ -86,18 +86,64 @@ impl Stop<'_> {
     }
 }
 
+/// `path` opened for reading and writing, created if it is missing.
+///
+/// Made without `O_CREAT` on a file that exists: in a sticky directory
+/// that every user may write to (`/run/lock`), Linux's
+/// `fs.protected_regular` refuses an `O_CREAT` open of another user's
+/// file, even one that exists. A file this call creates there is made
+/// readable and writable by every user (whatever the umask), so that
+/// every user can lock it and move its fence; the sticky bit keeps any
+/// of them from deleting or replacing it.
 pub(crate) fn open(path: &Path) -> Result<File, LockError> {
     use std::os::unix::fs::OpenOptionsExt as _;
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        // A symlink planted in a shared directory must not make dlock
-        // write (or truncate) the file it points to.
-        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
-        .open(path)
-        .map_err(|e| io_error("cannot open", path, e))
+    // A symlink planted in a shared directory must not make dlock write
+    // (or truncate) the file it points to.
+    let nofollow = rustix::fs::OFlags::NOFOLLOW.bits() as i32;
+    // Bounded: a file deleted between the two opens is made again.
+    for _ in 0..100 {
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(nofollow)
+            .open(path)
+        {
+            Ok(file) => return Ok(file),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_error("cannot open", path, e)),
+        }
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .custom_flags(nofollow)
+            .open(path)
+        {
+            Ok(file) => {
+                if in_shared_dir(path) {
+                    rustix::fs::fchmod(&file, rustix::fs::Mode::from_raw_mode(0o666))
+                        .map_err(|e| io_error("cannot share", path, e.into()))?;
+                }
+                return Ok(file);
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_error("cannot create", path, e)),
+        }
+    }
+    Err(io_error(
+        "cannot open",
+        path,
+        io::Error::other("it was deleted each time it was made, 100 times"),
+    ))
+}
+
+/// Whether `path`'s directory is one every user may write to, with the
+/// sticky bit (as `/run/lock` and `/tmp` are).
+fn in_shared_dir(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    path.parent()
+        .and_then(|dir| std::fs::metadata(dir).ok())
+        .is_some_and(|meta| meta.permissions().mode() & 0o1002 == 0o1002)
 }
 
 /// `flock(op)`: `Ok(false)` if a non-blocking `op` finds the file locked.
@@ -335,9 +381,22 @@ fn slots(names: &Names, count: u32, limit: u32) -> Result<Option<Vec<File>>, Loc
 /// PID namespace are not listed there, so not counted; nor are the slots
 /// an acquirer holds for a moment while it finds too few free.
 pub(crate) fn slots_taken(names: &Names, limit: u32) -> Result<u32, LockError> {
+    let locked = flocked_inodes()?;
+    let mut taken = 0;
+    for i in 0..limit {
+        if inode(&names.slot(i))?.is_some_and(|ino| locked.contains(&ino)) {
+            taken += 1;
+        }
+    }
+    Ok(taken)
+}
+
+/// The inodes of the files some process holds an `flock` on now, from
+/// Linux's `/proc/locks` (blocked requests left out).
+fn flocked_inodes() -> Result<std::collections::HashSet<u64>, LockError> {
     let table = std::fs::read_to_string("/proc/locks")
         .map_err(|e| io_error("reading", Path::new("/proc/locks"), e))?;
-    let locked: std::collections::HashSet<u64> = table
+    Ok(table
         .lines()
         .filter_map(|line| {
             // `N: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE START END`; a
@@ -348,21 +407,16 @@ pub(crate) fn slots_taken(names: &Names, limit: u32) -> Result<u32, LockError> {
             }
             fields.nth(3)?.rsplit(':').next()?.parse().ok()
         })
-        .collect();
-    let mut taken = 0;
-    for i in 0..limit {
-        let path = names.slot(i);
-        let meta = match std::fs::metadata(&path) {
-            Ok(meta) => meta,
-            // Never taken yet.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(io_error("reading a slot file", &path, e)),
-        };
-        if locked.contains(&std::os::unix::fs::MetadataExt::ino(&meta)) {
-            taken += 1;
-        }
+        .collect())
+}
+
+/// `path`'s inode number, or `None` if there is no such file.
+fn inode(path: &Path) -> Result<Option<u64>, LockError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) => Ok(Some(std::os::unix::fs::MetadataExt::ino(&meta))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_error("cannot stat", path, e)),
     }
-    Ok(taken)
 }
 
 /// The semaphore's limit file, held shared, once it records `limit`: the
@@ -503,17 +557,19 @@ pub(crate) fn last_fence(path: &Path) -> Result<u64, LockError> {
     read_number(&file, path)
 }
 
-/// Whether `path` is locked exclusively now (by anyone, this process
-/// included): a shared lock is refused. Takes nothing.
+/// Whether some process holds an `flock` on `path` now (this process
+/// included), read from Linux's `/proc/locks` as
+/// [`slots_taken`] reads it: a look that takes no lock, so that it can
+/// never make a client that tries the file at the same moment find it
+/// held. Where `/proc/locks` cannot be read, an error.
+///
+/// Only a plain lock's file is asked about, which only exclusive locks
+/// take.
 pub(crate) fn is_locked(path: &Path) -> Result<bool, LockError> {
-    let file = match File::open(path) {
-        Ok(file) => file,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(io_error("cannot open", path, e)),
+    let Some(ino) = inode(path)? else {
+        return Ok(false);
     };
-    let free = flock(&file, Op::NonBlockingLockShared, path)?;
-    drop(unlocked(file));
-    Ok(!free)
+    Ok(flocked_inodes()?.contains(&ino))
 }
 
 #[cfg(test)]
