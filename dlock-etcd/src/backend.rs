@@ -11,7 +11,7 @@ use std::{
 use dlock_core::{
     backend::{
         AcquireRequest, Acquired, Backend, Backoff, BoxFuture, Capabilities, Holder, Mode,
-        ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
+        ReleaseOutcome, RenewOutcome, RenewRequest,
     },
     LockError, LockKey, Result, Token,
 };
@@ -20,9 +20,13 @@ use etcd_client::{Client, GetOptions, KeyValue, SortOrder, SortTarget};
 use crate::session::Session;
 
 mod election;
+mod enter;
 mod queue;
 mod release;
 mod session;
+mod turn;
+
+use turn::{Turn, TurnUntil};
 
 const NAME: &str = "etcd";
 
@@ -123,7 +127,8 @@ struct Inner {
     /// With `etcdctl`, one acquisition of an entry name (a key on one
     /// session's lease) at a time in this backend: two on one session
     /// would name one etcd key. By name, not by key: a guard lost with
-    /// its session, but not yet dropped, keeps only its old name's turn.
+    /// its session, but not yet dropped, keeps only its old name's turn;
+    /// one whose fixed lease ended keeps none (see [`TurnUntil`]).
     turns: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
     /// Fed by every session: see "Connection state" above.
     states: dlock_core::backend::ConnectionStates,
@@ -152,11 +157,11 @@ struct Owned {
     /// With `layout=etcdctl`, this backend's turn at the entry name, given back
     /// when the entry is gone and no request that may create it is in
     /// flight (the enqueueing task keeps a share).
-    _turn: Option<Turn>,
+    turn: Option<Turn>,
+    /// With `layout=etcdctl`, a fixed-lease grant's turn, from `turn`,
+    /// given back when its lease ends even if the guard lives on.
+    turn_until: Option<TurnUntil>,
 }
-
-/// With `layout=etcdctl`, this backend's turn at a plain lock's entry name.
-type Turn = Arc<tokio::sync::OwnedSemaphorePermit>;
 
 impl fmt::Debug for EtcdBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -312,31 +317,6 @@ impl EtcdBackend {
         } else {
             format!("{queue}{lease:016x}-{token}")
         }
-    }
-
-    /// With `layout=etcdctl`, waits for this backend's turn at a plain
-    /// lock's entry `name`, until `deadline` (`None` if it passed);
-    /// otherwise no turn is needed.
-    async fn turn(&self, name: &str, mode: Mode, wait: Wait) -> Option<Option<Turn>> {
-        if !self.go_layout(mode) {
-            return Some(None);
-        }
-        let turns = {
-            let mut all = self.inner.turns.lock().unwrap_or_else(|e| e.into_inner());
-            // A turn nobody holds or waits for is only the map's.
-            all.retain(|_, turn| Arc::strong_count(turn) > 1);
-            all.entry(name.to_owned())
-                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(1)))
-                .clone()
-        };
-        let permit = match wait.deadline() {
-            Some(deadline) => tokio::time::timeout_at(deadline, turns.acquire_owned())
-                .await
-                .ok()?,
-            None => turns.acquire_owned().await,
-        };
-        // The semaphore is never closed.
-        permit.ok().map(|permit| Some(Arc::new(permit)))
     }
 }
 

@@ -4,23 +4,21 @@
 use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use dlock_core::{
-    backend::{AcquireRequest, Acquired, Backoff, FinishOnDrop, LeaseKind, Mode, Wait},
+    backend::{AcquireRequest, Acquired, Backoff, LeaseKind, Mode, Wait},
     LockError, Result,
 };
 use etcd_client::{
-    Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
-    TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
+    EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    TxnResponse, WatchOptions,
 };
 use tokio::time::Instant;
 
-use super::{
-    backend_error, mode_of, mode_value, retried, vanished, EtcdBackend, Owned, Turn, NAME,
-};
+use super::{backend_error, mode_of, mode_value, retried, vanished, EtcdBackend, TurnUntil, NAME};
 use crate::session::Session;
 
 /// The longest a waiter trusts its watch alone before it reads the queue
 /// again.
-const RECHECK: Duration = Duration::from_secs(10);
+pub(super) const RECHECK: Duration = Duration::from_secs(10);
 
 /// How waiting for the predecessor ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +73,7 @@ fn other_limit(queue: &[&KeyValue], limit: u32) -> Option<u32> {
     })
 }
 
-fn get_responses(response: &TxnResponse) -> Vec<etcd_client::GetResponse> {
+pub(super) fn get_responses(response: &TxnResponse) -> Vec<etcd_client::GetResponse> {
     response
         .op_responses()
         .into_iter()
@@ -219,191 +217,6 @@ impl EtcdBackend {
                 }
             }
         }
-    }
-
-    /// Puts our entry `name` on the session's lease into `queue`, and
-    /// answers with the queue as read then and the entry's create revision
-    /// (`None` if the wait ended first).
-    ///
-    /// With `layout=etcdctl`, an entry's name is the session's lease alone,
-    /// so the name may already be taken by an earlier acquisition of this
-    /// session whose release failed until it was given up with its key on
-    /// a fixed lease of its own (see `abandon`). Such a key is not ours to
-    /// take over (its fence would be given twice) nor to delete: we wait
-    /// for its lease to end, then enter.
-    async fn enter(
-        &self,
-        req: &AcquireRequest<'_>,
-        queue: &str,
-        session: &Arc<Session>,
-        name: &str,
-        turn: Option<Turn>,
-    ) -> Result<Option<(TxnResponse, i64)>> {
-        let lease = session.lease;
-        let txn = Txn::new()
-            .when([Compare::create_revision(name, CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(
-                    name,
-                    mode_value(req.mode),
-                    Some(PutOptions::new().with_lease(lease)),
-                ),
-                TxnOp::get(queue, Some(self.queue_read(req.mode))),
-            ])
-            .or_else([
-                TxnOp::get(name, None),
-                TxnOp::get(queue, Some(self.queue_read(req.mode))),
-            ]);
-        // Only abandoned keys take the name, each until its lease ends,
-        // and none is made while we hold the turn: a second round finds
-        // the name free.
-        for _ in 0..3 {
-            self.owned().insert(
-                *req.token,
-                Owned {
-                    name: name.to_owned(),
-                    session: session.clone(),
-                    own_lease: None,
-                    on_own_lease: false,
-                    created: None,
-                    own_name: !self.go_layout(req.mode),
-                    granted: None,
-                    _turn: turn.clone(),
-                },
-            );
-            let answer = self.enqueue(txn.clone(), name, lease, turn.clone()).await?;
-            let created = if answer.succeeded() {
-                answer.header().map(|h| h.revision()).unwrap_or_default()
-            } else {
-                // Ours from an attempt whose answer was lost, or another's.
-                let gets = get_responses(&answer);
-                let found = gets.first().and_then(|g| g.kvs().first());
-                let found = found.ok_or_else(vanished)?;
-                if found.lease() != lease {
-                    let (theirs, seen) = (found.lease(), found.mod_revision());
-                    self.owned().remove(req.token);
-                    if req.wait == Wait::No
-                        || !self
-                            .until_gone(name, theirs, seen, req.wait.deadline())
-                            .await?
-                    {
-                        return Ok(None);
-                    }
-                    continue;
-                }
-                found.create_revision()
-            };
-            if let Some(owned) = self.owned().get_mut(req.token) {
-                owned.created = Some(created);
-            }
-            return Ok(Some((answer, created)));
-        }
-        Err(LockError::backend(
-            NAME,
-            std::io::Error::other(format!("the queue entry {name} stayed taken")),
-        ))
-    }
-
-    /// Waits until the key `name`, last changed at `seen` on the lease
-    /// `lease`, is gone: `false` if `deadline` came first, an error if it
-    /// outlived its lease.
-    async fn until_gone(
-        &self,
-        name: &str,
-        lease: i64,
-        seen: i64,
-        deadline: Option<Instant>,
-    ) -> Result<bool> {
-        let ttl = retried(|| {
-            let mut client = self.client();
-            async move { client.lease_time_to_live(lease, None).await }
-        })
-        .await?
-        .ttl();
-        let ends = Instant::now() + Duration::from_secs(ttl.max(0).unsigned_abs()) + RECHECK;
-        let until = deadline.map_or(ends, |d| d.min(ends));
-        // Watched from just after the read that saw the key: no deletion
-        // can fall between the two.
-        let options = WatchOptions::new().with_start_revision(seen + 1);
-        let mut watch = self
-            .client()
-            .watch(name, Some(options))
-            .await
-            .map_err(backend_error)?;
-        let deleted = async {
-            while let Ok(Some(response)) = watch.message().await {
-                if response.canceled() {
-                    break;
-                }
-                if response
-                    .events()
-                    .iter()
-                    .any(|e| e.event_type() == EventType::Delete)
-                {
-                    return;
-                }
-            }
-            // The watch ended without news: wait out the lease instead.
-            std::future::pending::<()>().await;
-        };
-        let _ = tokio::time::timeout_at(until, deleted).await;
-        let still = retried(|| {
-            let mut client = self.client();
-            async move {
-                client
-                    .get(name, Some(GetOptions::new().with_count_only()))
-                    .await
-            }
-        })
-        .await?;
-        if still.count() == 0 {
-            return Ok(true);
-        }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Ok(false);
-        }
-        Err(LockError::backend(
-            NAME,
-            std::io::Error::other(format!("the queue entry {name} outlived its lease")),
-        ))
-    }
-
-    /// Runs the enqueueing transaction to its end even if the caller goes
-    /// away while it is in flight ([`FinishOnDrop`]): then the key it may
-    /// still create on `lease` is deleted once it has. The request keeps a
-    /// share of the turn until then: no later acquisition can meet the key.
-    async fn enqueue(
-        &self,
-        txn: Txn,
-        name: &str,
-        lease: i64,
-        turn: Option<Turn>,
-    ) -> Result<TxnResponse> {
-        let (client, name) = (self.client(), name.to_owned());
-        FinishOnDrop::watched(|abandoned| async move {
-            let _turn = turn;
-            // Idempotent: a retry after a lost reply finds our key, and the
-            // else-branch reads its create revision.
-            let answer = retried(|| {
-                let (mut client, txn) = (client.clone(), txn.clone());
-                async move { client.txn(txn).await }
-            })
-            .await;
-            if abandoned.get() {
-                // Nobody will use the key. Only a key on our lease is ours
-                // (see `enter`).
-                let delete = Txn::new()
-                    .when([Compare::lease(name.as_str(), CompareOp::Equal, lease)])
-                    .and_then([TxnOp::delete(name.as_str(), None)]);
-                let _ = retried(|| {
-                    let (mut client, delete) = (client.clone(), delete.clone());
-                    async move { client.txn(delete).await }
-                })
-                .await;
-            }
-            answer
-        })
-        .await
     }
 
     /// Waits until the entry ahead of `mine` that keeps it waiting is
@@ -602,6 +415,12 @@ impl EtcdBackend {
                 }
                 if let Some(owned) = self.owned().get_mut(req.token) {
                     owned.on_own_lease = true;
+                    // Given back when the lease ends, as the guard counts
+                    // it, even if the guard is kept.
+                    owned.turn_until = owned
+                        .turn
+                        .take()
+                        .map(|turn| TurnUntil::start(turn, from + req.lease));
                 }
                 Ok(Some(acquired.with_lease_from(from, req.lease)))
             }

@@ -100,14 +100,20 @@ impl EtcdBackend {
         token: &Token,
         lease: Duration,
     ) -> Result<Option<(Instant, Duration)>> {
+        let sent = Instant::now();
         let held = self.owned().get(token).and_then(|owned| {
             let revision = owned.granted.filter(|_| owned.on_own_lease)?;
-            Some((owned.name.clone(), revision))
+            // With `layout=etcdctl`, the turn is kept on until the new end
+            // first: one given back (the lease ended) is not taken again.
+            let kept = owned
+                .turn_until
+                .as_ref()
+                .is_none_or(|turn| turn.move_end(sent + lease));
+            kept.then(|| (owned.name.clone(), revision))
         });
         let Some((name, revision)) = held else {
             return Ok(None);
         };
-        let sent = Instant::now();
         let secs = lease.as_secs_f64().ceil().max(1.0) as i64;
         let grant = retried(|| {
             let mut client = self.client();
@@ -129,6 +135,10 @@ impl EtcdBackend {
         .await?;
         if !answer.succeeded() {
             self.revoke_in_background(grant.id());
+            // Our key is gone: so is any reason to keep its turn.
+            if let Some(turn) = self.owned().get(token).and_then(|o| o.turn_until.as_ref()) {
+                turn.move_end(Instant::now());
+            }
             return Ok(None);
         }
         let old = self
