@@ -7,7 +7,9 @@ use dlock_core::{
     backend::{BoxFuture, Mode},
     LockKey, Result, Token,
 };
-use dlock_sql::{session_moved, sqlx, Dialect, Granted, QueueEntry, SqlBackend, SqlSettings};
+use dlock_sql::{
+    session_moved, sqlx, Dialect, Granted, QueueEntry, ServerSession, SqlBackend, SqlSettings,
+};
 use sqlx::mysql::{MySqlConnection, MySqlDatabaseError};
 
 use crate::config::{lock_name, object_name, FenceSource, MySqlConfig};
@@ -44,7 +46,11 @@ const FOREVER_SECS: u64 = 365 * 24 * 3600;
 ///   refused attempt takes a waiter session (at most `max_waiters`, reused)
 ///   and blocks in `GET_LOCK` with the wait limit as its timeout; nothing
 ///   polls. A wait that is dropped ends its session (`KILL CONNECTION`),
-///   so a grant that arrives after the caller left cannot outlive it.
+///   so a grant that arrives after the caller left cannot outlive it. Each
+///   session holds a named lock of its own, a marker (`{lock_prefix}%s:…`),
+///   and a session is ended only where its marker is held by that
+///   connection id: a kill that reaches another server (a failover, a
+///   virtual IP), where ids start from 1 too, ends nothing there.
 /// - **Within one process**, tasks that lock the same key queue locally
 ///   first: a session's named locks are reentrant on the server.
 /// - **Crashes and pauses.** A killed holder's connection closes and its
@@ -375,7 +381,7 @@ impl Dialect for MySqlDialect {
         dlock_sql::key_hash("", id)
     }
 
-    fn open(&self) -> BoxFuture<'_, Result<(MySqlSession, u64), sqlx::Error>> {
+    fn open(&self) -> BoxFuture<'_, Result<(MySqlSession, ServerSession), sqlx::Error>> {
         self.open_inner()
     }
 
@@ -414,7 +420,7 @@ impl Dialect for MySqlDialect {
     fn end_session<'a>(
         &'a self,
         conn: &'a mut MySqlSession,
-        session: u64,
+        session: &'a ServerSession,
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         self.end_session_inner(conn, session)
     }
@@ -578,5 +584,82 @@ mod tests {
             .await
             .unwrap();
         assert_eq!((used, entries, fences, records), (None, 0, 0, 0));
+    }
+
+    /// Whether the server of `conn` has connection `id`, asked until it
+    /// has not, for at most 5 s.
+    async fn session_gone(conn: &mut MySqlSession, id: u64) -> bool {
+        for _ in 0..50 {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?",
+            )
+            .bind(id)
+            .fetch_one(&mut conn.conn)
+            .await
+            .expect("the process list");
+            if n == 0 {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    }
+
+    /// A dropped wait's session is ended by connection id from another
+    /// connection, which may reach another server (a failover, a virtual
+    /// IP), where ids start from 1 too. Aimed at server A's session, a
+    /// kill sent to server B, where a session holding a lock has the same
+    /// id, ends nothing there. Aimed right, it ends the session.
+    #[tokio::test]
+    async fn ending_a_session_by_id_ends_nothing_on_another_server() {
+        let (a, b) = (
+            MariaDbServer::start().expect("start MariaDB A"),
+            MariaDbServer::start().expect("start MariaDB B"),
+        );
+        let dialect_a = MySqlDialect::new(MySqlConfig::from_url(&a.url()).unwrap());
+        let dialect_b = MySqlDialect::new(MySqlConfig::from_url(&b.url()).unwrap());
+        let (mut killer_a, _) = dialect_a.open().await.expect("A's killer");
+        let (mut killer_b, _) = dialect_b.open().await.expect("B's killer");
+        dialect_b.setup(&mut killer_b).await.expect("set up B");
+        // Open sessions on whichever server is behind until the ids meet.
+        let (mut aimed, mut victim) = (
+            dialect_a.open().await.expect("A's session"),
+            dialect_b.open().await.expect("B's session"),
+        );
+        for _ in 0..200 {
+            match aimed.1.id.cmp(&victim.1.id) {
+                std::cmp::Ordering::Equal => break,
+                std::cmp::Ordering::Less => aimed = dialect_a.open().await.unwrap(),
+                std::cmp::Ordering::Greater => victim = dialect_b.open().await.unwrap(),
+            }
+        }
+        let ((_waiter, aimed), (mut victim, _)) = (aimed, victim);
+        assert_eq!(aimed.id, victim.id as u64, "no colliding connection ids");
+        let key = LockKey::new("victim").unwrap();
+        let id = dialect_b.lock_id(&key, Mode::Exclusive);
+        let held = dialect_b.try_lock(&mut victim, &id, Mode::Exclusive).await;
+        assert!(held.unwrap().is_some(), "B's session takes the free key");
+
+        dialect_b
+            .end_session(&mut killer_b, &aimed)
+            .await
+            .expect("end_session");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        dialect_b.ping(&mut victim).await.unwrap_or_else(|e| {
+            panic!("a kill aimed at A's session ended B's session of the same id: {e}")
+        });
+        let taken = dialect_b
+            .try_lock(&mut killer_b, &id, Mode::Exclusive)
+            .await;
+        assert_eq!(taken.unwrap(), None, "B's lock was freed");
+
+        dialect_a
+            .end_session(&mut killer_a, &aimed)
+            .await
+            .expect("end_session");
+        assert!(
+            session_gone(&mut killer_a, aimed.id).await,
+            "the session aimed at lives on"
+        );
     }
 }

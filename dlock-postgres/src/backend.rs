@@ -7,7 +7,9 @@ use dlock_core::{
     backend::{BoxFuture, Mode},
     LockKey, Result, Token,
 };
-use dlock_sql::{session_moved, sqlx, Dialect, Granted, QueueEntry, SqlBackend, SqlSettings};
+use dlock_sql::{
+    session_moved, sqlx, Dialect, Granted, QueueEntry, ServerSession, SqlBackend, SqlSettings,
+};
 use sqlx::postgres::PgConnection;
 
 use crate::config::{lock_id, PgConfig};
@@ -98,7 +100,11 @@ const LOCK_NOT_AVAILABLE: &str = "55P03";
 ///   order they came, and the waiter session then holds the lock until its
 ///   release; nothing polls. A wait that is dropped ends its session
 ///   (`pg_terminate_backend`), so a grant that arrives after the caller
-///   left cannot outlive it.
+///   left cannot outlive it; only if the server's system identifier and
+///   the session's start match those read when it opened, in the same
+///   statement, so that a kill that reaches another server (a failover,
+///   a virtual IP) never ends another client's session of the same
+///   process id.
 /// - **Within one process**, tasks that lock the same key queue locally
 ///   first: a session's advisory locks are reentrant on the server, and two
 ///   scopes must never both hold a key through one session.
@@ -502,7 +508,7 @@ impl Dialect for PgDialect {
         *id as u64
     }
 
-    fn open(&self) -> BoxFuture<'_, Result<(PgSession, u64), sqlx::Error>> {
+    fn open(&self) -> BoxFuture<'_, Result<(PgSession, ServerSession), sqlx::Error>> {
         self.open_inner()
     }
 
@@ -549,7 +555,7 @@ impl Dialect for PgDialect {
     fn end_session<'a>(
         &'a self,
         session: &'a mut PgSession,
-        other: u64,
+        other: &'a ServerSession,
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         self.end_session_inner(session, other)
     }

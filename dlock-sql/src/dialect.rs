@@ -72,6 +72,36 @@ impl QueueEntry {
     }
 }
 
+/// A server session as [`Dialect::open`] opened it: the server's
+/// identifier of it, and what tells it from another session of the same
+/// identifier, on another server or on the same one after a restart.
+///
+/// Identifiers repeat: MySQL numbers connections from 1 again after a
+/// restart, and two PostgreSQL servers may give one process id to two
+/// sessions. A session ended by identifier through another connection
+/// (which may reach another server behind a virtual IP or after a
+/// failover) is ended only if its incarnation matches too.
+///
+/// # Examples
+///
+/// ```
+/// let session = dlock_sql::ServerSession {
+///     id: 4242,
+///     incarnation: "7312214712345/1718000000123456".to_owned(),
+/// };
+/// assert_eq!(session.id, 4242);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerSession {
+    /// The server's identifier of the session: PostgreSQL's process id,
+    /// MySQL's connection id.
+    pub id: u64,
+    /// What the dialect compares, on the server, before it ends the
+    /// session: PostgreSQL's system identifier and the session's start,
+    /// a marker lock the MySQL session holds.
+    pub incarnation: String,
+}
+
 /// What a dialect answers (through [`session_moved`]) when a statement ran
 /// on a server session other than the one its connection opened: a
 /// pooler in transaction or statement mode, or a proxy that reconnects in
@@ -251,9 +281,9 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     fn shard(&self, id: &Self::Id) -> u64;
 
     /// Opens a session whose server ends it after the session timeout
-    /// idle, and returns it with the server's identifier of it (for
-    /// [`end_session`](Dialect::end_session)).
-    fn open(&self) -> BoxFuture<'_, Result<(Self::Conn, u64), sqlx::Error>>;
+    /// idle, and returns it with the server's identifier of it and its
+    /// incarnation (for [`end_session`](Dialect::end_session)).
+    fn open(&self) -> BoxFuture<'_, Result<(Self::Conn, ServerSession), sqlx::Error>>;
 
     /// Creates what the dialect needs on the server (the fencing sequence
     /// or counter), if it is missing, once at connect.
@@ -303,11 +333,15 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
 
     /// Ends session `session` (another one, maybe blocked in a wait),
-    /// which releases every lock it holds.
+    /// which releases every lock it holds, only if `conn`'s server has a
+    /// session of that identifier and incarnation: checked in the
+    /// statement that ends it, so that a session of the same identifier on
+    /// another server (behind a virtual IP, after a failover) or after a
+    /// restart is left alone. Ending nothing is not an error.
     fn end_session<'a>(
         &'a self,
         conn: &'a mut Self::Conn,
-        session: u64,
+        session: &'a ServerSession,
     ) -> BoxFuture<'a, Result<(), sqlx::Error>>;
 
     /// The cheapest statement the server answers, to keep a session busy,

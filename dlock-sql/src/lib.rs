@@ -7,7 +7,7 @@ mod settings;
 pub use backend::SqlBackend;
 pub use dialect::{
     busy, deployment_refused, is_busy, is_session_moved, session_moved, unsafe_deployment, Busy,
-    Dialect, Granted, QueueEntry, SessionMoved, UnsafeDeployment,
+    Dialect, Granted, QueueEntry, ServerSession, SessionMoved, UnsafeDeployment,
 };
 pub use dlock_core::backend::key_hash;
 pub use settings::SqlSettings;

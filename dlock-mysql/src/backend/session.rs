@@ -1,8 +1,8 @@
 //! Sessions: opening one, checking the server and setting up its tables,
 //! the ping that keeps it alive, and ending another one.
 
-use dlock_core::backend::BoxFuture;
-use dlock_sql::sqlx;
+use dlock_core::{backend::BoxFuture, Token};
+use dlock_sql::{sqlx, ServerSession};
 use sqlx::{
     mysql::{MySqlConnection, MySqlDatabaseError},
     Connection, Executor, Row,
@@ -44,17 +44,35 @@ fn holds_several_locks(version: &str) -> Result<(), String> {
 }
 
 impl MySqlDialect {
-    pub(super) fn open_inner(&self) -> BoxFuture<'_, Result<(MySqlSession, u64), sqlx::Error>> {
+    /// The session takes a named lock of its own, its marker: whoever
+    /// holds it (`IS_USED_LOCK`) on a server is this session, as no
+    /// connection id can tell (see [`ServerSession`]).
+    pub(super) fn open_inner(
+        &self,
+    ) -> BoxFuture<'_, Result<(MySqlSession, ServerSession), sqlx::Error>> {
         Box::pin(async move {
             let mut conn = MySqlConnection::connect_with(self.config.connect_options()).await?;
+            // The prefix's characters and a token's: nothing to quote.
+            let marker = self.token_lock('s', &Token::generate());
             let opened = format!(
                 "SET SESSION wait_timeout = {}, autocommit = 1; \
-                 SELECT CAST(CONNECTION_ID() AS SIGNED)",
+                 SELECT CAST(CONNECTION_ID() AS SIGNED), GET_LOCK('{marker}', 0)",
                 self.wait_timeout.max(1)
             );
             let rows = conn.fetch_all(opened.as_str()).await?;
-            let id: i64 = rows.last().ok_or(sqlx::Error::RowNotFound)?.try_get(0)?;
-            Ok((MySqlSession { conn, id }, id as u64))
+            let row = rows.last().ok_or(sqlx::Error::RowNotFound)?;
+            let id: i64 = row.try_get(0)?;
+            if row.try_get::<Option<i64>, _>(1)? != Some(1) {
+                // A fresh random name, held by another session: never.
+                return Err(sqlx::Error::Protocol(
+                    "the session's marker lock was refused".into(),
+                ));
+            }
+            let session = ServerSession {
+                id: id as u64,
+                incarnation: marker,
+            };
+            Ok((MySqlSession { conn, id }, session))
         })
     }
 
@@ -112,12 +130,26 @@ impl MySqlDialect {
     pub(super) fn end_session_inner<'a>(
         &'a self,
         conn: &'a mut MySqlSession,
-        session: u64,
+        session: &'a ServerSession,
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
         Box::pin(async move {
+            // Only the session that holds its marker lock: a connection of
+            // the same id on another server (ids start from 1 on each, and
+            // after a restart) holds none. `KILL` takes no condition, so
+            // the check is a statement before it, on the same connection,
+            // so on the same server, which never gives an id to two
+            // connections in its life: the id still names the session
+            // checked, or none (ER_NO_SUCH_THREAD below).
+            let marked: Option<i64> = sqlx::query_scalar("SELECT CAST(IS_USED_LOCK(?) AS SIGNED)")
+                .bind(&session.incarnation)
+                .fetch_one(&mut conn.conn)
+                .await?;
+            if marked != Some(session.id as i64) {
+                return Ok(());
+            }
             match conn
                 .conn
-                .execute(format!("KILL CONNECTION {session}").as_str())
+                .execute(format!("KILL CONNECTION {}", session.id).as_str())
                 .await
             {
                 Ok(_) => Ok(()),

@@ -2,25 +2,47 @@
 //! keeps it alive, and ending another one.
 
 use dlock_core::backend::BoxFuture;
-use dlock_sql::sqlx;
+use dlock_sql::{sqlx, ServerSession};
 use sqlx::{postgres::PgConnection, Connection, Executor, Row};
 
 use super::{PgDialect, PgSession};
 
+/// The incarnation of the session of process `pid` (an SQL expression),
+/// as text: the server's system identifier (set by `initdb`, shared by
+/// its physical replicas) and the session's start in microseconds.
+/// `NULL` if no such session is seen.
+fn incarnation(pid: &str) -> String {
+    format!(
+        "(SELECT system_identifier FROM pg_control_system())::text || '/' || \
+         (SELECT (extract(epoch FROM a.backend_start) * 1000000)::bigint::text \
+         FROM pg_stat_activity a WHERE a.pid = {pid})"
+    )
+}
+
 impl PgDialect {
     /// A simple query (no prepared statement: a pooler in transaction
     /// mode would break those before dlock could tell it is there).
-    pub(super) fn open_inner(&self) -> BoxFuture<'_, Result<(PgSession, u64), sqlx::Error>> {
+    pub(super) fn open_inner(
+        &self,
+    ) -> BoxFuture<'_, Result<(PgSession, ServerSession), sqlx::Error>> {
         Box::pin(async move {
             let mut conn = PgConnection::connect_with(self.config.connect_options()).await?;
             let opened = format!(
                 "SELECT pg_backend_pid(), set_config('idle_session_timeout', '{}', false), \
-                 set_config('client_connection_check_interval', '1000', false)",
-                self.config.session_timeout().as_millis()
+                 set_config('client_connection_check_interval', '1000', false), {}",
+                self.config.session_timeout().as_millis(),
+                incarnation("pg_backend_pid()"),
             );
             let row = conn.fetch_one(opened.as_str()).await?;
             let pid: i32 = row.try_get(0)?;
-            Ok((PgSession { conn, pid }, pid as u64))
+            // `NULL` only if the server hides the session's start from
+            // its own login; then nothing can end it by id.
+            let incarnation: Option<String> = row.try_get(3)?;
+            let session = ServerSession {
+                id: pid as u64,
+                incarnation: incarnation.unwrap_or_default(),
+            };
+            Ok((PgSession { conn, pid }, session))
         })
     }
 
@@ -72,11 +94,19 @@ impl PgDialect {
     pub(super) fn end_session_inner<'a>(
         &'a self,
         session: &'a mut PgSession,
-        other: u64,
+        other: &'a ServerSession,
     ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        // The incarnation is compared in the statement that ends the
+        // session: a server whose identifier or session start differs
+        // (another server behind the address, a restart) ends nothing.
+        let end = format!(
+            "SELECT pg_terminate_backend($1) WHERE {} = $2",
+            incarnation("$1")
+        );
         Box::pin(async move {
-            sqlx::query("SELECT pg_terminate_backend($1)")
-                .bind(other as i32)
+            sqlx::query(&end)
+                .bind(other.id as i32)
+                .bind(&other.incarnation)
                 .execute(&mut session.conn)
                 .await
                 .map(drop)

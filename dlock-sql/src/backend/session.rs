@@ -19,7 +19,7 @@ use futures_util::future::{FutureExt, Shared};
 use tokio::{sync::Semaphore, time::Instant};
 
 use super::{backend_error, lock, Inner, SqlBackend};
-use crate::Dialect;
+use crate::{Dialect, ServerSession};
 
 /// One server session: its connection, the server's identifier of it, and
 /// the guards whose locks it holds.
@@ -30,6 +30,9 @@ pub(super) struct Session<D: Dialect> {
     /// its idle timeout) every lock it held.
     pub(super) conn: Arc<tokio::sync::Mutex<Option<D::Conn>>>,
     pub(super) server_id: u64,
+    /// What tells this session from another of the same `server_id` (see
+    /// [`ServerSession`]).
+    incarnation: String,
     pub(super) timeout: Duration,
     pub(super) holders: SessionHolders<()>,
     /// The statement [`Session::run`] runs now, for whoever waits for the
@@ -117,25 +120,31 @@ impl<D: Dialect> Session<D> {
     async fn open(dialect: &Arc<D>, states: &ConnectionStates) -> Result<Arc<Session<D>>> {
         let settings = dialect.settings();
         let timeout = settings.session_timeout();
-        let (conn, server_id) =
-            match tokio::time::timeout(settings.connect_timeout(), dialect.open()).await {
-                Ok(Ok(opened)) => opened,
-                Ok(Err(e)) => return Err(backend_error::<D>(e)),
-                Err(_) => {
-                    return Err(backend_error::<D>(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!(
-                            "no {} session within the connect timeout ({:?})",
-                            D::NAME,
-                            settings.connect_timeout()
-                        ),
-                    )))
-                }
-            };
+        let (
+            conn,
+            ServerSession {
+                id: server_id,
+                incarnation,
+            },
+        ) = match tokio::time::timeout(settings.connect_timeout(), dialect.open()).await {
+            Ok(Ok(opened)) => opened,
+            Ok(Err(e)) => return Err(backend_error::<D>(e)),
+            Err(_) => {
+                return Err(backend_error::<D>(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "no {} session within the connect timeout ({:?})",
+                        D::NAME,
+                        settings.connect_timeout()
+                    ),
+                )))
+            }
+        };
         let session = Arc::new(Session {
             dialect: dialect.clone(),
             conn: Arc::new(tokio::sync::Mutex::new(Some(conn))),
             server_id,
+            incarnation,
             timeout,
             holders: SessionHolders::reporting_to(Instant::now(), states.clone()),
             in_flight: Mutex::new(None),
@@ -514,12 +523,20 @@ impl<D: Dialect> Drop for EndOnDrop<D> {
         let backend = self.backend.clone();
         runtime.spawn(async move {
             let server_id = session.server_id;
+            // The holder session may be a new one, on another server (a
+            // failover, a virtual IP): the incarnation, checked in the
+            // statement that ends the session, keeps it from ending
+            // another client's session of the same identifier there.
+            let target = ServerSession {
+                id: server_id,
+                incarnation: session.incarnation.clone(),
+            };
             let ended = match backend.holder_at(server_id).await {
                 Ok(holder) => match holder.live().await {
                     Ok(mut live) => {
                         let answer = answered_within(
                             holder.timeout,
-                            holder.dialect.end_session(live.conn(), server_id),
+                            holder.dialect.end_session(live.conn(), &target),
                         )
                         .await;
                         live.done(answer).map_err(backend_error::<D>)
