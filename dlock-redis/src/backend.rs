@@ -19,6 +19,10 @@ use tokio::sync::Semaphore;
 use crate::node::Node;
 
 mod election;
+#[cfg(test)]
+mod failover_tests;
+#[cfg(test)]
+mod hooks;
 mod queue;
 mod release;
 mod session;
@@ -190,9 +194,6 @@ struct Inner {
     states: ConnectionStates,
     /// When a quorum of nodes last answered.
     answered_at: std::sync::Mutex<tokio::time::Instant>,
-    /// `wait_replicas`: how many replicas must acknowledge a grant or a
-    /// renewal, and for how long to wait (see `RedisConfig::wait_replicas`).
-    wait: Option<(u32, Duration)>,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -375,16 +376,10 @@ impl Backend for RedisBackend {
 
     fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>> {
         Box::pin(async move {
-            let acquired = match req.mode {
+            match req.mode {
                 Mode::Exclusive => self.acquire_waiting(&req).await,
                 _ => self.acquire_shared(&req).await,
-            }?;
-            if acquired.is_some() {
-                // Not acknowledged: the error makes core give the grant
-                // back, as for any acquisition that ends in an error.
-                self.replicated().await?;
             }
-            Ok(acquired)
         })
     }
 

@@ -348,7 +348,9 @@ impl RedisConfig {
 
     /// With `?wait_replicas=N[&wait_timeout=100ms]` (one node or
     /// Sentinel): a grant or a renewal counts only once `N` replicas have
-    /// acknowledged it (`WAIT N timeout` on the connection that saw it).
+    /// acknowledged it (`WAIT N timeout`, pipelined with the write, so it
+    /// runs on the connection that made it; a refused attempt carries one
+    /// too).
     /// An acquisition that `N` replicas do not acknowledge within the
     /// timeout fails with [`LockError::Backend`] and gives the lock back;
     /// a renewal that they do not acknowledge counts as unanswered, so the

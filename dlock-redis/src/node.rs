@@ -7,11 +7,15 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use redis::{
-    aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
+    aio::{ConnectionManager, ConnectionManagerConfig},
     cluster::ClusterClient,
-    cluster_async::ClusterConnection,
-    Client, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value,
+    Client, ErrorKind, RedisError, RedisResult,
 };
+
+mod conn;
+mod replicas;
+
+pub(crate) use conn::Conn;
 
 use crate::{
     keys::Names,
@@ -19,47 +23,6 @@ use crate::{
     sentinel::{Following, Master},
     subscriber::{Subscriber, Watch},
 };
-
-/// A node's multiplexed connection: to one server, or to a cluster,
-/// which routes each command to the master of its key's slot.
-#[derive(Clone)]
-pub(crate) enum Conn {
-    Node(ConnectionManager),
-    Cluster(ClusterConnection),
-    /// The master a Sentinel deployment names now.
-    Sentinel(Following),
-}
-
-impl ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Conn::Node(conn) => conn.req_packed_command(cmd),
-            Conn::Cluster(conn) => conn.req_packed_command(cmd),
-            Conn::Sentinel(conn) => conn.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Conn::Node(conn) => conn.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
-            Conn::Sentinel(conn) => conn.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Conn::Node(conn) => conn.get_db(),
-            Conn::Cluster(conn) => conn.get_db(),
-            Conn::Sentinel(conn) => conn.get_db(),
-        }
-    }
-}
 
 /// What one acquire attempt found on one node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +37,9 @@ pub(crate) enum Attempt {
     /// A release handed it to another waiter, the first in line, who has
     /// this many milliseconds left to take it.
     NotOurTurn(u64),
+    /// Granted, but fewer replicas than `wait_replicas` asks for (this
+    /// many) acknowledged the grant: it does not count.
+    Unacknowledged(i64),
 }
 
 /// What one attempt at a read-write lock or semaphore found.
@@ -87,6 +53,9 @@ pub(crate) enum SharedAttempt {
     Held(Option<u64>),
     /// The semaphore's holders or waiters name this limit, not ours.
     OtherLimit(u32),
+    /// Granted, but fewer replicas than `wait_replicas` asks for (this
+    /// many) acknowledged the grant: it does not count.
+    Unacknowledged(i64),
 }
 
 /// A plain lock's holder, as the holder script reads it.
@@ -237,6 +206,9 @@ pub(crate) struct Node {
     subscriber: Subscriber,
     /// A cluster: wake-ups on shard channels, and no pipeline across keys.
     cluster: bool,
+    /// `wait_replicas`: how many replicas must acknowledge a grant or a
+    /// renewal, and for how long to wait (see [`Node::wait_for_replicas`]).
+    wait: Option<(u32, Duration)>,
 }
 
 impl Node {
@@ -278,6 +250,7 @@ impl Node {
             subscriber: Subscriber::new(client, connect_timeout, response_timeout),
             conn: Conn::Node(conn),
             cluster: false,
+            wait: None,
         })
     }
 
@@ -303,6 +276,7 @@ impl Node {
             subscriber: Subscriber::following(master.clone(), connect_timeout, response_timeout),
             conn: Conn::Sentinel(Following(master)),
             cluster: false,
+            wait: None,
         })
     }
 
@@ -328,6 +302,7 @@ impl Node {
             subscriber: Subscriber::sharded(subscriber, connect_timeout, response_timeout),
             conn: Conn::Cluster(conn),
             cluster: true,
+            wait: None,
         })
     }
 
@@ -376,21 +351,20 @@ impl Node {
         ticket_ms: u64,
     ) -> RedisResult<Attempt> {
         if place == Place::None && !fence {
-            let set: Option<String> = redis::cmd("SET")
-                .arg(&names.lock)
+            let mut set = redis::cmd("SET");
+            set.arg(&names.lock)
                 .arg(token)
                 .arg("NX")
                 .arg("PX")
-                .arg(lease_ms)
-                .query_async(&mut self.conn.clone())
-                .await?;
+                .arg(lease_ms);
+            let (set, acked): (Option<String>, _) = self.query_acked(set).await?;
             return Ok(match set {
-                Some(_) => Attempt::Acquired(0),
+                Some(_) => self.acknowledged(Attempt::Acquired(0), acked),
                 None => Attempt::Held(None),
             });
         }
-        let (status, value): (i64, i64) = self
-            .run(
+        let ((status, value), acked): ((i64, i64), _) = self
+            .run_acked(
                 &self.scripts().acquire,
                 names,
                 if place == Place::None {
@@ -409,7 +383,7 @@ impl Node {
             )
             .await?;
         Ok(match status {
-            1 => Attempt::Acquired(u64::try_from(value).unwrap_or(0)),
+            1 => self.acknowledged(Attempt::Acquired(u64::try_from(value).unwrap_or(0)), acked),
             2 => Attempt::NotOurTurn(u64::try_from(value).unwrap_or(0)),
             _ => Attempt::Held(u64::try_from(value).ok()),
         })
@@ -427,8 +401,8 @@ impl Node {
         queue: bool,
         ticket_ms: u64,
     ) -> RedisResult<SharedAttempt> {
-        let (status, value): (i64, i64) = self
-            .run(&self.scripts().shared_acquire, names, Keys::Line, |cmd| {
+        let ((status, value), acked): ((i64, i64), _) = self
+            .run_acked(&self.scripts().shared_acquire, names, Keys::Line, |cmd| {
                 cmd.arg(entry)
                     .arg(lease_ms)
                     .arg(if queue { "1" } else { "0" })
@@ -437,7 +411,10 @@ impl Node {
             })
             .await?;
         Ok(match status {
-            1 => SharedAttempt::Acquired(u64::try_from(value).unwrap_or(0)),
+            1 => match self.short_of_replicas(acked) {
+                Some(acked) => SharedAttempt::Unacknowledged(acked),
+                None => SharedAttempt::Acquired(u64::try_from(value).unwrap_or(0)),
+            },
             3 => SharedAttempt::OtherLimit(u32::try_from(value).unwrap_or(0)),
             _ => SharedAttempt::Held(u64::try_from(value).ok()),
         })
@@ -526,6 +503,10 @@ impl Node {
                 }
                 pipe.add_command(cmd);
             }
+            if let Some(wait) = self.wait_command() {
+                // On the renewals' connection, right behind them.
+                pipe.add_command(wait);
+            }
             pipe
         };
         let mut conn = self.conn.clone();
@@ -536,7 +517,7 @@ impl Node {
             // rather than lose a tick.
             answers = pipeline().query_async(&mut conn).await;
         }
-        let answers = match answers {
+        let mut answers = match answers {
             // The script cache is empty after a restart or SCRIPT FLUSH:
             // load them, then send the batch again.
             Err(e) if e.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
@@ -545,6 +526,14 @@ impl Node {
             }
             other => other?,
         };
+        if self.wait.is_some() {
+            let acked = answers.pop().map(redis::from_redis_value).transpose()?;
+            if let Some(acked) = self.short_of_replicas(acked) {
+                // Unanswered, as far as the leases go: they run on from
+                // the last renewal the replicas acknowledged.
+                return Err(self.unacknowledged(acked));
+            }
+        }
         if answers.len() != calls.len() {
             return Err(RedisError::from((
                 ErrorKind::Parse,

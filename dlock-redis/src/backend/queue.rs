@@ -146,7 +146,13 @@ impl Drop for LocalTurn {
 
 enum Round {
     Won(Acquired),
-    Held { retry_in: Duration },
+    Held {
+        retry_in: Duration,
+    },
+    /// Granted, but too few replicas acknowledged it (this many did): the
+    /// acquisition fails, and core gives the grant back, as for any
+    /// acquisition that ends in an error.
+    Unacknowledged(i64),
 }
 
 impl RedisBackend {
@@ -189,7 +195,17 @@ impl RedisBackend {
             [node] => {
                 let step = node.acquire(names, token, lease_ms, fence, place, ticket_ms);
                 let answers = vec![bounded(timeout, step).await];
+                #[cfg(test)]
+                if matches!(
+                    answers[0],
+                    Ok(Attempt::Acquired(_) | Attempt::Unacknowledged(_))
+                ) {
+                    super::hooks::granted(&names.lock).await;
+                }
                 self.observe(&answers);
+                if let [Ok(Attempt::Unacknowledged(acked))] = answers[..] {
+                    return Ok(Round::Unacknowledged(acked));
+                }
                 answers
             }
             nodes => {
@@ -244,6 +260,8 @@ impl RedisBackend {
                     first_error.get_or_insert(e);
                     give_back.push(i);
                 }
+                // Only one node waits for replicas (answered above).
+                Ok(Attempt::Unacknowledged(_)) => give_back.push(i),
             }
         }
         if won >= quorum && within_validity(sent, lease) {
@@ -316,6 +334,7 @@ impl RedisBackend {
             return match self.attempt(&names, &token, req.lease, Place::None).await? {
                 Round::Won(acquired) => Ok(Some(acquired)),
                 Round::Held { .. } => Ok(None),
+                Round::Unacknowledged(acked) => Err(self.unacknowledged(acked)),
             };
         }
         let deadline = req.wait.deadline();
@@ -364,6 +383,7 @@ impl RedisBackend {
             let now = Instant::now();
             let sleep = match round {
                 Ok(Round::Won(acquired)) => return Ok(Some(acquired)),
+                Ok(Round::Unacknowledged(acked)) => return Err(self.unacknowledged(acked)),
                 Ok(Round::Held { retry_in }) => {
                     pacing.answered();
                     if place == Place::None {
@@ -450,6 +470,7 @@ impl RedisBackend {
                         acquired
                     }));
                 }
+                Ok(SharedAttempt::Unacknowledged(acked)) => return Err(self.unacknowledged(acked)),
                 Ok(SharedAttempt::OtherLimit(theirs)) => {
                     let ours = match req.mode {
                         Mode::Permits { limit, .. } => limit,
@@ -489,6 +510,11 @@ impl RedisBackend {
                 return Ok(None);
             }
         }
+    }
+
+    /// The error of a grant that only `acked` replicas acknowledged.
+    fn unacknowledged(&self, acked: i64) -> LockError {
+        backend_error(self.inner.nodes[0].unacknowledged(acked))
     }
 
     /// A waiter's place in line: by the node's clock on one node, by the

@@ -178,7 +178,10 @@ impl RedisBackend {
         Self::on_nodes(vec![node], config).await
     }
 
-    async fn on_nodes(nodes: Vec<Node>, config: &RedisConfig) -> Result<RedisBackend> {
+    async fn on_nodes(mut nodes: Vec<Node>, config: &RedisConfig) -> Result<RedisBackend> {
+        for node in &mut nodes {
+            node.wait_for_replicas(config.wait_replicas());
+        }
         let backend = RedisBackend {
             inner: Arc::new(Inner {
                 quorum: nodes.len() / 2 + 1,
@@ -192,7 +195,6 @@ impl RedisBackend {
                 local: std::sync::Mutex::default(),
                 states: dlock_core::backend::ConnectionStates::new(NAME),
                 answered_at: std::sync::Mutex::new(tokio::time::Instant::now()),
-                wait: config.wait_replicas(),
             }),
         };
         if config.is_redlock() {
@@ -276,32 +278,6 @@ impl RedisBackend {
         }))
     }
 
-    /// With `wait_replicas`, `WAIT`s on the node's connection, which
-    /// covers every write the server made before the grant or renewal we
-    /// just saw on it: an error unless enough replicas acknowledge in time.
-    pub(super) async fn replicated(&self) -> Result<()> {
-        let Some((replicas, timeout)) = self.inner.wait else {
-            return Ok(());
-        };
-        let mut conn = self.inner.nodes[0].connection();
-        let acked: i64 = redis::cmd("WAIT")
-            .arg(replicas)
-            .arg(timeout.as_millis().max(1) as u64)
-            .query_async(&mut conn)
-            .await
-            .map_err(backend_error)?;
-        if acked >= i64::from(replicas) {
-            return Ok(());
-        }
-        Err(LockError::backend(
-            NAME,
-            std::io::Error::other(format!(
-                "{acked} of the {replicas} replicas `wait_replicas` asks for acknowledged \
-                 the write within {timeout:?}: a failover could lose it"
-            )),
-        ))
-    }
-
     pub(super) async fn renew_inner(&self, locks: &[RenewRequest]) -> Result<Vec<RenewOutcome>> {
         let names: Vec<Names> = locks
             .iter()
@@ -352,15 +328,14 @@ impl RedisBackend {
         in_flight.answered = self.inner.states.get() != dlock_core::ConnectionState::Suspended;
         drop(in_flight);
         if !self.inner.redlock {
-            // One node: its error is the batch's.
+            // One node: its error is the batch's (a batch too few replicas
+            // acknowledged included: unanswered, so the guards' leases run
+            // on from the last renewal that was).
             let answers = answers
                 .into_iter()
                 .next()
                 .unwrap_or_else(|| Err(timed_out()))
                 .map_err(backend_error)?;
-            // Not acknowledged by the replicas: unanswered, so the guards'
-            // leases run on from the last renewal that was.
-            self.replicated().await?;
             return Ok(answers
                 .into_iter()
                 .map(|renewed| {

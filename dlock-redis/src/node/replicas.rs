@@ -1,0 +1,106 @@
+//! `wait_replicas`: a grant or a renewal counts only once enough replicas
+//! have it. The `WAIT` goes in one pipeline with the write it is for, so
+//! it runs on the connection that made the write, right after it: `WAIT`
+//! counts the replicas that have this connection's writes, and one sent
+//! on another connection (a reconnect, or the next master after a
+//! failover) would count replicas that never had the write.
+
+use std::time::Duration;
+
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult};
+
+use super::{Attempt, Keys, Node};
+use crate::keys::Names;
+
+/// The error of a write that fewer than `replicas` replicas acknowledged
+/// (`acked` did) within `timeout`.
+fn unacknowledged(acked: i64, replicas: u32, timeout: Duration) -> RedisError {
+    RedisError::from((
+        ErrorKind::Client,
+        "too few replicas acknowledged the write that `wait_replicas` asks for: a failover could lose it",
+        format!("{acked} of {replicas} within {timeout:?}"),
+    ))
+}
+
+impl Node {
+    /// Makes every grant and renewal wait for `replicas` replicas to
+    /// acknowledge it, for at most the duration (see
+    /// `RedisConfig::wait_replicas`).
+    pub(crate) fn wait_for_replicas(&mut self, wait: Option<(u32, Duration)>) {
+        self.wait = wait;
+    }
+
+    /// `WAIT replicas timeout`, if the node waits for replicas.
+    pub(super) fn wait_command(&self) -> Option<Cmd> {
+        let (replicas, timeout) = self.wait?;
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(replicas).arg(
+            u64::try_from(timeout.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1),
+        );
+        Some(wait)
+    }
+
+    /// `acked`, if it is fewer replicas than the node waits for.
+    pub(super) fn short_of_replicas(&self, acked: Option<i64>) -> Option<i64> {
+        let (replicas, _) = self.wait?;
+        acked.filter(|&acked| acked < i64::from(replicas))
+    }
+
+    /// The error for a write only `acked` replicas acknowledged.
+    pub(crate) fn unacknowledged(&self, acked: i64) -> RedisError {
+        let (replicas, timeout) = self.wait.unwrap_or_default();
+        unacknowledged(acked, replicas, timeout)
+    }
+
+    /// `granted`, or [`Attempt::Unacknowledged`] if too few replicas
+    /// acknowledged it.
+    pub(super) fn acknowledged(&self, granted: Attempt, acked: Option<i64>) -> Attempt {
+        match self.short_of_replicas(acked) {
+            Some(acked) => Attempt::Unacknowledged(acked),
+            None => granted,
+        }
+    }
+
+    /// `cmd`'s answer; with `wait_replicas`, and `WAIT`'s answer, the two
+    /// pipelined on one connection.
+    pub(super) async fn query_acked<T: FromRedisValue>(
+        &self,
+        cmd: Cmd,
+    ) -> RedisResult<(T, Option<i64>)> {
+        let mut conn = self.conn.clone();
+        let Some(wait) = self.wait_command() else {
+            return Ok((cmd.query_async(&mut conn).await?, None));
+        };
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd).add_command(wait);
+        let (answer, acked) = pipe.query_async(&mut conn).await?;
+        Ok((answer, Some(acked)))
+    }
+
+    /// [`run`](Node::run), with the script's `WAIT` as in
+    /// [`query_acked`](Node::query_acked).
+    pub(super) async fn run_acked<T: FromRedisValue>(
+        &self,
+        script: &redis::Script,
+        names: &Names,
+        keys: Keys,
+        args: impl FnOnce(&mut Cmd),
+    ) -> RedisResult<(T, Option<i64>)> {
+        if self.wait.is_none() {
+            return Ok((self.run(script, names, keys, args).await?, None));
+        }
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash());
+        keys.write(&mut cmd, names);
+        args(&mut cmd);
+        match self.query_acked(cmd.clone()).await {
+            Err(e) if e.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                script.load_async(&mut self.conn.clone()).await?;
+                self.query_acked(cmd).await
+            }
+            answer => answer,
+        }
+    }
+}
