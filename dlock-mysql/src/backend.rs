@@ -454,27 +454,33 @@ impl Dialect for MySqlDialect {
     }
 
     /// The connection that holds the named lock (`IS_USED_LOCK`), unless
-    /// it is this one, killed (`KILL CONNECTION`).
+    /// it is this one, killed (`KILL CONNECTION`), in one request: the
+    /// read and the kill run on one server session, with no round trip
+    /// between them.
+    ///
+    /// `KILL` takes no condition, so a holder that lets go in the
+    /// instant between the two statements is ended all the same, as if
+    /// the operator had come a moment earlier; its locks go with it, and
+    /// a session that took the key meanwhile keeps it.
     fn end_holder<'a>(
         &'a self,
         session: &'a mut MySqlSession,
         id: &'a String,
     ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
         Box::pin(async move {
-            let (holder, own): (Option<i64>, i64) = sqlx::query_as(
-                "SELECT CAST(IS_USED_LOCK(?) AS SIGNED), CAST(CONNECTION_ID() AS SIGNED)",
-            )
-            .bind(id)
-            .fetch_one(&mut session.conn)
-            .await?;
-            let Some(holder) = holder.filter(|holder| *holder != own) else {
-                return Ok(false);
-            };
-            // A number the server gave: no text of ours in the statement.
-            let kill = format!("KILL CONNECTION {holder}");
-            match sqlx::Executor::execute(&mut session.conn, kill.as_str()).await {
+            // A text request (two statements, so no parameters): the name
+            // as the hex of its bytes, read as the connection's character
+            // set reads a bound name. Id 0 is no connection's.
+            let name: String = id.bytes().map(|b| format!("{b:02X}")).collect();
+            let end = format!(
+                "SET @dlock_end = (SELECT IF(h <=> CONNECTION_ID() OR CONNECTION_ID() <> {own}, \
+                 0, IFNULL(h, 0)) FROM (SELECT IS_USED_LOCK(CONVERT(X'{name}' USING utf8mb4)) \
+                 AS h) AS holder); KILL CONNECTION @dlock_end",
+                own = session.id,
+            );
+            match sqlx::Executor::execute(&mut session.conn, end.as_str()).await {
                 Ok(_) => Ok(true),
-                // ER_NO_SUCH_THREAD: it ended meanwhile.
+                // ER_NO_SUCH_THREAD: no holder, or it ended meanwhile.
                 Err(sqlx::Error::Database(e))
                     if e.try_downcast_ref::<MySqlDatabaseError>()
                         .is_some_and(|e| e.number() == 1094) =>
@@ -524,142 +530,4 @@ impl Dialect for MySqlDialect {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use dlock_testkit::fixture::MariaDbServer;
-
-    /// With the session's recorded connection id changed, as if a proxy
-    /// had moved the connection to another server session, the ping and
-    /// every statement that takes or gives back a lock answer
-    /// `SessionMoved`, and take nothing: no named lock, no queue entry, no
-    /// fencing token, no holder record.
-    #[tokio::test]
-    async fn statements_off_their_session_take_nothing() {
-        let server = MariaDbServer::start().expect("start MariaDB");
-        let dialect = MySqlDialect::new(MySqlConfig::from_url(&server.url()).unwrap());
-        let (mut session, _) = dialect.open().await.expect("open a session");
-        dialect.setup(&mut session).await.expect("set up");
-        let key = LockKey::new("moved").unwrap();
-        let (plain, queued) = (
-            dialect.lock_id(&key, Mode::Exclusive),
-            dialect.lock_id(&key, Mode::Write),
-        );
-        let token = Token::generate();
-        session.id += 1;
-        let moved = |what: &str, e: sqlx::Error| {
-            assert!(dlock_sql::is_session_moved(&e), "{what}: {e}");
-        };
-        moved("ping", dialect.ping(&mut session).await.unwrap_err());
-        let e = dialect
-            .try_lock(&mut session, &plain, Mode::Exclusive)
-            .await;
-        moved("try_lock", e.unwrap_err());
-        let limit = Some(Duration::from_millis(10));
-        let e = dialect
-            .wait(&mut session, &plain, Mode::Exclusive, limit)
-            .await;
-        moved("wait", e.unwrap_err());
-        let e = dialect
-            .enqueue(&mut session, &queued, Mode::Write, &token)
-            .await;
-        moved("enqueue", e.unwrap_err());
-        let e = dialect
-            .proclaim(&mut session, &plain, &token, 1, b"v")
-            .await;
-        moved("proclaim", e.unwrap_err());
-        let e = dialect.unlock(&mut session, &plain, Mode::Exclusive).await;
-        moved("unlock", e.unwrap_err());
-        let e = dialect.dequeue(&mut session, &token).await;
-        moved("dequeue", e.unwrap_err());
-        let e = dialect.disclaim(&mut session, &plain, &token).await;
-        moved("disclaim", e.unwrap_err());
-        let (used, entries, fences, records): (Option<i64>, i64, i64, i64) =
-            sqlx::query_as(&format!(
-                "SELECT CAST(IS_USED_LOCK(?) AS SIGNED), (SELECT COUNT(*) FROM {}), \
-             (SELECT CAST(SUM(v) AS SIGNED) FROM {}), (SELECT COUNT(*) FROM {})",
-                dialect.queue, dialect.table, dialect.holders
-            ))
-            .bind(&plain)
-            .fetch_one(&mut session.conn)
-            .await
-            .unwrap();
-        assert_eq!((used, entries, fences, records), (None, 0, 0, 0));
-    }
-
-    /// Whether the server of `conn` has connection `id`, asked until it
-    /// has not, for at most 5 s.
-    async fn session_gone(conn: &mut MySqlSession, id: u64) -> bool {
-        for _ in 0..50 {
-            let n: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?",
-            )
-            .bind(id)
-            .fetch_one(&mut conn.conn)
-            .await
-            .expect("the process list");
-            if n == 0 {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        false
-    }
-
-    /// A dropped wait's session is ended by connection id from another
-    /// connection, which may reach another server (a failover, a virtual
-    /// IP), where ids start from 1 too. Aimed at server A's session, a
-    /// kill sent to server B, where a session holding a lock has the same
-    /// id, ends nothing there. Aimed right, it ends the session.
-    #[tokio::test]
-    async fn ending_a_session_by_id_ends_nothing_on_another_server() {
-        let (a, b) = (
-            MariaDbServer::start().expect("start MariaDB A"),
-            MariaDbServer::start().expect("start MariaDB B"),
-        );
-        let dialect_a = MySqlDialect::new(MySqlConfig::from_url(&a.url()).unwrap());
-        let dialect_b = MySqlDialect::new(MySqlConfig::from_url(&b.url()).unwrap());
-        let (mut killer_a, _) = dialect_a.open().await.expect("A's killer");
-        let (mut killer_b, _) = dialect_b.open().await.expect("B's killer");
-        dialect_b.setup(&mut killer_b).await.expect("set up B");
-        // Open sessions on whichever server is behind until the ids meet.
-        let (mut aimed, mut victim) = (
-            dialect_a.open().await.expect("A's session"),
-            dialect_b.open().await.expect("B's session"),
-        );
-        for _ in 0..200 {
-            match aimed.1.id.cmp(&victim.1.id) {
-                std::cmp::Ordering::Equal => break,
-                std::cmp::Ordering::Less => aimed = dialect_a.open().await.unwrap(),
-                std::cmp::Ordering::Greater => victim = dialect_b.open().await.unwrap(),
-            }
-        }
-        let ((_waiter, aimed), (mut victim, _)) = (aimed, victim);
-        assert_eq!(aimed.id, victim.id as u64, "no colliding connection ids");
-        let key = LockKey::new("victim").unwrap();
-        let id = dialect_b.lock_id(&key, Mode::Exclusive);
-        let held = dialect_b.try_lock(&mut victim, &id, Mode::Exclusive).await;
-        assert!(held.unwrap().is_some(), "B's session takes the free key");
-
-        dialect_b
-            .end_session(&mut killer_b, &aimed)
-            .await
-            .expect("end_session");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        dialect_b.ping(&mut victim).await.unwrap_or_else(|e| {
-            panic!("a kill aimed at A's session ended B's session of the same id: {e}")
-        });
-        let taken = dialect_b
-            .try_lock(&mut killer_b, &id, Mode::Exclusive)
-            .await;
-        assert_eq!(taken.unwrap(), None, "B's lock was freed");
-
-        dialect_a
-            .end_session(&mut killer_a, &aimed)
-            .await
-            .expect("end_session");
-        assert!(
-            session_gone(&mut killer_a, aimed.id).await,
-            "the session aimed at lives on"
-        );
-    }
-}
+mod tests;

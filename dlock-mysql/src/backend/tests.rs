@@ -1,0 +1,183 @@
+//! Unit tests of the dialect's statements, on a real server.
+
+use super::*;
+use dlock_testkit::fixture::MariaDbServer;
+
+/// With the session's recorded connection id changed, as if a proxy
+/// had moved the connection to another server session, the ping and
+/// every statement that takes or gives back a lock answer
+/// `SessionMoved`, and take nothing: no named lock, no queue entry, no
+/// fencing token, no holder record.
+#[tokio::test]
+async fn statements_off_their_session_take_nothing() {
+    let server = MariaDbServer::start().expect("start MariaDB");
+    let dialect = MySqlDialect::new(MySqlConfig::from_url(&server.url()).unwrap());
+    let (mut session, _) = dialect.open().await.expect("open a session");
+    dialect.setup(&mut session).await.expect("set up");
+    let key = LockKey::new("moved").unwrap();
+    let (plain, queued) = (
+        dialect.lock_id(&key, Mode::Exclusive),
+        dialect.lock_id(&key, Mode::Write),
+    );
+    let token = Token::generate();
+    session.id += 1;
+    let moved = |what: &str, e: sqlx::Error| {
+        assert!(dlock_sql::is_session_moved(&e), "{what}: {e}");
+    };
+    moved("ping", dialect.ping(&mut session).await.unwrap_err());
+    let e = dialect
+        .try_lock(&mut session, &plain, Mode::Exclusive)
+        .await;
+    moved("try_lock", e.unwrap_err());
+    let limit = Some(Duration::from_millis(10));
+    let e = dialect
+        .wait(&mut session, &plain, Mode::Exclusive, limit)
+        .await;
+    moved("wait", e.unwrap_err());
+    let e = dialect
+        .enqueue(&mut session, &queued, Mode::Write, &token)
+        .await;
+    moved("enqueue", e.unwrap_err());
+    let e = dialect
+        .proclaim(&mut session, &plain, &token, 1, b"v")
+        .await;
+    moved("proclaim", e.unwrap_err());
+    let e = dialect.unlock(&mut session, &plain, Mode::Exclusive).await;
+    moved("unlock", e.unwrap_err());
+    let e = dialect.dequeue(&mut session, &token).await;
+    moved("dequeue", e.unwrap_err());
+    let e = dialect.disclaim(&mut session, &plain, &token).await;
+    moved("disclaim", e.unwrap_err());
+    let (used, entries, fences, records): (Option<i64>, i64, i64, i64) = sqlx::query_as(&format!(
+        "SELECT CAST(IS_USED_LOCK(?) AS SIGNED), (SELECT COUNT(*) FROM {}), \
+         (SELECT CAST(SUM(v) AS SIGNED) FROM {}), (SELECT COUNT(*) FROM {})",
+        dialect.queue, dialect.table, dialect.holders
+    ))
+    .bind(&plain)
+    .fetch_one(&mut session.conn)
+    .await
+    .unwrap();
+    assert_eq!((used, entries, fences, records), (None, 0, 0, 0));
+}
+
+/// Whether the server of `conn` has connection `id`, asked until it
+/// has not, for at most 5 s.
+async fn session_gone(conn: &mut MySqlSession, id: u64) -> bool {
+    for _ in 0..50 {
+        let n: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ?")
+                .bind(id)
+                .fetch_one(&mut conn.conn)
+                .await
+                .expect("the process list");
+        if n == 0 {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+/// A dropped wait's session is ended by connection id from another
+/// connection, which may reach another server (a failover, a virtual
+/// IP), where ids start from 1 too. Aimed at server A's session, a
+/// kill sent to server B, where a session holding a lock has the same
+/// id, ends nothing there. Aimed right, it ends the session.
+#[tokio::test]
+async fn ending_a_session_by_id_ends_nothing_on_another_server() {
+    let (a, b) = (
+        MariaDbServer::start().expect("start MariaDB A"),
+        MariaDbServer::start().expect("start MariaDB B"),
+    );
+    let dialect_a = MySqlDialect::new(MySqlConfig::from_url(&a.url()).unwrap());
+    let dialect_b = MySqlDialect::new(MySqlConfig::from_url(&b.url()).unwrap());
+    let (mut killer_a, _) = dialect_a.open().await.expect("A's killer");
+    let (mut killer_b, _) = dialect_b.open().await.expect("B's killer");
+    dialect_b.setup(&mut killer_b).await.expect("set up B");
+    // Open sessions on whichever server is behind until the ids meet.
+    let (mut aimed, mut victim) = (
+        dialect_a.open().await.expect("A's session"),
+        dialect_b.open().await.expect("B's session"),
+    );
+    for _ in 0..200 {
+        match aimed.1.id.cmp(&victim.1.id) {
+            std::cmp::Ordering::Equal => break,
+            std::cmp::Ordering::Less => aimed = dialect_a.open().await.unwrap(),
+            std::cmp::Ordering::Greater => victim = dialect_b.open().await.unwrap(),
+        }
+    }
+    let ((_waiter, aimed), (mut victim, _)) = (aimed, victim);
+    assert_eq!(aimed.id, victim.id as u64, "no colliding connection ids");
+    let key = LockKey::new("victim").unwrap();
+    let id = dialect_b.lock_id(&key, Mode::Exclusive);
+    let held = dialect_b.try_lock(&mut victim, &id, Mode::Exclusive).await;
+    assert!(held.unwrap().is_some(), "B's session takes the free key");
+
+    dialect_b
+        .end_session(&mut killer_b, &aimed)
+        .await
+        .expect("end_session");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    dialect_b.ping(&mut victim).await.unwrap_or_else(|e| {
+        panic!("a kill aimed at A's session ended B's session of the same id: {e}")
+    });
+    let taken = dialect_b
+        .try_lock(&mut killer_b, &id, Mode::Exclusive)
+        .await;
+    assert_eq!(taken.unwrap(), None, "B's lock was freed");
+
+    dialect_a
+        .end_session(&mut killer_a, &aimed)
+        .await
+        .expect("end_session");
+    assert!(
+        session_gone(&mut killer_a, aimed.id).await,
+        "the session aimed at lives on"
+    );
+}
+
+/// `force_release` (`end_holder`) reads a key's holder and ends its
+/// connection in one request, on one server session: no round trip
+/// between the read and the `KILL` in which the holder could let go and
+/// be ended all the same, and no second request that a proxy could send
+/// to another server, where the id names someone else. The holder's
+/// connection ends; a key nobody holds, or only this connection, ends
+/// nothing.
+#[tokio::test]
+async fn ending_a_keys_holder_is_one_request() {
+    let server = MariaDbServer::start().expect("start MariaDB");
+    let dialect = MySqlDialect::new(MySqlConfig::from_url(&server.admin_url()).unwrap());
+    let (mut operator, _) = dialect.open().await.expect("the operator's session");
+    dialect.setup(&mut operator).await.expect("set up");
+    let (mut holder, held) = dialect.open().await.expect("the holder's session");
+    let id = dialect.lock_id(&LockKey::new("stuck 'key'").unwrap(), Mode::Exclusive);
+    let taken = dialect.try_lock(&mut holder, &id, Mode::Exclusive).await;
+    assert!(taken.unwrap().is_some(), "the holder takes the free key");
+
+    let count = server.count_statements().expect("count requests");
+    let ended = dialect.end_holder(&mut operator, &id).await.unwrap();
+    let requests = count.so_far().expect("the request count");
+    drop(count);
+    assert!(ended, "the holder was not ended");
+    assert_eq!(
+        requests, 1,
+        "the holder was read and ended in {requests} requests"
+    );
+    assert!(
+        session_gone(&mut operator, held.id).await,
+        "the holder lives on"
+    );
+
+    for (what, by) in [("nobody", None), ("the operator", Some(()))] {
+        if by.is_some() {
+            let own = dialect.try_lock(&mut operator, &id, Mode::Exclusive).await;
+            assert!(own.unwrap().is_some(), "the operator takes the key");
+        }
+        let ended = dialect.end_holder(&mut operator, &id).await.unwrap();
+        assert!(!ended, "a key held by {what} ended a session");
+        dialect
+            .ping(&mut operator)
+            .await
+            .expect("the operator lives");
+    }
+}
