@@ -408,25 +408,30 @@ impl Backend for EtcdBackend {
         // Locks live on leases etcd keeps (the session's keepalive, or a
         // fixed lease); renewing one means confirming its key still exists.
         Box::pin(async move {
-            let names: Vec<Option<String>> = {
+            let names: Vec<Option<(String, Option<i64>)>> = {
                 let owned = self.owned();
                 locks
                     .iter()
-                    .map(|r| owned.get(&r.token).map(|o| o.name.clone()))
+                    .map(|r| owned.get(&r.token).map(|o| (o.name.clone(), o.created)))
                     .collect()
             };
             let mut outcomes = Vec::with_capacity(locks.len());
             for name in names {
-                let Some(name) = name else {
+                let Some((name, created)) = name else {
                     outcomes.push(RenewOutcome::NotHeld);
                     continue;
                 };
                 let found = self
                     .client()
-                    .get(name, Some(GetOptions::new().with_count_only()))
+                    .get(name, Some(GetOptions::new().with_keys_only()))
                     .await
                     .map_err(backend_error)?;
-                outcomes.push(if found.count() > 0 {
+                // Ours only if created when we made it: with
+                // `layout=etcdctl`, a later acquisition may use the name.
+                let ours = found.kvs().first().is_some_and(|kv| {
+                    created.is_none_or(|revision| kv.create_revision() == revision)
+                });
+                outcomes.push(if ours {
                     RenewOutcome::Renewed
                 } else {
                     RenewOutcome::NotHeld

@@ -5,7 +5,10 @@
 
 use std::time::Duration;
 
-use dlock_core::{BackendExt, LockOptions, Locker};
+use dlock_core::{
+    backend::{Backend, Mode, RenewOutcome, RenewRequest},
+    BackendExt, LockKey, LockOptions, Locker, Token,
+};
 use dlock_etcd::{etcd_client, EtcdBackend};
 use dlock_testkit::fixture::EtcdServer;
 use tokio::time::Instant;
@@ -292,13 +295,14 @@ async fn until_empty(client: &mut etcd_client::Client, queue: &str) {
 /// dropped, holds up nothing: once etcd freed the key, the next
 /// fixed-lease acquisition of it in the same process (on the same session,
 /// so under the same entry name) is granted with a higher fence. The old
-/// guard reports lost, and its release then removes nothing of the new
-/// holder's.
+/// guard reports lost, a renewal of its token finds it not held, and its
+/// release then removes nothing of the new holder's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_etcdctl_layout_a_kept_guard_whose_fixed_lease_ended_holds_up_nothing() {
     let server = EtcdServer::start().expect("start etcd");
     let url = format!("etcd://{}?layout=etcdctl", server.endpoint());
-    let (locker, other) = (locker(&url).await, locker(&url).await);
+    let backend = EtcdBackend::connect(&url).await.unwrap();
+    let (locker, other) = (backend.clone().into_locker(), locker(&url).await);
     let mut client = etcd_client::Client::connect([server.endpoint()], None)
         .await
         .unwrap();
@@ -327,6 +331,22 @@ async fn with_the_etcdctl_layout_a_kept_guard_whose_fixed_lease_ended_holds_up_n
         "the new entry is not under the old name: not the case under test"
     );
 
+    // Under one name, only the new grant's token holds.
+    let renewal = |token: &Token| RenewRequest {
+        key: LockKey::new("job").unwrap(),
+        mode: Mode::Exclusive,
+        token: *token,
+        lease: Duration::from_secs(10),
+    };
+    let renewed = backend
+        .renew(&[renewal(old.token()), renewal(new.token())])
+        .await
+        .unwrap();
+    assert_eq!(
+        renewed,
+        [RenewOutcome::NotHeld, RenewOutcome::Renewed],
+        "a renewal counted the new grant's entry as the old guard's"
+    );
     assert!(old.release().await.is_err(), "a lost guard released fine");
     assert_eq!(
         entries(&mut client, "job/").await,
