@@ -1,10 +1,10 @@
 //! `dlock elect`: campaign, run the command while leader, and campaign
 //! again when the leadership is lost (hot standby).
 
-use std::{ffi::OsString, process::ExitCode, time::Duration};
+use std::{ffi::OsString, process::ExitCode};
 
 use crate::{
-    child::{code_of, supervise, Child, Ended, Signals},
+    child::{code_of, supervise, Child, Ended, Limits, Signals},
     exit, run, Server,
 };
 
@@ -48,10 +48,8 @@ pub(crate) struct ElectArgs {
     /// The exit code when the leadership is lost with --once.
     #[arg(long, value_name = "CODE", default_value_t = exit::LOST)]
     lost_exit_code: u8,
-    /// How long the command has to exit after SIGTERM (sent when the
-    /// leadership is lost) before it gets SIGKILL.
-    #[arg(long, value_parser = run::duration, default_value = "10s")]
-    kill_after: Duration,
+    #[command(flatten)]
+    limits: Limits,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<OsString>,
@@ -130,10 +128,16 @@ pub(crate) async fn elect(args: ElectArgs) -> ExitCode {
                 .map_or_else(|| "resigned".to_owned(), |reason| reason.to_string())
         };
         let what = format!("the leadership of `{key}`");
-        match supervise(&mut child, &mut signals, lost, &what, args.kill_after).await {
+        match supervise(&mut child, &mut signals, lost, &what, args.limits).await {
             Ended { lost: true, .. } if args.once => return ExitCode::from(args.lost_exit_code),
             Ended { lost: true, .. } => {
                 eprintln!("dlock: campaigning again for `{key}`");
+            }
+            Ended {
+                stragglers: true, ..
+            } => {
+                let _ = tokio::time::timeout(run::RELEASE_WITHIN, election.resign()).await;
+                return ExitCode::from(args.limits.leftovers_exit_code);
             }
             Ended { status, .. } => {
                 let _ = tokio::time::timeout(run::RELEASE_WITHIN, election.resign()).await;

@@ -9,6 +9,7 @@
 //! | 64 | bad options: a malformed URL, key or duration |
 //! | 69 | the lock server failed or could not be reached |
 //! | 77 | the lock server refused for want of a right (a ZooKeeper node whose ACL does not admit the URL's credentials) |
+//! | 79 | the command exited, but processes it started outlived `--leftovers-timeout` and were stopped (`--leftovers-exit-code`) |
 //! | 126 / 127 | the command could not be run / was not found (as shells report it) |
 //! | 70 | an internal error |
 //!
@@ -24,6 +25,8 @@ use dlock::LockError;
 pub(crate) const CONFLICT: u8 = 75;
 /// The lock was lost while the command ran.
 pub(crate) const LOST: u8 = 76;
+/// Processes the command left outlived `--leftovers-timeout`.
+pub(crate) const STRAGGLERS: u8 = 79;
 /// Bad options (`EX_USAGE`).
 pub(crate) const USAGE: u8 = 64;
 /// The lock server failed (`EX_UNAVAILABLE`).

@@ -14,8 +14,10 @@ use clap::{Parser, Subcommand};
 mod child;
 mod elect;
 mod exit;
+mod guard;
 mod run;
 mod status;
+mod tree;
 mod verify;
 
 /// Run a command under a distributed lock, or as the elected leader
@@ -36,6 +38,10 @@ enum Command {
     /// One worker of `dlock verify` (started by it, not by hand).
     #[command(hide = true)]
     VerifyWorker(verify::WorkerArgs),
+    /// Kills a command if the `dlock` that runs it dies (started by it,
+    /// not by hand).
+    #[command(hide = true)]
+    Guard,
 }
 
 /// The lock server, shared by every subcommand.
@@ -47,7 +53,9 @@ struct Server {
     /// redis+cluster://H1:P1,H2:P2, redis+sentinel://S1:P1,S2:P2/MASTER,
     /// mysql://USER:PASSWORD@HOST/DB (and rediss://, etcds://, zks:// over
     /// TLS), or file:///DIR (this machine
-    /// only). Default: file:///tmp/dlock-UID.
+    /// only). Default: file:///run/lock?prefix=dlock. (or /var/lock): every
+    /// user's dlock on this machine, and every service with a private /tmp,
+    /// shares it.
     #[arg(long, env = "DLOCK_URL", hide_env_values = true)]
     url: Option<String>,
     /// How long a lock outlives a dlock that was killed: while dlock runs,
@@ -58,18 +66,15 @@ struct Server {
 
 impl Server {
     /// The URL given, or the default (said on stderr, since it is one
-    /// machine only): `/tmp/dlock-UID`, made private to this user.
+    /// machine only): [`default_url`].
     fn url(&self) -> Result<String, ExitCode> {
         if let Some(url) = &self.url {
             return Ok(url.clone());
         }
-        let dir =
-            std::path::PathBuf::from(format!("/tmp/dlock-{}", rustix::process::getuid().as_raw()));
-        private_dir(&dir).map_err(|why| {
-            eprintln!("dlock: the default lock directory {}: {why}", dir.display());
+        let url = default_url().map_err(|why| {
+            eprintln!("dlock: no --url or DLOCK_URL, and {why}: name a lock directory with --url file:///DIR");
             ExitCode::from(exit::USAGE)
         })?;
-        let url = format!("file://{}", dir.display());
         eprintln!("dlock: no --url or DLOCK_URL: using {url} (locks on this machine only)");
         Ok(url)
     }
@@ -99,25 +104,40 @@ impl Server {
     }
 }
 
-/// Makes `dir` if it is not there, private to this user; refuses one
-/// that another user owns or can write to (who could delete lock files
-/// under their holders).
-fn private_dir(dir: &std::path::Path) -> Result<(), String> {
-    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e.to_string()),
+/// The machine's lock directories, as `flock(1)` users share them, in
+/// the order tried: every user, and every service with a private `/tmp`,
+/// sees the same one.
+const SHARED_LOCK_DIRS: [&str; 2] = ["/run/lock", "/var/lock"];
+
+/// The default URL: the first of [`SHARED_LOCK_DIRS`] that is a shared
+/// lock directory (see [`shared_lock_dir`]), with the lock files' names
+/// starting `dlock.`; or why there is none.
+fn default_url() -> Result<String, String> {
+    let mut why = String::new();
+    for dir in SHARED_LOCK_DIRS.map(std::path::Path::new) {
+        match shared_lock_dir(dir) {
+            Ok(()) => return Ok(format!("file://{}?prefix=dlock.", dir.display())),
+            Err(e) => why = format!("{}: {e}", dir.display()),
+        }
     }
-    let meta = std::fs::symlink_metadata(dir).map_err(|e| e.to_string())?;
+    Err(why)
+}
+
+/// Whether `dir` is a directory every user may lock in and none may take
+/// another's lock files from: root's, writable by all, with the sticky
+/// bit (mode 1777, as `/run/lock` is).
+fn shared_lock_dir(dir: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = std::fs::metadata(dir).map_err(|e| e.to_string())?;
     if !meta.is_dir() {
         return Err("not a directory".to_owned());
     }
-    if meta.uid() != rustix::process::getuid().as_raw() {
-        return Err("owned by another user".to_owned());
-    }
-    if meta.mode() & 0o022 != 0 {
-        return Err("others can write to it".to_owned());
+    if meta.uid() != 0 || meta.mode() & 0o1777 != 0o1777 {
+        return Err(format!(
+            "not root's with mode 1777 (owner {}, mode {:o}), so another user could delete a held lock's file",
+            meta.uid(),
+            meta.mode() & 0o7777
+        ));
     }
     Ok(())
 }
@@ -149,6 +169,7 @@ fn main() -> ExitCode {
             Command::Status(args) => status::status(args).await,
             Command::Verify(args) => verify::verify(args).await,
             Command::VerifyWorker(args) => verify::worker(args).await,
+            Command::Guard => guard::guard().await,
         }
     });
     // A release still being retried in the background has had its chance
@@ -161,20 +182,26 @@ fn main() -> ExitCode {
 mod tests {
     use std::os::unix::fs::PermissionsExt as _;
 
-    use super::private_dir;
+    use super::shared_lock_dir;
 
     #[test]
-    fn the_default_directory_is_made_private_and_a_shared_one_refused() {
+    fn the_default_directory_is_roots_sticky_and_shared() {
+        // This machine's own (as every Debian machine has it).
+        assert_eq!(
+            super::default_url().unwrap(),
+            "file:///run/lock?prefix=dlock."
+        );
         let root = tempfile::tempdir().unwrap();
-        let made = root.path().join("dlock-test");
-        private_dir(&made).unwrap();
-        let mode = std::fs::metadata(&made).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o700, "{mode:o}");
-        std::fs::set_permissions(&made, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let why = private_dir(&made).unwrap_err();
-        assert!(why.contains("others can write"), "{why}");
+        let dir = root.path().join("locks");
+        std::fs::create_dir(&dir).unwrap();
+        for mode in [0o777, 0o1755, 0o700] {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+            let why = shared_lock_dir(&dir).unwrap_err();
+            assert!(why.contains("mode 1777"), "{mode:o}: {why}");
+        }
         let file = root.path().join("a-file");
         std::fs::write(&file, "").unwrap();
-        assert!(private_dir(&file).is_err());
+        assert!(shared_lock_dir(&file).is_err());
+        assert!(shared_lock_dir(&root.path().join("missing")).is_err());
     }
 }

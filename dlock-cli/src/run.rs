@@ -6,7 +6,7 @@ use dlock::{backend::Mode, LockError, LockOptions};
 use tokio::time::Instant;
 
 use crate::{
-    child::{code_of, supervise, Child, Ended, Signals},
+    child::{code_of, supervise, Child, Ended, Limits, Signals},
     exit, Server,
 };
 
@@ -25,11 +25,17 @@ The command gets DLOCK_KEY and DLOCK_FENCE (the lock's fencing token, where
 the backend gives one) in its environment. It runs in a process group of its
 own: SIGINT, SIGTERM and SIGHUP sent to dlock are passed on to it; if the lock
 is lost, it gets SIGTERM at once and SIGKILL after --kill-after. The lock is
-released when the command exits.
+released when the command and every process it started have exited (see
+--leftovers-timeout). If dlock itself is killed, the command's processes are
+killed with it (SIGKILL).
+
+Without --url, the lock is a file in /run/lock (flock(1)'s place), which every
+user of this machine shares.
 
 Exit codes: the command's own (128 + N if signal N killed it); 75 when the
 lock was not obtained (--conflict-exit-code); 76 when the lock was lost while
-the command ran (--lost-exit-code); 64 for bad options; 69 when the lock
+the command ran (--lost-exit-code); 79 when processes the command left
+outlived --leftovers-timeout (--leftovers-exit-code); 64 for bad options; 69 when the lock
 server failed; 126/127 when the command could not be run/was not found;
 128 + N when signal N stopped dlock while it waited.";
 
@@ -70,10 +76,8 @@ pub(crate) struct RunArgs {
     /// The exit code when the lock is lost while the command runs.
     #[arg(long, value_name = "CODE", default_value_t = exit::LOST)]
     lost_exit_code: u8,
-    /// How long the command has to exit after SIGTERM (sent when the lock
-    /// is lost) before it gets SIGKILL.
-    #[arg(long, value_parser = duration, default_value = "10s")]
-    kill_after: Duration,
+    #[command(flatten)]
+    limits: Limits,
     /// Say on stderr when dlock starts waiting, gets the lock (with its
     /// fence and how long it took) and releases it.
     #[arg(short, long)]
@@ -178,7 +182,7 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
         &mut signals,
         guard.lost(),
         &format!("lock `{key}`"),
-        args.kill_after,
+        args.limits,
     )
     .await;
     // Released on every path once the command is gone (a lost lock needs
@@ -188,6 +192,9 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
     }
     match ended {
         Ended { lost: true, .. } => ExitCode::from(args.lost_exit_code),
+        Ended {
+            stragglers: true, ..
+        } => ExitCode::from(args.limits.leftovers_exit_code),
         Ended {
             status: Ok(status), ..
         } => code_of(status),

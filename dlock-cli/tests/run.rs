@@ -1,6 +1,8 @@
 //! `dlock run` and `dlock status` as a shell uses them, against a real
 //! Redis server: a shared counter kept exact by 20 concurrent runs, every
-//! documented exit code, the lost-lock kill, and signals.
+//! documented exit code, the lost-lock kill, and signals. And on the
+//! default (file) URL, that the lock covers the whole command: for every
+//! user, for what the command leaves running, and past a killed `dlock`.
 #![cfg(feature = "redis")]
 
 use std::{
@@ -480,4 +482,233 @@ async fn dlock_redis_flush(redis: &mut dlock::redis::redis::aio::MultiplexedConn
         .query_async::<()>(redis)
         .await
         .expect("FLUSHALL");
+}
+
+/// `dlock` with no URL: the machine's default lock directory.
+fn dlock_default() -> Command {
+    let mut command = dlock("");
+    command.env_remove("DLOCK_URL");
+    command
+}
+
+/// A key of this test run's own in the machine-wide default directory,
+/// whose files are removed when it is dropped.
+struct DefaultKey(String);
+
+impl DefaultKey {
+    fn new(name: &str) -> DefaultKey {
+        DefaultKey(format!("dlock-test-{name}-{}", std::process::id()))
+    }
+}
+
+impl Drop for DefaultKey {
+    fn drop(&mut self) {
+        for entry in std::fs::read_dir("/run/lock")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(&format!("dlock.{}.", self.0))
+            {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+}
+
+/// Waits (bounded) until `path` holds a line, and returns it.
+async fn read_when_written(path: &Path) -> String {
+    for _ in 0..500 {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if text.ends_with('\n') {
+                return text.trim().to_owned();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{} was never written", path.display());
+}
+
+/// Whether process `pid` runs (a zombie does not).
+fn runs(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// A `dlock run --no-wait` of `key` on the default URL, through `user`
+/// (a dlock binary, after a `setpriv` prefix, say) or through this test's
+/// dlock: its exit code.
+async fn try_run(key: &str, user: &[&str]) -> i32 {
+    let mut command = match user.split_first() {
+        Some((program, args)) => {
+            let mut command = Command::new(program);
+            command
+                .args(args)
+                .env_remove("DLOCK_URL")
+                .kill_on_drop(true);
+            command
+        }
+        None => dlock_default(),
+    };
+    command.args(["run", "--no-wait", "--key", key, "--", "true"]);
+    let output = finish(&mut command, Duration::from_secs(30)).await;
+    code(&output)
+}
+
+/// Root and `nobody` lock in one place by default: a key one holds is
+/// refused to the other, both ways (a lock directory per user let both
+/// run). CI runs as root; the test needs it to act as two users.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_every_user_shares_one_lock() {
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "this test runs as root, to run dlock as root and as nobody"
+    );
+    // A copy of the binary that `nobody` may run.
+    let bin = tempfile::tempdir().unwrap();
+    let copy = bin.path().join("dlock");
+    std::fs::copy(DLOCK, &copy).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(bin.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let copy = copy.to_str().unwrap();
+    let nobody = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        copy,
+    ];
+    let root = [copy];
+    let key = DefaultKey::new("users");
+    // Where either user's command says it runs.
+    let markers = bin.path().join("markers");
+    std::fs::create_dir(&markers).unwrap();
+    std::fs::set_permissions(&markers, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let marker = markers.join("held");
+    for (holder, other) in [(&nobody[..], &root[..]), (&root[..], &nobody[..])] {
+        let _ = std::fs::remove_file(&marker);
+        let (program, args) = holder.split_first().unwrap();
+        let mut holding = Command::new(program);
+        holding
+            .args(args)
+            .env_remove("DLOCK_URL")
+            .args([
+                "run",
+                "--key",
+                &key.0,
+                "--",
+                "sh",
+                "-c",
+                "echo held > \"$0\"; sleep 30",
+            ])
+            .arg(&marker)
+            .kill_on_drop(true);
+        let mut holding = holding.spawn().unwrap();
+        read_when_written(&marker).await;
+        assert_eq!(
+            try_run(&key.0, other).await,
+            75,
+            "{holder:?} held, {other:?} tried"
+        );
+        holding.kill().await.unwrap();
+    }
+}
+
+/// `sh -c 'job & exit 0'`, and a job that left the command's process
+/// group (`setsid`): the lock stays held (a `--no-wait` is refused) until
+/// the job exits too, and `dlock run` returns only then. `dlock elect`
+/// keeps its leadership the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_is_held_until_every_process_of_the_command_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = DefaultKey::new("leftovers");
+    for (i, job) in ["sleep 3", "setsid sleep 3"].into_iter().enumerate() {
+        for elect in [false, true] {
+            let pid_file = dir.path().join(format!("job-{i}-{elect}"));
+            let script = format!("{job} >/dev/null 2>&1 & echo $! > \"$0\"; exit 0");
+            let mut first = dlock_default();
+            first.args([if elect { "elect" } else { "run" }, "--key", &key.0]);
+            first.args(["--", "sh", "-c", &script]).arg(&pid_file);
+            let first = first.spawn().unwrap();
+            let job_pid = read_when_written(&pid_file).await;
+            assert!(runs(&job_pid), "{job}: the job runs");
+            if elect {
+                let mut status = dlock_default();
+                status.args(["status", "--election", "--key", &key.0]);
+                let status = finish(&mut status, Duration::from_secs(30)).await;
+                assert_eq!(
+                    code(&status),
+                    0,
+                    "{job}: the leadership was given up: {status:?}"
+                );
+            } else {
+                assert_eq!(
+                    try_run(&key.0, &[]).await,
+                    75,
+                    "{job}: the lock was released"
+                );
+            }
+            let output = tokio::time::timeout(Duration::from_secs(30), first.wait_with_output())
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(output.status.success(), "{output:?}");
+            assert!(!runs(&job_pid), "{job}: dlock returned while the job ran");
+        }
+    }
+}
+
+/// `kill -9` of `dlock` while its command (which ignores SIGTERM) runs:
+/// the command dies with it, and only then can the next run have the
+/// key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_dlock_takes_its_command_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = DefaultKey::new("killed");
+    let pid_file = dir.path().join("command");
+    let mut first = dlock_default();
+    first.args(["run", "--key", &key.0, "--", "sh", "-c"]);
+    first
+        .arg("trap '' TERM; echo $$ > \"$0\"; while :; do sleep 0.1; done")
+        .arg(&pid_file);
+    let mut first = first.spawn().unwrap();
+    let command = read_when_written(&pid_file).await;
+    first.start_kill().unwrap();
+    first.wait().await.unwrap();
+    let mut gone = false;
+    for _ in 0..300 {
+        if !runs(&command) {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(gone, "the command ran on after dlock was killed");
+    assert_eq!(try_run(&key.0, &[]).await, 0);
+}
+
+/// `--leftovers-timeout`: what the command left running past it is
+/// stopped (this job ignores SIGTERM, so it takes the SIGKILL after
+/// `--kill-after`), and `dlock` exits 79.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leftovers_past_their_timeout_are_stopped_with_exit_79() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = DefaultKey::new("stragglers");
+    let pid_file = dir.path().join("job");
+    let mut first = dlock_default();
+    first.args(["run", "--key", &key.0, "--leftovers-timeout", "300ms"]);
+    first.args(["--kill-after", "300ms", "--", "sh", "-c"]);
+    first
+        .arg("sh -c 'trap \"\" TERM; sleep 30' & echo $! > \"$0\"; exit 0")
+        .arg(&pid_file);
+    let output = finish(&mut first, Duration::from_secs(30)).await;
+    assert_eq!(code(&output), 79, "{output:?}");
+    let job = std::fs::read_to_string(&pid_file).unwrap();
+    assert!(!runs(job.trim()), "the job outlived dlock");
+    assert_eq!(try_run(&key.0, &[]).await, 0);
 }
