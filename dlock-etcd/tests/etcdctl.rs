@@ -1,7 +1,8 @@
 //! `layout=etcdctl` against a real etcd: dlock and `etcdctl lock` exclude
 //! each other, nested names stay apart, a key left under an entry's name
 //! is never taken over (and a wait for it survives a compacted watch),
-//! and a guard lost with its session or its fixed lease holds up nothing.
+//! and a guard lost with its session or its fixed lease holds up nothing
+//! (one that extends its fixed lease still excludes).
 
 use std::time::Duration;
 
@@ -409,6 +410,39 @@ async fn with_the_etcdctl_layout_a_waiter_behind_a_kept_fixed_lease_is_granted_w
     );
     assert!(!new.is_lost(), "the new holder was lost");
     new.release().await.unwrap();
+}
+
+/// With the etcdctl layout, a fixed-lease guard that extends its lease
+/// keeps excluding the acquisitions of its key queued behind it in the same
+/// process past the lease it started with; the next is granted once it
+/// releases, with a higher fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_etcdctl_layout_an_extended_fixed_lease_keeps_excluding_the_process() {
+    let server = EtcdServer::start().expect("start etcd");
+    let url = format!("etcd://{}?layout=etcdctl", server.endpoint());
+    let locker = locker(&url).await;
+    let held = locker.lock_with("job", fixed(2, 1)).await.unwrap();
+    held.extend(Duration::from_secs(8)).await.unwrap();
+    let waiting = {
+        let locker = locker.clone();
+        tokio::spawn(async move { locker.lock_with("job", fixed(10, 15)).await })
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!held.is_lost(), "the extended guard was lost");
+    assert!(!waiting.is_finished(), "granted beside the extended guard");
+    let fence = held.fencing_token();
+    held.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the next acquisition missed the release")
+        .unwrap()
+        .expect("granted after the release");
+    assert!(
+        next.fencing_token() > fence,
+        "{:?} after {fence:?}",
+        next.fencing_token()
+    );
+    next.release().await.unwrap();
 }
 
 /// With the etcdctl layout, an acquisition that finds its entry's name

@@ -7,7 +7,7 @@ use dlock_core::{backend::ReleaseOutcome, Result, Token};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use tokio::time::Instant;
 
-use super::{retried, EtcdBackend};
+use super::{retried, EtcdBackend, TurnUntil};
 
 impl EtcdBackend {
     /// Revokes `lease` once, without waiting: if etcd does not answer, the
@@ -103,13 +103,10 @@ impl EtcdBackend {
         let sent = Instant::now();
         let held = self.owned().get(token).and_then(|owned| {
             let revision = owned.granted.filter(|_| owned.on_own_lease)?;
-            // With `layout=etcdctl`, the turn is kept on until the new end
-            // first: one given back (the lease ended) is not taken again.
-            let kept = owned
-                .turn_until
-                .as_ref()
-                .is_none_or(|turn| turn.move_end(sent + lease));
-            kept.then(|| (owned.name.clone(), revision))
+            // With `layout=etcdctl`, a turn given back (the lease ended)
+            // is not taken again.
+            let ended = owned.turn_until.as_ref().is_some_and(TurnUntil::given_back);
+            (!ended).then(|| (owned.name.clone(), revision))
         });
         let Some((name, revision)) = held else {
             return Ok(None);
@@ -141,10 +138,16 @@ impl EtcdBackend {
             }
             return Ok(None);
         }
-        let old = self
-            .owned()
-            .get_mut(token)
-            .and_then(|owned| owned.own_lease.replace(grant.id()));
+        // The turn is kept to the new end only now: an extension that did
+        // not land keeps no turn past the old one. (One that landed
+        // unanswered leaves the key on the new lease: the next
+        // acquisition waits until it is gone.)
+        let old = self.owned().get_mut(token).and_then(|owned| {
+            if let Some(turn) = &owned.turn_until {
+                turn.move_end(sent + lease);
+            }
+            owned.own_lease.replace(grant.id())
+        });
         if let Some(old) = old {
             self.revoke_in_background(old);
         }

@@ -47,9 +47,14 @@ impl TurnUntil {
     }
 
     /// Moves the end to `ends` (an extension, or now when the key is
-    /// gone): `false` if the turn was given back already.
-    pub(super) fn move_end(&self, ends: Instant) -> bool {
-        self.0.send(ends).is_ok()
+    /// gone), unless the turn was given back already.
+    pub(super) fn move_end(&self, ends: Instant) {
+        let _ = self.0.send(ends);
+    }
+
+    /// Whether the turn was given back: the lease ended.
+    pub(super) fn given_back(&self) -> bool {
+        self.0.is_closed()
     }
 }
 
