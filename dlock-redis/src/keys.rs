@@ -45,6 +45,13 @@ impl Names {
         Suffixed(&self.lock, ":value")
     }
 
+    /// The token of the last release, for what was left of its lease: the
+    /// same release sent again (its reply was lost) then succeeds, and
+    /// does nothing.
+    pub(crate) fn released_by(&self) -> Suffixed<'_> {
+        Suffixed(&self.lock, ":released_by")
+    }
+
     /// When each ticket in line lapses unless its waiter refreshes it.
     pub(crate) fn tickets(&self) -> Suffixed<'_> {
         Suffixed(&self.lock, ":tickets")

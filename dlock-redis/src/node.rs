@@ -79,6 +79,8 @@ enum Keys {
     /// The lock, its fence counter, its waiting line and its proclaimed
     /// value.
     LineAndValue,
+    /// As `LineAndValue`, and the token of the lock's last release.
+    Release,
 }
 
 impl Keys {
@@ -88,6 +90,7 @@ impl Keys {
             Keys::Value => 3,
             Keys::Line => 4,
             Keys::LineAndValue => 5,
+            Keys::Release => 6,
         };
         cmd.arg(count).arg(&names.lock).arg(names.fence());
         match self {
@@ -98,10 +101,13 @@ impl Keys {
             Keys::Line => {
                 cmd.arg(names.queue()).arg(names.tickets());
             }
-            Keys::LineAndValue => {
+            Keys::LineAndValue | Keys::Release => {
                 cmd.arg(names.queue())
                     .arg(names.tickets())
                     .arg(names.value());
+                if self == Keys::Release {
+                    cmd.arg(names.released_by());
+                }
             }
         }
     }
@@ -436,7 +442,8 @@ impl Node {
     /// also leaves the line (a release, or a wait given up); otherwise it
     /// stays in line at `place` (a Redlock grant given back). Either way,
     /// a lock left free is handed to the first waiter in line, who is
-    /// told.
+    /// told. A release sent again after its reply was lost answers `true`
+    /// and does nothing.
     pub(crate) async fn release(
         &self,
         names: &Names,
@@ -444,8 +451,28 @@ impl Node {
         place: Place,
         ticket_ms: u64,
     ) -> RedisResult<bool> {
+        self.release_with(Keys::Release, names, token, place, ticket_ms)
+            .await
+    }
+
+    /// [`release`](Node::release) for `force_release`, which names the
+    /// holder's token: it leaves no record that the holder released, so
+    /// the holder's own release still answers `false`.
+    pub(crate) async fn force_release(&self, names: &Names, token: &str) -> RedisResult<bool> {
+        self.release_with(Keys::LineAndValue, names, token, Place::None, 0)
+            .await
+    }
+
+    async fn release_with(
+        &self,
+        keys: Keys,
+        names: &Names,
+        token: &str,
+        place: Place,
+        ticket_ms: u64,
+    ) -> RedisResult<bool> {
         let released: i64 = self
-            .run(&self.scripts().release, names, Keys::LineAndValue, |cmd| {
+            .run(&self.scripts().release, names, keys, |cmd| {
                 cmd.arg(token)
                     .arg(names.channel())
                     .arg(place)

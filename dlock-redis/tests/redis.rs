@@ -141,7 +141,9 @@ async fn calls(server: &RedisServer, command: &str) -> u64 {
 
 /// Without fences (`fence=off`), an uncontended lock is one plain `SET NX
 /// PX` and its release one script, and no fence is given; with them (the
-/// default), the acquire is a script that also writes the counter.
+/// default), the acquire is a script that also writes the counter. The
+/// release script's one `SET` leaves the token behind (see
+/// `a_release_sent_again_after_its_reply_was_lost_is_a_no_op_that_succeeds`).
 /// Elections, which order leaders by fence, are refused without them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_fences_an_uncontended_lock_is_one_plain_set() {
@@ -149,7 +151,7 @@ async fn without_fences_an_uncontended_lock_is_one_plain_set() {
     let unfenced = locker(&format!("{}?fence=off", server.url())).await;
     let fenced = locker(&server.url()).await;
     for (locker, fences, scripts_per_lock, sets_per_lock) in
-        [(&unfenced, false, 1, 1), (&fenced, true, 2, 2)]
+        [(&unfenced, false, 1, 2), (&fenced, true, 2, 3)]
     {
         // The first lock of a locker may load the scripts.
         locker.lock("warm").await.unwrap().release().await.unwrap();
@@ -515,4 +517,96 @@ async fn connection_state_sees_renewals_that_go_unanswered() {
         );
     }
     assert!(guard.is_lost());
+}
+
+/// A release whose reply is lost (the connection cut after the server ran
+/// it) and which is sent again, as core's retry sends it, finds the key
+/// gone, and even held by the next owner: the second send must be a no-op
+/// that answers `Released`, not `NotHeld` (which tells the caller its lock
+/// was lost), and must leave the next owner's lock alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_sent_again_after_its_reply_was_lost_is_a_no_op_that_succeeds() {
+    use dlock_core::{
+        backend::{Backend, Mode, ReleaseOutcome},
+        LockKey, Token,
+    };
+    let server = RedisServer::start().expect("redis-server");
+    let proxy = dlock_testkit::fixture::TcpProxy::start(server.host_port().parse().unwrap())
+        .await
+        .unwrap();
+    let cut = RedisBackend::connect(&format!("redis://{}/", proxy.endpoint()))
+        .await
+        .unwrap();
+    let direct = RedisBackend::connect(&server.url()).await.unwrap();
+    let mut admin = server.connection().await;
+    let holder = direct.clone().into_locker();
+    holder.lock("resent").await.unwrap().leak();
+    let hex: String = redis::cmd("GET")
+        .arg("dlock:{resent}")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let mut bytes = [0u8; 16];
+    for (i, byte) in bytes.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("a hex token");
+    }
+    let (key, token) = (LockKey::new("resent").unwrap(), Token::from_bytes(bytes));
+
+    // The release reaches the server and waits there (writes paused);
+    // its reply is then dropped, and the connection cut once it ran.
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(600)
+        .arg("WRITE")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let releasing = {
+        let (cut, key) = (cut.clone(), key.clone());
+        tokio::spawn(async move { cut.release(&key, Mode::Exclusive, &token).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.black_hole();
+    let ran = Instant::now();
+    loop {
+        let held: Option<String> = redis::cmd("GET")
+            .arg("dlock:{resent}")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        if held.is_none() {
+            break;
+        }
+        assert!(
+            ran.elapsed() < Duration::from_secs(5),
+            "the release never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proxy.block();
+    let first = tokio::time::timeout(Duration::from_secs(10), releasing)
+        .await
+        .expect("the cut release never ended")
+        .unwrap();
+    assert!(first.is_err(), "a release whose reply was lost: {first:?}");
+
+    // The next owner takes the key; then the same token's release is sent
+    // again.
+    let next = holder.lock("resent").await.unwrap();
+    let again = direct.release(&key, Mode::Exclusive, &token).await;
+    assert!(
+        matches!(again, Ok(ReleaseOutcome::Released)),
+        "the release sent again after its reply was lost answered {again:?}"
+    );
+    assert!(!next.is_lost());
+    let held: Option<String> = redis::cmd("GET")
+        .arg("dlock:{resent}")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(
+        held.is_some_and(|h| h != hex),
+        "the resent release touched the next owner's lock"
+    );
+    next.release().await.expect("the next owner releases");
 }

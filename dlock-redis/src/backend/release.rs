@@ -82,7 +82,7 @@ impl RedisBackend {
                     .query_async(&mut conn)
                     .await?;
                 match holder {
-                    Some(token) => node.release(names, &token, Place::None, 0).await,
+                    Some(token) => node.force_release(names, &token).await,
                     None => Ok(false),
                 }
             })

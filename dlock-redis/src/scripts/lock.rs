@@ -152,10 +152,16 @@ return {0, ttl}
 
 /// Release, or give back a grant and stay in line.
 ///
-/// KEYS: as [`ACQUIRE`] (the fence counter is not touched), and the
-/// proclaimed value. ARGV: token, release channel, place in line ("" to
-/// leave the line: a release or a cancelled wait; otherwise the waiter's
-/// place, as in [`ACQUIRE`]), ticket lifetime in ms, holder channel.
+/// KEYS: as [`ACQUIRE`] (the fence counter is not touched), the
+/// proclaimed value, and the last release's token. ARGV: token, release
+/// channel, place in line ("" to leave the line: a release or a cancelled
+/// wait; otherwise the waiter's place, as in [`ACQUIRE`]), ticket lifetime
+/// in ms, holder channel.
+///
+/// A release leaves its token behind for what was left of its lease, so
+/// that the same release sent again (its reply was lost on a cut
+/// connection, and a client retried) answers 1 and changes nothing, even
+/// when the next owner holds the lock by then.
 ///
 /// A holder's value is marked (its token and `+`) once someone stands in
 /// line behind it, so a release that finds its token unmarked knows that
@@ -173,8 +179,15 @@ pub(super) const RELEASE: &str = concat!(
     // The common case first: a holder's release with nobody in line (its
     // value is unmarked).
     r"
+local function remember_release()
+  if KEYS[6] then
+    local left = redis.call('PTTL', KEYS[1])
+    if left > 0 then redis.call('SET', KEYS[6], ARGV[1], 'PX', left) end
+  end
+end
 local holder = redis.call('GET', KEYS[1])
 if ARGV[3] == '' and holder == ARGV[1] then
+  remember_release()
   if not KEYS[5] then
     redis.call('DEL', KEYS[1])
   -- A proclaimed value goes with the hold (one command for both), and
@@ -190,6 +203,7 @@ end
 local released = 0
 if holder == ARGV[1] or holder == ARGV[1] .. '+' then
   released = 1
+  if ARGV[3] == '' then remember_release() end
   redis.call('DEL', KEYS[1])
   -- A proclaimed hold: its value goes with it, and its watchers are told.
   if KEYS[5] and redis.call('DEL', KEYS[5]) == 1 then
@@ -202,6 +216,10 @@ if ARGV[3] == '' then
   redis.call('ZREM', KEYS[3], ARGV[1])
   redis.call('ZREM', KEYS[4], ARGV[1])
   if redis.call('EXISTS', KEYS[1]) == 0 then hand_first(ARGV[2], nil) end
+  -- Sent again after a lost reply: released already.
+  if released == 0 and KEYS[6] and redis.call('GET', KEYS[6]) == ARGV[1] then
+    released = 1
+  end
 else
   local now_us, now = clock()
   enqueue(ARGV[1], ARGV[3], ARGV[4], now_us, now)
