@@ -25,7 +25,7 @@ async fn verify(url: String, json: &Path, extra: &[&str]) -> (Output, serde_json
     let mut command = Command::new(DLOCK);
     command
         .args(["verify", "--url", &url, "--processes", "3", "--tasks", "3"])
-        .args(["--watchdog-lease", "2s", "--seed", "7", "--json"])
+        .args(["--seed", "7", "--json"])
         .arg(json)
         .args(extra)
         .kill_on_drop(true);
@@ -77,8 +77,13 @@ async fn verify_finds_no_double_grant_on_every_backend() {
     for (name, url, primitive) in runs {
         let json = dir.path().join(format!("{name}.json"));
         all.push(tokio::spawn(async move {
-            let (output, report) =
-                verify(url, &json, &["--duration", "20s", "--primitive", primitive]).await;
+            let extra = ["--duration", "20s", "--watchdog-lease", "2s"];
+            let (output, report) = verify(
+                url,
+                &json,
+                &[&extra[..], &["--primitive", primitive]].concat(),
+            )
+            .await;
             (name, output, report)
         }));
     }
@@ -126,6 +131,8 @@ async fn verify_without_the_lock_reports_overlaps() {
         &[
             "--duration",
             "3s",
+            "--watchdog-lease",
+            "2s",
             "--no-lock",
             "--faults",
             "cancel",
@@ -143,4 +150,75 @@ async fn verify_without_the_lock_reports_overlaps() {
     }
     let said = String::from_utf8_lossy(&output.stdout);
     assert!(said.contains("VIOLATION overlap"), "{said}");
+}
+
+/// With no `--watchdog-lease`, verify sizes the lease to its run, so that
+/// its pauses outlast it: on Redis a paused holder loses its lock and
+/// sees it, and every fault asked for (all, by default) happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_with_its_default_lease_pauses_holders_past_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let redis = RedisServer::start().expect("redis");
+    let json = dir.path().join("report.json");
+    let (output, report) = verify(
+        redis.url(),
+        &json,
+        &["--duration", "20s", "--key", "dlock-verify-defaults"],
+    )
+    .await;
+    let faults = &report["faults"];
+    assert!(
+        faults["pauses"].as_u64().unwrap_or(0) > 0
+            && report["losses_seen"].as_u64().unwrap_or(0) > 0,
+        "no pause outlived the default lease: {report}\n{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    assert!(
+        output.status.success() && report["ok"] == true,
+        "{}\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(report["watchdog_lease_ms"], 2000, "{report}");
+}
+
+/// A run in which a fault asked for never happened checked nothing under
+/// that fault: verify says so and fails, unless `--allow-quiet`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_fails_a_run_whose_faults_never_happened() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().join("locks").display());
+    // A second leaves no room for a pause past the lease.
+    let quiet = [
+        "--duration",
+        "1s",
+        "--faults",
+        "pause",
+        "--primitive",
+        "mutex",
+    ];
+    let (strict_json, allowed_json) = (
+        dir.path().join("strict.json"),
+        dir.path().join("allowed.json"),
+    );
+    let allow = [
+        &quiet[..],
+        &["--allow-quiet", "--key", "dlock-verify-allowed"],
+    ]
+    .concat();
+    let (strict, allowed) = tokio::join!(
+        verify(url.clone(), &strict_json, &quiet),
+        verify(url, &allowed_json, &allow),
+    );
+    let (output, report) = strict;
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{said}\n{report}");
+    assert!(said.contains("no pause happened"), "{said}");
+    assert_eq!(report["ok"], false, "{report}");
+    let (output, report) = allowed;
+    assert!(
+        output.status.success() && report["ok"] == true,
+        "{output:?}\n{report}"
+    );
 }

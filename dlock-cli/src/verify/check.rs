@@ -84,7 +84,8 @@ impl fmt::Display for Hold {
 pub(crate) enum Violation {
     /// Two holds that may not overlap did.
     Overlap(Hold, Hold),
-    /// A later exclusive hold got a fence no greater than an earlier one.
+    /// A later hold got a fence no greater than an earlier one it must
+    /// rise above.
     FenceOrder(Hold, Hold),
     /// More permits were held at once than the semaphore has.
     TooMany { limit: u32, holds: Vec<Hold> },
@@ -141,16 +142,30 @@ pub(crate) fn check(holds: &[Hold], limit: u32) -> Vec<Violation> {
         }
         active.push(hold);
     }
-    // Fences rise with every exclusive hold, in grant order.
-    let mut last: Option<&Hold> = None;
-    for &hold in sorted.iter().filter(|h| h.kind.exclusive()) {
-        if let (Some(prev), Some(fence)) = (last, hold.fence) {
-            if prev.fence.is_some_and(|p| fence <= p) {
-                violations.push(Violation::FenceOrder(prev.clone(), hold.clone()));
-            }
+    // Fences rise in grant order: an exclusive hold's above every earlier
+    // hold's, a reader's above every earlier exclusive hold's (readers
+    // hold together, so their grant order is not their start order).
+    // Permits are not compared: they too hold together.
+    let mut top: Option<&Hold> = None;
+    let mut top_exclusive: Option<&Hold> = None;
+    for &hold in sorted.iter().filter(|h| h.kind != Kind::Permit) {
+        let Some(fence) = hold.fence else {
+            continue;
+        };
+        let above = if hold.kind.exclusive() {
+            top
+        } else {
+            top_exclusive
+        };
+        if let Some(prev) = above.filter(|prev| prev.fence.is_some_and(|p| fence <= p)) {
+            violations.push(Violation::FenceOrder(prev.clone(), hold.clone()));
         }
-        if hold.fence.is_some() {
-            last = Some(hold);
+        let higher = |best: Option<&Hold>| best.is_none_or(|b| b.fence < Some(fence));
+        if higher(top) {
+            top = Some(hold);
+        }
+        if hold.kind.exclusive() && higher(top_exclusive) {
+            top_exclusive = Some(hold);
         }
     }
     violations
@@ -196,6 +211,38 @@ mod tests {
             check(&backwards, 1)[..],
             [Violation::FenceOrder(..)]
         ));
+    }
+
+    #[test]
+    fn a_writers_fence_rises_above_the_readers_before_it() {
+        // Two readers (their fences in either order: they held together),
+        // then a writer whose fence is not above the second reader's.
+        let below_a_reader = [
+            hold(1, 0, 10, 7, Kind::Read),
+            hold(2, 2, 12, 6, Kind::Read),
+            hold(3, 15, 20, 7, Kind::Write),
+        ];
+        assert!(matches!(
+            check(&below_a_reader, 1)[..],
+            [Violation::FenceOrder(..)]
+        ));
+        // A reader's fence rises above the writers' before it.
+        let reader_below_a_writer = [
+            hold(3, 0, 10, 7, Kind::Write),
+            hold(1, 15, 20, 7, Kind::Read),
+        ];
+        assert!(matches!(
+            check(&reader_below_a_writer, 1)[..],
+            [Violation::FenceOrder(..)]
+        ));
+        let fine = [
+            hold(1, 0, 10, 7, Kind::Read),
+            hold(2, 2, 12, 6, Kind::Read),
+            hold(3, 15, 20, 8, Kind::Write),
+            hold(1, 25, 30, 9, Kind::Read),
+            hold(2, 26, 30, 10, Kind::Read),
+        ];
+        assert_eq!(check(&fine, 1), []);
     }
 
     #[test]

@@ -10,13 +10,17 @@ use std::{
     time::Duration,
 };
 
-use rustix::process::{kill_process, Pid, Signal};
-use tokio::process::{Child, Command};
+use rustix::process::{kill_process, Signal};
+use tokio::process::Command;
 
 use crate::{exit, run, Server};
 
 mod check;
+mod inject;
+mod logs;
 mod worker;
+
+use inject::{Injected, Injection, Workers};
 
 pub(crate) use worker::{worker, WorkerArgs};
 
@@ -37,9 +41,38 @@ so that a run can be repeated). Then it checks every hold: no two exclusive
 holds overlap, fences rise in grant order, a semaphore never has more
 holders than permits, a writer never shares, leaders never overlap.
 
+A run that checked less than it was asked to is quiet: a fault asked for
+never happened, or pauses were injected but no hold saw its loss (where a
+pause past the lease loses the lock: Redis, etcd). It says so,
+and fails unless --allow-quiet.
+
 Exit code 0 with no violation, 1 with one or more (each printed with both
-holds) or when a primitive recorded no hold at all (the backend may not
-offer it), 64 for bad options, 69 when the server failed.";
+holds), when a primitive recorded no hold at all (the backend may not
+offer it) or when the run was quiet, 64 for bad options, 69 when the
+server failed.";
+
+const LEASE_HELP: &str = "The workers' watchdog lease: how long a lock outlives a worker that was \
+killed or paused (500ms, 10s, 1m30s). Each pause lasts 1.5 times it, so that a paused \
+holder's lock expires. Default (auto): a tenth of --duration, from 2s to 30s, so that \
+a run has room for several pauses (with the 30s `dlock run` uses, one pause would \
+take 45s).";
+
+/// `--watchdog-lease` of `verify`: a duration, or `auto` (given as zero,
+/// which no lease can be) for one sized to the run.
+fn lease_or_auto(text: &str) -> Result<Duration, String> {
+    if text == "auto" {
+        return Ok(Duration::ZERO);
+    }
+    match run::duration(text)? {
+        Duration::ZERO => Err("a lease must be longer than zero".to_owned()),
+        lease => Ok(lease),
+    }
+}
+
+/// The lease of a run of `duration` with no `--watchdog-lease`.
+fn auto_lease(duration: Duration) -> Duration {
+    (duration / 10).clamp(Duration::from_secs(2), Duration::from_secs(30))
+}
 
 /// What the workers take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +151,11 @@ enum Fault {
 /// Check a deployment for double grants under faults.
 #[derive(Debug, clap::Args)]
 #[command(after_help = VERIFY_HELP)]
+#[command(mut_arg("watchdog_lease", |arg| arg
+    .default_value("auto")
+    .value_parser(lease_or_auto)
+    .help(LEASE_HELP)
+    .long_help(None::<&str>)))]
 pub(crate) struct VerifyArgs {
     #[command(flatten)]
     server: Server,
@@ -157,6 +195,20 @@ pub(crate) struct VerifyArgs {
     /// The keys' prefix.
     #[arg(long, default_value = "dlock-verify")]
     key: String,
+    /// Exit 0 after a quiet run too: one in which a fault asked for never
+    /// happened, or no hold saw its loss.
+    #[arg(long)]
+    allow_quiet: bool,
+}
+
+impl VerifyArgs {
+    /// The workers' watchdog lease.
+    fn lease(&self) -> Duration {
+        match self.server.watchdog_lease {
+            Duration::ZERO => auto_lease(self.duration),
+            lease => lease,
+        }
+    }
 }
 
 /// Now on the machine's monotonic clock, in nanoseconds: the same clock in
@@ -166,120 +218,13 @@ pub(crate) fn monotonic_ns() -> u64 {
     u64::try_from(now.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(now.tv_nsec).unwrap_or(0)
 }
 
-/// The running workers.
-struct Workers<'a> {
-    args: &'a VerifyArgs,
-    dir: &'a Path,
-    seed: u64,
-    /// Each worker's number, slot and process.
-    running: Vec<(u32, u32, Child)>,
-    next_id: u32,
-    /// When each killed worker died: its open holds end there.
-    killed_at: HashMap<u32, u64>,
-}
-
-impl Workers<'_> {
-    fn spawn(&mut self, until: tokio::time::Instant, url: &str, slot: u32) -> std::io::Result<()> {
-        let id = self.next_id;
-        self.next_id += 1;
-        let left = until.saturating_duration_since(tokio::time::Instant::now());
-        let exe = std::env::current_exe()?;
-        let primitives: Vec<String> = self.args.primitive.0.iter().map(|p| p.name()).collect();
-        let mut command = Command::new(exe);
-        command
-            .arg("verify-worker")
-            // In the environment, not the arguments: any local user can
-            // read a process's arguments (ps), and the URL may hold a
-            // password.
-            .env("DLOCK_URL", url)
-            .arg("--watchdog-lease")
-            .arg(format!("{}ms", self.args.server.watchdog_lease.as_millis()))
-            .args(["--key", &self.args.key])
-            .args(["--primitives", &primitives.join(",")])
-            .args(["--worker", &id.to_string()])
-            .args(["--slot", &slot.to_string()])
-            .args(["--tasks", &self.args.tasks.to_string()])
-            .arg("--log")
-            .arg(self.log(id))
-            .args(["--seed", &self.seed.to_string()])
-            .arg("--duration")
-            .arg(format!("{}ms", left.as_millis().max(1)))
-            .kill_on_drop(true);
-        if self.args.faults.contains(&Fault::Cancel) {
-            command.arg("--cancel");
-        }
-        if self.args.no_lock {
-            command.arg("--no-lock");
-        }
-        self.running.push((id, slot, command.spawn()?));
-        Ok(())
-    }
-
-    fn log(&self, id: u32) -> PathBuf {
-        self.dir.join(format!("worker-{id}.log"))
-    }
-
-    /// Stops a worker that holds a lock now, looking from the one at `at`
-    /// on (once stopped, a worker's log is still, so its last lines
-    /// tell); if none does, the first it could stop stays stopped. Its
-    /// process id; `None` if none could be stopped.
-    async fn stop_a_holder(&self, at: usize) -> Option<Pid> {
-        let count = self.running.len();
-        let mut fallback = None;
-        for i in 0..count {
-            let (id, _, child) = &self.running[(at + i) % count];
-            let Some(pid) = Workers::pid(child) else {
-                continue;
-            };
-            if kill_process(pid, Signal::STOP).is_err() {
-                continue;
-            }
-            // The signal is sent, not yet taken: a moment until the
-            // process shows as stopped (bounded; read anyway after it).
-            for _ in 0..50 {
-                if is_stopped(pid) {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            if holds_now(&self.log(*id)) {
-                if let Some(other) = fallback {
-                    let _ = kill_process(other, Signal::CONT);
-                }
-                return Some(pid);
-            }
-            match fallback {
-                None => fallback = Some(pid),
-                Some(_) => {
-                    let _ = kill_process(pid, Signal::CONT);
-                }
-            }
-        }
-        fallback
-    }
-
-    fn pid(child: &Child) -> Option<Pid> {
-        child
-            .id()
-            .and_then(|id| i32::try_from(id).ok())
-            .and_then(Pid::from_raw)
-    }
-}
-
-/// What was injected.
-#[derive(Debug, Default)]
-struct Injected {
-    pauses: u32,
-    kills: u32,
-    commands: u32,
-}
-
 pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
     let seed = args.seed.unwrap_or_else(|| fastrand::u64(..));
     let mut rng = fastrand::Rng::with_seed(seed);
     let primitive_names: Vec<String> = args.primitive.0.iter().map(|p| p.name()).collect();
+    let lease = args.lease();
     eprintln!(
-        "dlock verify: {} for {:?}, {} processes × {} tasks, faults {:?}{}, seed {seed}",
+        "dlock verify: {} for {:?}, {} processes × {} tasks, faults {:?}, lease {lease:?}{}, seed {seed}",
         primitive_names.join(", "),
         args.duration,
         args.processes,
@@ -304,7 +249,9 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
         Ok(url) => url,
         Err(code) => return code,
     };
-    if let Err(code) = args.server.connect_to(&url).await {
+    let mut server = args.server.clone();
+    server.watchdog_lease = lease;
+    if let Err(code) = server.connect_to(&url).await {
         return code;
     }
     let dir = match tempfile::tempdir() {
@@ -319,6 +266,7 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
         args: &args,
         dir: dir.path(),
         seed,
+        lease,
         running: Vec::new(),
         next_id: 0,
         killed_at: HashMap::new(),
@@ -336,13 +284,17 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
     );
     let started = tokio::time::Instant::now();
     let mut injected = Injected::default();
-    let pause_for = args.server.watchdog_lease.mul_f64(1.5);
-    let faults: Vec<Fault> = args
-        .faults
-        .iter()
-        .copied()
-        .filter(|f| *f != Fault::Cancel)
-        .collect();
+    let pause_for = lease.mul_f64(1.5);
+    let mut choices: Vec<Injection> = Vec::new();
+    if args.faults.contains(&Fault::Pause) {
+        choices.push(Injection::Pause);
+    }
+    if args.faults.contains(&Fault::Kill) {
+        choices.push(Injection::Kill);
+    }
+    if args.fault_cmd.is_some() {
+        choices.push(Injection::Command);
+    }
     let mut signals = match crate::child::Signals::listen() {
         Ok(signals) => signals,
         Err(code) => return code,
@@ -375,21 +327,28 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
             break;
         }
         progress.set_position(started.elapsed().as_secs());
-        let choices = faults.len() + usize::from(args.fault_cmd.is_some());
-        if choices == 0 || workers.running.is_empty() {
+        if choices.is_empty() || workers.running.is_empty() {
             continue;
         }
-        let pick = rng.usize(..choices);
+        // One of the faults injected least so far, so that a run has each
+        // as soon as it has room for them.
+        let least = choices.iter().map(|&c| injected.count(c)).min();
+        let tied: Vec<Injection> = choices
+            .iter()
+            .copied()
+            .filter(|&c| Some(injected.count(c)) == least)
+            .collect();
+        let pick = tied[rng.usize(..tied.len())];
         let at = rng.usize(..workers.running.len());
-        match faults.get(pick) {
-            Some(Fault::Pause) => {
-                if let Some(pid) = workers.stop_a_holder(at).await {
+        match pick {
+            Injection::Pause => {
+                if let Some(pid) = workers.stop_a_holder(at, lease).await {
                     tokio::time::sleep(pause_for).await;
                     let _ = kill_process(pid, Signal::CONT);
                     injected.pauses += 1;
                 }
             }
-            Some(Fault::Kill) => {
+            Injection::Kill => {
                 let (id, slot, mut child) = workers.running.swap_remove(at);
                 // Its open holds end when the signal is sent: the server
                 // may free them the moment the process is gone, before
@@ -402,7 +361,7 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
                     eprintln!("dlock verify: restarting a worker: {e}");
                 }
             }
-            _ => {
+            Injection::Command => {
                 if let Some(command) = &args.fault_cmd {
                     let ran = tokio::time::timeout(
                         Duration::from_secs(60),
@@ -457,19 +416,20 @@ fn report(
     injected: &Injected,
     seed: u64,
 ) -> ExitCode {
-    let (by_primitive, lost) = match read_logs(dir) {
-        Ok(read) => read,
+    let logs = match logs::read_logs(dir, killed_at) {
+        Ok(logs) => logs,
         Err(e) => {
             eprintln!("dlock verify: reading the logs: {e}");
             return ExitCode::from(exit::SOFTWARE);
         }
     };
+    let lost = logs.lost;
     let mut rows = Vec::new();
     let mut all_violations = Vec::new();
     let mut unchecked = Vec::new();
     println!("{:<14} {:>8} {:>11}", "primitive", "holds", "violations");
     for (at, primitive) in args.primitive.0.iter().enumerate() {
-        let holds = by_primitive.get(&at).map(Vec::as_slice).unwrap_or_default();
+        let holds = logs.holds.get(&at).map(Vec::as_slice).unwrap_or_default();
         let violations = check::check(holds, primitive.limit());
         println!(
             "{:<14} {:>8} {:>11}",
@@ -492,18 +452,18 @@ fn report(
         all_violations.extend(violations);
     }
     println!(
-        "faults: {} pauses, {} kills, {} commands{}; holds that saw their loss: {lost}; seed {seed}",
+        "faults: {} pauses, {} kills, {} commands, {} cancels; holds that saw their loss: {lost}; lease {:?}; seed {seed}",
         injected.pauses,
         injected.kills,
         injected.commands,
-        if args.faults.contains(&Fault::Cancel) {
-            ", cancels"
-        } else {
-            ""
-        }
+        logs.cancels,
+        args.lease(),
     );
     for violation in all_violations.iter().take(20) {
         println!("VIOLATION {violation}");
+    }
+    if all_violations.len() > 20 {
+        println!("… and {} more", all_violations.len() - 20);
     }
     if !killed_at.is_empty() {
         let mut kills: Vec<_> = killed_at.iter().collect();
@@ -512,14 +472,18 @@ fn report(
             println!("worker {worker} killed at {:.6} s", *at as f64 / 1e9);
         }
     }
-    if all_violations.len() > 20 {
-        println!("… and {} more", all_violations.len() - 20);
+    let quiet = quiet(args, url, injected, &logs);
+    for why in &quiet {
+        println!("QUIET: {why}");
     }
+    let ok =
+        all_violations.is_empty() && unchecked.is_empty() && (quiet.is_empty() || args.allow_quiet);
     if let Some(path) = &args.json {
         let json = serde_json::json!({
             "url": dlock::backend::redact_url(url),
             "seed": seed,
             "duration_ms": args.duration.as_millis(),
+            "watchdog_lease_ms": args.lease().as_millis(),
             "processes": args.processes,
             "tasks": args.tasks,
             "no_lock": args.no_lock,
@@ -528,11 +492,13 @@ fn report(
                 "kills": injected.kills,
                 "commands": injected.commands,
                 "cancel": args.faults.contains(&Fault::Cancel),
+                "cancels": logs.cancels,
             },
             "losses_seen": lost,
             "primitives": rows,
             "unchecked": unchecked,
-            "ok": all_violations.is_empty() && unchecked.is_empty(),
+            "quiet": quiet,
+            "ok": ok,
         });
         if let Err(e) = std::fs::write(path, format!("{json:#}\n")) {
             eprintln!("dlock verify: {}: {e}", path.display());
@@ -541,159 +507,67 @@ fn report(
     }
     if !unchecked.is_empty() {
         println!("unchecked: {}", unchecked.join(", "));
-        ExitCode::FAILURE
-    } else if all_violations.is_empty() {
+    }
+    if !all_violations.is_empty() {
+        println!("{} violations", all_violations.len());
+    } else if unchecked.is_empty() {
         println!("no violation");
+    }
+    if !quiet.is_empty() {
+        println!(
+            "a quiet run: it checked less than asked{}",
+            if args.allow_quiet {
+                " (allowed by --allow-quiet)"
+            } else {
+                "; pass --allow-quiet to accept it"
+            }
+        );
+    }
+    if ok {
         ExitCode::SUCCESS
     } else {
-        println!("{} violations", all_violations.len());
         ExitCode::FAILURE
     }
 }
 
-type Holds = HashMap<usize, Vec<check::Hold>>;
-
-/// Whether every thread of process `pid` is stopped (state `T` in
-/// `/proc/PID/task/*/stat`): a log write in flight has ended then.
-fn is_stopped(pid: Pid) -> bool {
-    let stopped = |stat: String| {
-        let state = stat.rfind(')').map(|end| stat[end + 1..].trim_start());
-        state.is_some_and(|s| s.starts_with('T'))
-    };
-    std::fs::read_dir(format!("/proc/{}/task", pid.as_raw_nonzero())).is_ok_and(|tasks| {
-        tasks
-            .flatten()
-            .all(|t| std::fs::read_to_string(t.path().join("stat")).is_ok_and(stopped))
-    })
+/// Why the run checked less than it was asked to: each fault asked for
+/// that never happened; pauses that lost no lock where a pause past the
+/// lease loses it.
+fn quiet(args: &VerifyArgs, url: &str, injected: &Injected, logs: &logs::Logs) -> Vec<String> {
+    let mut quiet = Vec::new();
+    let lease = args.lease();
+    if args.faults.contains(&Fault::Pause) && injected.pauses == 0 {
+        quiet.push(format!(
+            "no pause happened: each lasts {:?} (1.5 times the lease, {lease:?}), and the run had no room for one; a longer --duration or a shorter --watchdog-lease makes room",
+            lease.mul_f64(1.5)
+        ));
+    }
+    if args.faults.contains(&Fault::Kill) && injected.kills == 0 {
+        quiet.push(
+            "no kill happened: the run had no room for one; a longer --duration makes room"
+                .to_owned(),
+        );
+    }
+    if args.faults.contains(&Fault::Cancel) && logs.cancels == 0 {
+        quiet.push("no acquire or release was dropped: no task took a lock".to_owned());
+    }
+    if args.fault_cmd.is_some() && injected.commands == 0 {
+        quiet.push("--fault-cmd never ran: the run had no room for it".to_owned());
+    }
+    if injected.pauses > 0 && logs.lost == 0 && !args.no_lock && pause_loses_the_lock(url) {
+        quiet.push(format!(
+            "{} pauses, and no hold saw its loss: no pause stopped a holder past its lease",
+            injected.pauses
+        ));
+    }
+    quiet
 }
 
-/// Whether the worker whose log is at `path` holds a lock now: a task's
-/// last start or heartbeat in the log's tail has no end after it. A line not ended by
-/// its newline is left out, as the checker leaves it out.
-fn holds_now(path: &Path) -> bool {
-    use std::io::{Read as _, Seek as _, SeekFrom};
-    /// The last lines of every task of the worker: each writes about 200
-    /// bytes a hold (up to 20 ms, a heartbeat every 5 ms), so this is the
-    /// last hold of some 300 tasks.
-    const TAIL: u64 = 64 * 1024;
-    let Ok(mut file) = std::fs::File::open(path) else {
-        return false;
-    };
-    let length = file.metadata().map_or(0, |m| m.len());
-    let mut tail = Vec::new();
-    if file
-        .seek(SeekFrom::Start(length.saturating_sub(TAIL)))
-        .is_err()
-        || file.read_to_end(&mut tail).is_err()
-    {
-        return false;
-    }
-    let whole = tail
-        .iter()
-        .rposition(|&b| b == b'\n')
-        .map_or(0, |end| end + 1);
-    let text = String::from_utf8_lossy(&tail[..whole]);
-    // The tail's first line is whole only if the tail is the whole file.
-    let skip = usize::from(length > TAIL);
-    let mut open: HashMap<(&str, &str), bool> = HashMap::new();
-    for line in text.lines().skip(skip) {
-        let fields: Vec<&str> = line.split(' ').collect();
-        // A heartbeat says held too (its start may be out of the tail).
-        if let [kind @ ("S" | "H" | "E"), worker, task, ..] = fields[..] {
-            open.insert((worker, task), kind != "E");
-        }
-    }
-    open.values().any(|&held| held)
-}
-
-/// Every hold in the workers' logs, by primitive; and how many ended in a
-/// loss their holder saw. A hold left open (its worker was killed) ends
-/// at the last moment it was known held (its last heartbeat, else its
-/// start): never later, so a kill makes no false overlap.
-fn read_logs(dir: &Path) -> std::io::Result<(Holds, usize)> {
-    let mut holds: Holds = HashMap::new();
-    let mut lost = 0;
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
-        let text = std::fs::read_to_string(&path)?;
-        // Only the last line may be torn, by a kill mid-write.
-        let whole = match text.rfind('\n') {
-            Some(end) => &text[..end],
-            None => "",
-        };
-        let mut open: HashMap<(u32, u32), (usize, check::Hold)> = HashMap::new();
-        for line in whole.lines() {
-            let fields: Vec<&str> = line.split(' ').collect();
-            let number = |at: usize| fields.get(at).and_then(|f| f.parse::<u64>().ok());
-            let bad = || {
-                std::io::Error::other(format!("{}: malformed log line `{line}`", path.display()))
-            };
-            let id = |at: usize| {
-                number(at)
-                    .and_then(|n| u32::try_from(n).ok())
-                    .ok_or_else(bad)
-            };
-            match fields.first() {
-                Some(&"S") => {
-                    let (worker, task) = (id(1)?, id(2)?);
-                    let primitive = id(3)? as usize;
-                    let start_ns = number(4).ok_or_else(bad)?;
-                    let hold = check::Hold {
-                        worker,
-                        task,
-                        start_ns,
-                        end_ns: start_ns,
-                        fence: number(5),
-                        kind: fields
-                            .get(6)
-                            .and_then(|k| check::Kind::from_letter(k))
-                            .ok_or_else(bad)?,
-                    };
-                    open.insert((worker, task), (primitive, hold));
-                }
-                Some(&"H") => {
-                    if let Some((_, hold)) = open.get_mut(&(id(1)?, id(2)?)) {
-                        hold.end_ns = number(3).ok_or_else(bad)?;
-                    }
-                }
-                Some(&"E") => {
-                    if let Some((primitive, mut hold)) = open.remove(&(id(1)?, id(2)?)) {
-                        hold.end_ns = number(3).ok_or_else(bad)?;
-                        lost += usize::from(number(4) == Some(1));
-                        holds.entry(primitive).or_default().push(hold);
-                    }
-                }
-                _ => return Err(bad()),
-            }
-        }
-        for (primitive, hold) in open.into_values() {
-            holds.entry(primitive).or_default().push(hold);
-        }
-    }
-    Ok((holds, lost))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::holds_now;
-
-    #[test]
-    fn a_worker_holds_while_a_task_has_a_start_with_no_end_after_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("worker-0.log");
-        let case = |text: &str| {
-            std::fs::write(&log, text).unwrap();
-            holds_now(&log)
-        };
-        assert!(!case(""));
-        assert!(case("S 0 1 0 100 5 X\nH 0 1 150\n"));
-        // A hold whose start has scrolled out of the tail.
-        assert!(case("H 0 1 150\n"));
-        assert!(!case("S 0 1 0 100 5 X\nE 0 1 200 0\n"));
-        // Another task's start; and an end not yet whole, left out.
-        assert!(case("S 0 1 0 100 5 X\nS 0 2 1 120 - R\nE 0 1 200 0\n"));
-        assert!(case("S 0 1 0 100 5 X\nE 0 1"));
-        assert!(!case("S 0 1 0 100 5 X\nE 0 1 200 1\nE 0 2 210 0\n"));
-        assert!(!holds_now(&dir.path().join("no-such.log")));
-    }
+/// Whether a holder paused past its watchdog lease loses its lock on the
+/// backend of `url`: on Redis and etcd. Not a file lock, which has no
+/// lease, nor a ZooKeeper or database lock, which lives as long as its
+/// session (the URL's `session_timeout`).
+fn pause_loses_the_lock(url: &str) -> bool {
+    let scheme = url.split_once("://").map_or(url, |(scheme, _)| scheme);
+    scheme.starts_with("redis") || scheme.starts_with("etcd")
 }

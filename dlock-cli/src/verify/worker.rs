@@ -3,6 +3,7 @@
 
 use std::{
     fs::File,
+    future::Future,
     io::Write as _,
     path::PathBuf,
     process::ExitCode,
@@ -10,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use dlock::{backend::Mode, LockError, LockOptions, Locker};
+use dlock::{backend::Mode, LockError, LockGuard, LockOptions, Locker};
 
 use super::{check::Kind, monotonic_ns, Primitive};
 use crate::{exit, run, Server};
@@ -170,7 +171,7 @@ impl Task<'_> {
         // A cancel fault: the acquire dropped at a random point.
         if self.args.cancel && self.rng.u8(..5) == 0 {
             let cut = Duration::from_micros(self.rng.u64(..3_000));
-            let _ = tokio::time::timeout(cut, acquire).await;
+            self.drop_acquire(acquire, cut, kind).await;
             return Ok(());
         }
         let guard = match acquire.await {
@@ -187,11 +188,37 @@ impl Task<'_> {
         self.ended(last_ok, lost);
         if self.args.cancel && self.rng.u8(..5) == 0 {
             let cut = Duration::from_micros(self.rng.u64(..2_000));
+            self.cancelled();
             let _ = tokio::time::timeout(cut, guard.release()).await;
         } else {
             let _ = guard.release().await;
         }
         Ok(())
+    }
+
+    /// A cancel fault: `acquire` dropped after `cut`. One that completed
+    /// by then is a hold, from its grant until its guard is dropped here
+    /// (which releases it in the background).
+    async fn drop_acquire(
+        &self,
+        acquire: impl Future<Output = Result<LockGuard, LockError>>,
+        cut: Duration,
+        kind: Kind,
+    ) {
+        self.cancelled();
+        let Ok(Ok(guard)) = tokio::time::timeout(cut, acquire).await else {
+            return;
+        };
+        let start = monotonic_ns();
+        if guard.is_lost() {
+            return;
+        }
+        self.started(start, guard.fencing_token(), kind);
+        // The time first: held after it means held at it.
+        let end = monotonic_ns();
+        let lost = guard.is_lost();
+        self.ended(if lost { start } else { end }, lost);
+        drop(guard);
     }
 
     /// One leadership: campaign, lead a while, resign.
@@ -250,6 +277,12 @@ impl Task<'_> {
         ));
     }
 
+    /// A cancel fault was injected.
+    fn cancelled(&self) {
+        self.log
+            .write(&format!("C {} {}\n", self.args.worker, self.task));
+    }
+
     fn ended(&self, end: u64, lost: bool) {
         self.log.write(&format!(
             "E {} {} {end} {}\n",
@@ -257,5 +290,93 @@ impl Task<'_> {
             self.task,
             u8::from(lost)
         ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{path::Path, sync::Arc, time::Duration};
+
+    use clap::Parser as _;
+    use dlock::{backend::Mode, LockOptions};
+
+    use super::{Log, Task, WorkerArgs};
+    use crate::verify::check::Kind;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: WorkerArgs,
+    }
+
+    /// A worker of one task on a mutex, on a file lock directory in `dir`.
+    fn worker_args(dir: &Path) -> WorkerArgs {
+        let url = format!("file://{}", dir.join("locks").display());
+        let log = dir.join("worker-0.log");
+        let argv = [
+            "worker",
+            "--url",
+            &url,
+            "--key",
+            "k",
+            "--primitives",
+            "mutex",
+            "--worker",
+            "0",
+            "--slot",
+            "0",
+            "--tasks",
+            "1",
+            "--seed",
+            "1",
+            "--duration",
+            "1s",
+            "--cancel",
+            "--log",
+        ];
+        let mut argv: Vec<&str> = argv.to_vec();
+        let log = log.display().to_string();
+        argv.push(&log);
+        Cli::try_parse_from(argv).expect("arguments").args
+    }
+
+    #[tokio::test]
+    async fn an_acquire_that_completed_before_its_drop_is_a_hold() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = worker_args(dir.path());
+        std::fs::create_dir(dir.path().join("locks")).unwrap();
+        let locker = args.server.connect().await.expect("a file locker");
+        let file = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(&args.log)
+            .unwrap();
+        let log = Log(Arc::new(std::sync::Mutex::new(file)));
+        let mut rng = fastrand::Rng::with_seed(1);
+        let task = Task {
+            args: &args,
+            locker: &locker,
+            log: &log,
+            task: 0,
+            primitive_at: 0,
+            rng: &mut rng,
+        };
+        // Free, and a cut long enough: the acquire completes, and its
+        // guard is dropped at once.
+        let acquire = locker.lock_mode(
+            "k/0",
+            Mode::Exclusive,
+            LockOptions::new().wait(Duration::from_secs(5)),
+        );
+        task.drop_acquire(acquire, Duration::from_secs(5), Kind::Exclusive)
+            .await;
+        let text = std::fs::read_to_string(&args.log).unwrap();
+        let holds: Vec<&str> = text.lines().filter(|l| l.starts_with("S ")).collect();
+        assert_eq!(
+            holds.len(),
+            1,
+            "the granted, dropped acquire is no hold in its log:\n{text}"
+        );
+        assert!(text.lines().any(|l| l.starts_with("E 0 0 ")), "{text}");
     }
 }
