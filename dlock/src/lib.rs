@@ -19,8 +19,16 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # The guide
+//!
+//! The manual is [`guide`]: each primitive, the attribute, reentrancy,
+//! choosing a backend, what each guarantees, and running it in
+//! production, with examples that run as doctests.
 
 use std::sync::Arc;
+
+pub mod guide;
 
 pub use dlock_core::*;
 
