@@ -65,15 +65,15 @@ const FOREVER_SECS: u64 = 365 * 24 * 3600;
 ///   the grant's request also runs `UPDATE … SET v = LAST_INSERT_ID(v +
 ///   1)`, so tokens increase per key, and survive a server crash as every
 ///   committed write does. Not a sequence: MariaDB's sequences give values
-///   out again after a crash (measured: a sequence answered 1 after 13
+///   out again after a crash (seen: a sequence answered 1 after 13
 ///   values and a SIGKILL). `fence=off` skips the write, and the token
 ///   (see [`FenceSource`]).
 /// - **One prepared statement per attempt.** An attempt that does not
 ///   wait calls the stored function `{lock_prefix}_take_v1` (made at
 ///   connect if missing), which runs `GET_LOCK` and the counter's `UPDATE`
 ///   on the server: one prepared `SELECT` where the text request is three
-///   statements (measured on MariaDB, pinned: 204–262 µs → 143–145 µs per
-///   lock and release). A login that may not make it (`CREATE ROUTINE`;
+///   statements (what that saves is in BENCHMARKS.md, "Figures the code's
+///   docs cite"). A login that may not make it (`CREATE ROUTINE`;
 ///   with a binary log, `log_bin_trust_function_creators = 1` too, which
 ///   MySQL 8 has on by default) or run it (`EXECUTE`), a binary log in
 ///   `STATEMENT` or `MIXED` format (a replica would replay the call), or a
@@ -276,7 +276,7 @@ fn on_own_session(expr: &str) -> String {
 /// server's lock functions (`IS_USED_LOCK`) must be given it. They compare
 /// names by their bytes, and a column keeps its text in the table's
 /// character set: in a UTF-16 database, `IS_USED_LOCK(owner)` finds a held
-/// lock free (measured on MariaDB 10.11), so a live queue entry would be
+/// lock free (seen on MariaDB 10.11), so a live queue entry would be
 /// reaped and waiters would pass it. dlock's names are ASCII, whose bytes
 /// the connection's character set shares.
 fn lock_name_in(column: &str) -> String {

@@ -32,70 +32,36 @@ const NAME: &str = "redis";
 /// The longest a Redlock node may take for one step.
 const REDLOCK_NODE_TIMEOUT_MAX: Duration = Duration::from_secs(1);
 
-/// A Redis lock server: one node, or Redlock over several.
+/// A Redis lock server: one node, Redlock over several, a Redis Cluster,
+/// or the master a Sentinel deployment names.
 ///
-/// Build it with [`RedisBackend::connect`] and turn it into a
-/// [`Locker`](dlock_core::Locker) with
-/// [`into_locker`](dlock_core::BackendExt::into_locker). All lockers
-/// and guards of one backend share its connections: one multiplexed
-/// connection and one pub/sub connection per node.
+/// Build it with [`RedisBackend::connect`] (or `from_client`) and turn it
+/// into a [`Locker`](dlock_core::Locker) with
+/// [`into_locker`](dlock_core::BackendExt::into_locker). All lockers and
+/// guards of one backend share its connections: one multiplexed connection
+/// and one pub/sub connection per node.
 ///
-/// # How it locks
-///
-/// - **Acquire** is one round trip per node: a Lua script takes a free
-///   key, counting a fencing token (a first attempt that counts none,
-///   Redlock's or one with `fence=off`, is a plain `SET NX PX`); otherwise it puts the caller in the
-///   key's line, or refreshes its ticket there, and answers how long until
-///   it is worth checking again.
-/// - **First come, first served, across processes.** Each key has a line
-///   on the server: tickets in a sorted set, ordered by place. A release
-///   that finds someone in line does not free the key: it hands the lock
-///   to the first live ticket (the key names that waiter until its ticket
-///   lapses), so a client that releases and locks again at once queues
-///   behind the waiters already there, in any process, and a free key can
-///   be taken without reading the line. Within one process, waiters for a
-///   key queue locally first and only the first of them stands in the
-///   server's line: a process holds at most one ticket per key.
-/// - **One waiter woken per release.** The release names the waiter it
-///   handed the lock to in its pub/sub message, and only that waiter,
-///   wherever it runs, is woken; it subscribes before its last check, so
-///   the message cannot slip between the two. There is no fixed-interval
-///   polling.
-/// - **A departed waiter leaves, a crashed one lapses.** A waiter that
-///   gives up, or whose future is dropped, takes its ticket out (and
-///   passes the lock on if it had been handed to it). A ticket lapses its
-///   life (the waiter's lease, at most two response timeouts: 10 s by
-///   default) after its waiter last refreshed it (at every attempt, and at
-///   least every third of that), and a lock handed to a waiter lasts only
-///   as long as its ticket: a crashed waiter holds up the line for seconds,
-///   whatever its lease. The line's keys expire with their last ticket. Only a
-///   crash leaves a key free with waiters in line (a holder's lease, or a
-///   handed lock, that ran out); whoever asks next takes it, and the
-///   release after that serves the line in order again.
-/// - **Release and renewal** compare the token in a Lua script. The
+/// - **Acquire** is one round trip per node: a Lua script that takes a free
+///   key and counts its fencing token, or puts the caller in the key's
+///   line. Waiters are served first come, first served across processes: a
+///   release hands the lock to the first of them and wakes that one alone
+///   (the [crate docs](crate), "The waiting line", say how).
+/// - **Release and renewal** compare the owner token in a script. The
 ///   watchdog renews every held lock of a locker in one pipelined round
-///   trip per node and tick, 256 plain locks to a script call, so one call
-///   names the keys of many locks: a `redis://` URL names one server (or
+///   trip per node and tick, so a `redis://` URL must name one server (or
 ///   a Sentinel deployment's master), not a proxy that spreads keys over
 ///   cluster slots, which refuses such a call (`CROSSSLOT`) and would let
-///   every lease run out. For a cluster, `redis+cluster://`, which renews
-///   one lock to a call.
-/// - **Redlock** (`redis+redlock://`) sends each step to every node at once,
-///   with a per-node timeout much shorter than the lease, and holds the
-///   lock only with a majority and time left on the lease; otherwise it
-///   gives back what it won. Fencing tokens are not given in this mode
+///   every lease run out: for a cluster, use `redis+cluster://`.
+/// - **Redlock** (`redis+redlock://`) holds a lock only with a majority of
+///   nodes and time left on the lease. It gives no fencing tokens
 ///   ([`LockGuard::fencing_token`](dlock_core::LockGuard::fencing_token) is
-///   `None`): per-node counters taken by different majorities can go
-///   backwards.
-///
-/// # Sentinel
-///
-/// With `redis+sentinel://` the one node is whichever server the
-/// sentinels name master now: asked every second, and at once after an
-/// error a failover explains. Commands, the waiters' subscriptions and the
-/// watchdog's renewals follow a new master; a lock whose key it lacks
-/// (asynchronous replication lost the write) is reported lost by the next
-/// renewal. See the crate's README, "Redis Sentinel".
+///   `None`: per-node counters taken by different majorities can go
+///   backwards), and no read-write locks or semaphores.
+/// - **Sentinel** (`redis+sentinel://`): the one node is whichever server
+///   the sentinels name master now, asked every second and at once after
+///   an error a failover explains; a lock whose key the new master lacks
+///   is reported lost by the next renewal (the [crate docs](crate), "Redis
+///   Sentinel").
 ///
 /// # Connection state
 ///
@@ -107,52 +73,6 @@ const REDLOCK_NODE_TIMEOUT_MAX: Duration = Duration::from_secs(1);
 /// out); the next answered step is `Reconnected`. The watchdog's
 /// renewals, acquires, releases and `check_servers` all count; a backend
 /// that sends nothing learns nothing.
-///
-/// # Read-write locks and semaphores (one node)
-///
-/// A key's read-write lock and its semaphore are objects of their own on
-/// the server (`…:rw`, `…:sem`): a sorted set of holders scored by when
-/// each one's lease ends, a fence counter, and a waiting line as the
-/// plain lock's. One script per step (acquire, release, renew) prunes the
-/// holders whose lease ended, so a crashed holder's share or permits come
-/// back when its lease runs out, and admits first come, first served: a
-/// reader holds when no writer holds or waits ahead of it, permits when
-/// everything ahead and its own fit the limit, a writer when nobody is
-/// ahead. A release wakes, by name, exactly the waiters at the head of the
-/// line it admits. Redlock does not offer them (`LockError::Unsupported`):
-/// a majority of per-node holder sets is not one set of holders.
-///
-/// # Why Redlock waiters choose their own place in line
-///
-/// Every node keeps its own line, and a majority must grant the same
-/// waiter. If each node placed tickets in the order they arrived, two
-/// waiters that reach the nodes in different orders would be first on
-/// different nodes: the votes split, nobody wins, and everyone backs off
-/// and tries again, which is how plain Redlock behaves under contention
-/// (measured before this design: 120 ops/s and a 4.4 s wait p99 for 16
-/// clients on 5 nodes, against 475 ops/s for a client that polls).
-///
-/// So a Redlock waiter brings its place: its clock, in µs, when it began
-/// to wait. Every node orders the same tickets the same way, and once a
-/// ticket has reached every node, all nodes agree on who is first. They
-/// can disagree only for the moment a new ticket has reached some nodes
-/// and not others; the waiter that won a minority then gives its grants
-/// back, keeping its place, and the round that follows a short random
-/// delay finds every ticket on every node.
-///
-/// The price is fairness between clients whose clocks disagree: a client
-/// whose clock is `s` behind goes ahead of waiters that came up to `s`
-/// earlier. Exclusion does not depend on it: it rests on a majority of
-/// owner-only grants, as before. The alternatives were worse: a number
-/// from one node makes that node a single point of failure, which is what
-/// Redlock exists to avoid, and agreeing on a number first costs every
-/// wait another round trip to every node.
-///
-/// One node places tickets by its own clock, after the last ticket.
-///
-/// Clients of this version should not share keys with earlier ones, which
-/// neither queue nor name the waiter they wake: they keep exclusion, but
-/// they barge past the line.
 ///
 /// # Examples
 ///

@@ -30,9 +30,8 @@ use redis::Script;
 /// than five minutes: Redis turns a Lua number passed to `redis.call` into
 /// text with a general-purpose conversion (`%.17g` up to Redis 7.0; later
 /// versions print whole numbers as integers, and gain less), which cost
-/// the fenced acquire about 6 % of its server time on Redis 7.0.15
-/// (measured with `redis-benchmark`, 20 clients: 7.93–8.00 µs a call
-/// before, 7.29–7.57 µs after). The value is the same either way.
+/// the fenced acquire a share of its server time on Redis 7.0.15 (BENCHMARKS.md,
+/// "Figures the code's docs cite"). The value is the same either way.
 macro_rules! fence_lua {
     () => {
         r"

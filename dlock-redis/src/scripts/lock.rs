@@ -47,8 +47,9 @@
 ///   raise it.
 /// - No token is ahead of the server's clock by more than the number of
 ///   acquisitions made within the same microsecond. Each acquisition is a
-///   script run of several microseconds (measured: 3 to 7 µs of server
-///   time), and a server runs one script at a time, so that number is 0:
+///   script run of several microseconds of server time (BENCHMARKS.md,
+///   "Figures the code's docs cite"), and a server runs one script at a
+///   time, so that number is 0:
 ///   every token is at most the clock's reading when it was issued.
 /// - So a counter that is set back (a failover to a replica that had not
 ///   seen the last writes, a restart from an older RDB or AOF) or lost
