@@ -19,6 +19,10 @@
 //!   [`set_default_locker`] / [`default_locker`], the locker it uses unless
 //!   told otherwise.
 //!
+//! The manual, with a glossary of the words these docs use in a sense of
+//! their own (*hold*, *scope*, *lease*, *line*, *ticket*, *turn*, ...), is
+//! [`dlock::guide`](https://docs.rs/dlock/latest/dlock/guide/index.html).
+//!
 //! # Safety properties
 //!
 //! Every backend provides: at most one live guard per key at a time; a
