@@ -69,7 +69,12 @@ fn vanished() -> LockError {
 ///   delete that fails is sent again by core until a lease has passed; then
 ///   the session's keepalive stops and its lease is revoked, so the key goes
 ///   within one TTL (every other guard on that session reports lost, and
-///   later acquisitions start a new session).
+///   later acquisitions start a new session). A delete sent again after
+///   its answer was lost, which finds the key gone, says released while
+///   the key's lease lives (the key was deleted, by the first send or
+///   after it was sent), and not held once that lease ended. etcd does
+///   not say who deleted a key: one deleted by `force_release` or by hand
+///   just before such a release also reads as released.
 /// - A key deleted behind a holder's back is noticed at the next keepalive
 ///   and reported lost.
 /// - **Read-write locks and semaphores** use the same queue, at
@@ -154,6 +159,9 @@ struct Owned {
     own_name: bool,
     /// The key's create revision, once granted: its place and fence.
     granted: Option<i64>,
+    /// Whether a release was sent whose outcome is unknown (it failed):
+    /// if it ran, the key is gone when the release is sent again.
+    release_sent: bool,
     /// With `layout=etcdctl`, this backend's turn at the entry name, given back
     /// when the entry is gone and no request that may create it is in
     /// flight (the enqueueing task keeps a share).

@@ -277,6 +277,74 @@ async fn a_release_cut_off_by_the_network_is_sent_again_once_it_is_back() {
     .await;
 }
 
+/// A release whose reply was lost is sent again (by core's retry of a
+/// failed release) and finds its key gone, deleted by the first send: it
+/// must answer that it released, in both key layouts, and leave the next
+/// owner's key alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_sent_again_after_its_reply_was_lost_is_a_no_op_that_succeeds() {
+    let server = EtcdServer::start().expect("start etcd");
+    for layout in ["dlock", "etcdctl"] {
+        let proxy = TcpProxy::start(server.endpoint().parse().unwrap())
+            .await
+            .unwrap();
+        let backend =
+            EtcdBackend::connect(&format!("etcd://{}/s?layout={layout}", proxy.endpoint()))
+                .await
+                .unwrap();
+        let cut = backend.clone().into_locker();
+        let next = locker(&format!("etcd://{}/s?layout={layout}", server.endpoint())).await;
+        session_faults::check_a_release_sent_again_after_a_lost_reply_succeeds(
+            &backend,
+            &cut,
+            &next,
+            &proxy,
+            &format!("resent-{layout}"),
+        )
+        .await;
+    }
+}
+
+/// The other side of the test above: a release sent again after its
+/// session's lease ran out (the lock was lost before it) still says
+/// `NotHeld`, though its first send may have run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_sent_again_after_the_session_expired_says_not_held() {
+    use dlock_core::backend::{Backend, Mode, ReleaseOutcome};
+    let server = EtcdServer::start().expect("start etcd");
+    let proxy = TcpProxy::start(server.endpoint().parse().unwrap())
+        .await
+        .unwrap();
+    let url = format!("etcd://{}/x", proxy.endpoint());
+    let backend = EtcdBackend::connect(&url).await.unwrap();
+    let ttl = Duration::from_secs(2);
+    let holder = Locker::builder(backend.clone())
+        .watchdog_lease(ttl)
+        .build()
+        .unwrap();
+    let next = locker(&format!("etcd://{}/x", server.endpoint())).await;
+    let guard = holder.lock("expired").await.unwrap();
+    let token = *guard.token();
+    guard.leak();
+    let key = dlock_core::LockKey::new("expired").unwrap();
+    proxy.block();
+    let first = backend.release(&key, Mode::Exclusive, &token).await;
+    assert!(first.is_err(), "a release with no network: {first:?}");
+    // Granted once the session's lease ran out and took the key.
+    let taken = next
+        .lock_with("expired", LockOptions::new().wait(ttl * 5))
+        .await
+        .expect("the expired holder's key never went");
+    proxy.unblock();
+    let again = backend.release(&key, Mode::Exclusive, &token).await;
+    assert!(
+        matches!(again, Ok(ReleaseOutcome::NotHeld)),
+        "a release sent again after the session expired answered {again:?}"
+    );
+    assert!(!taken.is_lost());
+    taken.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abandoning_a_token_gives_up_its_session_and_its_key_expires() {
     let server = EtcdServer::start().expect("start etcd");

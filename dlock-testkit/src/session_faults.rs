@@ -57,6 +57,84 @@ pub async fn check_release_cut_off_then_back(
     acquired.release().await.unwrap();
 }
 
+/// Releases a lock of `holder` (a locker on `backend`, whose connections
+/// go through `proxy`) with its reply lost, as core's release does: the
+/// guard's token goes to [`Backend::release`]. `proxy` lets the release
+/// through and drops the answer until `next`, waiting for the key, is
+/// granted (the release ran); then every connection is cut and new ones
+/// allowed. The release either answers `Released` (the client sent it
+/// again itself) or fails; if it fails it is sent again, as core's retry
+/// sends it. Either way the send that finds the key gone, and held by
+/// `next`, must answer `Released` (a release sent twice is a no-op, not a
+/// lost lock) and leave `next`'s lock alone.
+///
+/// `holder`'s session must outlive the whole check by far (its keepalives
+/// go unanswered while replies are dropped).
+///
+/// # Panics
+///
+/// When a check fails.
+pub async fn check_a_release_sent_again_after_a_lost_reply_succeeds(
+    backend: &dyn Backend,
+    holder: &Locker,
+    next: &Locker,
+    proxy: &TcpProxy,
+    name: &str,
+) {
+    use dlock_core::backend::ReleaseOutcome;
+    let key = LockKey::new(name).unwrap();
+    let guard = holder.lock(name).await.expect("the first lock");
+    let token = *guard.token();
+    // Released below through the backend, as core releases it.
+    guard.leak();
+    let waiting = {
+        let (next, name) = (next.clone(), name.to_owned());
+        tokio::spawn(async move {
+            next.lock_with(&name, LockOptions::new().wait(Duration::from_secs(20)))
+                .await
+        })
+    };
+    proxy.drop_replies();
+    let release = backend.release(&key, Mode::Exclusive, &token);
+    let (first, next_guard) = tokio::join!(
+        tokio::time::timeout(Duration::from_secs(20), release),
+        async {
+            let granted = tokio::time::timeout(Duration::from_secs(15), waiting)
+                .await
+                .expect("the release never reached the server")
+                .unwrap()
+                .expect("the next owner's lock");
+            proxy.block();
+            proxy.unblock();
+            granted
+        }
+    );
+    let first = first.expect("the release whose reply was lost never ended");
+    println!("the release whose reply was lost answered {first:?}");
+    // Sent again while it fails, as core sends it (bounded here).
+    let mut released = first;
+    for _ in 0..20 {
+        if released.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        released = backend.release(&key, Mode::Exclusive, &token).await;
+    }
+    assert!(
+        matches!(released, Ok(ReleaseOutcome::Released)),
+        "the release sent again after its reply was lost answered {released:?}"
+    );
+    assert!(!next_guard.is_lost(), "the next owner's guard says lost");
+    assert!(
+        holder.try_lock(name).await.expect("a try").is_none(),
+        "the release sent again freed the next owner's lock"
+    );
+    next_guard
+        .release()
+        .await
+        .expect("the next owner's release (its lock untouched)");
+}
+
 /// Abandons the token of one of two guards `locker` holds on `backend`,
 /// then checks that both guards report lost, that `other` gets the key
 /// within `ttl` (the session's lease or timeout) though its guard lives,

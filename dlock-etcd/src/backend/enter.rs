@@ -84,6 +84,7 @@ impl EtcdBackend {
                     created: None,
                     own_name: !self.go_layout(req.mode),
                     granted: None,
+                    release_sent: false,
                     turn: turn.clone(),
                     turn_until: None,
                 },

@@ -22,21 +22,30 @@ impl EtcdBackend {
     }
 
     pub(super) async fn delete_owned(&self, token: &Token) -> Result<ReleaseOutcome> {
-        let (name, session, own_lease, created, own_name) = {
-            let owned = self.owned();
-            let Some(owned) = owned.get(token) else {
+        let (name, session, own_lease, created, own_name, held, sent_before) = {
+            let mut owned = self.owned();
+            let Some(owned) = owned.get_mut(token) else {
                 return Ok(ReleaseOutcome::NotHeld);
             };
-            let (name, session) = (owned.name.clone(), owned.session.clone());
+            // The lease the key lives on while it is held.
+            let held = owned.granted.map(|_| match owned.own_lease {
+                Some(own) if owned.on_own_lease => own,
+                _ => owned.session.lease,
+            });
             (
-                name,
-                session,
+                owned.name.clone(),
+                owned.session.clone(),
                 owned.own_lease,
                 owned.created,
                 owned.own_name,
+                held,
+                std::mem::replace(&mut owned.release_sent, true),
             )
         };
         session.forget(token);
+        // Sent more than once (here, or by an earlier call that failed):
+        // the answer of one that ran may have been lost.
+        let mut sends = u32::from(sent_before);
         // Forgotten only once deleted: a release that fails (or is dropped)
         // can be sent again, rather than leave a key that blocks the queue
         // for as long as the session lives.
@@ -51,6 +60,7 @@ impl EtcdBackend {
             // measured, 64 tasks on 64 keys made about 1.18x as many locks
             // a second (BENCHMARKS.md, "What this round changed").
             let answer = retried(|| {
+                sends += 1;
                 let (mut client, name) = (self.client(), name.clone());
                 async move { client.delete(name, None).await }
             })
@@ -71,6 +81,7 @@ impl EtcdBackend {
                 .when([ours])
                 .and_then([TxnOp::delete(name.as_str(), None)]);
             let answer = retried(|| {
+                sends += 1;
                 let (mut client, delete) = (self.client(), delete.clone());
                 async move { client.txn(delete).await }
             })
@@ -80,15 +91,38 @@ impl EtcdBackend {
                 _ => false,
             })
         };
+        let released = match held {
+            Some(lease) if !deleted && sends > 1 => self.lease_lives(lease).await?,
+            _ => deleted,
+        };
         self.owned().remove(token);
         if let Some(lease) = own_lease {
             self.revoke_in_background(lease);
         }
-        Ok(if deleted {
+        Ok(if released {
             ReleaseOutcome::Released
         } else {
             ReleaseOutcome::NotHeld
         })
+    }
+
+    /// Whether a release sent again, which found our held key gone,
+    /// released it: an earlier send whose answer was lost deleted it, or
+    /// someone did after that send (the hold lasted until the release
+    /// either way). Told apart from a lock lost before (its lease ended:
+    /// the session expired, or a fixed lease ran out) by the lease the key
+    /// lived on, which outlives its key only if the key was deleted.
+    ///
+    /// A key deleted by `force_release` or by hand just before the release
+    /// was sent (before the session's check saw it gone) reads as released
+    /// too: etcd does not say who deleted a key.
+    async fn lease_lives(&self, lease: i64) -> Result<bool> {
+        let alive = retried(|| {
+            let mut client = self.client();
+            async move { client.lease_time_to_live(lease, None).await }
+        })
+        .await?;
+        Ok(alive.ttl() > 0)
     }
 
     /// Moves a granted key onto a new lease of `lease` (rounded up to
