@@ -81,7 +81,11 @@ fn vanished() -> LockError {
 ///   found by its token and deleted after it (same session, same order).
 ///   A delete that fails is sent again by core until a session timeout has
 ///   passed; then the session is closed (or left to expire), and its other
-///   guards report lost.
+///   guards report lost. Sent again after its answer was lost, a delete
+///   that finds no node on the live session says released (the node was
+///   deleted, by the first send or after it was sent); one deleted by
+///   `force_release` or by hand just before such a release reads as
+///   released too, as ZooKeeper does not say who deleted a node.
 /// - **Stray nodes**: a create whose answer was lost may have made a node
 ///   that the search for it missed; the next create then makes a second
 ///   one. Every node carrying our token but the one kept is deleted before
@@ -163,6 +167,9 @@ struct Owned {
     /// Whether the node holds the lock (it was first when granted, and
     /// no node is created before it since).
     granted: bool,
+    /// Whether a release was sent whose outcome is unknown (it failed):
+    /// if it ran, the node is gone when the release is sent again.
+    release_sent: bool,
 }
 
 impl fmt::Debug for ZkBackend {
@@ -363,7 +370,7 @@ impl Backend for ZkBackend {
         _mode: Mode,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
-        Box::pin(async move { self.delete_owned(token).await })
+        Box::pin(async move { self.delete_owned(token, true).await })
     }
 
     /// Gives the token's session up: its client is dropped, which closes

@@ -89,6 +89,7 @@ impl ZkBackend {
                 strays: false,
                 session: session.clone(),
                 granted: false,
+                release_sent: false,
             },
         );
         let enqueued = self.enqueue(&client, &parent, &mine, &tag).await;
@@ -113,7 +114,7 @@ impl ZkBackend {
                 _ => None,
             });
             if let Some(theirs) = theirs {
-                self.delete_owned(&token).await?;
+                self.delete_owned(&token, true).await?;
                 return Err(LockError::permit_limit_mismatch(req.key, theirs, limit));
             }
         }
@@ -133,7 +134,7 @@ impl ZkBackend {
             }
             if mode == Mode::Exclusive {
                 if let Some(refused) = mixed_layouts(&children) {
-                    self.delete_owned(&token).await?;
+                    self.delete_owned(&token, true).await?;
                     return Err(refused);
                 }
             }
@@ -148,7 +149,7 @@ impl ZkBackend {
             if req.wait == Wait::No || deadline.is_some_and(|d| Instant::now() >= d) {
                 // We answer for ourselves here, so core will not release:
                 // take our node away (an error lets core try again).
-                self.delete_owned(&token).await?;
+                self.delete_owned(&token, true).await?;
                 return Ok(None);
             }
             // The node that keeps us waiting: a reader's is the last writer

@@ -76,18 +76,34 @@ impl ZkBackend {
     /// The entry is forgotten only once that worked (or the session that
     /// held them is gone), so a failed or dropped release can be sent again
     /// instead of leaving a node that blocks the key for as long as the
-    /// session lives.
-    pub(super) async fn delete_owned(&self, token: &Token) -> Result<ReleaseOutcome> {
-        let (parent, path, mine, session) = {
-            let owned = self.owned();
-            let Some(owned) = owned.get(token) else {
+    /// session lives. `release` is false for the end of a fixed lease,
+    /// which is no release.
+    ///
+    /// A release sent again after a send whose answer was lost, which
+    /// finds no node of ours on the session that holds it, released it:
+    /// the node is ephemeral and the session lives, so it was deleted, by
+    /// that send or after it was sent (the hold lasted until the release
+    /// either way). ZooKeeper does not say who deleted a node: one deleted
+    /// by `force_release` or by hand just before such a release also
+    /// reads as released.
+    pub(super) async fn delete_owned(
+        &self,
+        token: &Token,
+        release: bool,
+    ) -> Result<ReleaseOutcome> {
+        let (parent, path, mine, session, resent) = {
+            let mut owned = self.owned();
+            let Some(owned) = owned.get_mut(token) else {
                 return Ok(ReleaseOutcome::NotHeld);
             };
+            let sent_before = owned.release_sent;
+            owned.release_sent |= release;
             (
                 owned.parent.clone(),
                 owned.path.clone().filter(|_| !owned.strays),
                 owned.mine.clone(),
                 owned.session.clone(),
+                release && sent_before && owned.granted,
             )
         };
         session.forget(token);
@@ -96,6 +112,8 @@ impl ZkBackend {
             Err(e) => Err(e),
         };
         let outcome = match outcome {
+            // Answered on the node's own session, which still lives.
+            Ok(ReleaseOutcome::NotHeld) if resent => ReleaseOutcome::Released,
             Ok(outcome) => outcome,
             // The session is gone, and its ephemeral nodes with it.
             Err(ZkError::SessionExpired) => ReleaseOutcome::NotHeld,

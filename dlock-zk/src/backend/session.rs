@@ -269,7 +269,7 @@ impl ZkBackend {
                             let backend = ZkBackend { inner };
                             tokio::spawn(async move {
                                 if backend.owned().contains_key(&token) {
-                                    let _ = backend.delete_owned(&token).await;
+                                    let _ = backend.delete_owned(&token, false).await;
                                 }
                             });
                         }
