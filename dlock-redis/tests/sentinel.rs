@@ -259,3 +259,74 @@ async fn with_wait_replicas_a_grant_counts_only_once_a_replica_has_it() {
     }
     assert!(again.is_some(), "no grant once the replica was back");
 }
+
+/// The master is cut off from the sentinels and its replica (not killed)
+/// while it runs on and takes writes from a client that still reaches its
+/// own port; the sentinels promote the replica. With `wait_replicas=1`, as
+/// the README promises: the old master grants nothing its client could act
+/// on (an acquisition there fails, naming `wait_replicas`), its holder
+/// reports lost by its own clock, the new master grants that lock (to a
+/// client without the option: it has no replica) only after, and every
+/// fence the new master gives is above the old master's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_wait_replicas_a_partitioned_master_grants_nothing_to_act_on() {
+    let mut set = RedisSentinels::start_partitionable()
+        .await
+        .expect("start a master behind a proxy, a replica and 3 sentinels");
+    let query = "wait_replicas=1&wait_timeout=200ms";
+    let lease = Duration::from_secs(3);
+    let stuck = locker(&format!("{}?{query}", set.master().url()), lease).await;
+    // Without `wait_replicas`: the new master has no replica to wait for.
+    let follower = locker(&set.url(), lease).await;
+    let held = stuck
+        .lock("held")
+        .await
+        .expect("granted with the replica up");
+    let old_fence = held.fencing_token().expect("a fence");
+
+    set.partition_master()
+        .expect("the sentinels promote the replica");
+    // The old master runs on and takes writes from a client that reaches it.
+    let mut old = set.replica().connection().await;
+    let () = redis::cmd("SET")
+        .arg("partitioned:write")
+        .arg(1)
+        .query_async(&mut old)
+        .await
+        .expect("the partitioned master takes writes");
+    let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut old).await.unwrap();
+    assert_eq!(
+        role.first(),
+        Some(&redis::Value::BulkString(b"master".to_vec())),
+        "the partitioned server is no master any more: {role:?}"
+    );
+
+    let refused = stuck
+        .lock_with("fresh", LockOptions::new().wait(Duration::from_secs(2)))
+        .await;
+    match refused {
+        Err(e @ dlock_core::LockError::Backend { .. }) => {
+            assert!(e.to_string().contains("wait_replicas"), "{e}")
+        }
+        other => panic!("the partitioned master granted: {other:?}"),
+    }
+    let told = tokio::time::timeout(lease * 3, held.lost()).await;
+    assert!(
+        told.is_ok(),
+        "the holder on the partitioned master never heard"
+    );
+
+    let taken = follower
+        .lock_with("held", LockOptions::new().wait(lease * 4))
+        .await
+        .expect("the new master grants the lock once its lease ran out");
+    assert!(held.is_lost(), "granted twice: the old holder still holds");
+    let fresh = follower.lock("fresh").await.expect("a fresh lock");
+    for guard in [&taken, &fresh] {
+        let fence = guard.fencing_token().expect("a fence");
+        assert!(fence > old_fence, "fence {fence} after {old_fence}");
+    }
+    assert_ne!(taken.fencing_token(), fresh.fencing_token());
+    taken.release().await.unwrap();
+    fresh.release().await.unwrap();
+}
