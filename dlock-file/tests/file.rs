@@ -215,3 +215,26 @@ async fn lock_files_in_a_shared_sticky_directory_are_every_users() {
         );
     }
 }
+
+/// A held lock whose file is deleted (the user who made it in a shared
+/// directory can, the sticky bit notwithstanding) excludes nobody: the
+/// next client makes and locks a new file. The holder's guard is told at
+/// its next renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_lock_file_was_deleted_is_told_it_lost_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let holder = Locker::builder(FileBackend::open(dir.path()).unwrap())
+        .watchdog_lease(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let held = holder.lock("k").await.unwrap();
+    std::fs::remove_file(dir.path().join("k.lock")).unwrap();
+    let other = locker(dir.path());
+    let taken = other.try_lock("k").await.unwrap();
+    assert!(taken.is_some(), "the deleted file still excluded");
+    let told = tokio::time::timeout(Duration::from_secs(5), held.lost()).await;
+    assert!(
+        told.is_ok(),
+        "the holder was never told its lock file was deleted"
+    );
+}

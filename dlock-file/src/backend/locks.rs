@@ -32,6 +32,10 @@ pub(crate) const POLL_CAP: Duration = Duration::from_millis(20);
 #[derive(Debug)]
 pub(crate) struct Held {
     files: Vec<File>,
+    /// The file whose lock decides (a plain lock's, a read-write lock's),
+    /// by path: the lock holds only while that path still names a file it
+    /// locked (see [`Held::still_named`]).
+    main: Option<std::path::PathBuf>,
     pub(crate) fence: u64,
     /// When the last lock was obtained: the lease counts from here.
     pub(crate) granted: Instant,
@@ -316,18 +320,49 @@ fn poll(
     }
 }
 
-/// The files locked, with a fence from the object's counter.
+impl Held {
+    /// Whether the decisive file's path still names a file this hold
+    /// locked. The user who made a lock file in a shared directory may
+    /// delete or replace it (the sticky bit stops everyone else): the
+    /// next client then locks a new file under that name, and this hold
+    /// excludes nobody any more.
+    pub(crate) fn still_named(&self) -> bool {
+        use std::os::unix::fs::MetadataExt as _;
+        let Some(main) = &self.main else {
+            return true;
+        };
+        let Ok(named) = std::fs::symlink_metadata(main) else {
+            return false;
+        };
+        self.files.iter().any(|file| {
+            file.metadata()
+                .is_ok_and(|ours| ours.dev() == named.dev() && ours.ino() == named.ino())
+        })
+    }
+}
+
+/// The files locked, with a fence from the object's counter; `None` if
+/// what was locked is no longer the file its path names (deleted or
+/// replaced between the open and the lock).
 fn grant(plan: &Plan, taken: Option<Vec<File>>) -> Result<Option<Held>, LockError> {
     let Some(files) = taken else {
         return Ok(None);
     };
     let granted = Instant::now();
+    let main = match plan {
+        Plan::Exclusive(names) | Plan::Read(names) | Plan::Write(names) => Some(names.main.clone()),
+        Plan::Permits { .. } => None,
+    };
     // Unlocked by `Held`'s drop if the fence cannot be had.
     let mut held = Held {
         files,
+        main,
         fence: 0,
         granted,
     };
+    if !held.still_named() {
+        return Ok(None);
+    }
     held.fence = next_fence(&plan.names().fence())?;
     Ok(Some(held))
 }

@@ -47,14 +47,20 @@ impl FileBackend {
     }
 
     /// Moves the end of every watchdog lease in `locks` that its token
-    /// still holds.
+    /// still holds: not one whose lock file was deleted or replaced (see
+    /// `Held::still_named`), which is lost.
     pub(super) fn extend(&self, locks: &[RenewRequest]) -> Vec<RenewOutcome> {
         let now = Instant::now();
         let mut owned = lock(&self.inner.owned);
         locks
             .iter()
             .map(|r| match owned.get_mut(&r.token) {
-                Some(o) if o.key == r.key && o.mode == r.mode && now < o.ends => {
+                Some(o)
+                    if o.key == r.key
+                        && o.mode == r.mode
+                        && now < o.ends
+                        && o.held.still_named() =>
+                {
                     if !o.fixed {
                         let lease = r.lease.min(MAX_LEASE);
                         o.ends = o.ends.max(now.checked_add(lease).unwrap_or(now));
