@@ -1,40 +1,50 @@
-//! The command `dlock` runs: started in a process group of its own, so
-//! that a signal reaches it and everything it started, and stopped with
-//! SIGTERM, then SIGKILL.
+//! The command `dlock` runs, below a [guard](crate::guard): started in a
+//! process group of its own, so that a signal reaches it and everything
+//! it started, and stopped with SIGTERM, then SIGKILL.
 //!
 //! The lock covers every process the command starts, not only its first:
-//! `dlock` is their subreaper (Linux), so that a process whose parent
-//! exits comes back to it, and it waits until none is left before it
-//! releases. A [`Guard`] kills them all if `dlock` itself dies.
+//! the guard is their subreaper (Linux), so no process leaves it, and it
+//! says when the last has exited; dlock releases only then. If dlock
+//! itself dies, the guard kills them all.
 
-use std::{
-    ffi::OsString,
-    fmt::Display,
-    future::Future,
-    io,
-    os::unix::process::{CommandExt as _, ExitStatusExt as _},
-    process::{ExitCode, ExitStatus},
-    time::Duration,
-};
+use std::{ffi::OsString, fmt::Display, future::Future, io, process::ExitCode, time::Duration};
 
-use rustix::process::{kill_process_group, Pid, Signal};
+use rustix::process::Signal;
 use tokio::{
+    io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader, Lines},
+    net::unix::{OwnedReadHalf, OwnedWriteHalf},
     signal::unix::{signal, SignalKind},
     time::Instant,
 };
 
-use crate::{exit, guard::Guard, tree};
+use crate::{exit, guard, tree};
 
-/// A running command: the leader of its own process group, unless it runs
-/// in the terminal's foreground (see [`Child::spawn`]).
+/// A running command, below its guard.
 pub(crate) struct Child {
-    process: tokio::process::Child,
-    pid: Option<Pid>,
+    /// The guard; the runtime reaps it.
+    _guard: tokio::process::Child,
+    events: Lines<BufReader<OwnedReadHalf>>,
+    control: OwnedWriteHalf,
     /// Whether the command leads a process group of its own.
     own_group: bool,
-    guard: Option<Guard>,
-    /// Whether the command's own process has exited (and was reaped).
-    exited: bool,
+}
+
+/// How a command's own process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Status {
+    /// It exited with this code.
+    Code(i32),
+    /// This signal killed it.
+    Signal(i32),
+}
+
+/// What the guard said.
+enum Event {
+    Exited(Status),
+    Left(String),
+    Gone,
+    /// The guard ended without saying `gone` (killed by someone).
+    GuardLost,
 }
 
 /// The variables dlock sets for the command: never inherited from dlock's
@@ -42,161 +52,125 @@ pub(crate) struct Child {
 /// lock's fence on as its own).
 const OURS: [&str; 3] = ["DLOCK_KEY", "DLOCK_FENCE", "DLOCK_TERM"];
 
-/// How often `dlock` looks whether the processes a command left behind
-/// have exited.
-const POLL: Duration = Duration::from_millis(50);
-
-/// How long `dlock` waits for processes it sent SIGKILL to before it
-/// gives up on them (a process stuck in the kernel).
-const KILL_GRACE: Duration = Duration::from_secs(5);
-
 impl Child {
-    /// Starts `command` (the program, then its arguments) with `env` added
-    /// to dlock's environment, and a guard that kills it if dlock dies;
-    /// or the exit code and message for why not (127 when the program is
-    /// not found, 126 when it cannot be run).
+    /// Starts `command` (the program, then its arguments) below a guard,
+    /// with `env` added to dlock's environment; or the exit code and
+    /// message for why not (127 when the program is not found, 126 when it
+    /// cannot be run).
     ///
     /// The command gets a process group of its own, so that a signal
     /// reaches everything it started; except when dlock runs in a
     /// terminal's foreground (an interactive `dlock run -- psql`): a
     /// command outside the foreground group would be stopped the moment
     /// it reads the terminal, so there it stays in dlock's group, the
-    /// terminal's own signals reach it directly, and dlock signals it
-    /// alone (and what it started).
-    pub(crate) fn spawn(command: &[OsString], env: &[(&str, String)]) -> Result<Child, ExitCode> {
-        let Some((program, args)) = command.split_first() else {
-            eprintln!("dlock: no command given");
+    /// terminal's own signals reach it directly, and dlock passes on only
+    /// what the terminal does not send (a SIGTERM sent to dlock by name,
+    /// and anything to processes that left the group).
+    pub(crate) async fn spawn(
+        command: &[OsString],
+        env: &[(&str, String)],
+    ) -> Result<Child, ExitCode> {
+        if command.is_empty() {
+            say!("dlock: no command given");
             return Err(ExitCode::from(exit::USAGE));
-        };
-        // What the command leaves behind when its parent exits comes back
-        // to dlock, which waits for it (see `supervise`).
+        }
+        // If the guard dies, what it had is given to dlock.
         #[cfg(any(target_os = "linux", target_os = "android"))]
         if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
-            eprintln!("dlock: cannot follow the processes the command starts: {e}");
+            say!("dlock: cannot follow the processes the command starts: {e}");
             return Err(ExitCode::from(exit::SOFTWARE));
         }
-        let mut guard = Guard::start()?;
         let own_group = !in_terminal_foreground();
-        let mut builder = std::process::Command::new(program);
-        builder.args(args);
-        if own_group {
-            builder.process_group(0);
-        }
-        for name in OURS {
-            builder.env_remove(name);
-        }
-        for (name, value) in env {
-            builder.env(name, value);
-        }
-        match tokio::process::Command::from(builder).spawn() {
-            Ok(process) => {
-                let pid = process
-                    .id()
-                    .and_then(|id| i32::try_from(id).ok())
-                    .and_then(Pid::from_raw);
-                if let Some(pid) = pid {
-                    guard.watch(
-                        pid.as_raw_nonzero().get(),
-                        own_group.then(|| pid.as_raw_nonzero().get()),
-                    );
-                }
-                Ok(Child {
-                    process,
-                    pid,
-                    own_group,
-                    guard: Some(guard),
-                    exited: false,
-                })
+        let (process, control) = guard::spawn(command, env, &OURS, own_group).map_err(|e| {
+            say!("dlock: cannot start the command's guard: {e}");
+            ExitCode::from(exit::SOFTWARE)
+        })?;
+        let (reader, writer) = control.into_split();
+        let mut child = Child {
+            _guard: process,
+            events: BufReader::new(reader).lines(),
+            control: writer,
+            own_group,
+        };
+        match child.events.next_line().await {
+            Ok(Some(line)) if line.starts_with("started ") => Ok(child),
+            Ok(Some(line)) => {
+                let code = line
+                    .strip_prefix("failed ")
+                    .and_then(|code| code.parse().ok())
+                    .unwrap_or(exit::SOFTWARE);
+                Err(ExitCode::from(code))
             }
-            Err(e) => {
-                guard.done();
-                eprintln!("dlock: cannot run {}: {e}", program.to_string_lossy());
-                Err(ExitCode::from(match e.kind() {
-                    io::ErrorKind::NotFound => exit::NOT_FOUND,
-                    _ => exit::CANNOT_RUN,
-                }))
+            _ => {
+                say!("dlock: the command's guard ended before the command started");
+                Err(ExitCode::from(exit::SOFTWARE))
             }
         }
     }
 
-    /// The command's process group, if it leads one.
-    fn group(&self) -> Option<i32> {
-        self.pid
-            .filter(|_| self.own_group)
-            .map(|pid| pid.as_raw_nonzero().get())
-    }
-
-    /// Every live process of the command but its own first one: those
-    /// that descend from dlock (the guard left out) or are in the
-    /// command's group.
-    fn leftovers(&self) -> Vec<i32> {
-        let me = i32::try_from(std::process::id()).ok();
-        let mut skip: Vec<i32> = self.guard.iter().filter_map(Guard::pid).collect();
-        if !self.exited {
-            skip.extend(self.pid.map(|pid| pid.as_raw_nonzero().get()));
-        }
-        tree::leftovers(me, self.group(), &skip)
-    }
-
-    /// Sends `signal` to the command's process group (to the command
-    /// alone when it shares dlock's group), and to every other process it
-    /// started. Gone already is not an error.
-    pub(crate) fn signal(&self, signal: Signal) {
-        match (self.pid, self.own_group, self.exited) {
-            (Some(group), true, _) => {
-                let _ = kill_process_group(group, signal);
-            }
-            (Some(pid), false, false) => {
-                let _ = rustix::process::kill_process(pid, signal);
-            }
-            _ => {}
-        }
-        tree::signal_each(&self.leftovers(), signal);
+    /// Sends `signal` to every process of the command.
+    pub(crate) async fn signal(&mut self, signal: Signal) {
+        self.tell(signal, true).await;
     }
 
     /// Passes on a signal dlock received. In the terminal's foreground
-    /// the terminal's own signals (SIGINT, SIGHUP) reached the command
-    /// already; only one sent to dlock by name (SIGTERM) is passed on.
-    pub(crate) fn forward(&self, signal: Signal) {
-        if self.own_group || signal == Signal::TERM {
-            self.signal(signal);
-        }
+    /// the terminal's own signals (SIGINT, SIGHUP) reached the command's
+    /// group already: they go only to processes that left it. One sent to
+    /// dlock by name (SIGTERM) goes to all.
+    pub(crate) async fn forward(&mut self, signal: Signal) {
+        let all = self.own_group || signal == Signal::TERM;
+        self.tell(signal, all).await;
     }
 
-    /// Waits for the command's own process to exit.
-    async fn wait(&mut self) -> io::Result<ExitStatus> {
-        let status = self.process.wait().await;
-        self.exited = true;
-        if let Some(guard) = &mut self.guard {
-            guard.exited();
-        }
-        status
+    async fn tell(&mut self, signal: Signal, all: bool) {
+        let scope = if all { "all" } else { "outside" };
+        let line = format!("signal {} {scope}\n", signal.as_raw());
+        // A guard gone is seen as such by `event`.
+        let _ = self.control.write_all(line.as_bytes()).await;
     }
 
-    /// Reaps the processes that came back to dlock and have exited (the
-    /// command's own was reaped by [`Child::wait`]).
-    fn reap(&self) {
-        #[cfg(any(target_os = "linux", target_os = "android"))]
-        for _ in 0..1_000 {
-            match rustix::process::wait(rustix::process::WaitOptions::NOHANG) {
-                Ok(Some(_)) => {}
-                Ok(None) | Err(_) => break,
+    /// The guard's next word.
+    async fn event(&mut self) -> Event {
+        let Ok(Some(line)) = self.events.next_line().await else {
+            return Event::GuardLost;
+        };
+        let mut words = line.splitn(3, ' ');
+        match (words.next(), words.next(), words.next()) {
+            (Some("exited"), Some("code"), Some(n)) => {
+                Event::Exited(Status::Code(n.parse().unwrap_or(exit::SOFTWARE.into())))
             }
+            (Some("exited"), Some("signal"), Some(n)) => {
+                Event::Exited(Status::Signal(n.parse().unwrap_or(0)))
+            }
+            (Some("left"), Some(first), rest) => Event::Left(
+                format!("{first} {}", rest.unwrap_or_default())
+                    .trim()
+                    .to_owned(),
+            ),
+            (Some("gone"), ..) => Event::Gone,
+            _ => Event::GuardLost,
         }
     }
+}
 
-    /// Every process is gone: the guard stops.
-    fn finish(&mut self) {
-        if let Some(guard) = self.guard.take() {
-            guard.done();
+/// The guard died with processes of the command perhaps still running:
+/// they were given to dlock (their subreaper too); kill them.
+fn kill_orphans() {
+    let me = i32::try_from(std::process::id()).ok();
+    for _ in 0..100 {
+        let left = tree::leftovers(me, None, &[]);
+        if left.is_empty() {
+            return;
         }
+        tree::signal_each(&left, Signal::KILL);
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
 /// How a supervised command ended.
 pub(crate) struct Ended {
-    /// Its exit status.
-    pub(crate) status: io::Result<ExitStatus>,
+    /// How its own process ended.
+    pub(crate) status: io::Result<Status>,
     /// Whether what it ran under (the lock, the leadership) was lost, which
     /// stopped it.
     pub(crate) lost: bool,
@@ -212,7 +186,6 @@ pub(crate) struct Limits {
     /// How long the command has to exit after SIGTERM (sent when the lock
     /// is lost) before it gets SIGKILL.
     #[arg(long, value_parser = crate::run::duration, default_value = "10s")]
-    /// After SIGTERM, before SIGKILL.
     pub(crate) kill_after: Duration,
     /// When the command exits, dlock keeps the lock until every process it
     /// started has exited too (those in the background, and those that
@@ -228,12 +201,14 @@ pub(crate) struct Limits {
     pub(crate) leftovers_exit_code: u8,
 }
 
-/// Waits for `child` and every process it started to exit, passing
-/// `signals` on to them. If `lost` completes first (the lock or the
-/// leadership ended; it says why), they get SIGTERM at once and SIGKILL
-/// after `kill_after`. Processes left behind when the command's own
-/// process exits keep what it runs under until they exit, or until
-/// `limits.leftovers`, when they are stopped the same way.
+/// Waits until the command and every process it started have exited,
+/// passing `signals` on to them. If `lost` completes first (the lock or
+/// the leadership ended; it says why), they get SIGTERM at once and
+/// SIGKILL after `kill_after`. Processes left behind when the command's
+/// own process exits keep what it runs under until they exit, or until
+/// `limits.leftovers`, when they are stopped the same way. A process that
+/// SIGKILL does not end (stuck in the kernel) is waited for still: the
+/// lock outlives no process of the command.
 pub(crate) async fn supervise<R: Display>(
     child: &mut Child,
     signals: &mut Signals,
@@ -245,72 +220,71 @@ pub(crate) async fn supervise<R: Display>(
     let mut was_lost = false;
     let mut stragglers = false;
     let mut kill_at: Option<Instant> = None;
-    let mut give_up_at: Option<Instant> = None;
     let mut leftovers_until: Option<Instant> = None;
-    let mut status: Option<io::Result<ExitStatus>> = None;
-    loop {
-        if status.is_some() {
-            child.reap();
-            if child.leftovers().is_empty() {
-                break;
-            }
-            if give_up_at.is_some_and(|at| Instant::now() >= at) {
-                eprintln!("dlock: processes of the command outlived SIGKILL: giving up on them");
-                break;
-            }
-        }
+    let mut status: Option<Status> = None;
+    let ended = loop {
         tokio::select! {
             // The command's exit first: a loss seen after it ended is
             // not a loss of its run.
             biased;
-            exited = child.wait(), if status.is_none() => {
-                let left = child.leftovers();
-                if !left.is_empty() && !was_lost {
-                    eprintln!(
-                        "dlock: the command exited; {} process(es) it started still run \
-                         ({left:?}): keeping {what} until they exit",
-                        left.len()
-                    );
-                    leftovers_until = limits.leftovers.map(|limit| Instant::now() + limit);
+            event = child.event() => match event {
+                Event::Exited(exited) => status = Some(exited),
+                Event::Left(pids) => {
+                    if !was_lost {
+                        say!(
+                            "dlock: the command exited; processes it started still run \
+                             ({pids}): keeping {what} until they exit"
+                        );
+                        leftovers_until = limits.leftovers.map(|limit| Instant::now() + limit);
+                    }
                 }
-                status = Some(exited);
-            }
-            signal = signals.recv() => child.forward(signal),
+                Event::Gone => break Ok(()),
+                Event::GuardLost => {
+                    say!("dlock: the command's guard ended: killing what it ran");
+                    kill_orphans();
+                    break Err(io::Error::other("the command's guard ended"));
+                }
+            },
+            signal = signals.recv() => child.forward(signal).await,
             reason = &mut lost, if !was_lost => {
-                eprintln!("dlock: {what} was lost ({reason}) while the command ran: stopping it");
-                child.signal(Signal::TERM);
+                say!("dlock: {what} was lost ({reason}) while the command ran: stopping it");
+                child.signal(Signal::TERM).await;
                 was_lost = true;
                 kill_at = Some(Instant::now() + limits.kill_after);
             }
             () = sleep_until(leftovers_until), if leftovers_until.is_some() && kill_at.is_none() => {
-                eprintln!("dlock: processes the command left outlived --leftovers-timeout: stopping them");
-                child.signal(Signal::TERM);
+                say!("dlock: processes the command left outlived --leftovers-timeout: stopping them");
+                child.signal(Signal::TERM).await;
                 stragglers = true;
                 leftovers_until = None;
                 kill_at = Some(Instant::now() + limits.kill_after);
             }
             () = sleep_until(kill_at), if kill_at.is_some() => {
-                eprintln!("dlock: the command outlived --kill-after: killing it");
-                child.signal(Signal::KILL);
+                say!("dlock: the command outlived --kill-after: killing it");
+                child.signal(Signal::KILL).await;
                 kill_at = None;
-                give_up_at = Some(Instant::now() + KILL_GRACE);
             }
-            () = tokio::time::sleep(POLL), if status.is_some() => {}
         }
-    }
-    child.finish();
+    };
     Ended {
-        status: status.unwrap_or_else(|| Err(io::Error::other("no exit status"))),
+        status: ended.and_then(|()| status.ok_or_else(|| io::Error::other("no exit status"))),
         lost: was_lost,
         stragglers,
     }
 }
 
 /// Whether dlock runs in its terminal's foreground process group.
+/// Its controlling terminal, not only stdin: a command whose stdin is a
+/// pipe may still read the terminal (a password prompt), and outside the
+/// foreground group it would be stopped there for good.
 fn in_terminal_foreground() -> bool {
-    let stdin = std::io::stdin();
-    rustix::termios::isatty(&stdin)
-        && rustix::termios::tcgetpgrp(&stdin).is_ok_and(|group| group == rustix::process::getpgrp())
+    let foreground = |fd: std::os::fd::BorrowedFd<'_>| {
+        rustix::termios::isatty(fd)
+            && rustix::termios::tcgetpgrp(fd).is_ok_and(|group| group == rustix::process::getpgrp())
+    };
+    use std::os::fd::AsFd as _;
+    foreground(std::io::stdin().as_fd())
+        || std::fs::File::open("/dev/tty").is_ok_and(|tty| foreground(tty.as_fd()))
 }
 
 async fn sleep_until(at: Option<Instant>) {
@@ -322,11 +296,10 @@ async fn sleep_until(at: Option<Instant>) {
 
 /// The code a shell reports for `status`: the exit code, or 128 plus the
 /// signal that killed the process.
-pub(crate) fn code_of(status: ExitStatus) -> ExitCode {
-    match (status.code(), status.signal()) {
-        (Some(code), _) => ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX)),
-        (None, Some(signal)) => exit::for_signal(signal),
-        (None, None) => ExitCode::from(exit::SOFTWARE),
+pub(crate) fn code_of(status: Status) -> ExitCode {
+    match status {
+        Status::Code(code) => ExitCode::from(u8::try_from(code).unwrap_or(u8::MAX)),
+        Status::Signal(signal) => exit::for_signal(signal),
     }
 }
 
@@ -350,7 +323,7 @@ impl Signals {
             })
         };
         listen().map_err(|e| {
-            eprintln!("dlock: cannot listen for signals: {e}");
+            say!("dlock: cannot listen for signals: {e}");
             ExitCode::from(exit::SOFTWARE)
         })
     }

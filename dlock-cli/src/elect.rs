@@ -65,7 +65,7 @@ pub(crate) async fn elect(args: ElectArgs) -> ExitCode {
         election = async {
             let locker = args.server.connect().await?;
             let election = locker.elect(key).map_err(|e| {
-                eprintln!("dlock: {e}");
+                say!("dlock: {e}");
                 exit::for_error(&e)
             })?;
             Ok::<_, ExitCode>((locker, election))
@@ -95,14 +95,14 @@ pub(crate) async fn elect(args: ElectArgs) -> ExitCode {
         let leadership = match leadership {
             Ok(leadership) => leadership,
             Err(e) => {
-                eprintln!("dlock: {e}");
+                say!("dlock: {e}");
                 return exit::for_error(&e);
             }
         };
         // Published for `dlock status`; a leadership lost meanwhile
         // (`Ok(false)`) shows in `lost()` below.
         if let Err(e) = election.proclaim(value.as_bytes()).await {
-            eprintln!("dlock: proclaiming `{value}`: {e}");
+            say!("dlock: proclaiming `{value}`: {e}");
         }
         if !leadership.is_current() {
             // Lost before the command started: campaign again.
@@ -114,7 +114,7 @@ pub(crate) async fn elect(args: ElectArgs) -> ExitCode {
             ("DLOCK_TERM", term.clone()),
             ("DLOCK_FENCE", term),
         ];
-        let mut child = match Child::spawn(&args.command, &env) {
+        let mut child = match Child::spawn(&args.command, &env).await {
             Ok(child) => child,
             Err(code) => {
                 let _ = tokio::time::timeout(run::RELEASE_WITHIN, election.resign()).await;
@@ -131,7 +131,7 @@ pub(crate) async fn elect(args: ElectArgs) -> ExitCode {
         match supervise(&mut child, &mut signals, lost, &what, args.limits).await {
             Ended { lost: true, .. } if args.once => return ExitCode::from(args.lost_exit_code),
             Ended { lost: true, .. } => {
-                eprintln!("dlock: campaigning again for `{key}`");
+                say!("dlock: campaigning again for `{key}`");
             }
             Ended {
                 stragglers: true, ..
@@ -144,7 +144,7 @@ pub(crate) async fn elect(args: ElectArgs) -> ExitCode {
                 return match status {
                     Ok(status) => code_of(status),
                     Err(e) => {
-                        eprintln!("dlock: lost track of the command: {e}");
+                        say!("dlock: lost track of the command: {e}");
                         ExitCode::from(exit::SOFTWARE)
                     }
                 };

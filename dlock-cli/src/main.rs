@@ -11,6 +11,24 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// `eprintln!` that cannot panic: a closed or broken stderr (`2>&1 | head`,
+/// a log reader that died, a terminal gone) must never stop dlock between
+/// a grant and its release, or its guard before it kills the command.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `println!` that cannot panic (a reader of stdout that went away).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 mod child;
 mod elect;
 mod exit;
@@ -41,7 +59,7 @@ enum Command {
     /// Kills a command if the `dlock` that runs it dies (started by it,
     /// not by hand).
     #[command(hide = true)]
-    Guard,
+    Guard(guard::GuardArgs),
 }
 
 /// The lock server, shared by every subcommand.
@@ -72,10 +90,10 @@ impl Server {
             return Ok(url.clone());
         }
         let url = default_url().map_err(|why| {
-            eprintln!("dlock: no --url or DLOCK_URL, and {why}: name a lock directory with --url file:///DIR");
+            say!("dlock: no --url or DLOCK_URL, and {why}: name a lock directory with --url file:///DIR");
             ExitCode::from(exit::USAGE)
         })?;
-        eprintln!("dlock: no --url or DLOCK_URL: using {url} (locks on this machine only)");
+        say!("dlock: no --url or DLOCK_URL: using {url} (locks on this machine only)");
         Ok(url)
     }
 
@@ -88,7 +106,7 @@ impl Server {
     async fn connect_to(&self, url: &str) -> Result<dlock::Locker, ExitCode> {
         if url == "memory" || url.starts_with("memory:") {
             // Each dlock process would have a lock server of its own.
-            eprintln!("dlock: `{url}` locks within one process only: use a server, or file:///DIR");
+            say!("dlock: `{url}` locks within one process only: use a server, or file:///DIR");
             return Err(ExitCode::from(exit::USAGE));
         }
         let locker = async {
@@ -98,7 +116,7 @@ impl Server {
                 .build()
         };
         locker.await.map_err(|e| {
-            eprintln!("dlock: {e}");
+            say!("dlock: {e}");
             exit::for_error(&e)
         })
     }
@@ -158,7 +176,7 @@ fn main() -> ExitCode {
     {
         Ok(runtime) => runtime,
         Err(e) => {
-            eprintln!("dlock: cannot start the async runtime: {e}");
+            say!("dlock: cannot start the async runtime: {e}");
             return ExitCode::from(exit::SOFTWARE);
         }
     };
@@ -169,7 +187,7 @@ fn main() -> ExitCode {
             Command::Status(args) => status::status(args).await,
             Command::Verify(args) => verify::verify(args).await,
             Command::VerifyWorker(args) => verify::worker(args).await,
-            Command::Guard => guard::guard().await,
+            Command::Guard(args) => guard::guard(args).await,
         }
     });
     // A release still being retried in the background has had its chance

@@ -106,7 +106,7 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
         (_, _, Some(limit)) => match Mode::permits(1, limit) {
             Ok(mode) => mode,
             Err(e) => {
-                eprintln!("dlock: {e}");
+                say!("dlock: {e}");
                 return exit::for_error(&e);
             }
         },
@@ -125,7 +125,7 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
             let mut guard = locker.try_lock_mode(key, mode, options).await;
             if matches!(guard, Ok(None)) && !args.no_wait {
                 if args.verbose {
-                    eprintln!("dlock: waiting for lock `{key}`");
+                    say!("dlock: waiting for lock `{key}`");
                 }
                 let options = match args.wait {
                     Some(wait) => options.wait(wait),
@@ -135,24 +135,24 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
             }
             if let (Ok(Some(guard)), true) = (&guard, args.verbose) {
                 let fence = guard.fencing_token().map(|f| format!(" (fence {f})")).unwrap_or_default();
-                eprintln!("dlock: got lock `{key}`{fence} after {:.3?}", started.elapsed());
+                say!("dlock: got lock `{key}`{fence} after {:.3?}", started.elapsed());
             }
             match guard {
                 // The locker lives as long as the guard: its watchdog keeps
                 // the lock alive.
                 Ok(Some(guard)) => Ok((locker, guard)),
                 Ok(None) | Err(LockError::WouldBlock { .. } | LockError::Timeout { .. }) => {
-                    eprintln!("dlock: lock `{key}` is held by another owner");
+                    say!("dlock: lock `{key}` is held by another owner");
                     Err(ExitCode::from(args.conflict_exit_code))
                 }
                 Err(e) => {
-                    eprintln!("dlock: {e}");
+                    say!("dlock: {e}");
                     Err(exit::for_error(&e))
                 }
             }
         } => acquired,
         signal = signals.recv() => {
-            eprintln!("dlock: stopped by signal {} while waiting for lock `{key}`", signal.as_raw());
+            say!("dlock: stopped by signal {} while waiting for lock `{key}`", signal.as_raw());
             return exit::for_signal(signal.as_raw());
         }
     };
@@ -163,14 +163,14 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
     // Lost between the grant and now (a fixed lease shorter than the
     // connect, say): the command never starts.
     if guard.is_lost() {
-        eprintln!("dlock: lock `{key}` was lost before the command started");
+        say!("dlock: lock `{key}` was lost before the command started");
         return ExitCode::from(args.lost_exit_code);
     }
     let mut env = vec![("DLOCK_KEY", key.to_owned())];
     if let Some(fence) = guard.fencing_token() {
         env.push(("DLOCK_FENCE", fence.to_string()));
     }
-    let mut child = match Child::spawn(&args.command, &env) {
+    let mut child = match Child::spawn(&args.command, &env).await {
         Ok(child) => child,
         Err(code) => {
             let _ = release(guard, key).await;
@@ -188,7 +188,7 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
     // Released on every path once the command is gone (a lost lock needs
     // no release).
     if !ended.lost && release(guard, key).await && args.verbose {
-        eprintln!("dlock: released lock `{key}`");
+        say!("dlock: released lock `{key}`");
     }
     match ended {
         Ended { lost: true, .. } => ExitCode::from(args.lost_exit_code),
@@ -199,7 +199,7 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
             status: Ok(status), ..
         } => code_of(status),
         Ended { status: Err(e), .. } => {
-            eprintln!("dlock: lost track of the command: {e}");
+            say!("dlock: lost track of the command: {e}");
             ExitCode::from(exit::SOFTWARE)
         }
     }
@@ -212,11 +212,11 @@ pub(crate) async fn release(guard: dlock::LockGuard, key: &str) -> bool {
     match tokio::time::timeout(RELEASE_WITHIN, guard.release()).await {
         Ok(Ok(())) => true,
         Ok(Err(e)) => {
-            eprintln!("dlock: releasing lock `{key}`: {e}");
+            say!("dlock: releasing lock `{key}`: {e}");
             false
         }
         Err(_) => {
-            eprintln!(
+            say!(
                 "dlock: releasing lock `{key}` took over {RELEASE_WITHIN:?}: its lease will end it"
             );
             false

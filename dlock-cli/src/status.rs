@@ -38,7 +38,7 @@ pub(crate) async fn status(args: StatusArgs) -> ExitCode {
     let key = match LockKey::new(&args.key) {
         Ok(key) => key,
         Err(e) => {
-            eprintln!("dlock: {e}");
+            say!("dlock: {e}");
             return exit::for_error(&e);
         }
     };
@@ -56,11 +56,11 @@ pub(crate) async fn status(args: StatusArgs) -> ExitCode {
     let holder = match holder {
         Ok(holder) => holder,
         Err(e @ LockError::Unsupported { .. }) => {
-            eprintln!("dlock: {e}: this backend cannot tell who holds a key");
+            say!("dlock: {e}: this backend cannot tell who holds a key");
             return ExitCode::from(exit::UNAVAILABLE);
         }
         Err(e) => {
-            eprintln!("dlock: {e}");
+            say!("dlock: {e}");
             return exit::for_error(&e);
         }
     };
@@ -76,17 +76,17 @@ pub(crate) async fn status(args: StatusArgs) -> ExitCode {
             "fence": fence,
             "value": value,
         });
-        println!("{report}");
+        out!("{report}");
     } else if holder.is_some() {
-        println!("{}: held", args.key);
+        out!("{}: held", args.key);
         if let Some(fence) = fence {
-            println!("  fence: {fence}");
+            out!("  fence: {fence}");
         }
         if let Some(value) = &value {
-            println!("  value: {value}");
+            out!("  value: {value}");
         }
     } else {
-        println!("{}: free", args.key);
+        out!("{}: free", args.key);
     }
     ExitCode::from(if holder.is_some() { 0 } else { 1 })
 }

@@ -9,7 +9,12 @@ struct Proc {
     pid: i32,
     ppid: i32,
     pgrp: i32,
+    /// Exited, all threads included: a zombie runs nothing. (A process
+    /// whose first thread exited while others run shows `Z` too, with
+    /// more than one thread: it still runs.)
     zombie: bool,
+    /// Shows `Z` (reapable once every thread is gone).
+    defunct: bool,
 }
 
 /// Every process `/proc` lists now (none where there is no `/proc`).
@@ -28,11 +33,16 @@ fn table() -> Vec<Proc> {
             let state = fields.next()?;
             let ppid = fields.next()?.parse().ok()?;
             let pgrp = fields.next()?.parse().ok()?;
+            // After ppid and pgrp: session, tty, tpgid, flags, 4 fault
+            // counts, 4 times, priority, nice, then the thread count.
+            let threads: u32 = fields.nth(14)?.parse().ok()?;
+            let defunct = state == "Z" || state == "X";
             Some(Proc {
                 pid,
                 ppid,
                 pgrp,
-                zombie: state == "Z" || state == "X",
+                zombie: defunct && threads <= 1,
+                defunct,
             })
         })
         .collect()
@@ -42,8 +52,11 @@ fn table() -> Vec<Proc> {
 /// are in the process group `group`, leaving out `skip`. A zombie runs
 /// nothing and does not count.
 pub(crate) fn leftovers(root: Option<i32>, group: Option<i32>, skip: &[i32]) -> Vec<i32> {
+    leftovers_in(&table(), root, group, skip)
+}
+
+fn leftovers_in(table: &[Proc], root: Option<i32>, group: Option<i32>, skip: &[i32]) -> Vec<i32> {
     let group = group.filter(|group| *group > 1);
-    let table = table();
     let mut found: Vec<i32> = Vec::new();
     let mut parents: Vec<i32> = root.filter(|root| *root > 0).into_iter().collect();
     // Bounded by the table: each process is added once.
@@ -63,6 +76,28 @@ pub(crate) fn leftovers(root: Option<i32>, group: Option<i32>, skip: &[i32]) -> 
     found.retain(|pid| !skip.contains(pid) && table.iter().any(|p| p.pid == *pid && !p.zombie));
     found.sort_unstable();
     found
+}
+
+/// Every live process below `root` (its descendants), with its process
+/// group.
+pub(crate) fn below(root: Option<i32>) -> Vec<(i32, i32)> {
+    let table = table();
+    leftovers_in(&table, root, None, &[])
+        .into_iter()
+        .filter_map(|pid| table.iter().find(|p| p.pid == pid).map(|p| (pid, p.pgrp)))
+        .collect()
+}
+
+/// `root`'s children that have exited and wait to be reaped.
+pub(crate) fn zombie_children(root: Option<i32>) -> Vec<i32> {
+    let Some(root) = root else {
+        return Vec::new();
+    };
+    table()
+        .iter()
+        .filter(|p| p.ppid == root && p.defunct)
+        .map(|p| p.pid)
+        .collect()
 }
 
 /// Sends `signal` to each of `pids`; gone already is not an error.

@@ -663,33 +663,71 @@ async fn the_lock_is_held_until_every_process_of_the_command_exits() {
     }
 }
 
-/// `kill -9` of `dlock` while its command (which ignores SIGTERM) runs:
-/// the command dies with it, and only then can the next run have the
-/// key.
+/// A job that ignores SIGTERM, writes its pid to `$0` and runs until
+/// killed.
+const STUBBORN: &str = "trap '' TERM; echo $$ > \"$0\"; while :; do sleep 0.1; done";
+
+/// `kill -9` of `dlock` while its command (which ignores SIGTERM) runs,
+/// and while a job the command left in a session of its own runs after
+/// the command exited: each dies with dlock, and only then can the next
+/// run have the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_dlock_takes_its_command_with_it() {
     let dir = tempfile::tempdir().unwrap();
     let key = DefaultKey::new("killed");
-    let pid_file = dir.path().join("command");
+    // The same job in a session of its own, left running by `sh`.
+    let left_alone = "setsid sh -c 'trap \"\" TERM; echo $$ > \"$1\"; \
+                      while :; do sleep 0.1; done' job \"$0\" & exit 0";
+    for (i, script) in [STUBBORN, left_alone].into_iter().enumerate() {
+        let pid_file = dir.path().join(format!("command-{i}"));
+        let mut first = dlock_default();
+        first.args(["run", "--key", &key.0, "--", "sh", "-c", script]);
+        let mut first = first.arg(&pid_file).spawn().unwrap();
+        let command = read_when_written(&pid_file).await;
+        first.start_kill().unwrap();
+        first.wait().await.unwrap();
+        let mut gone = false;
+        for _ in 0..300 {
+            if !runs(&command) {
+                gone = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(gone, "{script}: ran on after dlock was killed");
+        assert_eq!(try_run(&key.0, &[]).await, 0);
+    }
+}
+
+/// A `dlock run` whose stderr is a pipe nobody reads any more (`2>&1 |
+/// head`) keeps the lock while the command's job runs: a failed write of
+/// its messages must not end it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stderr_does_not_end_dlock() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = DefaultKey::new("stderr");
+    let pid_file = dir.path().join("job");
     let mut first = dlock_default();
     first.args(["run", "--key", &key.0, "--", "sh", "-c"]);
     first
-        .arg("trap '' TERM; echo $$ > \"$0\"; while :; do sleep 0.1; done")
+        .arg("sleep 3 & echo $! > \"$0\"; exit 0")
         .arg(&pid_file);
     let mut first = first.spawn().unwrap();
-    let command = read_when_written(&pid_file).await;
-    first.start_kill().unwrap();
-    first.wait().await.unwrap();
-    let mut gone = false;
-    for _ in 0..300 {
-        if !runs(&command) {
-            gone = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(gone, "the command ran on after dlock was killed");
-    assert_eq!(try_run(&key.0, &[]).await, 0);
+    drop(first.stderr.take());
+    let job = read_when_written(&pid_file).await;
+    // dlock has said (or tried to say) that the job keeps the lock.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(runs(&job));
+    assert_eq!(
+        try_run(&key.0, &[]).await,
+        75,
+        "the lock was released while the job ran"
+    );
+    let status = tokio::time::timeout(Duration::from_secs(30), first.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
 }
 
 /// `--leftovers-timeout`: what the command left running past it is

@@ -223,7 +223,7 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
     let mut rng = fastrand::Rng::with_seed(seed);
     let primitive_names: Vec<String> = args.primitive.0.iter().map(|p| p.name()).collect();
     let lease = args.lease();
-    eprintln!(
+    say!(
         "dlock verify: {} for {:?}, {} processes × {} tasks, faults {:?}, lease {lease:?}{}, seed {seed}",
         primitive_names.join(", "),
         args.duration,
@@ -239,7 +239,7 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
     // A bad URL or a server that is not there is said once, here, rather
     // than by every worker.
     if (args.processes * args.tasks) < args.primitive.0.len() as u32 {
-        eprintln!(
+        say!(
             "dlock verify: {} primitives need at least as many tasks in all (--processes × --tasks)",
             args.primitive.0.len()
         );
@@ -257,7 +257,7 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
     let dir = match tempfile::tempdir() {
         Ok(dir) => dir,
         Err(e) => {
-            eprintln!("dlock verify: a temporary directory: {e}");
+            say!("dlock verify: a temporary directory: {e}");
             return ExitCode::from(exit::SOFTWARE);
         }
     };
@@ -273,7 +273,7 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
     };
     for slot in 0..args.processes {
         if let Err(e) = workers.spawn(until, &url, slot) {
-            eprintln!("dlock verify: starting a worker: {e}");
+            say!("dlock verify: starting a worker: {e}");
             return ExitCode::from(exit::SOFTWARE);
         }
     }
@@ -319,7 +319,7 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
                 for (_, _, child) in &mut workers.running {
                     let _ = child.wait().await;
                 }
-                eprintln!("dlock verify: stopped by signal {}", signal.as_raw());
+                say!("dlock verify: stopped by signal {}", signal.as_raw());
                 return exit::for_signal(signal.as_raw());
             }
         }
@@ -358,7 +358,7 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
                 let _ = child.wait().await;
                 injected.kills += 1;
                 if let Err(e) = workers.spawn(until, &url, slot) {
-                    eprintln!("dlock verify: restarting a worker: {e}");
+                    say!("dlock verify: restarting a worker: {e}");
                 }
             }
             Injection::Command => {
@@ -369,7 +369,7 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
                     )
                     .await;
                     if !matches!(ran, Ok(Ok(status)) if status.success()) {
-                        eprintln!("dlock verify: --fault-cmd: {ran:?}");
+                        say!("dlock verify: --fault-cmd: {ran:?}");
                     }
                     injected.commands += 1;
                 }
@@ -396,7 +396,7 @@ pub(crate) async fn verify(args: VerifyArgs) -> ExitCode {
         }
     }
     for failure in &failed {
-        eprintln!("dlock verify: {failure}");
+        say!("dlock verify: {failure}");
     }
     let code = report(&args, &url, dir.path(), &workers.killed_at, &injected, seed);
     if failed.is_empty() {
@@ -419,7 +419,7 @@ fn report(
     let logs = match logs::read_logs(dir, killed_at) {
         Ok(logs) => logs,
         Err(e) => {
-            eprintln!("dlock verify: reading the logs: {e}");
+            say!("dlock verify: reading the logs: {e}");
             return ExitCode::from(exit::SOFTWARE);
         }
     };
@@ -501,7 +501,7 @@ fn report(
             "ok": ok,
         });
         if let Err(e) = std::fs::write(path, format!("{json:#}\n")) {
-            eprintln!("dlock verify: {}: {e}", path.display());
+            say!("dlock verify: {}: {e}", path.display());
             return ExitCode::from(exit::SOFTWARE);
         }
     }

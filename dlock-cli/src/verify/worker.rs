@@ -62,7 +62,7 @@ impl Log {
         // every process interleave whole. A failed write ends the run
         // loudly: a hole in the log would hide a violation.
         if let Err(e) = file.write_all(line.as_bytes()) {
-            eprintln!("dlock verify worker: writing the log: {e}");
+            say!("dlock verify worker: writing the log: {e}");
             std::process::exit(i32::from(exit::SOFTWARE));
         }
     }
@@ -72,7 +72,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> ExitCode {
     let file = match File::options().create(true).append(true).open(&args.log) {
         Ok(file) => file,
         Err(e) => {
-            eprintln!("dlock verify worker: {}: {e}", args.log.display());
+            say!("dlock verify worker: {}: {e}", args.log.display());
             return ExitCode::from(exit::SOFTWARE);
         }
     };
@@ -104,7 +104,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> ExitCode {
             };
             while tokio::time::Instant::now() < until {
                 if let Err(e) = task.once().await {
-                    eprintln!("dlock verify worker {}: {e}", args.worker);
+                    say!("dlock verify worker {}: {e}", args.worker);
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
