@@ -134,7 +134,7 @@ struct Inner {
     /// would name one etcd key. By name, not by key: a guard lost with
     /// its session, but not yet dropped, keeps only its old name's turn;
     /// one whose fixed lease ended keeps none (see [`TurnUntil`]).
-    turns: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    turns: dlock_core::backend::LocalTurns<String>,
     /// Fed by every session: see "Connection state" above.
     states: dlock_core::backend::ConnectionStates,
     /// Without a wait limit, how long the cluster may stay unreachable

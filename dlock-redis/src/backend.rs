@@ -14,7 +14,6 @@ use dlock_core::{
 };
 use futures_util::future::join_all;
 use redis::{RedisError, RedisResult};
-use tokio::sync::Semaphore;
 
 use crate::node::Node;
 
@@ -108,8 +107,8 @@ struct Inner {
     unreachable_after: Duration,
     /// The longest sleep of a waiter that cannot subscribe.
     unwatched_poll: Duration,
-    /// Per key, the queue of this process's waiters (see `local_turn`).
-    local: std::sync::Mutex<std::collections::HashMap<String, Arc<Semaphore>>>,
+    /// Per key, the turns of this process's waiters (see `local_turn`).
+    local: dlock_core::backend::LocalTurns<String>,
     /// See "Connection state" above.
     states: ConnectionStates,
     /// When a quorum of nodes last answered.

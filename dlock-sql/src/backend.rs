@@ -10,17 +10,17 @@ use std::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, LeaseTimers, Mode,
-        ReleaseOutcome, RenewOutcome, RenewRequest,
+        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, LeaseTimers, LocalTurn,
+        LocalTurns, Mode, ReleaseOutcome, RenewOutcome, RenewRequest,
     },
     LockError, LockKey, Result, Token,
 };
-use tokio::{
-    sync::{OwnedSemaphorePermit, Semaphore},
-    time::Instant,
-};
+use tokio::{sync::Semaphore, time::Instant};
 
 use crate::Dialect;
+
+/// This process's turn at a lock identifier.
+type Turn<D> = LocalTurn<<D as Dialect>::Id>;
 
 mod acquire;
 mod election;
@@ -111,7 +111,7 @@ struct Inner<D: Dialect> {
     /// Every held lock, by token.
     owned: Mutex<HashMap<Token, Owned<D>>>,
     /// This process's turn per lock identifier.
-    local: Mutex<HashMap<D::Id, Arc<Semaphore>>>,
+    local: LocalTurns<D::Id>,
     /// When an attempt at each identifier was last refused.
     contended: Mutex<HashMap<D::Id, Instant>>,
     /// Ends fixed leases (session locks have no TTL): one task for all.
@@ -130,7 +130,7 @@ struct Owned<D: Dialect> {
     releasing: Arc<tokio::sync::Mutex<()>>,
     /// This process's turn at the key (none for a queued mode, whose
     /// entries never share a session lock).
-    _turn: Option<OwnedSemaphorePermit>,
+    _turn: Option<Turn<D>>,
     /// When a fixed lease ends: the lock is not renewable from then on,
     /// though its release (sent then) may not have been answered yet.
     fixed_end: Option<Instant>,
@@ -218,9 +218,6 @@ impl<D: Dialect> Backend for SqlBackend<D> {
                 return;
             };
             owned.session.end();
-            let id = owned.id.clone();
-            drop(owned);
-            self.sweep_local(&id);
         })
     }
 

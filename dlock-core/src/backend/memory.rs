@@ -13,8 +13,9 @@ use std::{
 use tokio::{sync::Notify, time::Instant};
 
 use super::{
+    wait::{self, Armed, Look, StepError, WaitSteps, Woken},
     AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, LossReporter, Mode,
-    ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
+    ReleaseOutcome, RenewOutcome, RenewRequest,
 };
 use crate::{
     error::{LockError, LostReason, Result},
@@ -326,98 +327,151 @@ impl MemoryBackend {
         state.keys.retain(|_, e| !e.is_idle());
         state.keys.is_empty()
     }
+}
 
-    async fn acquire_waiting(&self, req: AcquireRequest<'_>) -> Result<Option<Acquired>> {
+/// The memory backend's wait steps: a waiter stands in its key's line (a
+/// [`QueuePlace`]), woken by whoever may have admitted it; only the head
+/// of the line also looks when the holders' leases end.
+struct Steps<'a>(&'a MemoryBackend);
+
+impl WaitSteps for Steps<'_> {
+    type Entry = QueuePlace;
+    type Wake = ();
+
+    async fn look(
+        &self,
+        req: &AcquireRequest<'_>,
+        entry: Option<&mut QueuePlace>,
+        join: bool,
+    ) -> std::result::Result<Look<QueuePlace>, StepError> {
+        let backend = self.0;
         let (key, mode) = (req.key, req.mode);
-        let wake = Arc::new(Notify::new());
-        {
-            let now = Instant::now();
-            let mut state = self.state();
-            let entry = state.entry(key, mode);
-            entry.expire(now);
-            entry.check_limit(key, mode)?;
-            if entry.queue.is_empty() && entry.admits_now(mode) {
-                let granted = state.grant(&req, now);
-                self.holders_changed(mode);
-                return Ok(Some(granted));
+        let now = Instant::now();
+        let mut state = backend.state();
+        let line = state.entry(key, mode);
+        line.expire(now);
+        let Some(place) = entry else {
+            line.check_limit(key, mode).map_err(StepError::Fatal)?;
+            if line.queue.is_empty() && line.admits_now(mode) {
+                backend.holders_changed(mode);
+                return Ok(Look::Granted(state.grant(req, now)));
             }
-            entry.queue.push_back(Waiter {
+            if !join {
+                state.forget_if_idle(key, mode);
+                return Ok(Look::Refused {
+                    entry: None,
+                    again: None,
+                });
+            }
+            let wake = Arc::new(Notify::new());
+            line.queue.push_back(Waiter {
                 token: *req.token,
                 mode,
                 wake: wake.clone(),
             });
-        }
-        // From here on, dropping this future (cancellation) must take us out
-        // of the queue and pass the turn on.
-        let mut place = QueuePlace {
-            backend: self,
-            key,
-            mode,
-            token: *req.token,
-            queued: true,
+            let again = head_again(line, now);
+            return Ok(Look::Refused {
+                entry: Some(QueuePlace {
+                    backend: backend.clone(),
+                    key: key.clone(),
+                    mode,
+                    token: *req.token,
+                    wake,
+                    queued: true,
+                }),
+                again,
+            });
         };
-        let deadline = req.wait.deadline();
-        loop {
-            let woken = wake.notified();
-            let expiry = {
-                let now = Instant::now();
-                let mut state = self.state();
-                let entry = state.entry(key, mode);
-                entry.expire(now);
-                let index = entry.queue.iter().position(|w| w.token == *req.token);
-                if let Some(index) = index.filter(|&i| entry.admits_waiter(i)) {
-                    entry.queue.remove(index);
-                    place.queued = false;
-                    let granted = state.grant(&req, now);
-                    self.holders_changed(mode);
-                    // Those behind may be admitted too now (readers, permits),
-                    // and the new head must watch the holders' expiry.
-                    state.entry(key, mode).wake();
-                    return Ok(Some(granted));
-                }
-                if deadline.is_some_and(|d| now >= d) {
-                    return Ok(None);
-                }
-                // Only the head needs to watch the holders' expiry.
-                (index == Some(0)).then(|| entry.next_expiry()).flatten()
-            };
-            let until = match (expiry, deadline) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            match until {
-                Some(until) => {
-                    tokio::select! {
-                        _ = woken => {}
-                        _ = tokio::time::sleep_until(until) => {}
-                    }
-                }
-                None => woken.await,
-            }
+        let index = line.queue.iter().position(|w| w.token == *req.token);
+        if let Some(index) = index.filter(|&i| line.admits_waiter(i)) {
+            line.queue.remove(index);
+            place.queued = false;
+            let granted = state.grant(req, now);
+            backend.holders_changed(mode);
+            // Those behind may be admitted too now (readers, permits), and
+            // the new head must watch the holders' expiry.
+            state.entry(key, mode).wake();
+            return Ok(Look::Granted(granted));
         }
+        let again = if index == Some(0) {
+            head_again(line, now)
+        } else {
+            None
+        };
+        Ok(Look::Refused { entry: None, again })
+    }
+
+    /// Nothing to arm: a wake-up that comes before the wait is kept by
+    /// the waiter's `Notify` (`notify_one` stores it).
+    async fn arm(
+        &self,
+        _req: &AcquireRequest<'_>,
+        _entry: &mut QueuePlace,
+        _wake: &mut Option<()>,
+    ) -> std::result::Result<Armed, StepError> {
+        Ok(Armed::Wait)
+    }
+
+    async fn changed(
+        &self,
+        _req: &AcquireRequest<'_>,
+        entry: &mut QueuePlace,
+        _wake: &mut Option<()>,
+        until: Option<Instant>,
+    ) -> std::result::Result<Woken, StepError> {
+        let woken = entry.wake.notified();
+        match until {
+            Some(until) => {
+                let _ = tokio::time::timeout_at(until, woken).await;
+            }
+            None => woken.await,
+        }
+        Ok(Woken::LookAgain)
+    }
+
+    async fn withdraw(
+        &self,
+        _req: &AcquireRequest<'_>,
+        entry: QueuePlace,
+    ) -> std::result::Result<(), StepError> {
+        drop(entry);
+        Ok(())
+    }
+
+    fn unreachable_after(&self) -> Duration {
+        // Nothing here fails for a while and then recovers.
+        Duration::ZERO
     }
 }
 
-/// A waiter's place in a key's queue, given up on drop.
-struct QueuePlace<'a> {
-    backend: &'a MemoryBackend,
-    key: &'a LockKey,
+/// When the head of a line should look again unwoken: when the first of
+/// the holders' leases ends (expiry announces nothing).
+fn head_again(line: &Entry, now: Instant) -> Option<Duration> {
+    line.next_expiry()
+        .map(|at| at.saturating_duration_since(now))
+}
+
+/// A waiter's place in a key's line, given up on drop.
+struct QueuePlace {
+    backend: MemoryBackend,
+    key: LockKey,
     mode: Mode,
     token: Token,
+    wake: Arc<Notify>,
     queued: bool,
 }
 
-impl Drop for QueuePlace<'_> {
+impl Drop for QueuePlace {
     fn drop(&mut self) {
         if !self.queued {
             return;
         }
         let mut state = self.backend.state();
-        let entry = state.entry(self.key, self.mode);
+        let entry = state.entry(&self.key, self.mode);
         entry.queue.retain(|w| w.token != self.token);
         entry.expire(Instant::now());
         entry.wake();
-        state.forget_if_idle(self.key, self.mode);
+        state.forget_if_idle(&self.key, self.mode);
     }
 }
 
@@ -447,24 +501,7 @@ impl Backend for MemoryBackend {
     }
 
     fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>> {
-        Box::pin(async move {
-            if req.wait != Wait::No {
-                return self.acquire_waiting(req).await;
-            }
-            let now = Instant::now();
-            let mut state = self.state();
-            let entry = state.entry(req.key, req.mode);
-            entry.expire(now);
-            entry.check_limit(req.key, req.mode)?;
-            let granted = if entry.queue.is_empty() && entry.admits_now(req.mode) {
-                self.holders_changed(req.mode);
-                Some(state.grant(&req, now))
-            } else {
-                None
-            };
-            state.forget_if_idle(req.key, req.mode);
-            Ok(granted)
-        })
+        Box::pin(async move { wait::drive(&Steps(self), &req).await })
     }
 
     fn release<'a>(

@@ -23,7 +23,9 @@ mod mode;
 mod request;
 mod session;
 mod timers;
+mod turns;
 mod url;
+pub mod wait;
 
 pub use crate::connection::ConnectionStates;
 pub use backoff::Backoff;
@@ -37,6 +39,7 @@ pub use request::{
 };
 pub use session::SessionHolders;
 pub use timers::LeaseTimers;
+pub use turns::{LocalTurn, LocalTurns, Share};
 pub use url::{parse_url_duration, percent_decode, redact_url, BackendUrl, HostPort, TlsFiles};
 
 /// A boxed, `Send` future, so that [`Backend`] can be used as `dyn Backend`.

@@ -134,7 +134,7 @@ impl EtcdBackend {
                 sessions: tokio::sync::Mutex::default(),
                 owned: Mutex::default(),
                 etcdctl: config.etcdctl_layout(),
-                turns: Mutex::default(),
+                turns: dlock_core::backend::LocalTurns::new(),
                 states: dlock_core::backend::ConnectionStates::new(NAME),
                 unreachable_after: config.connect_timeout() + config.request_timeout(),
             }),

@@ -4,13 +4,13 @@
 
 use std::sync::Arc;
 
-use dlock_core::backend::{Mode, Wait};
+use dlock_core::backend::{LocalTurn, Mode, Share, Wait};
 use tokio::{sync::watch, time::Instant};
 
 use super::EtcdBackend;
 
 /// This backend's turn at a plain lock's entry name.
-pub(super) type Turn = Arc<tokio::sync::OwnedSemaphorePermit>;
+pub(super) type Turn = Arc<LocalTurn<String>>;
 
 /// A fixed-lease grant's share of its turn, kept by a task until the
 /// lease ends (as the guard counts it) or this is dropped (at release),
@@ -66,21 +66,11 @@ impl EtcdBackend {
         if !self.go_layout(mode) {
             return Some(None);
         }
-        let turns = {
-            let mut all = self.inner.turns.lock().unwrap_or_else(|e| e.into_inner());
-            // A turn nobody holds or waits for is only the map's.
-            all.retain(|_, turn| Arc::strong_count(turn) > 1);
-            all.entry(name.to_owned())
-                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(1)))
-                .clone()
-        };
-        let permit = match wait.deadline() {
-            Some(deadline) => tokio::time::timeout_at(deadline, turns.acquire_owned())
-                .await
-                .ok()?,
-            None => turns.acquire_owned().await,
-        };
-        // The semaphore is never closed.
-        permit.ok().map(|permit| Some(Arc::new(permit)))
+        let turn = self
+            .inner
+            .turns
+            .take(&name.to_owned(), Share::Alone, wait)
+            .await?;
+        Some(Some(Arc::new(turn)))
     }
 }

@@ -5,15 +5,12 @@
 use std::{sync::Arc, time::Duration};
 
 use dlock_core::{
-    backend::{AcquireRequest, Acquired, Backoff, Mode, Wait},
+    backend::{AcquireRequest, Acquired, Backoff, LocalTurn, Mode, Share, Wait},
     LockError, Result,
 };
 use futures_util::{future::join_all, stream::FuturesUnordered, StreamExt};
 use redis::{RedisError, RedisResult};
-use tokio::{
-    sync::{Notify, OwnedSemaphorePermit, Semaphore},
-    time::Instant,
-};
+use tokio::{sync::Notify, time::Instant};
 
 use super::{backend_error, bounded, timed_out, RedisBackend, REDLOCK_NODE_TIMEOUT_MAX};
 use crate::{
@@ -116,32 +113,6 @@ fn jitter() -> Duration {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(0);
     Duration::from_millis(10 + h.finish() % 50)
-}
-
-/// A waiter's turn in its process's queue for one key; gives it to the next
-/// local waiter when dropped, and forgets the queue once nobody uses it.
-struct LocalTurn {
-    _permit: OwnedSemaphorePermit,
-    backend: RedisBackend,
-    lock: String,
-}
-
-impl Drop for LocalTurn {
-    fn drop(&mut self) {
-        let mut local = self
-            .backend
-            .inner
-            .local
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        // Ours, the map's, and the permit's: nobody else waits.
-        if local
-            .get(&self.lock)
-            .is_some_and(|q| Arc::strong_count(q) <= 2)
-        {
-            local.remove(&self.lock);
-        }
-    }
 }
 
 enum Round {
@@ -344,7 +315,7 @@ impl RedisBackend {
         // task that locks again at once queues behind the waiters already
         // there. An uncontended first attempt goes straight to the servers,
         // and stands in line only if it is refused.
-        let contended = self.has_local_waiters(&names.lock) || {
+        let contended = self.inner.local.busy(&names.lock) || {
             // Named only where some channel is watched at all: this runs
             // before every uncontended attempt.
             let nodes = &self.inner.nodes;
@@ -527,46 +498,16 @@ impl RedisBackend {
         }
     }
 
-    /// Whether a task of this process waits for `lock` (or holds the turn
-    /// to wait for it on the servers).
-    fn has_local_waiters(&self, lock: &str) -> bool {
-        let mut local = self.inner.local.lock().unwrap_or_else(|e| e.into_inner());
-        match local.get(lock) {
-            // Only the map holds the queue: its last waiter went away
-            // (a dropped future) without cleaning up. Forget it.
-            Some(queue) if Arc::strong_count(queue) == 1 => {
-                local.remove(lock);
-                false
-            }
-            Some(_) => true,
-            None => false,
-        }
-    }
-
     /// This process's turn to wait for `lock` on the servers; `None` if the
     /// deadline passed first. Local waiters queue in FIFO order, so a
     /// release wakes one contender per process, not all of its tasks: a
     /// herd of local tasks would split Redlock votes among themselves.
-    async fn local_turn(&self, lock: &str, deadline: Option<Instant>) -> Option<LocalTurn> {
-        let queue = self
-            .inner
+    async fn local_turn(&self, lock: &str, deadline: Option<Instant>) -> Option<LocalTurn<String>> {
+        let wait = deadline.map_or(Wait::Forever, Wait::Until);
+        self.inner
             .local
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(lock.to_owned())
-            .or_insert_with(|| Arc::new(Semaphore::new(1)))
-            .clone();
-        let permit = match deadline {
-            Some(d) => tokio::time::timeout_at(d, queue.clone().acquire_owned())
-                .await
-                .ok()?,
-            None => queue.clone().acquire_owned().await,
-        };
-        Some(LocalTurn {
-            _permit: permit.ok()?,
-            backend: self.clone(),
-            lock: lock.to_owned(),
-        })
+            .take(&lock.to_owned(), Share::Alone, wait)
+            .await
     }
 
     /// Registers `wake` for the releases that name `token` on every node

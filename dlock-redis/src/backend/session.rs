@@ -192,7 +192,7 @@ impl RedisBackend {
                 subscribe_timeout: config.response_timeout(),
                 unreachable_after: config.connect_timeout() + config.response_timeout(),
                 unwatched_poll: config.unwatched_poll(),
-                local: std::sync::Mutex::default(),
+                local: dlock_core::backend::LocalTurns::new(),
                 states: dlock_core::backend::ConnectionStates::new(NAME),
                 answered_at: std::sync::Mutex::new(tokio::time::Instant::now()),
             }),

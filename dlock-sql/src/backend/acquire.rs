@@ -8,27 +8,24 @@ use std::{
 };
 
 use dlock_core::{
-    backend::{AcquireRequest, Acquired, LeaseKind, Mode, Wait},
+    backend::{AcquireRequest, Acquired, LeaseKind, Mode, Share, Wait},
     LockError, Result, Token,
 };
-use tokio::{
-    sync::{OwnedSemaphorePermit, Semaphore},
-    time::Instant,
-};
+use tokio::time::Instant;
 
-use super::{answered_within, backend_error, lock, EndOnDrop, Owned, Retry, Session, SqlBackend};
+use super::{
+    answered_within, backend_error, lock, EndOnDrop, Owned, Retry, Session, SqlBackend, Turn,
+};
 use crate::{Dialect, Granted};
 
-/// The permits of a key's local turn: a reader takes one, so that readers
-/// of one process share the key (their session holds it shared, once per
-/// reader), and any other mode takes them all.
-const TURN: u32 = 1 << 16;
-
-fn turn_weight(mode: Mode) -> u32 {
+/// How a mode takes the key's local turn: readers of one process share
+/// it (their session holds the key shared, once per reader); any other
+/// mode takes it alone.
+fn share(mode: Mode) -> Share {
     if mode == Mode::Read {
-        1
+        Share::Shared
     } else {
-        TURN
+        Share::Alone
     }
 }
 
@@ -37,57 +34,21 @@ fn turn_weight(mode: Mode) -> u32 {
 const CONTENDED_FOR: Duration = Duration::from_secs(1);
 
 /// Why a wait on the server gave no answer.
-enum WaitFailed {
+enum WaitFailed<D: Dialect> {
     /// Its session ended (or none could be opened): worth waiting again on
     /// a new one, with the turn at the key given back.
-    SessionEnded(LockError, OwnedSemaphorePermit),
+    SessionEnded(LockError, Turn<D>),
     /// Anything else: the caller's error.
     Other(LockError),
 }
 
 impl<D: Dialect> SqlBackend<D> {
-    /// This process's turn at `id`; `None` if `wait` ran out first.
-    async fn local_turn(&self, id: &D::Id, mode: Mode, wait: Wait) -> Option<OwnedSemaphorePermit> {
-        let queue = lock(&self.inner.local)
-            .entry(id.clone())
-            .or_insert_with(|| Arc::new(Semaphore::new(TURN as usize)))
-            .clone();
-        let weight = turn_weight(mode);
-        match wait {
-            Wait::No => queue.try_acquire_many_owned(weight).ok(),
-            Wait::Until(deadline) => {
-                tokio::time::timeout_at(deadline, queue.acquire_many_owned(weight))
-                    .await
-                    .ok()?
-                    .ok()
-            }
-            Wait::Forever => queue.acquire_many_owned(weight).await.ok(),
-        }
-    }
-
-    /// Whether a task of this process other than the caller (which holds
-    /// a turn) holds or waits for a turn at `id`.
-    fn other_local_turns(&self, id: &D::Id) -> bool {
-        lock(&self.inner.local)
-            .get(id)
-            .is_some_and(|queue| queue.available_permits() < TURN as usize - 1)
-    }
-
-    /// Forgets the turn queue of `id` once nobody uses it.
-    pub(super) fn sweep_local(&self, id: &D::Id) {
-        let mut local = lock(&self.inner.local);
-        if local.get(id).is_some_and(|q| Arc::strong_count(q) == 1) {
-            local.remove(id);
-        }
-    }
-
     pub(super) async fn acquire_inner(&self, req: &AcquireRequest<'_>) -> Result<Option<Acquired>> {
         if self.inner.dialect.queues(req.mode) {
             return self.acquire_queued(req).await;
         }
         let id = self.inner.dialect.lock_id(req.key, req.mode);
-        let Some(turn) = self.local_turn(&id, req.mode, req.wait).await else {
-            self.sweep_local(&id);
+        let Some(turn) = self.inner.local.take(&id, share(req.mode), req.wait).await else {
             return Ok(None);
         };
         let mut retry = Retry::new(req.wait, self.inner.dialect.settings().connect_timeout());
@@ -143,9 +104,9 @@ impl<D: Dialect> SqlBackend<D> {
         &self,
         id: &D::Id,
         mode: Mode,
-        turn: OwnedSemaphorePermit,
+        turn: Turn<D>,
         retry: &mut Retry,
-    ) -> Result<(Arc<Session<D>>, Instant, Option<i64>, OwnedSemaphorePermit)> {
+    ) -> Result<(Arc<Session<D>>, Instant, Option<i64>, Turn<D>)> {
         // The turn goes with the statement once it is sent: a grant's undo
         // keeps it until the unlock ran, so that no other task's hold of
         // the key on the session is undone instead.
@@ -161,7 +122,7 @@ impl<D: Dialect> SqlBackend<D> {
             let (attempt, on, cell) = (id.clone(), holder.clone(), turn.clone());
             // Another reader of this process may hold the key on the
             // session: then a writer that waits comes first.
-            let behind_writers = mode == Mode::Read && self.other_local_turns(id);
+            let behind_writers = mode == Mode::Read && self.inner.local.others(id);
             let answer = holder
                 .run(move |d, c| {
                     Box::pin(async move {
@@ -237,8 +198,8 @@ impl<D: Dialect> SqlBackend<D> {
         &self,
         req: &AcquireRequest<'_>,
         id: &D::Id,
-        turn: OwnedSemaphorePermit,
-    ) -> std::result::Result<Option<Acquired>, WaitFailed> {
+        turn: Turn<D>,
+    ) -> std::result::Result<Option<Acquired>, WaitFailed<D>> {
         let deadline = req.wait.deadline();
         let slot = self.inner.waiters.clone();
         let slot = match deadline {
@@ -309,7 +270,6 @@ impl<D: Dialect> SqlBackend<D> {
                 abandon.session = None;
                 self.put_idle(session);
                 drop(turn);
-                self.sweep_local(id);
                 Ok(None)
             }
             Err(e) if !session.is_usable() => {
@@ -325,7 +285,7 @@ impl<D: Dialect> SqlBackend<D> {
         req: &AcquireRequest<'_>,
         session: Arc<Session<D>>,
         id: D::Id,
-        turn: Option<OwnedSemaphorePermit>,
+        turn: Option<Turn<D>>,
         on_waiter: bool,
         sent: Instant,
         fence: i64,
@@ -386,7 +346,7 @@ struct UnlockOnDrop<D: Dialect> {
     session: Option<Arc<Session<D>>>,
     id: D::Id,
     mode: Mode,
-    turn: Option<OwnedSemaphorePermit>,
+    turn: Option<Turn<D>>,
     /// Whether the server said it granted the lock: if unknown (a failure
     /// after the statement was sent), a read ends the session instead, as
     /// an unlock could remove another reader's hold that the session holds
@@ -396,7 +356,7 @@ struct UnlockOnDrop<D: Dialect> {
 
 impl<D: Dialect> UnlockOnDrop<D> {
     /// Claims the grant: nothing to undo; the turn back.
-    fn defuse(mut self) -> Option<OwnedSemaphorePermit> {
+    fn defuse(mut self) -> Option<Turn<D>> {
         self.session = None;
         self.turn.take()
     }

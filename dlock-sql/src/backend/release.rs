@@ -93,9 +93,8 @@ impl<D: Dialect> SqlBackend<D> {
         if owned.fixed_end.is_some() {
             self.inner.lease_ends.cancel(*token);
         }
-        let (session, id, on_waiter) = (owned.session.clone(), owned.id.clone(), owned.on_waiter);
+        let (session, on_waiter) = (owned.session.clone(), owned.on_waiter);
         drop(owned);
-        self.sweep_local(&id);
         if on_waiter && unlocked {
             self.put_idle(session);
         }

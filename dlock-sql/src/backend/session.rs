@@ -361,7 +361,7 @@ impl<D: Dialect> SqlBackend<D> {
                         .collect(),
                     idle: Mutex::new(Vec::new()),
                     owned: Mutex::new(HashMap::new()),
-                    local: Mutex::new(HashMap::new()),
+                    local: dlock_core::backend::LocalTurns::new(),
                     contended: Mutex::new(HashMap::new()),
                     dialect: Arc::new(dialect),
                     lease_ends: LeaseTimers::new(move |token| {

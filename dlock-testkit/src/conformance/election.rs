@@ -504,12 +504,17 @@ pub async fn followers_observe_every_change_of_leader(h: &Harness) {
     );
     let _ = stop.send(());
     let seen = log.await.expect("the follower's log");
+    // Each leader was shown while it led (`shows` above, on a receiver of
+    // its own). A watch keeps only the latest value, so this log, read by
+    // a task a loaded machine may not run between two changes, can skip
+    // one; what it must never show is an older leader after a newer one,
+    // or a term nobody had.
     let shown_terms: Vec<u64> = seen.iter().flatten().map(|(term, _)| *term).collect();
     let mut distinct = shown_terms.clone();
     distinct.dedup();
-    assert_eq!(
-        distinct, terms,
-        "[{}] the leaders shown, in order: {seen:?}",
+    assert!(
+        distinct.windows(2).all(|w| w[0] < w[1]) && distinct.iter().all(|t| terms.contains(t)),
+        "[{}] the leaders shown, in order: {seen:?}, of {terms:?}",
         h.name
     );
     assert_eq!(
