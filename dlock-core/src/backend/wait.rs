@@ -403,6 +403,7 @@ mod tests {
     async fn run(steps: &Scripted, wait: Wait) -> Result<Option<Acquired>> {
         let key = LockKey::new("k").unwrap();
         let token = Token::generate();
+        let lease = crate::lease::LeaseState::new(key.clone(), "test", false);
         let req = AcquireRequest {
             key: &key,
             mode: Mode::Exclusive,
@@ -410,11 +411,7 @@ mod tests {
             lease: Duration::from_secs(10),
             lease_kind: super::super::LeaseKind::Watchdog,
             wait,
-            loss: crate::lease::LossReporter(std::sync::Arc::new(crate::lease::LeaseState::new(
-                key.clone(),
-                "test",
-                false,
-            ))),
+            loss: crate::lease::LossReporter(std::sync::Arc::new(lease)),
         };
         drive(steps, &req).await
     }
