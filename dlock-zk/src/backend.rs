@@ -361,7 +361,7 @@ impl Backend for ZkBackend {
     }
 
     fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>> {
-        Box::pin(async move { self.acquire_inner(&req).await })
+        Box::pin(async move { dlock_core::backend::wait::drive(&queue::Steps(self), &req).await })
     }
 
     fn release<'a>(

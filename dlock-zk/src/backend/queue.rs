@@ -4,7 +4,10 @@
 use std::{sync::Arc, time::Duration};
 
 use dlock_core::{
-    backend::{AcquireRequest, Acquired, Backoff, LeaseKind, Mode, Wait},
+    backend::{
+        wait::{Armed, Look, StepError, WaitSteps, Woken},
+        AcquireRequest, Acquired, LeaseKind, Mode,
+    },
     LockError, Result,
 };
 use tokio::time::Instant;
@@ -71,8 +74,188 @@ mod faults {
     }
 }
 
+/// Our node in the key's line, and what we last read of the line.
+pub(super) struct Entry {
+    session: Arc<Session>,
+    client: Client,
+    parent: String,
+    mine: String,
+    name: String,
+    path: String,
+    /// When the create that made our node was sent.
+    sent: Instant,
+    fence: u64,
+    /// Whether an earlier create's answer was lost (see [`Owned::strays`]).
+    strays: bool,
+    /// The line as last listed, and when that listing was asked for: the
+    /// grant, where a fixed lease starts (our create, for a lock free at
+    /// once).
+    children: Vec<String>,
+    listed_at: Instant,
+}
+
+/// ZooKeeper's wait steps: a sequential node in the key's line, and a
+/// watch on the node that keeps us waiting (Curator's and ZooKeeper's own
+/// recipe), which [`dlock_core::backend::wait::drive`] runs.
+pub(super) struct Steps<'a>(pub(super) &'a ZkBackend);
+
+/// A ZooKeeper error as a step's: an expired session takes our node with
+/// it (nothing to wait for any more); anything else may pass.
+fn step_error(e: ZkError) -> StepError {
+    match e {
+        ZkError::SessionExpired => StepError::Fatal(vanished()),
+        e => StepError::Retry(backend_error(e)),
+    }
+}
+
+impl WaitSteps for Steps<'_> {
+    type Entry = Entry;
+    type Wake = zookeeper_client::OneshotWatcher;
+
+    /// The first look makes our node (even for one try: ZooKeeper has no
+    /// way to ask without standing in line); each later one lists the line
+    /// again.
+    async fn look(
+        &self,
+        req: &AcquireRequest<'_>,
+        entry: Option<&mut Entry>,
+        _join: bool,
+    ) -> std::result::Result<Look<Entry>, StepError> {
+        let backend = self.0;
+        match entry {
+            Some(entry) => {
+                let asked = Instant::now();
+                let listed = tokio::select! {
+                    listed = entry.client.list_children(&entry.parent) => listed,
+                    // Given up: the wait ends with the session.
+                    () = entry.session.ended() => Err(ZkError::SessionExpired),
+                };
+                entry.children = listed.map_err(step_error)?;
+                entry.listed_at = asked;
+                backend
+                    .judge(req, entry)
+                    .await
+                    .map(|granted| match granted {
+                        Some(acquired) => Look::Granted(acquired),
+                        None => Look::Refused {
+                            entry: None,
+                            again: None,
+                        },
+                    })
+            }
+            None => {
+                let mut entry = backend.enter(req).await.map_err(StepError::Fatal)?;
+                Ok(match backend.judge(req, &mut entry).await? {
+                    Some(acquired) => Look::Granted(acquired),
+                    None => Look::Refused {
+                        entry: Some(entry),
+                        again: None,
+                    },
+                })
+            }
+        }
+    }
+
+    /// Watches the node that keeps us waiting, atomically with reading
+    /// that it exists: a reader's is the last writer ahead, a writer's its
+    /// predecessor; permits watch the whole line (any node ahead may free
+    /// some), and wait only if it is as last listed.
+    async fn arm(
+        &self,
+        req: &AcquireRequest<'_>,
+        entry: &mut Entry,
+        wake: &mut Option<Self::Wake>,
+    ) -> std::result::Result<Armed, StepError> {
+        let position = entry
+            .children
+            .iter()
+            .position(|c| *c == entry.name)
+            .ok_or_else(|| StepError::Fatal(vanished()))?;
+        let blocking = match req.mode {
+            Mode::Read => entry.children[..position]
+                .iter()
+                .rev()
+                .find(|c| mode_of(c) != Some(Mode::Read)),
+            Mode::Permits { .. } => None,
+            _ => position.checked_sub(1).map(|ahead| &entry.children[ahead]),
+        }
+        .map(|c| format!("{}/{c}", entry.parent));
+        let watcher = match &blocking {
+            Some(blocking) => {
+                let (stat, watcher) = entry
+                    .client
+                    .check_and_watch_stat(blocking)
+                    .await
+                    .map_err(step_error)?;
+                stat.is_some().then_some(watcher)
+            }
+            None => {
+                let (mut listed, watcher) = entry
+                    .client
+                    .list_and_watch_children(&entry.parent)
+                    .await
+                    .map_err(step_error)?;
+                listed.sort_by_key(|c| sequence(c).unwrap_or(i64::MAX));
+                (listed == entry.children).then_some(watcher)
+            }
+        };
+        *wake = watcher;
+        Ok(if wake.is_some() {
+            Armed::Wait
+        } else {
+            Armed::LookAgain
+        })
+    }
+
+    async fn changed(
+        &self,
+        _req: &AcquireRequest<'_>,
+        entry: &mut Entry,
+        wake: &mut Option<Self::Wake>,
+        until: Option<Instant>,
+    ) -> std::result::Result<Woken, StepError> {
+        // One-shot: used up whatever happens.
+        let Some(watcher) = wake.take() else {
+            return Ok(Woken::LookAgain);
+        };
+        let until = until.map_or_else(
+            || {
+                Box::pin(std::future::pending())
+                    as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+            },
+            |at| Box::pin(tokio::time::sleep_until(at)),
+        );
+        tokio::select! {
+            _ = watcher.changed() => Ok(Woken::LookAgain),
+            () = until => Ok(Woken::LookAgain),
+            () = entry.session.ended() => Err(StepError::Fatal(vanished())),
+        }
+    }
+
+    /// Takes our node away: we answer for ourselves here, so core does not
+    /// release.
+    async fn withdraw(
+        &self,
+        req: &AcquireRequest<'_>,
+        _entry: Entry,
+    ) -> std::result::Result<(), StepError> {
+        self.0
+            .delete_owned(req.token, true)
+            .await
+            .map(drop)
+            .map_err(StepError::Fatal)
+    }
+
+    fn unreachable_after(&self) -> Duration {
+        // A disconnect mid-wait: the session may move to another server,
+        // within its timeout.
+        self.0.inner.config.session_timeout()
+    }
+}
+
 impl ZkBackend {
-    pub(super) async fn acquire_inner(&self, req: &AcquireRequest<'_>) -> Result<Option<Acquired>> {
+    /// Makes our node in `req`'s line, and reads the line.
+    async fn enter(&self, req: &AcquireRequest<'_>) -> Result<Entry> {
         let token = *req.token;
         let session = self.session().await?;
         let client = session.client().map_err(backend_error)?;
@@ -100,7 +283,7 @@ impl ZkBackend {
             sent,
             stat,
             name,
-            mut children,
+            children,
             strays,
         } = enqueued?;
         let path = format!("{parent}/{name}");
@@ -118,108 +301,71 @@ impl ZkBackend {
                 return Err(LockError::permit_limit_mismatch(req.key, theirs, limit));
             }
         }
-        let fence = u64::try_from(stat.czxid).unwrap_or(0);
-        let deadline = req.wait.deadline();
-        let mut failing_since: Option<Instant> = None;
-        let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_millis(500));
-        // When the listing that admits us was asked for: the grant, where
-        // a fixed lease starts (our create, for a lock free at once).
-        let mut listed_at = sent;
-        loop {
-            if strays {
-                // Our own older nodes must not make us (or anyone) wait:
-                // delete them, and leave them out of the queue we read.
-                delete_strays(&client, &parent, &mine, &name, &children).await;
-                children.retain(|c| *c == name || !c.starts_with(&mine));
-            }
-            if mode == Mode::Exclusive {
-                if let Some(refused) = mixed_layouts(&children) {
-                    self.delete_owned(&token, true).await?;
-                    return Err(refused);
-                }
-            }
-            children.sort_by_key(|c| sequence(c).unwrap_or(i64::MAX));
-            let position = children
-                .iter()
-                .position(|c| *c == name)
-                .ok_or_else(vanished)?;
-            if admitted(&children, position, mode) {
-                return self.granted(req, &session, &path, sent, listed_at, fence);
-            }
-            if req.wait == Wait::No || deadline.is_some_and(|d| Instant::now() >= d) {
-                // We answer for ourselves here, so core will not release:
-                // take our node away (an error lets core try again).
-                self.delete_owned(&token, true).await?;
-                return Ok(None);
-            }
-            // The node that keeps us waiting: a reader's is the last writer
-            // ahead, a writer's its predecessor; permits watch the whole
-            // queue (any node ahead may free some).
-            let blocking = match mode {
-                Mode::Read => children[..position]
-                    .iter()
-                    .rev()
-                    .find(|c| mode_of(c) != Some(Mode::Read)),
-                Mode::Permits { .. } => None,
-                _ => Some(&children[position - 1]),
-            }
-            .map(|c| format!("{parent}/{c}"));
-            let step = async {
-                let watcher = match &blocking {
-                    Some(blocking) => {
-                        let (stat, watcher) = client.check_and_watch_stat(blocking).await?;
-                        stat.is_some().then_some(watcher)
-                    }
-                    None => {
-                        // Wait only if nothing changed since our listing.
-                        let (mut listed, watcher) = client.list_and_watch_children(&parent).await?;
-                        listed.sort_by_key(|c| sequence(c).unwrap_or(i64::MAX));
-                        (listed == children).then_some(watcher)
-                    }
-                };
-                if let Some(watcher) = watcher {
-                    let gone = watcher.changed();
-                    match deadline {
-                        Some(d) => {
-                            let _ = tokio::time::timeout_at(d, gone).await;
-                        }
-                        None => {
-                            gone.await;
-                        }
-                    }
-                }
-                let asked = Instant::now();
-                client.list_children(&parent).await.map(|l| (asked, l))
-            };
-            let step = async {
-                tokio::select! {
-                    listed = step => listed,
-                    // Given up: the wait ends with the session.
-                    () = session.ended() => Err(ZkError::SessionExpired),
-                }
-            };
-            match step.await {
-                Ok((asked, listed)) => {
-                    listed_at = asked;
-                    children = listed;
-                    failing_since = None;
-                }
-                Err(ZkError::SessionExpired) => return Err(vanished()),
-                Err(error) => {
-                    // A disconnect mid-wait: the session may move to another
-                    // server. Retry until the wait limit, or a whole session
-                    // timeout without one.
-                    let now = Instant::now();
-                    let since = *failing_since.get_or_insert(now);
-                    let give_up = deadline.unwrap_or(since + session.timeout);
-                    let delay = backoff.next_delay();
-                    if now + delay >= give_up {
-                        return Err(backend_error(error));
-                    }
-                    tokio::time::sleep(delay).await;
-                }
+        Ok(Entry {
+            session,
+            client,
+            parent,
+            mine,
+            name,
+            path,
+            sent,
+            fence: u64::try_from(stat.czxid).unwrap_or(0),
+            strays,
+            children,
+            listed_at: sent,
+        })
+    }
+
+    /// Whether the line as last listed admits us: the grant if it does.
+    async fn judge(
+        &self,
+        req: &AcquireRequest<'_>,
+        entry: &mut Entry,
+    ) -> std::result::Result<Option<Acquired>, StepError> {
+        if entry.strays {
+            // Our own older nodes must not make us (or anyone) wait:
+            // delete them, and leave them out of the line we read.
+            delete_strays(
+                &entry.client,
+                &entry.parent,
+                &entry.mine,
+                &entry.name,
+                &entry.children,
+            )
+            .await;
+            let (mine, name) = (&entry.mine, &entry.name);
+            entry
+                .children
+                .retain(|c| c == name || !c.starts_with(mine.as_str()));
+        }
+        if req.mode == Mode::Exclusive {
+            if let Some(refused) = mixed_layouts(&entry.children) {
+                self.delete_owned(req.token, true)
+                    .await
+                    .map_err(StepError::Fatal)?;
+                return Err(StepError::Fatal(refused));
             }
         }
+        entry
+            .children
+            .sort_by_key(|c| sequence(c).unwrap_or(i64::MAX));
+        let position = entry
+            .children
+            .iter()
+            .position(|c| *c == entry.name)
+            .ok_or_else(|| StepError::Fatal(vanished()))?;
+        if !admitted(&entry.children, position, req.mode) {
+            return Ok(None);
+        }
+        self.granted(
+            req,
+            &entry.session,
+            &entry.path,
+            entry.sent,
+            entry.listed_at,
+            entry.fence,
+        )
+        .map_err(StepError::Fatal)
     }
 
     /// Creates our node and lists the queue, in one round trip; after a
