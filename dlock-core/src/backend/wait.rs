@@ -133,15 +133,14 @@ pub trait WaitSteps: Send + Sync {
         wake: &mut Option<Self::Wake>,
     ) -> impl Future<Output = Result<Armed, StepError>> + Send;
 
-    /// Waits for the change `wake` was armed for, until `until` (`None`:
-    /// as long as it takes). Set `*wake` to `None` if it was used up (a
-    /// one-shot watch).
+    /// Waits for the change `wake` was armed for, until `until` at the
+    /// latest. Set `*wake` to `None` if it was used up (a one-shot watch).
     fn changed(
         &self,
         req: &AcquireRequest<'_>,
         entry: &mut Self::Entry,
         wake: &mut Option<Self::Wake>,
-        until: Option<Instant>,
+        until: Instant,
     ) -> impl Future<Output = Result<Woken, StepError>> + Send;
 
     /// Leaves the line, at the wait limit.
@@ -233,7 +232,7 @@ pub async fn drive<S: WaitSteps>(steps: &S, req: &AcquireRequest<'_>) -> Result<
             deadline,
             Instant::now() + again.unwrap_or(LOOK_AGAIN_WITHIN).min(LOOK_AGAIN_WITHIN),
         );
-        match steps.changed(req, place, &mut wake, Some(until)).await {
+        match steps.changed(req, place, &mut wake, until).await {
             Ok(Woken::Granted(acquired)) => return Ok(Some(acquired)),
             Ok(Woken::LookAgain) => failing.ended(),
             Err(error) => failing.pause(error, deadline).await?,
@@ -376,13 +375,10 @@ mod tests {
             _req: &AcquireRequest<'_>,
             _entry: &mut (),
             _wake: &mut Option<()>,
-            until: Option<Instant>,
+            until: Instant,
         ) -> std::result::Result<Woken, StepError> {
             self.log.lock().unwrap().push("wait");
-            if let Some(until) = until {
-                tokio::time::sleep_until(until.min(Instant::now() + Duration::from_millis(5)))
-                    .await;
-            }
+            tokio::time::sleep_until(until.min(Instant::now() + Duration::from_millis(5))).await;
             Ok(Woken::LookAgain)
         }
 

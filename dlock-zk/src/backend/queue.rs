@@ -212,22 +212,15 @@ impl WaitSteps for Steps<'_> {
         _req: &AcquireRequest<'_>,
         entry: &mut Entry,
         wake: &mut Option<Self::Wake>,
-        until: Option<Instant>,
+        until: Instant,
     ) -> std::result::Result<Woken, StepError> {
         // One-shot: used up whatever happens.
         let Some(watcher) = wake.take() else {
             return Ok(Woken::LookAgain);
         };
-        let until = until.map_or_else(
-            || {
-                Box::pin(std::future::pending())
-                    as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
-            },
-            |at| Box::pin(tokio::time::sleep_until(at)),
-        );
         tokio::select! {
             _ = watcher.changed() => Ok(Woken::LookAgain),
-            () = until => Ok(Woken::LookAgain),
+            () = tokio::time::sleep_until(until) => Ok(Woken::LookAgain),
             () = entry.session.ended() => Err(StepError::Fatal(vanished())),
         }
     }
