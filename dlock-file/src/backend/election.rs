@@ -2,12 +2,7 @@
 //! counter's last, and what it proclaimed is in `{stem}.lock-holder`,
 //! shown only while the lock is held by the fence that wrote it.
 
-use std::{
-    fs::File,
-    io::{self, Read},
-    os::unix::fs::FileExt,
-    path::Path,
-};
+use std::{io::Read, os::unix::fs::FileExt, path::Path};
 
 use dlock_core::{
     backend::{Holder, Mode},
@@ -93,10 +88,8 @@ fn write_holder(path: &Path, fence: u64, value: &[u8]) -> Result<bool> {
 
 /// The fence and value in the holder file, if it has any.
 fn read_holder(path: &Path) -> Result<Option<(u64, Vec<u8>)>> {
-    let mut file = match File::open(path) {
-        Ok(file) => file,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io_error("cannot open", path, e)),
+    let Some(mut file) = locks::open_read(path)? else {
+        return Ok(None);
     };
     flock(&file, Op::LockShared, path)?;
     let mut record = Vec::new();

@@ -102,8 +102,9 @@ impl Stop<'_> {
 pub(crate) fn open(path: &Path) -> Result<File, LockError> {
     use std::os::unix::fs::OpenOptionsExt as _;
     // A symlink planted in a shared directory must not make dlock write
-    // (or truncate) the file it points to.
-    let nofollow = rustix::fs::OFlags::NOFOLLOW.bits() as i32;
+    // (or truncate) the file it points to, nor a FIFO planted there hang
+    // it (a non-blocking open; `flock` waits by its own flag).
+    let nofollow = (rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32;
     // Bounded: a file deleted between the two opens is made again.
     for _ in 0..100 {
         match OpenOptions::new()
@@ -112,7 +113,7 @@ pub(crate) fn open(path: &Path) -> Result<File, LockError> {
             .custom_flags(nofollow)
             .open(path)
         {
-            Ok(file) => return Ok(file),
+            Ok(file) => return regular(file, path),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(io_error("cannot open", path, e)),
         }
@@ -139,6 +140,35 @@ pub(crate) fn open(path: &Path) -> Result<File, LockError> {
         path,
         io::Error::other("it was deleted each time it was made, 100 times"),
     ))
+}
+
+/// `file`, if it is a regular file: a lock file replaced by a FIFO or a
+/// device is refused.
+fn regular(file: File, path: &Path) -> Result<File, LockError> {
+    let meta = file
+        .metadata()
+        .map_err(|e| io_error("cannot stat", path, e))?;
+    if meta.is_file() {
+        Ok(file)
+    } else {
+        Err(io_error(
+            "refusing",
+            path,
+            io::Error::other("it is not a regular file (planted?)"),
+        ))
+    }
+}
+
+/// `path` opened for reading as [`open`] opens it (no symlink followed,
+/// no FIFO waited on, a regular file only), if it exists.
+pub(crate) fn open_read(path: &Path) -> Result<Option<File>, LockError> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let flags = (rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32;
+    match OpenOptions::new().read(true).custom_flags(flags).open(path) {
+        Ok(file) => regular(file, path).map(Some),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io_error("cannot open", path, e)),
+    }
 }
 
 /// Whether `path`'s directory is one every user may write to, with the
@@ -409,49 +439,71 @@ fn slots(names: &Names, count: u32, limit: u32) -> Result<Option<Vec<File>>, Loc
 /// file's device and inode), not by trying them: a try would make an
 /// acquirer that meets it find a free slot taken.
 ///
-/// Matched by inode alone: on btrfs, and on overlayfs without `xino`,
-/// `stat` reports another device than `/proc/locks` does. A lock on
-/// another file with the same inode number on another device is then
-/// counted too (the count errs high, never low). Locks held from another
-/// PID namespace are not listed there, so not counted; nor are the slots
-/// an acquirer holds for a moment while it finds too few free.
+/// Matched as [`is_among`] matches (the count errs high, never low).
+/// Locks held from another PID namespace are not listed there, so not
+/// counted; nor are the slots an acquirer holds for a moment while it
+/// finds too few free.
 pub(crate) fn slots_taken(names: &Names, limit: u32) -> Result<u32, LockError> {
-    let locked = flocked_inodes()?;
+    let locked = flocked()?;
     let mut taken = 0;
     for i in 0..limit {
-        if inode(&names.slot(i))?.is_some_and(|ino| locked.contains(&ino)) {
+        if is_among(&names.slot(i), &locked)? {
             taken += 1;
         }
     }
     Ok(taken)
 }
 
-/// The inodes of the files some process holds an `flock` on now, from
-/// Linux's `/proc/locks` (blocked requests left out).
-fn flocked_inodes() -> Result<std::collections::HashSet<u64>, LockError> {
+/// The files some process holds an `flock` on now, from Linux's
+/// `/proc/locks` (blocked requests left out): device (major, minor) and
+/// inode.
+type Flocked = std::collections::HashSet<(u32, u32, u64)>;
+
+fn flocked() -> Result<Flocked, LockError> {
     let table = std::fs::read_to_string("/proc/locks")
         .map_err(|e| io_error("reading", Path::new("/proc/locks"), e))?;
     Ok(table
         .lines()
         .filter_map(|line| {
-            // `N: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE START END`; a
-            // blocked request has `->` before `FLOCK`.
+            // `N: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE START END` (the
+            // device in hex); a blocked request has `->` before `FLOCK`.
             let mut fields = line.split_whitespace().skip(1);
             if fields.next()? != "FLOCK" {
                 return None;
             }
-            fields.nth(3)?.rsplit(':').next()?.parse().ok()
+            let mut id = fields.nth(3)?.split(':');
+            let major = u32::from_str_radix(id.next()?, 16).ok()?;
+            let minor = u32::from_str_radix(id.next()?, 16).ok()?;
+            Some((major, minor, id.next()?.parse().ok()?))
         })
         .collect())
 }
 
-/// `path`'s inode number, or `None` if there is no such file.
-fn inode(path: &Path) -> Result<Option<u64>, LockError> {
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) => Ok(Some(std::os::unix::fs::MetadataExt::ino(&meta))),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(io_error("cannot stat", path, e)),
+/// Whether the file at `path` is among `locked`: by device and inode. On
+/// btrfs and on overlayfs, whose `stat` reports another device than
+/// `/proc/locks` does, by inode alone (another file of that inode number
+/// on another device then counts too: the answer errs towards held).
+fn is_among(path: &Path, locked: &Flocked) -> Result<bool, LockError> {
+    use std::os::unix::fs::MetadataExt as _;
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        // Never taken yet.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(io_error("cannot stat", path, e)),
+    };
+    let (dev, ino) = (meta.dev(), meta.ino());
+    if locked.contains(&(rustix::fs::major(dev), rustix::fs::minor(dev), ino)) {
+        return Ok(true);
     }
+    if !locked.iter().any(|&(_, _, locked)| locked == ino) {
+        return Ok(false);
+    }
+    const BTRFS: u32 = 0x9123_683E;
+    const OVERLAYFS: u32 = 0x794C_7630;
+    // `f_type`'s integer type differs by architecture.
+    #[allow(clippy::unnecessary_cast)]
+    let magic = rustix::fs::statfs(path).map_or(0, |fs| fs.f_type as u32);
+    Ok(matches!(magic, BTRFS | OVERLAYFS))
 }
 
 /// The semaphore's limit file, held shared, once it records `limit`: the
@@ -583,10 +635,8 @@ fn unix_micros() -> u64 {
 
 /// The last fence the counter at `path` gave; 0 if none.
 pub(crate) fn last_fence(path: &Path) -> Result<u64, LockError> {
-    let file = match File::open(path) {
-        Ok(file) => file,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => return Err(io_error("cannot open", path, e)),
+    let Some(file) = open_read(path)? else {
+        return Ok(0);
     };
     flock(&file, Op::LockShared, path)?;
     read_number(&file, path)
@@ -601,14 +651,30 @@ pub(crate) fn last_fence(path: &Path) -> Result<u64, LockError> {
 /// Only a plain lock's file is asked about, which only exclusive locks
 /// take.
 pub(crate) fn is_locked(path: &Path) -> Result<bool, LockError> {
-    let Some(ino) = inode(path)? else {
-        return Ok(false);
-    };
-    Ok(flocked_inodes()?.contains(&ino))
+    is_among(path, &flocked()?)
 }
 
 #[cfg(test)]
 mod tests {
+    /// A FIFO planted where a lock file or a fence counter goes is
+    /// refused at once: opening it must not hang every acquisition.
+    #[test]
+    fn a_planted_fifo_is_refused_without_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("k.lock-fence");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o666),
+            0,
+        )
+        .unwrap();
+        assert!(super::open(&fifo).is_err());
+        assert!(super::open_read(&fifo).is_err());
+        assert!(super::last_fence(&fifo).is_err());
+    }
+
     #[test]
     fn a_planted_symlink_is_not_followed() {
         let dir = tempfile::tempdir().unwrap();
