@@ -44,7 +44,9 @@
 
 mod alloc;
 mod chart;
+mod contention;
 mod cpu;
+mod lockable;
 mod multiproc;
 mod peers;
 mod raw;

@@ -18,7 +18,7 @@ use tokio::{
     time::Instant,
 };
 
-use crate::{scenarios::Contention, Row, Target};
+use crate::{contention::Contention, Row, Target};
 
 /// The hidden first argument that runs a child.
 pub(crate) const CHILD: &str = "--child-contended";

@@ -10,7 +10,7 @@ use dlock_zk::zookeeper_client;
 use futures_util::future::BoxFuture;
 
 use crate::{
-    scenarios::{Lockable, Unlock},
+    lockable::{Lockable, Unlock},
     Target,
 };
 

@@ -6,6 +6,7 @@ use std::{sync::Arc, time::Duration};
 use dlock_core::{LockOptions, Token};
 use futures_util::future::BoxFuture;
 
+pub(crate) use crate::lockable::{Lockable, Unlock};
 use crate::{report::Row, Target};
 
 mod contended;
@@ -13,7 +14,6 @@ mod held;
 mod primitives;
 mod serial;
 
-pub(crate) use contended::Contention;
 use contended::{contended, contended_clients};
 use held::{held, reentrant, retained, Release};
 
@@ -21,40 +21,6 @@ use held::{held, reentrant, retained, Release};
 pub(crate) const HELD_LOCKS: usize = 100_000;
 use primitives::primitives;
 use serial::{distinct, serial};
-
-/// Something that locks a key: dlock, or a peer's recipe. `lock` returns the
-/// unlock, to await when done.
-pub(crate) trait Lockable: Send + Sync {
-    /// What the rows call it (`dlock` for ours).
-    fn label(&self) -> &str;
-
-    /// Locks `key` for `task` (peers whose ownership is per lease keep one
-    /// per task), and returns the unlock.
-    fn lock<'a>(&'a self, task: usize, key: &'a str) -> BoxFuture<'a, Unlock<'a>>;
-
-    /// On Redis, the commands it sends itself, whose server time is its
-    /// "Redis busy" (commands its scripts run count inside them).
-    fn redis_commands(&self) -> &'static [&'static str] {
-        &["evalsha"]
-    }
-
-    /// Completes when nothing it started is still on its way to the server
-    /// (dlock's background releases): run before the next scenario, so
-    /// that no side is counted or slowed by another's leftovers.
-    fn settle(&self) -> BoxFuture<'_, ()> {
-        Box::pin(std::future::ready(()))
-    }
-}
-
-/// The unlock of a held lock.
-pub(crate) struct Unlock<'a>(pub(crate) BoxFuture<'a, ()>);
-
-impl Unlock<'_> {
-    /// Unlocks.
-    pub(crate) async fn unlock(self) {
-        self.0.await;
-    }
-}
 
 /// dlock through a [`dlock_core::Locker`] (one client, as in a service).
 pub(crate) struct Dlock(pub(crate) dlock_core::Locker);

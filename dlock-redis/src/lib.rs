@@ -90,6 +90,7 @@
 
 mod backend;
 mod config;
+mod eviction;
 mod keys;
 mod node;
 mod scripts;

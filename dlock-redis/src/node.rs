@@ -170,30 +170,6 @@ impl redis::ToRedisArgs for Place {
     }
 }
 
-/// Logs a warning when the node may evict keys under memory pressure: its
-/// `maxmemory-policy` is not `noeviction`. Every policy but that one can
-/// evict lock keys (they carry a TTL, so the `volatile-*` policies pick
-/// them too), and an evicted lock is granted to the next owner while its
-/// holder still works. A server that refuses `CONFIG GET` (managed Redis
-/// often does) is not checked.
-pub(crate) async fn warn_if_evicting(conn: &mut ConnectionManager, client: &Client) {
-    let answer: RedisResult<Vec<String>> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("maxmemory-policy")
-        .query_async(conn)
-        .await;
-    match answer.as_deref() {
-        Ok([_, policy]) if policy != "noeviction" => tracing::warn!(
-            node = %client.get_connection_info().addr(),
-            policy = %policy,
-            "dlock redis: this node's maxmemory-policy can evict lock keys, which grants a held \
-             lock to a second owner; set `maxmemory-policy noeviction`"
-        ),
-        Ok(_) => {}
-        Err(error) => tracing::debug!(%error, "dlock redis could not read maxmemory-policy"),
-    }
-}
-
 /// The reconnecting connection's settings.
 fn manager_config(
     connect_timeout: Duration,
@@ -233,7 +209,7 @@ impl Node {
                 // Not fatal: every call still loads a missing script itself.
                 tracing::debug!(%error, "dlock redis could not preload its scripts");
             }
-            warn_if_evicting(&mut conn, &client).await;
+            crate::eviction::warn_if_evicting(&mut conn, &client).await;
             conn
         } else {
             let conn = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
@@ -246,7 +222,7 @@ impl Node {
                     tracing::debug!(%error, "dlock redis could not preload its scripts");
                     return;
                 }
-                warn_if_evicting(&mut preload, &node).await;
+                crate::eviction::warn_if_evicting(&mut preload, &node).await;
             });
             conn
         };

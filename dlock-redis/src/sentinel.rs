@@ -134,7 +134,7 @@ impl Master {
         if let Err(error) = scripts(false).load(&mut conn).await {
             tracing::debug!(%error, "dlock redis could not preload its scripts");
         }
-        crate::node::warn_if_evicting(&mut conn, &client).await;
+        crate::eviction::warn_if_evicting(&mut conn, &client).await;
         let master = Arc::new(Master {
             asking: tokio::sync::Mutex::new(Asking {
                 client: sentinel,

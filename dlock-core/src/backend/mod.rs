@@ -99,7 +99,10 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 
     /// Releases what `token` holds of `key` in `mode` if, and only if, it
     /// holds it, in one atomic step on the server. Releasing twice is not an
-    /// error: the second time says [`ReleaseOutcome::NotHeld`].
+    /// error: the second time changes nothing. A release sent again because
+    /// the answer to the first was lost should say
+    /// [`ReleaseOutcome::Released`] where the server can tell (Redis, etcd
+    /// and ZooKeeper do), and says [`ReleaseOutcome::NotHeld`] otherwise.
     fn release<'a>(
         &'a self,
         key: &'a LockKey,
