@@ -508,11 +508,13 @@ impl Drop for DefaultKey {
             .flatten()
             .flatten()
         {
-            if entry
-                .file_name()
-                .to_string_lossy()
-                .starts_with(&format!("dlock.{}.", self.0))
-            {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            // The key's files, and its election's (`election:KEY`).
+            let ours = [
+                format!("dlock.{}.", self.0),
+                format!("dlock.election%3A{}.", self.0),
+            ];
+            if ours.iter().any(|prefix| name.starts_with(prefix.as_str())) {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
