@@ -256,7 +256,7 @@ pub(crate) async fn locker_for(
 
 /// A locker on `backend`, with the watchdog lease if one is given.
 pub(crate) fn build_locker(
-    backend: std::sync::Arc<dyn dlock_core::backend::Backend>,
+    backend: std::sync::Arc<dyn dlock_core::backend::DynBackend>,
     watchdog: Option<Duration>,
 ) -> dlock_core::Locker {
     let mut builder = dlock_core::LockerBuilder::from_arc(backend);

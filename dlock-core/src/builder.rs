@@ -3,7 +3,7 @@
 use std::{sync::Arc, time::Duration};
 
 use crate::{
-    backend::Backend,
+    backend::{Backend, DynBackend},
     error::Result,
     locker::{Locker, DEFAULT_WATCHDOG_LEASE},
     options::{validate_lease, Lease, LockOptions, MIN_LEASE, MIN_WATCHDOG_LEASE},
@@ -28,7 +28,7 @@ use crate::{
 #[derive(Debug)]
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct LockerBuilder {
-    backend: Arc<dyn Backend>,
+    backend: Arc<dyn DynBackend>,
     defaults: LockOptions,
     watchdog_lease: Duration,
     trace_keys: bool,
@@ -36,7 +36,7 @@ pub struct LockerBuilder {
 
 impl LockerBuilder {
     /// A builder over a shared backend.
-    pub fn from_arc(backend: Arc<dyn Backend>) -> Self {
+    pub fn from_arc(backend: Arc<dyn DynBackend>) -> Self {
         LockerBuilder {
             backend,
             defaults: LockOptions::new().wait_forever().watchdog(),
@@ -122,14 +122,14 @@ impl LockerBuilder {
 /// let locker = MemoryBackend::new().into_locker();
 /// # drop(locker);
 /// ```
-pub trait BackendExt: Backend + Sized {
+pub trait BackendExt: Backend + Sized + 'static {
     /// A locker over this backend with the default options.
     fn into_locker(self) -> Locker {
         Locker::new(self)
     }
 }
 
-impl<B: Backend> BackendExt for B {}
+impl<B: Backend + 'static> BackendExt for B {}
 
 /// The constructors of [`Locker`] live here, beside the builder they use,
 /// so that `locker` does not import `builder` back.
@@ -145,12 +145,12 @@ impl Locker {
     /// let locker = Locker::new(MemoryBackend::new());
     /// assert_eq!(locker.backend().name(), "memory");
     /// ```
-    pub fn new(backend: impl Backend) -> Locker {
+    pub fn new(backend: impl Backend + 'static) -> Locker {
         Locker::from_arc(Arc::new(backend))
     }
 
     /// A locker over a shared backend, with the default options.
-    pub fn from_arc(backend: Arc<dyn Backend>) -> Locker {
+    pub fn from_arc(backend: Arc<dyn DynBackend>) -> Locker {
         LockerBuilder::from_arc(backend)
             .build()
             .expect("the default options are valid")
@@ -170,7 +170,7 @@ impl Locker {
     ///     .build()?;
     /// # Ok::<(), dlock_core::LockError>(())
     /// ```
-    pub fn builder(backend: impl Backend) -> LockerBuilder {
+    pub fn builder(backend: impl Backend + 'static) -> LockerBuilder {
         LockerBuilder::from_arc(Arc::new(backend))
     }
 }

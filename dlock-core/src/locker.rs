@@ -7,7 +7,7 @@ use std::{fmt, future::Future, sync::Arc, time::Duration};
 use tokio::time::Instant;
 
 use crate::{
-    backend::{Backend, Mode},
+    backend::{Backend, DynBackend, Mode},
     error::{LockError, Result},
     guard::LockGuard,
     key::LockKey,
@@ -132,7 +132,7 @@ impl Locker {
     }
 
     /// The backend this locker talks to.
-    pub fn backend(&self) -> &Arc<dyn Backend> {
+    pub fn backend(&self) -> &Arc<dyn DynBackend> {
         &self.shared.backend
     }
 

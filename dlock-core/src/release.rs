@@ -14,7 +14,7 @@ use tokio::{runtime::Handle, time::Instant};
 use tracing::Instrument;
 
 use crate::{
-    backend::{Backend, Backoff, Mode, ReleaseOutcome},
+    backend::{Backoff, DynBackend, Mode, ReleaseOutcome},
     error::Result,
     key::LockKey,
     shared::Shared,
@@ -28,7 +28,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Releases `key` for `token` once, tracing the outcome.
 pub(crate) async fn release_traced(
-    backend: &dyn Backend,
+    backend: &dyn DynBackend,
     key: &LockKey,
     mode: Mode,
     token: &Token,
@@ -47,7 +47,7 @@ pub(crate) async fn release_traced(
 /// Sends the release again, with backoff, until it is answered or `lease`
 /// has passed; then abandons the token.
 async fn retry_release(
-    backend: &dyn Backend,
+    backend: &dyn DynBackend,
     key: &LockKey,
     mode: Mode,
     token: &Token,

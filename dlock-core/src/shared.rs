@@ -11,10 +11,10 @@ use std::sync::{
     Arc,
 };
 
-use crate::{backend::Backend, options::LockOptions, watchdog::Watchdog};
+use crate::{backend::DynBackend, options::LockOptions, watchdog::Watchdog};
 
 pub(crate) struct Shared {
-    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) backend: Arc<dyn DynBackend>,
     pub(crate) defaults: LockOptions,
     pub(crate) watchdog: Watchdog,
     pub(crate) pending: PendingReleases,

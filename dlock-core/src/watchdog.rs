@@ -18,7 +18,7 @@ use tokio::{
 };
 
 use crate::{
-    backend::{Backend, Mode, RenewOutcome, RenewRequest},
+    backend::{Backend, DynBackend, Mode, RenewOutcome, RenewRequest},
     error::LostReason,
     key::LockKey,
     lease::LeaseState,
@@ -39,7 +39,7 @@ pub(crate) struct Watchdog {
 #[derive(Debug)]
 struct Inner {
     lease: Duration,
-    backend: Arc<dyn Backend>,
+    backend: Arc<dyn DynBackend>,
     state: Mutex<State>,
 }
 
@@ -69,7 +69,7 @@ struct TimerState {
 }
 
 impl Watchdog {
-    pub(crate) fn new(lease: Duration, backend: Arc<dyn Backend>) -> Self {
+    pub(crate) fn new(lease: Duration, backend: Arc<dyn DynBackend>) -> Self {
         Watchdog {
             inner: Arc::new(Inner {
                 lease,

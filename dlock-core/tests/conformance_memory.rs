@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
-use dlock_core::{backend::Backend, MemoryBackend};
+use dlock_core::{backend::DynBackend, MemoryBackend};
 use dlock_testkit::Harness;
 
 fn harness() -> Harness {
     let server = MemoryBackend::new();
     Harness::new("memory", move || {
-        let client: Arc<dyn Backend> = Arc::new(server.clone());
+        let client: Arc<dyn DynBackend> = Arc::new(server.clone());
         async move { Ok(client) }
     })
 }

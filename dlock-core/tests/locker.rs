@@ -12,8 +12,8 @@ use std::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Mode, ReleaseOutcome,
-        RenewOutcome, RenewRequest,
+        AcquireRequest, Acquired, Backend, Capabilities, Mode, ReleaseOutcome, RenewOutcome,
+        RenewRequest,
     },
     default_locker, set_default_locker, BackendExt, LockError, LockKey, LockOptions, Locker,
     LostReason, MemoryBackend, Token,
@@ -147,38 +147,28 @@ impl Backend for Answer {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
-    fn acquire<'a>(
-        &'a self,
-        req: AcquireRequest<'a>,
-    ) -> BoxFuture<'a, dlock_core::Result<Option<Acquired>>> {
-        Box::pin(async move {
-            let granted = self.inner.acquire(req).await?;
-            tokio::time::sleep(self.reply_delay).await;
-            Ok(granted.map(|a| {
-                let late = Acquired::new(a.sent_at() - self.sent_earlier);
-                match a.fence() {
-                    Some(f) => late.with_fence(f),
-                    None => late,
-                }
-            }))
-        })
+    async fn acquire(&self, req: AcquireRequest<'_>) -> dlock_core::Result<Option<Acquired>> {
+        let granted = self.inner.acquire(req).await?;
+        tokio::time::sleep(self.reply_delay).await;
+        Ok(granted.map(|a| {
+            let late = Acquired::new(a.sent_at() - self.sent_earlier);
+            match a.fence() {
+                Some(f) => late.with_fence(f),
+                None => late,
+            }
+        }))
     }
-    fn release<'a>(
-        &'a self,
-        key: &'a LockKey,
+    async fn release(
+        &self,
+        key: &LockKey,
         mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, dlock_core::Result<ReleaseOutcome>> {
-        Box::pin(async move {
-            tokio::time::sleep(self.release_delay).await;
-            self.inner.release(key, mode, token).await
-        })
+        token: &Token,
+    ) -> dlock_core::Result<ReleaseOutcome> {
+        tokio::time::sleep(self.release_delay).await;
+        self.inner.release(key, mode, token).await
     }
-    fn renew<'a>(
-        &'a self,
-        locks: &'a [RenewRequest],
-    ) -> BoxFuture<'a, dlock_core::Result<Vec<RenewOutcome>>> {
-        self.inner.renew(locks)
+    async fn renew(&self, locks: &[RenewRequest]) -> dlock_core::Result<Vec<RenewOutcome>> {
+        self.inner.renew(locks).await
     }
 }
 
@@ -439,18 +429,15 @@ impl Backend for FailingReleases {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
-    fn acquire<'a>(
-        &'a self,
-        req: AcquireRequest<'a>,
-    ) -> BoxFuture<'a, dlock_core::Result<Option<Acquired>>> {
-        self.inner.acquire(req)
+    async fn acquire(&self, req: AcquireRequest<'_>) -> dlock_core::Result<Option<Acquired>> {
+        self.inner.acquire(req).await
     }
-    fn release<'a>(
-        &'a self,
-        key: &'a LockKey,
+    async fn release(
+        &self,
+        key: &LockKey,
         mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, dlock_core::Result<ReleaseOutcome>> {
+        token: &Token,
+    ) -> dlock_core::Result<ReleaseOutcome> {
         use std::sync::atomic::Ordering;
         let fail = self
             .failures_left
@@ -458,27 +445,15 @@ impl Backend for FailingReleases {
             .is_ok();
         if fail {
             let error = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "cut off");
-            return Box::pin(std::future::ready(Err(LockError::backend(
-                "failing-releases",
-                error,
-            ))));
+            return Err(LockError::backend("failing-releases", error));
         }
-        self.inner.release(key, mode, token)
+        self.inner.release(key, mode, token).await
     }
-    fn abandon<'a>(
-        &'a self,
-        _key: &'a LockKey,
-        _mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, ()> {
+    async fn abandon(&self, _key: &LockKey, _mode: Mode, token: &Token) {
         self.abandoned.lock().unwrap().push(*token);
-        Box::pin(std::future::ready(()))
     }
-    fn renew<'a>(
-        &'a self,
-        locks: &'a [RenewRequest],
-    ) -> BoxFuture<'a, dlock_core::Result<Vec<RenewOutcome>>> {
-        self.inner.renew(locks)
+    async fn renew(&self, locks: &[RenewRequest]) -> dlock_core::Result<Vec<RenewOutcome>> {
+        self.inner.renew(locks).await
     }
 }
 

@@ -10,8 +10,8 @@ use std::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, Backoff, BoxFuture, Capabilities, Holder, Mode,
-        ReleaseOutcome, RenewOutcome, RenewRequest,
+        AcquireRequest, Acquired, Backend, Backoff, Capabilities, Holder, Mode, ReleaseOutcome,
+        RenewOutcome, RenewRequest,
     },
     LockError, LockKey, Result, Token,
 };
@@ -334,19 +334,17 @@ impl Backend for EtcdBackend {
     }
 
     /// A linearizable count of the prefix: it needs a leader to answer.
-    fn check_servers(&self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async move {
-            let options = GetOptions::new().with_count_only();
-            let answer = self
-                .client()
-                .get(self.inner.prefix.as_str(), Some(options))
-                .await;
-            if answer.is_ok() {
-                // The cluster answers (see "Connection state").
-                self.inner.states.answered();
-            }
-            answer.map(drop).map_err(backend_error)
-        })
+    async fn check_servers(&self) -> Result<()> {
+        let options = GetOptions::new().with_count_only();
+        let answer = self
+            .client()
+            .get(self.inner.prefix.as_str(), Some(options))
+            .await;
+        if answer.is_ok() {
+            // The cluster answers (see "Connection state").
+            self.inner.states.answered();
+        }
+        answer.map(drop).map_err(backend_error)
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -359,17 +357,12 @@ impl Backend for EtcdBackend {
             .semaphores(true)
     }
 
-    fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>> {
-        Box::pin(async move { self.acquire_inner(&req).await })
+    async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Acquired>> {
+        self.acquire_inner(&req).await
     }
 
-    fn release<'a>(
-        &'a self,
-        _key: &'a LockKey,
-        _mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
-        Box::pin(async move { self.delete_owned(token).await })
+    async fn release(&self, _key: &LockKey, _mode: Mode, token: &Token) -> Result<ReleaseOutcome> {
+        self.delete_owned(token).await
     }
 
     /// Gives the token's key up to its lease: a key on the session (under
@@ -378,104 +371,87 @@ impl Backend for EtcdBackend {
     /// acquisitions start a new session; a key on a fixed lease of its own
     /// expires with that lease. Both leases are also revoked if etcd
     /// answers, which removes their keys at once.
-    fn abandon<'a>(
-        &'a self,
-        _key: &'a LockKey,
-        _mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            // The session is given up before the entry (and with it the
-            // turn at the name) goes: an acquisition that takes the turn
-            // must not find this key on a session still in use.
-            let owned = {
-                let mut all = self.owned();
-                if let Some(entry) = all.get(token).filter(|entry| !entry.on_own_lease) {
-                    entry.session.abandon();
-                }
-                all.remove(token)
-            };
-            let Some(owned) = owned else {
-                return;
-            };
-            let lease = if owned.on_own_lease {
-                owned.own_lease
-            } else {
-                if let Some(own) = owned.own_lease {
-                    self.revoke_in_background(own);
-                }
-                Some(owned.session.lease)
-            };
-            if let Some(lease) = lease {
-                self.revoke_in_background(lease);
+    async fn abandon(&self, _key: &LockKey, _mode: Mode, token: &Token) {
+        // The session is given up before the entry (and with it the
+        // turn at the name) goes: an acquisition that takes the turn
+        // must not find this key on a session still in use.
+        let owned = {
+            let mut all = self.owned();
+            if let Some(entry) = all.get(token).filter(|entry| !entry.on_own_lease) {
+                entry.session.abandon();
             }
-        })
+            all.remove(token)
+        };
+        let Some(owned) = owned else {
+            return;
+        };
+        let lease = if owned.on_own_lease {
+            owned.own_lease
+        } else {
+            if let Some(own) = owned.own_lease {
+                self.revoke_in_background(own);
+            }
+            Some(owned.session.lease)
+        };
+        if let Some(lease) = lease {
+            self.revoke_in_background(lease);
+        }
     }
 
-    fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>> {
+    async fn renew(&self, locks: &[RenewRequest]) -> Result<Vec<RenewOutcome>> {
         // Locks live on leases etcd keeps (the session's keepalive, or a
         // fixed lease); renewing one means confirming its key still exists.
-        Box::pin(async move {
-            let names: Vec<Option<(String, Option<i64>)>> = {
-                let owned = self.owned();
-                locks
-                    .iter()
-                    .map(|r| owned.get(&r.token).map(|o| (o.name.clone(), o.created)))
-                    .collect()
+        let names: Vec<Option<(String, Option<i64>)>> = {
+            let owned = self.owned();
+            locks
+                .iter()
+                .map(|r| owned.get(&r.token).map(|o| (o.name.clone(), o.created)))
+                .collect()
+        };
+        let mut outcomes = Vec::with_capacity(locks.len());
+        for name in names {
+            let Some((name, created)) = name else {
+                outcomes.push(RenewOutcome::NotHeld);
+                continue;
             };
-            let mut outcomes = Vec::with_capacity(locks.len());
-            for name in names {
-                let Some((name, created)) = name else {
-                    outcomes.push(RenewOutcome::NotHeld);
-                    continue;
-                };
-                let found = self
-                    .client()
-                    .get(name, Some(GetOptions::new().with_keys_only()))
-                    .await
-                    .map_err(backend_error)?;
-                // Ours only if created when we made it: with
-                // `layout=etcdctl`, a later acquisition may use the name.
-                let ours = found.kvs().first().is_some_and(|kv| {
-                    created.is_none_or(|revision| kv.create_revision() == revision)
-                });
-                outcomes.push(if ours {
-                    RenewOutcome::Renewed
-                } else {
-                    RenewOutcome::NotHeld
-                });
-            }
-            Ok(outcomes)
-        })
+            let found = self
+                .client()
+                .get(name, Some(GetOptions::new().with_keys_only()))
+                .await
+                .map_err(backend_error)?;
+            // Ours only if created when we made it: with
+            // `layout=etcdctl`, a later acquisition may use the name.
+            let ours = found
+                .kvs()
+                .first()
+                .is_some_and(|kv| created.is_none_or(|revision| kv.create_revision() == revision));
+            outcomes.push(if ours {
+                RenewOutcome::Renewed
+            } else {
+                RenewOutcome::NotHeld
+            });
+        }
+        Ok(outcomes)
     }
 
     /// One transaction: if our key still has the revision it was granted
     /// with (it was first then, and no key can be created before it
     /// since, so it holds), its value is rewritten, on the lease it has.
     /// Only the client that took the lock knows its key.
-    fn proclaim<'a>(
-        &'a self,
-        key: &'a LockKey,
-        token: &'a Token,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { self.proclaim_inner(key, token, value).await })
+    async fn proclaim(&self, key: &LockKey, token: &Token, value: &[u8]) -> Result<bool> {
+        self.proclaim_inner(key, token, value).await
     }
 
     /// The queue's first entry: its create revision is the holder's fence.
-    fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
-        Box::pin(async move { self.holder_inner(key).await })
+    async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {
+        self.holder_inner(key).await
     }
 
     /// A watch of the key's queue, armed before the read that compares:
     /// any put or delete under it (a grant, a release, a lease that
     /// expired, a proclaim; a waiter joining wakes it for nothing).
-    fn holder_changed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        seen: Option<&'a Holder>,
-    ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(async move { self.holder_changed_inner(key, seen).await })
+    async fn holder_changed(&self, key: &LockKey, seen: Option<&Holder>) -> Result<()> {
+        self.holder_changed_inner(key, seen).await
     }
 
     fn connection_state(&self) -> tokio::sync::watch::Receiver<dlock_core::ConnectionState> {
@@ -483,20 +459,20 @@ impl Backend for EtcdBackend {
     }
 
     /// The admitted entries of the semaphore's queue, in one read.
-    fn permits_taken<'a>(&'a self, key: &'a LockKey, limit: u32) -> BoxFuture<'a, Result<u32>> {
-        Box::pin(async move { self.permits_taken_inner(key, limit).await })
+    async fn permits_taken(&self, key: &LockKey, limit: u32) -> Result<u32> {
+        self.permits_taken_inner(key, limit).await
     }
 
     /// A new etcd lease for the key, in a transaction that checks the
     /// key's create revision; the old lease is revoked.
-    fn extend<'a>(
-        &'a self,
-        _key: &'a LockKey,
+    async fn extend(
+        &self,
+        _key: &LockKey,
         _mode: Mode,
-        token: &'a Token,
+        token: &Token,
         lease: Duration,
-    ) -> BoxFuture<'a, Result<Option<(tokio::time::Instant, Duration)>>> {
-        Box::pin(async move { self.extend_inner(token, lease).await })
+    ) -> Result<Option<(tokio::time::Instant, Duration)>> {
+        self.extend_inner(token, lease).await
     }
 
     /// Deletes the holder's key (only the key read, by its create
@@ -504,8 +480,8 @@ impl Backend for EtcdBackend {
     /// holder under the watchdog learns at its session's next check,
     /// within a third of the lease's TTL; a holder with a fixed lease
     /// only when that lease ends.
-    fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { self.force_release_inner(key).await })
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        self.force_release_inner(key).await
     }
 }
 

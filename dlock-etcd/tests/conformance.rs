@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use dlock_core::backend::Backend;
+use dlock_core::backend::DynBackend;
 use dlock_etcd::EtcdBackend;
 use dlock_testkit::{
     fixture::{EtcdServer, Shared},
@@ -28,7 +28,7 @@ fn harness_with(name: &str, servers: &[EtcdServer], query: &str) -> Harness {
     Harness::new(name, move || {
         let url = url.clone();
         async move {
-            let client: Arc<dyn Backend> = Arc::new(EtcdBackend::connect(&url).await?);
+            let client: Arc<dyn DynBackend> = Arc::new(EtcdBackend::connect(&url).await?);
             Ok(client)
         }
     })

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use dlock_core::{backend::Backend, BackendExt};
+use dlock_core::{backend::DynBackend, BackendExt};
 use dlock_etcd::EtcdBackend;
 use dlock_testkit::{
     fixture::{EtcdServer, TestCerts},
@@ -20,7 +20,7 @@ fn tls_harness() -> Harness {
     Harness::new("etcd over TLS", move || {
         let url = url.clone();
         async move {
-            let client: Arc<dyn Backend> = Arc::new(EtcdBackend::connect(&url).await?);
+            let client: Arc<dyn DynBackend> = Arc::new(EtcdBackend::connect(&url).await?);
             Ok(client)
         }
     })

@@ -11,7 +11,7 @@ use std::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, LossReporter, Mode,
+        AcquireRequest, Acquired, Backend, Capabilities, Holder, LossReporter, Mode,
         ReleaseOutcome, RenewOutcome, RenewRequest,
     },
     LockError, LockKey, Result, Token,
@@ -271,57 +271,45 @@ impl Backend for FileBackend {
             .session_leases(false)
     }
 
-    fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>> {
-        Box::pin(self.acquire_inner(req))
+    async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Acquired>> {
+        self.acquire_inner(req).await
     }
 
-    fn release<'a>(
-        &'a self,
-        key: &'a LockKey,
-        mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
-        Box::pin(std::future::ready(Ok(self.unlock(key, mode, token))))
+    async fn release(&self, key: &LockKey, mode: Mode, token: &Token) -> Result<ReleaseOutcome> {
+        Ok(self.unlock(key, mode, token))
     }
 
-    fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>> {
-        Box::pin(std::future::ready(Ok(self.extend(locks))))
+    async fn renew(&self, locks: &[RenewRequest]) -> Result<Vec<RenewOutcome>> {
+        Ok(self.extend(locks))
     }
 
     /// The semaphore's slot files some process holds an `flock` on, as
     /// Linux's `/proc/locks` lists them (elsewhere, an error), read on a
     /// blocking thread.
-    fn permits_taken<'a>(&'a self, key: &'a LockKey, limit: u32) -> BoxFuture<'a, Result<u32>> {
+    async fn permits_taken(&self, key: &LockKey, limit: u32) -> Result<u32> {
         let names = self.names(key, Mode::Permits { count: 1, limit });
-        Box::pin(async move {
-            tokio::task::spawn_blocking(move || locks::slots_taken(&names, limit))
-                .await
-                .map_err(|e| LockError::backend(NAME, e))?
-        })
+        tokio::task::spawn_blocking(move || locks::slots_taken(&names, limit))
+            .await
+            .map_err(|e| LockError::backend(NAME, e))?
     }
 
     /// Moves the lease's end, which the lease thread keeps, for a lock
     /// this backend still holds.
-    fn extend<'a>(
-        &'a self,
-        _key: &'a LockKey,
+    async fn extend(
+        &self,
+        _key: &LockKey,
         _mode: Mode,
-        token: &'a Token,
+        token: &Token,
         lease: std::time::Duration,
-    ) -> BoxFuture<'a, Result<Option<(tokio::time::Instant, std::time::Duration)>>> {
-        Box::pin(std::future::ready(Ok(self.extend_fixed(token, lease))))
+    ) -> Result<Option<(tokio::time::Instant, std::time::Duration)>> {
+        Ok(self.extend_fixed(token, lease))
     }
 
-    fn proclaim<'a>(
-        &'a self,
-        key: &'a LockKey,
-        token: &'a Token,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(self.proclaim_inner(key, token, value))
+    async fn proclaim(&self, key: &LockKey, token: &Token, value: &[u8]) -> Result<bool> {
+        self.proclaim_inner(key, token, value).await
     }
 
-    fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
-        Box::pin(self.holder_inner(key))
+    async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {
+        self.holder_inner(key).await
     }
 }

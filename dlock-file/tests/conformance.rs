@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use dlock_core::backend::Backend;
+use dlock_core::backend::DynBackend;
 use dlock_file::FileBackend;
 use dlock_testkit::Harness;
 
@@ -12,7 +12,7 @@ fn harness() -> Harness {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let path = dir.path().to_path_buf();
     Harness::new("file", move || {
-        let client = FileBackend::open(&path).map(|b| Arc::new(b) as Arc<dyn Backend>);
+        let client = FileBackend::open(&path).map(|b| Arc::new(b) as Arc<dyn DynBackend>);
         async move { client }
     })
     // A client's locks are unlocked when its last clone is dropped, as

@@ -7,7 +7,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use dlock_core::backend::Backend;
+use dlock_core::backend::DynBackend;
 use dlock_mysql::MySqlBackend;
 use dlock_testkit::{
     fixture::{MariaDbServer, Shared, MARIADB_PASSWORD},
@@ -53,7 +53,7 @@ fn harness(name: &str, url: &str, fence: &str) -> Harness {
     Harness::new(name, move || {
         let url = url.clone();
         async move {
-            let client: Arc<dyn Backend> = Arc::new(MySqlBackend::connect(&url).await?);
+            let client: Arc<dyn DynBackend> = Arc::new(MySqlBackend::connect(&url).await?);
             Ok(client)
         }
     })

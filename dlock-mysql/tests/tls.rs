@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use dlock_core::{backend::Backend, BackendExt};
+use dlock_core::{backend::DynBackend, BackendExt};
 use dlock_mysql::MySqlBackend;
 use dlock_testkit::{
     fixture::{MariaDbServer, TestCerts},
@@ -26,7 +26,7 @@ fn tls_harness() -> Harness {
     Harness::new("mysql over TLS", move || {
         let url = url.clone();
         async move {
-            let client: Arc<dyn Backend> = Arc::new(MySqlBackend::connect(&url).await?);
+            let client: Arc<dyn DynBackend> = Arc::new(MySqlBackend::connect(&url).await?);
             Ok(client)
         }
     })

@@ -4,7 +4,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use dlock_core::backend::Backend;
+use dlock_core::backend::DynBackend;
 use dlock_postgres::PgBackend;
 use dlock_testkit::{
     fixture::{PostgresServer, Shared},
@@ -23,7 +23,7 @@ fn server() -> Harness {
     Harness::new("postgres", move || {
         let url = url.clone();
         async move {
-            let client: Arc<dyn Backend> = Arc::new(PgBackend::connect(&url).await?);
+            let client: Arc<dyn DynBackend> = Arc::new(PgBackend::connect(&url).await?);
             Ok(client)
         }
     })

@@ -7,7 +7,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use dlock_core::{backend::Backend, LockError};
+use dlock_core::{backend::DynBackend, LockError};
 use dlock_postgres::PgBackend;
 use dlock_testkit::{
     fixture::{PgBouncer, PoolMode, PostgresServer, POSTGRES_PASSWORD},
@@ -45,7 +45,7 @@ fn behind_session_pooling() -> Harness {
     Harness::new("postgres behind PgBouncer (session)", move || {
         let url = url.clone();
         async move {
-            let client: Arc<dyn Backend> = Arc::new(PgBackend::connect(&url).await?);
+            let client: Arc<dyn DynBackend> = Arc::new(PgBackend::connect(&url).await?);
             Ok(client)
         }
     })

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use dlock_core::{backend::Backend, BackendExt};
+use dlock_core::{backend::DynBackend, BackendExt};
 use dlock_postgres::PgBackend;
 use dlock_testkit::{
     fixture::{PostgresServer, TestCerts},
@@ -26,7 +26,7 @@ fn tls_harness() -> Harness {
     Harness::new("postgres over TLS", move || {
         let url = url.clone();
         async move {
-            let client: Arc<dyn Backend> = Arc::new(PgBackend::connect(&url).await?);
+            let client: Arc<dyn DynBackend> = Arc::new(PgBackend::connect(&url).await?);
             Ok(client)
         }
     })

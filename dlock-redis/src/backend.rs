@@ -7,7 +7,7 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, ConnectionStates, Holder, Mode,
+        AcquireRequest, Acquired, Backend, Capabilities, ConnectionStates, Holder, Mode,
         ReleaseOutcome, RenewOutcome, RenewRequest,
     },
     LockError, LockKey, Result, Token,
@@ -260,25 +260,23 @@ impl Backend for RedisBackend {
     /// A `PING` to every node: `Ok` when a quorum answers. Each node gets
     /// half a second, well inside the Locker's bound, so that one dead
     /// Redlock node does not turn a quorum's answer into an error.
-    fn check_servers(&self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async move {
-            let answers = self
-                .on_every_node(Some(Duration::from_millis(500)), |node| {
-                    let mut conn = node.connection();
-                    async move { redis::cmd("PING").query_async::<()>(&mut conn).await }
-                })
-                .await;
-            let up = answers.iter().filter(|a| a.is_ok()).count();
-            if up >= self.inner.quorum {
-                return Ok(());
-            }
-            Err(backend_error(
-                answers
-                    .into_iter()
-                    .find_map(|a| a.err())
-                    .unwrap_or_else(timed_out),
-            ))
-        })
+    async fn check_servers(&self) -> Result<()> {
+        let answers = self
+            .on_every_node(Some(Duration::from_millis(500)), |node| {
+                let mut conn = node.connection();
+                async move { redis::cmd("PING").query_async::<()>(&mut conn).await }
+            })
+            .await;
+        let up = answers.iter().filter(|a| a.is_ok()).count();
+        if up >= self.inner.quorum {
+            return Ok(());
+        }
+        Err(backend_error(
+            answers
+                .into_iter()
+                .find_map(|a| a.err())
+                .unwrap_or_else(timed_out),
+        ))
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -293,51 +291,35 @@ impl Backend for RedisBackend {
             .semaphores(one_node)
     }
 
-    fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>> {
-        Box::pin(async move {
-            match req.mode {
-                Mode::Exclusive => self.acquire_waiting(&req).await,
-                _ => self.acquire_shared(&req).await,
-            }
-        })
+    async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Acquired>> {
+        match req.mode {
+            Mode::Exclusive => self.acquire_waiting(&req).await,
+            _ => self.acquire_shared(&req).await,
+        }
     }
 
-    fn release<'a>(
-        &'a self,
-        key: &'a LockKey,
-        mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
-        Box::pin(async move { self.release_inner(key, mode, token).await })
+    async fn release(&self, key: &LockKey, mode: Mode, token: &Token) -> Result<ReleaseOutcome> {
+        self.release_inner(key, mode, token).await
     }
 
-    fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>> {
-        Box::pin(async move { self.renew_inner(locks).await })
+    async fn renew(&self, locks: &[RenewRequest]) -> Result<Vec<RenewOutcome>> {
+        self.renew_inner(locks).await
     }
 
-    fn proclaim<'a>(
-        &'a self,
-        key: &'a LockKey,
-        token: &'a Token,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { self.proclaim_inner(key, token, value).await })
+    async fn proclaim(&self, key: &LockKey, token: &Token, value: &[u8]) -> Result<bool> {
+        self.proclaim_inner(key, token, value).await
     }
 
-    fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
-        Box::pin(async move { self.holder_inner(key).await })
+    async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {
+        self.holder_inner(key).await
     }
 
     /// Subscribes to the key's holder channel (a proclaim, and the release
     /// of a proclaimed hold, publish there), then reads; woken by a
     /// message, or when the holder's lease runs out. A grant is seen when
     /// its holder proclaims: every elected leader does, before it is told.
-    fn holder_changed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        seen: Option<&'a Holder>,
-    ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(async move { self.holder_changed_inner(key, seen).await })
+    async fn holder_changed(&self, key: &LockKey, seen: Option<&Holder>) -> Result<()> {
+        self.holder_changed_inner(key, seen).await
     }
 
     fn connection_state(&self) -> tokio::sync::watch::Receiver<dlock_core::ConnectionState> {
@@ -346,28 +328,26 @@ impl Backend for RedisBackend {
 
     /// A renewal: the script sets the key's TTL (or the share's end) once
     /// the token is checked; on Redlock, on a majority of the nodes.
-    fn extend<'a>(
-        &'a self,
-        key: &'a LockKey,
+    async fn extend(
+        &self,
+        key: &LockKey,
         mode: Mode,
-        token: &'a Token,
+        token: &Token,
         lease: Duration,
-    ) -> BoxFuture<'a, Result<Option<(tokio::time::Instant, Duration)>>> {
-        Box::pin(dlock_core::backend::extend_by_renewal(
-            self, key, mode, token, lease,
-        ))
+    ) -> Result<Option<(tokio::time::Instant, Duration)>> {
+        dlock_core::backend::extend_by_renewal(self, key, mode, token, lease).await
     }
 
     /// The semaphore's holders whose lease has not ended by the server's
     /// clock, in one script.
-    fn permits_taken<'a>(&'a self, key: &'a LockKey, _limit: u32) -> BoxFuture<'a, Result<u32>> {
-        Box::pin(async move { self.permits_taken_inner(key).await })
+    async fn permits_taken(&self, key: &LockKey, _limit: u32) -> Result<u32> {
+        self.permits_taken_inner(key).await
     }
 
     /// Reads the holder's token on each node and releases it there (the
     /// script hands the lock to the first waiter in line). The holder's
     /// guard learns at its next renewal, within a third of its lease.
-    fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { self.force_release_inner(key).await })
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        self.force_release_inner(key).await
     }
 }

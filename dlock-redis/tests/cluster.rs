@@ -4,7 +4,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use dlock_core::{backend::Backend, BackendExt, LockOptions};
+use dlock_core::{backend::DynBackend, BackendExt, LockOptions};
 use dlock_redis::RedisBackend;
 use dlock_testkit::{fixture::RedisCluster, Harness};
 use tokio::time::Instant;
@@ -15,7 +15,7 @@ fn cluster_harness() -> Harness {
     Harness::new("redis cluster", move || {
         let url = url.clone();
         async move {
-            let client: Arc<dyn Backend> = Arc::new(RedisBackend::connect(&url).await?);
+            let client: Arc<dyn DynBackend> = Arc::new(RedisBackend::connect(&url).await?);
             Ok(client)
         }
     })

@@ -10,7 +10,7 @@ use std::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, LeaseTimers, LocalTurn,
+        AcquireRequest, Acquired, Backend, Capabilities, Holder, LeaseTimers, LocalTurn,
         LocalTurns, Mode, ReleaseOutcome, RenewOutcome, RenewRequest,
     },
     LockError, LockKey, Result, Token,
@@ -191,84 +191,63 @@ impl<D: Dialect> Backend for SqlBackend<D> {
             .session_leases(true)
     }
 
-    fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>> {
-        Box::pin(async move { self.acquire_inner(&req).await })
+    async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Acquired>> {
+        self.acquire_inner(&req).await
     }
 
-    fn release<'a>(
-        &'a self,
-        _key: &'a LockKey,
-        _mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
-        Box::pin(async move { self.unlock(token).await })
+    async fn release(&self, _key: &LockKey, _mode: Mode, token: &Token) -> Result<ReleaseOutcome> {
+        self.unlock(token).await
     }
 
     /// Ends the session that holds the token's lock: the server releases
     /// every lock on it at once. The other guards on it are lost, and later
     /// acquisitions open a new session.
-    fn abandon<'a>(
-        &'a self,
-        _key: &'a LockKey,
-        _mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            let Some(owned) = lock(&self.inner.owned).remove(token) else {
-                return;
-            };
-            owned.session.end();
-        })
+    async fn abandon(&self, _key: &LockKey, _mode: Mode, token: &Token) {
+        let Some(owned) = lock(&self.inner.owned).remove(token) else {
+            return;
+        };
+        owned.session.end();
     }
 
-    fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>> {
+    async fn renew(&self, locks: &[RenewRequest]) -> Result<Vec<RenewOutcome>> {
         // Locks live on sessions that their keepalive renews.
-        Box::pin(async move {
-            let owned = lock(&self.inner.owned);
-            Ok(locks
-                .iter()
-                .map(|l| match owned.get(&l.token) {
-                    Some(o)
-                        if o.session.is_usable()
-                            && o.fixed_end.is_none_or(|end| Instant::now() < end) =>
-                    {
-                        RenewOutcome::Renewed
-                    }
-                    _ => RenewOutcome::NotHeld,
-                })
-                .collect())
-        })
+        let owned = lock(&self.inner.owned);
+        Ok(locks
+            .iter()
+            .map(|l| match owned.get(&l.token) {
+                Some(o)
+                    if o.session.is_usable()
+                        && o.fixed_end.is_none_or(|end| Instant::now() < end) =>
+                {
+                    RenewOutcome::Renewed
+                }
+                _ => RenewOutcome::NotHeld,
+            })
+            .collect())
     }
 
     /// A statement on the first holder session (opening one if it ended).
-    fn check_servers(&self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async move {
-            let holder = self.holder_at(0).await?;
-            holder
-                .run(|d, c| d.ping(c))
-                .await
-                .map(drop)
-                .map_err(backend_error::<D>)
-        })
+    async fn check_servers(&self) -> Result<()> {
+        let holder = self.holder_at(0).await?;
+        holder
+            .run(|d, c| d.ping(c))
+            .await
+            .map(drop)
+            .map_err(backend_error::<D>)
     }
 
     /// Records the hold in the holders' table, on the session that holds
     /// it, behind its entry lock: the record is the holder's for as long
     /// as that session holds the entry lock, which its release gives back
     /// (after deleting the record) and the session's end takes.
-    fn proclaim<'a>(
-        &'a self,
-        key: &'a LockKey,
-        token: &'a Token,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { self.proclaim_inner(key, token, value).await })
+    async fn proclaim(&self, key: &LockKey, token: &Token, value: &[u8]) -> Result<bool> {
+        self.proclaim_inner(key, token, value).await
     }
 
     /// Reads the server's lock table, and the holders' table, on the key's
     /// holder session.
-    fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
-        Box::pin(async move { self.holder_inner(key).await })
+    async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {
+        self.holder_inner(key).await
     }
 
     /// Fed by the sessions: an answered statement is `Connected` (or
@@ -284,22 +263,22 @@ impl<D: Dialect> Backend for SqlBackend<D> {
     }
 
     /// The admitted live entries of the semaphore's queue, in one read.
-    fn permits_taken<'a>(&'a self, key: &'a LockKey, limit: u32) -> BoxFuture<'a, Result<u32>> {
-        Box::pin(async move { self.permits_taken_inner(key, limit).await })
+    async fn permits_taken(&self, key: &LockKey, limit: u32) -> Result<u32> {
+        self.permits_taken_inner(key, limit).await
     }
 
     /// Moves the end this backend keeps for a fixed lease (session locks
     /// have no TTL), once a statement on the session that holds the lock
     /// is answered: a session lock goes only with its session (or its own
     /// unlock), so that proves it still held.
-    fn extend<'a>(
-        &'a self,
-        _key: &'a LockKey,
+    async fn extend(
+        &self,
+        _key: &LockKey,
         _mode: Mode,
-        token: &'a Token,
+        token: &Token,
         lease: Duration,
-    ) -> BoxFuture<'a, Result<Option<(Instant, Duration)>>> {
-        Box::pin(async move { self.extend_inner(token, lease).await })
+    ) -> Result<Option<(Instant, Duration)>> {
+        self.extend_inner(token, lease).await
     }
 
     /// Ends the server session that holds the lock (a lock can only be
@@ -308,8 +287,8 @@ impl<D: Dialect> Backend for SqlBackend<D> {
     /// session's next statement or ping, within a third of the session
     /// timeout. A lock this backend holds itself is released on the
     /// session that holds it instead, and its guard is told at once.
-    fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { self.force_release_inner(key).await })
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        self.force_release_inner(key).await
     }
 }
 
@@ -334,82 +313,68 @@ macro_rules! forward_backend {
                 self.0.capabilities()
             }
 
-            fn acquire<'a>(
-                &'a self,
-                req: $crate::__private::AcquireRequest<'a>,
-            ) -> $crate::__private::BoxFuture<
-                'a,
-                $crate::__private::Result<Option<$crate::__private::Acquired>>,
-            > {
-                self.0.acquire(req)
+            async fn acquire(
+                &self,
+                req: $crate::__private::AcquireRequest<'_>,
+            ) -> $crate::__private::Result<Option<$crate::__private::Acquired>> {
+                self.0.acquire(req).await
             }
 
-            fn release<'a>(
-                &'a self,
-                key: &'a $crate::__private::LockKey,
+            async fn release(
+                &self,
+                key: &$crate::__private::LockKey,
                 mode: $crate::__private::Mode,
-                token: &'a $crate::__private::Token,
-            ) -> $crate::__private::BoxFuture<
-                'a,
-                $crate::__private::Result<$crate::__private::ReleaseOutcome>,
-            > {
-                self.0.release(key, mode, token)
+                token: &$crate::__private::Token,
+            ) -> $crate::__private::Result<$crate::__private::ReleaseOutcome> {
+                self.0.release(key, mode, token).await
             }
 
             /// Ends the session that holds the token's lock: the server
             /// releases every lock on it at once. The other guards on it
             /// are lost, and later acquisitions open a new session.
-            fn abandon<'a>(
-                &'a self,
-                key: &'a $crate::__private::LockKey,
+            async fn abandon(
+                &self,
+                key: &$crate::__private::LockKey,
                 mode: $crate::__private::Mode,
-                token: &'a $crate::__private::Token,
-            ) -> $crate::__private::BoxFuture<'a, ()> {
-                self.0.abandon(key, mode, token)
+                token: &$crate::__private::Token,
+            ) -> () {
+                self.0.abandon(key, mode, token).await
             }
 
-            fn renew<'a>(
-                &'a self,
-                locks: &'a [$crate::__private::RenewRequest],
-            ) -> $crate::__private::BoxFuture<
-                'a,
-                $crate::__private::Result<Vec<$crate::__private::RenewOutcome>>,
-            > {
-                self.0.renew(locks)
+            async fn renew(
+                &self,
+                locks: &[$crate::__private::RenewRequest],
+            ) -> $crate::__private::Result<Vec<$crate::__private::RenewOutcome>> {
+                self.0.renew(locks).await
             }
 
             /// A statement on a holder session (opening one if it ended).
-            fn check_servers(
+            async fn check_servers(&self) -> $crate::__private::Result<()> {
+                self.0.check_servers().await
+            }
+
+            async fn proclaim(
                 &self,
-            ) -> $crate::__private::BoxFuture<'_, $crate::__private::Result<()>> {
-                self.0.check_servers()
+                key: &$crate::__private::LockKey,
+                token: &$crate::__private::Token,
+                value: &[u8],
+            ) -> $crate::__private::Result<bool> {
+                self.0.proclaim(key, token, value).await
             }
 
-            fn proclaim<'a>(
-                &'a self,
-                key: &'a $crate::__private::LockKey,
-                token: &'a $crate::__private::Token,
-                value: &'a [u8],
-            ) -> $crate::__private::BoxFuture<'a, $crate::__private::Result<bool>> {
-                self.0.proclaim(key, token, value)
+            async fn holder(
+                &self,
+                key: &$crate::__private::LockKey,
+            ) -> $crate::__private::Result<Option<$crate::__private::Holder>> {
+                self.0.holder(key).await
             }
 
-            fn holder<'a>(
-                &'a self,
-                key: &'a $crate::__private::LockKey,
-            ) -> $crate::__private::BoxFuture<
-                'a,
-                $crate::__private::Result<Option<$crate::__private::Holder>>,
-            > {
-                self.0.holder(key)
-            }
-
-            fn holder_changed<'a>(
-                &'a self,
-                key: &'a $crate::__private::LockKey,
-                seen: Option<&'a $crate::__private::Holder>,
-            ) -> $crate::__private::BoxFuture<'a, $crate::__private::Result<()>> {
-                self.0.holder_changed(key, seen)
+            async fn holder_changed(
+                &self,
+                key: &$crate::__private::LockKey,
+                seen: Option<&$crate::__private::Holder>,
+            ) -> $crate::__private::Result<()> {
+                self.0.holder_changed(key, seen).await
             }
 
             fn connection_state(
@@ -418,34 +383,31 @@ macro_rules! forward_backend {
                 self.0.connection_state()
             }
 
-            fn force_release<'a>(
-                &'a self,
-                key: &'a $crate::__private::LockKey,
-            ) -> $crate::__private::BoxFuture<'a, $crate::__private::Result<bool>> {
-                self.0.force_release(key)
+            async fn force_release(
+                &self,
+                key: &$crate::__private::LockKey,
+            ) -> $crate::__private::Result<bool> {
+                self.0.force_release(key).await
             }
 
-            fn extend<'a>(
-                &'a self,
-                key: &'a $crate::__private::LockKey,
+            async fn extend(
+                &self,
+                key: &$crate::__private::LockKey,
                 mode: $crate::__private::Mode,
-                token: &'a $crate::__private::Token,
+                token: &$crate::__private::Token,
                 lease: ::std::time::Duration,
-            ) -> $crate::__private::BoxFuture<
-                'a,
-                $crate::__private::Result<
-                    Option<($crate::__private::Instant, ::std::time::Duration)>,
-                >,
+            ) -> $crate::__private::Result<
+                Option<($crate::__private::Instant, ::std::time::Duration)>,
             > {
-                self.0.extend(key, mode, token, lease)
+                self.0.extend(key, mode, token, lease).await
             }
 
-            fn permits_taken<'a>(
-                &'a self,
-                key: &'a $crate::__private::LockKey,
+            async fn permits_taken(
+                &self,
+                key: &$crate::__private::LockKey,
                 limit: u32,
-            ) -> $crate::__private::BoxFuture<'a, $crate::__private::Result<u32>> {
-                self.0.permits_taken(key, limit)
+            ) -> $crate::__private::Result<u32> {
+                self.0.permits_taken(key, limit).await
             }
         }
     };

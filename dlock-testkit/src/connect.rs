@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use dlock_core::{backend::Backend, LockError};
+use dlock_core::{backend::DynBackend, LockError};
 
 /// A new client of the backend `url` names: [`dlock::connect_backend`],
 /// with every backend.
@@ -22,7 +22,7 @@ use dlock_core::{backend::Backend, LockError};
 /// # Ok(())
 /// # }
 /// ```
-pub async fn connect(url: &str) -> Result<Arc<dyn Backend>, LockError> {
+pub async fn connect(url: &str) -> Result<Arc<dyn DynBackend>, LockError> {
     dlock::connect_backend(url).await
 }
 

@@ -7,7 +7,7 @@ use std::sync::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, Mode, ReleaseOutcome,
+        AcquireRequest, Acquired, Backend, Capabilities, DynBackend, Holder, Mode, ReleaseOutcome,
         RenewOutcome, RenewRequest,
     },
     LockKey, Result, Token,
@@ -38,7 +38,7 @@ use dlock_core::{
 /// ```
 #[derive(Debug)]
 pub struct CountingBackend {
-    inner: Arc<dyn Backend>,
+    inner: Arc<dyn DynBackend>,
     acquires: AtomicUsize,
     releases: AtomicUsize,
     renewals: AtomicUsize,
@@ -53,7 +53,7 @@ pub struct CountingBackend {
 
 impl CountingBackend {
     /// Wraps `inner`.
-    pub fn new(inner: Arc<dyn Backend>) -> Self {
+    pub fn new(inner: Arc<dyn DynBackend>) -> Self {
         CountingBackend {
             inner,
             acquires: AtomicUsize::new(0),
@@ -137,82 +137,62 @@ impl Backend for CountingBackend {
         self.inner.capabilities()
     }
 
-    fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>> {
+    async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Acquired>> {
         self.acquires.fetch_add(1, Ordering::SeqCst);
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.max_in_flight.fetch_max(now, Ordering::SeqCst);
         let in_flight = InFlight(self.in_flight.clone());
         let acquire = self.inner.acquire(req);
-        Box::pin(async move {
-            let _in_flight = in_flight;
-            acquire.await
-        })
+        let _in_flight = in_flight;
+        acquire.await
     }
 
-    fn release<'a>(
-        &'a self,
-        key: &'a LockKey,
-        mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
+    async fn release(&self, key: &LockKey, mode: Mode, token: &Token) -> Result<ReleaseOutcome> {
         self.releases.fetch_add(1, Ordering::SeqCst);
-        self.inner.release(key, mode, token)
+        self.inner.release(key, mode, token).await
     }
 
-    fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>> {
+    async fn renew(&self, locks: &[RenewRequest]) -> Result<Vec<RenewOutcome>> {
         self.renewals.fetch_add(1, Ordering::SeqCst);
         let renew = self.inner.renew(locks);
         let answered = Answered(&self.renewals_answered);
-        Box::pin(async move {
-            let _answered = answered;
-            renew.await
-        })
+        let _answered = answered;
+        renew.await
     }
 
-    fn check_servers(&self) -> BoxFuture<'_, Result<()>> {
-        self.inner.check_servers()
+    async fn check_servers(&self) -> Result<()> {
+        self.inner.check_servers().await
     }
-    fn proclaim<'a>(
-        &'a self,
-        key: &'a LockKey,
-        token: &'a Token,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move {
-            if self.release_at_proclaim.swap(false, Ordering::SeqCst) {
-                self.released_at_proclaim.store(true, Ordering::SeqCst);
-                self.inner.release(key, Mode::Exclusive, token).await?;
-            }
-            self.inner.proclaim(key, token, value).await
-        })
+    async fn proclaim(&self, key: &LockKey, token: &Token, value: &[u8]) -> Result<bool> {
+        if self.release_at_proclaim.swap(false, Ordering::SeqCst) {
+            self.released_at_proclaim.store(true, Ordering::SeqCst);
+            self.inner.release(key, Mode::Exclusive, token).await?;
+        }
+        self.inner.proclaim(key, token, value).await
     }
-    fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
-        self.inner.holder(key)
+    async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {
+        self.inner.holder(key).await
     }
-    fn holder_changed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        seen: Option<&'a Holder>,
-    ) -> BoxFuture<'a, Result<()>> {
-        self.inner.holder_changed(key, seen)
+    async fn holder_changed(&self, key: &LockKey, seen: Option<&Holder>) -> Result<()> {
+        self.inner.holder_changed(key, seen).await
     }
     fn connection_state(&self) -> tokio::sync::watch::Receiver<dlock_core::ConnectionState> {
         self.inner.connection_state()
     }
-    fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool>> {
-        self.inner.force_release(key)
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        self.inner.force_release(key).await
     }
-    fn extend<'a>(
-        &'a self,
-        key: &'a LockKey,
+    async fn extend(
+        &self,
+        key: &LockKey,
         mode: Mode,
-        token: &'a Token,
+        token: &Token,
         lease: std::time::Duration,
-    ) -> BoxFuture<'a, Result<Option<(tokio::time::Instant, std::time::Duration)>>> {
-        self.inner.extend(key, mode, token, lease)
+    ) -> Result<Option<(tokio::time::Instant, std::time::Duration)>> {
+        self.inner.extend(key, mode, token, lease).await
     }
-    fn permits_taken<'a>(&'a self, key: &'a LockKey, limit: u32) -> BoxFuture<'a, Result<u32>> {
-        self.inner.permits_taken(key, limit)
+    async fn permits_taken(&self, key: &LockKey, limit: u32) -> Result<u32> {
+        self.inner.permits_taken(key, limit).await
     }
 }
 

@@ -69,12 +69,12 @@ fn key_of(key: &CompositeKey) -> (String, Vec<(String, String)>) {
 /// # Examples
 ///
 /// ```
-/// use dlock_core::{backend::Backend, MemoryBackend};
+/// use dlock_core::{backend::{Backend, DynBackend}, MemoryBackend};
 /// use std::sync::Arc;
 ///
 /// let server = MemoryBackend::new();
 /// let harness = dlock_testkit::Harness::new("memory", move || {
-///     let client: Arc<dyn Backend> = Arc::new(server.clone());
+///     let client: Arc<dyn DynBackend> = Arc::new(server.clone());
 ///     async move { Ok(client) }
 /// });
 /// dlock_testkit::check_metrics(&harness, true);

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use dlock_core::{
-    backend::{Backend, Mode},
+    backend::{DynBackend, Mode},
     LockKey, LockOptions, Locker,
 };
 use tokio::time::Instant;
@@ -75,7 +75,7 @@ pub async fn check_release_cut_off_then_back(
 ///
 /// When a check fails.
 pub async fn check_a_release_sent_again_after_a_lost_reply_succeeds(
-    backend: &dyn Backend,
+    backend: &dyn DynBackend,
     holder: &Locker,
     next: &Locker,
     proxy: &TcpProxy,
@@ -144,7 +144,7 @@ pub async fn check_a_release_sent_again_after_a_lost_reply_succeeds(
 ///
 /// When a check fails.
 pub async fn check_abandon_gives_up_the_session(
-    backend: &dyn Backend,
+    backend: &dyn DynBackend,
     locker: &Locker,
     other: &Locker,
     ttl: Duration,

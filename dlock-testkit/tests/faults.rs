@@ -1130,7 +1130,7 @@ per_topology! {
 async fn memory_cancel_storm_of_1000() {
     let server = dlock_core::MemoryBackend::new();
     let harness = Harness::new("memory", move || {
-        let client: std::sync::Arc<dyn dlock_core::backend::Backend> =
+        let client: std::sync::Arc<dyn dlock_core::backend::DynBackend> =
             std::sync::Arc::new(server.clone());
         async move { Ok(client) }
     });

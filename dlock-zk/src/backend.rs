@@ -10,8 +10,8 @@ use std::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, ConnectionStates, Holder,
-        LeaseTimers, Mode, ReleaseOutcome, RenewOutcome, RenewRequest,
+        AcquireRequest, Acquired, Backend, Capabilities, ConnectionStates, Holder, LeaseTimers,
+        Mode, ReleaseOutcome, RenewOutcome, RenewRequest,
     },
     LockError, LockKey, Result, Token,
 };
@@ -337,17 +337,15 @@ impl Backend for ZkBackend {
     }
 
     /// The session (opening one if it ended) and a read through it.
-    fn check_servers(&self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(async move {
-            let session = self.session().await?;
-            session
-                .client()
-                .map_err(backend_error)?
-                .check_stat("/")
-                .await
-                .map(drop)
-                .map_err(backend_error)
-        })
+    async fn check_servers(&self) -> Result<()> {
+        let session = self.session().await?;
+        session
+            .client()
+            .map_err(backend_error)?
+            .check_stat("/")
+            .await
+            .map(drop)
+            .map_err(backend_error)
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -360,94 +358,71 @@ impl Backend for ZkBackend {
             .semaphores(true)
     }
 
-    fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>> {
-        Box::pin(async move { dlock_core::backend::wait::drive(&queue::Steps(self), &req).await })
+    async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Acquired>> {
+        dlock_core::backend::wait::drive(&queue::Steps(self), &req).await
     }
 
-    fn release<'a>(
-        &'a self,
-        _key: &'a LockKey,
-        _mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
-        Box::pin(async move { self.delete_owned(token, true).await })
+    async fn release(&self, _key: &LockKey, _mode: Mode, token: &Token) -> Result<ReleaseOutcome> {
+        self.delete_owned(token, true).await
     }
 
     /// Gives the token's session up: its client is dropped, which closes
     /// the session if a server answers (its nodes go at once) and otherwise
     /// lets it expire within its timeout. Every guard on it is lost, and
     /// later acquisitions open a new session.
-    fn abandon<'a>(
-        &'a self,
-        _key: &'a LockKey,
-        _mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            if let Some(owned) = self.owned().remove(token) {
-                self.inner.lease_ends.cancel(*token);
-                owned.session.abandon();
-            }
-        })
+    async fn abandon(&self, _key: &LockKey, _mode: Mode, token: &Token) {
+        if let Some(owned) = self.owned().remove(token) {
+            self.inner.lease_ends.cancel(*token);
+            owned.session.abandon();
+        }
     }
 
-    fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>> {
+    async fn renew(&self, locks: &[RenewRequest]) -> Result<Vec<RenewOutcome>> {
         // Nodes live on the session; renewing one means confirming it exists.
-        Box::pin(async move {
-            let mut outcomes = Vec::with_capacity(locks.len());
-            for lock in locks {
-                let found = self
-                    .owned()
-                    .get(&lock.token)
-                    .and_then(|o| Some((o.path.clone()?, o.session.clone())));
-                let outcome = match found {
-                    Some((path, session)) => {
-                        let checked = match session.client() {
-                            Ok(client) => client.check_stat(&path).await,
-                            Err(e) => Err(e),
-                        };
-                        match checked {
-                            Ok(Some(_)) => RenewOutcome::Renewed,
-                            Ok(None) | Err(ZkError::SessionExpired) => RenewOutcome::NotHeld,
-                            Err(e) => return Err(backend_error(e)),
-                        }
+        let mut outcomes = Vec::with_capacity(locks.len());
+        for lock in locks {
+            let found = self
+                .owned()
+                .get(&lock.token)
+                .and_then(|o| Some((o.path.clone()?, o.session.clone())));
+            let outcome = match found {
+                Some((path, session)) => {
+                    let checked = match session.client() {
+                        Ok(client) => client.check_stat(&path).await,
+                        Err(e) => Err(e),
+                    };
+                    match checked {
+                        Ok(Some(_)) => RenewOutcome::Renewed,
+                        Ok(None) | Err(ZkError::SessionExpired) => RenewOutcome::NotHeld,
+                        Err(e) => return Err(backend_error(e)),
                     }
-                    None => RenewOutcome::NotHeld,
-                };
-                outcomes.push(outcome);
-            }
-            Ok(outcomes)
-        })
+                }
+                None => RenewOutcome::NotHeld,
+            };
+            outcomes.push(outcome);
+        }
+        Ok(outcomes)
     }
 
     /// Sets our node's data, if it holds: only the client that took the
     /// lock knows its node, and the node goes with the hold.
-    fn proclaim<'a>(
-        &'a self,
-        key: &'a LockKey,
-        token: &'a Token,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { self.proclaim_inner(key, token, value).await })
+    async fn proclaim(&self, key: &LockKey, token: &Token, value: &[u8]) -> Result<bool> {
+        self.proclaim_inner(key, token, value).await
     }
 
     /// The first child of the key's parent, and its data: its czxid is
     /// the holder's fence. A child deleted between the listing and the
     /// read is read past (a few times, then the server's error).
-    fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
-        Box::pin(async move { self.holder_inner(key).await })
+    async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {
+        self.holder_inner(key).await
     }
 
     /// Watches armed by the reads that compare: the parent's children (a
     /// grant after a release, a node gone with its session; a waiter
     /// joining wakes it for nothing), the first child's data (a proclaim,
     /// its deletion), or the parent's creation when there is none.
-    fn holder_changed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        seen: Option<&'a Holder>,
-    ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(async move { self.holder_changed_inner(key, seen).await })
+    async fn holder_changed(&self, key: &LockKey, seen: Option<&Holder>) -> Result<()> {
+        self.holder_changed_inner(key, seen).await
     }
 
     fn connection_state(&self) -> tokio::sync::watch::Receiver<dlock_core::ConnectionState> {
@@ -458,26 +433,26 @@ impl Backend for ZkBackend {
     /// nodes have no TTL), for a lock whose node the leader still has
     /// (read after a `sync`: another client may have deleted it before
     /// our watch told us), on a session not expired.
-    fn extend<'a>(
-        &'a self,
-        _key: &'a LockKey,
+    async fn extend(
+        &self,
+        _key: &LockKey,
         _mode: Mode,
-        token: &'a Token,
+        token: &Token,
         lease: Duration,
-    ) -> BoxFuture<'a, Result<Option<(Instant, Duration)>>> {
-        Box::pin(async move { self.extend_inner(token, lease).await })
+    ) -> Result<Option<(Instant, Duration)>> {
+        self.extend_inner(token, lease).await
     }
 
     /// The admitted nodes of the semaphore's queue, after a `sync`.
-    fn permits_taken<'a>(&'a self, key: &'a LockKey, limit: u32) -> BoxFuture<'a, Result<u32>> {
-        Box::pin(async move { self.permits_taken_inner(key, limit).await })
+    async fn permits_taken(&self, key: &LockKey, limit: u32) -> Result<u32> {
+        self.permits_taken_inner(key, limit).await
     }
 
     /// Deletes the holder's node: its own-node watch tells its guard at
     /// once (a lock held under 100 ms finds out when it sets the watch),
     /// and the next node's watcher takes the lock.
-    fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move { self.force_release_inner(key).await })
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        self.force_release_inner(key).await
     }
 }
 

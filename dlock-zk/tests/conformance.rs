@@ -7,7 +7,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use dlock_core::backend::Backend;
+use dlock_core::backend::DynBackend;
 use dlock_testkit::{
     fixture::{Shared, ZooKeeperServer},
     Harness,
@@ -38,7 +38,7 @@ fn harness_with(
     Harness::new(name, move || {
         let url = url.clone();
         async move {
-            let client: Arc<dyn Backend> = Arc::new(ZkBackend::connect(&url).await?);
+            let client: Arc<dyn DynBackend> = Arc::new(ZkBackend::connect(&url).await?);
             Ok(client)
         }
     })

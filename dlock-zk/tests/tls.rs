@@ -7,7 +7,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use dlock_core::{backend::Backend, BackendExt};
+use dlock_core::{backend::DynBackend, BackendExt};
 use dlock_testkit::{
     fixture::{TestCerts, ZooKeeperServer},
     Harness,
@@ -26,7 +26,7 @@ fn tls_harness() -> Harness {
     Harness::new("zookeeper over TLS", move || {
         let url = url.clone();
         async move {
-            let client: Arc<dyn Backend> = Arc::new(ZkBackend::connect(&url).await?);
+            let client: Arc<dyn DynBackend> = Arc::new(ZkBackend::connect(&url).await?);
             Ok(client)
         }
     })

@@ -107,6 +107,8 @@ pub async fn connect(url: &str) -> Result<Locker> {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), dlock::LockError> {
+/// use dlock::backend::Backend;
+///
 /// let backend = dlock::connect_backend("memory").await?;
 /// assert_eq!(backend.name(), "memory");
 /// assert!(matches!(
@@ -116,7 +118,7 @@ pub async fn connect(url: &str) -> Result<Locker> {
 /// # Ok(())
 /// # }
 /// ```
-pub async fn connect_backend(url: &str) -> Result<Arc<dyn backend::Backend>> {
+pub async fn connect_backend(url: &str) -> Result<Arc<dyn backend::DynBackend>> {
     if url == "memory" || url == "memory://" {
         return Ok(Arc::new(MemoryBackend::new()));
     }
@@ -148,12 +150,12 @@ fn feature_off(feature: &'static str) -> LockError {
 macro_rules! backend_connect {
     ($fn:ident, $feature:literal, $connect:path) => {
         #[cfg(feature = $feature)]
-        async fn $fn(url: &str) -> Result<Arc<dyn backend::Backend>> {
+        async fn $fn(url: &str) -> Result<Arc<dyn backend::DynBackend>> {
             Ok(Arc::new($connect(url).await?))
         }
 
         #[cfg(not(feature = $feature))]
-        async fn $fn(_url: &str) -> Result<Arc<dyn backend::Backend>> {
+        async fn $fn(_url: &str) -> Result<Arc<dyn backend::DynBackend>> {
             Err(feature_off($feature))
         }
     };

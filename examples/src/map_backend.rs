@@ -24,7 +24,7 @@ use std::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, LossReporter, Mode,
+        AcquireRequest, Acquired, Backend, Capabilities, Holder, LossReporter, Mode,
         ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
     },
     LockError, LockKey, LostReason, Result, Token,
@@ -236,20 +236,18 @@ impl Backend for MapBackend {
     /// `Ok(None)` when not acquired. `sent_at` is taken just before the
     /// request that won, since the holder's lease clock starts there.
     /// Cancel safe: a dropped future leaves nothing that blocks others.
-    fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>> {
-        Box::pin(async move {
-            if req.mode != Mode::Exclusive {
-                return Err(unsupported());
+    async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Acquired>> {
+        if req.mode != Mode::Exclusive {
+            return Err(unsupported());
+        }
+        if req.wait == Wait::No {
+            let granted = self.state().try_grant(&req, Instant::now());
+            if granted.is_some() {
+                self.server.changed.notify_waiters();
             }
-            if req.wait == Wait::No {
-                let granted = self.state().try_grant(&req, Instant::now());
-                if granted.is_some() {
-                    self.server.changed.notify_waiters();
-                }
-                return Ok(granted);
-            }
-            self.acquire_waiting(req).await
-        })
+            return Ok(granted);
+        }
+        self.acquire_waiting(req).await
     }
 
     /// Contract: release `key` if, and only if, `token` holds it, in one
@@ -257,30 +255,23 @@ impl Backend for MapBackend {
     /// (never did, expired, released already, or someone else's now) gets
     /// `NotHeld` and changes nothing: core sends releases for acquires that
     /// were dropped or timed out, and may release twice.
-    fn release<'a>(
-        &'a self,
-        key: &'a LockKey,
-        mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
-        Box::pin(async move {
-            if mode != Mode::Exclusive {
-                return Ok(ReleaseOutcome::NotHeld);
-            }
-            let released = {
-                let mut state = self.state();
-                let ours = state
-                    .live(key, Instant::now())
-                    .is_some_and(|hold| hold.token == *token);
-                ours && state.locks.remove(key).is_some()
-            };
-            if !released {
-                return Ok(ReleaseOutcome::NotHeld);
-            }
-            // Wake the waiters: one of them takes the lock now.
-            self.server.changed.notify_waiters();
-            Ok(ReleaseOutcome::Released)
-        })
+    async fn release(&self, key: &LockKey, mode: Mode, token: &Token) -> Result<ReleaseOutcome> {
+        if mode != Mode::Exclusive {
+            return Ok(ReleaseOutcome::NotHeld);
+        }
+        let released = {
+            let mut state = self.state();
+            let ours = state
+                .live(key, Instant::now())
+                .is_some_and(|hold| hold.token == *token);
+            ours && state.locks.remove(key).is_some()
+        };
+        if !released {
+            return Ok(ReleaseOutcome::NotHeld);
+        }
+        // Wake the waiters: one of them takes the lock now.
+        self.server.changed.notify_waiters();
+        Ok(ReleaseOutcome::Released)
     }
 
     // `abandon` keeps its default (do nothing): nothing keeps a lock here
@@ -291,40 +282,36 @@ impl Backend for MapBackend {
     /// from now) if its token still holds the key (`Renewed`), and change
     /// nothing otherwise (`NotHeld`: core then tells the guard it lost the
     /// lock). `Err` would mean nothing is known about any of them.
-    fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>> {
-        Box::pin(async move {
-            let now = Instant::now();
-            let mut state = self.state();
-            let outcomes = locks
-                .iter()
-                .map(|lock| {
-                    let live = state.live(&lock.key, now);
-                    match live.filter(|hold| hold.token == lock.token) {
-                        Some(hold) if lock.mode == Mode::Exclusive => {
-                            hold.deadline = now + lock.lease;
-                            RenewOutcome::Renewed
-                        }
-                        _ => RenewOutcome::NotHeld,
+    async fn renew(&self, locks: &[RenewRequest]) -> Result<Vec<RenewOutcome>> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let outcomes = locks
+            .iter()
+            .map(|lock| {
+                let live = state.live(&lock.key, now);
+                match live.filter(|hold| hold.token == lock.token) {
+                    Some(hold) if lock.mode == Mode::Exclusive => {
+                        hold.deadline = now + lock.lease;
+                        RenewOutcome::Renewed
                     }
-                })
-                .collect();
-            Ok(outcomes)
-        })
+                    _ => RenewOutcome::NotHeld,
+                }
+            })
+            .collect();
+        Ok(outcomes)
     }
 
     /// Contract: move the end of a fixed lease to `lease` from now, if
     /// `token` still holds the lock, in one step with that check. The
     /// renewal above does exactly that.
-    fn extend<'a>(
-        &'a self,
-        key: &'a LockKey,
+    async fn extend(
+        &self,
+        key: &LockKey,
         mode: Mode,
-        token: &'a Token,
+        token: &Token,
         lease: std::time::Duration,
-    ) -> BoxFuture<'a, Result<Option<(Instant, std::time::Duration)>>> {
-        Box::pin(dlock_core::backend::extend_by_renewal(
-            self, key, mode, token, lease,
-        ))
+    ) -> Result<Option<(Instant, std::time::Duration)>> {
+        dlock_core::backend::extend_by_renewal(self, key, mode, token, lease).await
     }
 
     // `check_servers` keeps its default (`Ok`): an in-process map always
@@ -334,38 +321,29 @@ impl Backend for MapBackend {
     /// `key` now, checked in the same atomic step as the write. The value
     /// goes with the hold (release, expiry). Returns whether it was
     /// written.
-    fn proclaim<'a>(
-        &'a self,
-        key: &'a LockKey,
-        token: &'a Token,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move {
-            let written = {
-                let mut state = self.state();
-                match state.live(key, Instant::now()) {
-                    Some(hold) if hold.token == *token => {
-                        hold.value = Some(value.to_vec());
-                        true
-                    }
-                    _ => false,
+    async fn proclaim(&self, key: &LockKey, token: &Token, value: &[u8]) -> Result<bool> {
+        let written = {
+            let mut state = self.state();
+            match state.live(key, Instant::now()) {
+                Some(hold) if hold.token == *token => {
+                    hold.value = Some(value.to_vec());
+                    true
                 }
-            };
-            if written {
-                self.server.changed.notify_waiters();
+                _ => false,
             }
-            Ok(written)
-        })
+        };
+        if written {
+            self.server.changed.notify_waiters();
+        }
+        Ok(written)
     }
 
     /// Contract: one read of who holds `key` now (its fencing token and
     /// published value), or `None` if it is free.
-    fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
-        Box::pin(async move {
-            let mut state = self.state();
-            let hold = state.live(key, Instant::now());
-            Ok(hold.map(|hold| Holder::new(Some(hold.fence), hold.value.clone())))
-        })
+    async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {
+        let mut state = self.state();
+        let hold = state.live(key, Instant::now());
+        Ok(hold.map(|hold| Holder::new(Some(hold.fence), hold.value.clone())))
     }
 
     /// Contract: complete once `key`'s holder may differ from `seen` (at
@@ -373,36 +351,30 @@ impl Backend for MapBackend {
     /// but must never sleep through a change: the bell is armed before
     /// the holder is read, and a lease that runs out (which nobody rings
     /// for) ends the wait at its deadline.
-    fn holder_changed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        seen: Option<&'a Holder>,
-    ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(async move {
-            let rung = self.server.changed.notified();
-            tokio::pin!(rung);
-            rung.as_mut().enable();
-            let ends = {
-                let mut state = self.state();
-                let hold = state.live(key, Instant::now());
-                let now = hold
-                    .as_ref()
-                    .map(|hold| Holder::new(Some(hold.fence), hold.value.clone()));
-                if now.as_ref() != seen {
-                    return Ok(());
-                }
-                hold.map(|hold| hold.deadline)
-            };
-            match ends {
-                Some(ends) => {
-                    tokio::select! {
-                        () = rung => {}
-                        () = tokio::time::sleep_until(ends) => {}
-                    }
-                }
-                None => rung.await,
+    async fn holder_changed(&self, key: &LockKey, seen: Option<&Holder>) -> Result<()> {
+        let rung = self.server.changed.notified();
+        tokio::pin!(rung);
+        rung.as_mut().enable();
+        let ends = {
+            let mut state = self.state();
+            let hold = state.live(key, Instant::now());
+            let now = hold
+                .as_ref()
+                .map(|hold| Holder::new(Some(hold.fence), hold.value.clone()));
+            if now.as_ref() != seen {
+                return Ok(());
             }
-            Ok(())
-        })
+            hold.map(|hold| hold.deadline)
+        };
+        match ends {
+            Some(ends) => {
+                tokio::select! {
+                    () = rung => {}
+                    () = tokio::time::sleep_until(ends) => {}
+                }
+            }
+            None => rung.await,
+        }
+        Ok(())
     }
 }

@@ -10,14 +10,14 @@
 
 use std::sync::Arc;
 
-use dlock_core::backend::Backend;
+use dlock_core::backend::DynBackend;
 use dlock_examples::map_backend::MapBackend;
 use dlock_testkit::Harness;
 
 fn harness() -> Harness {
     let server = MapBackend::new();
     Harness::new("map", move || {
-        let client: Arc<dyn Backend> = Arc::new(server.clone());
+        let client: Arc<dyn DynBackend> = Arc::new(server.clone());
         async move { Ok(client) }
     })
 }

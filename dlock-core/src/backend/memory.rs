@@ -17,7 +17,7 @@ mod steps;
 use steps::Steps;
 
 use super::{
-    wait, AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, LossReporter, Mode,
+    wait, AcquireRequest, Acquired, Backend, Capabilities, Holder, LossReporter, Mode,
     ReleaseOutcome, RenewOutcome, RenewRequest,
 };
 use crate::{
@@ -357,99 +357,83 @@ impl Backend for MemoryBackend {
             .semaphores(true)
     }
 
-    fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>> {
-        Box::pin(async move { wait::drive(&Steps(self), &req).await })
+    async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Acquired>> {
+        wait::drive(&Steps(self), &req).await
     }
 
-    fn release<'a>(
-        &'a self,
-        key: &'a LockKey,
-        mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
-        Box::pin(async move {
-            let mut state = self.state();
-            let Some(entry) = state.keys.get_mut(&(Kind::of(mode), key.clone())) else {
-                return Ok(ReleaseOutcome::NotHeld);
-            };
-            entry.expire(Instant::now());
-            let before = entry.holders.len();
-            entry.holders.retain(|h| h.token != *token);
-            let outcome = if entry.holders.len() < before {
-                entry.wake();
-                self.holders_changed(mode);
-                ReleaseOutcome::Released
-            } else {
-                ReleaseOutcome::NotHeld
-            };
-            state.forget_if_idle(key, mode);
-            Ok(outcome)
-        })
+    async fn release(&self, key: &LockKey, mode: Mode, token: &Token) -> Result<ReleaseOutcome> {
+        let mut state = self.state();
+        let Some(entry) = state.keys.get_mut(&(Kind::of(mode), key.clone())) else {
+            return Ok(ReleaseOutcome::NotHeld);
+        };
+        entry.expire(Instant::now());
+        let before = entry.holders.len();
+        entry.holders.retain(|h| h.token != *token);
+        let outcome = if entry.holders.len() < before {
+            entry.wake();
+            self.holders_changed(mode);
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        };
+        state.forget_if_idle(key, mode);
+        Ok(outcome)
     }
 
-    fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>> {
-        Box::pin(async move {
-            let now = Instant::now();
-            let mut state = self.state();
-            let outcomes = locks
-                .iter()
-                .map(
-                    |r| match state.keys.get_mut(&(Kind::of(r.mode), r.key.clone())) {
-                        Some(entry) => {
-                            entry.expire(now);
-                            match entry.holders.iter_mut().find(|h| h.token == r.token) {
-                                Some(h) => {
-                                    h.expires = now + r.lease.min(MAX_LEASE);
-                                    RenewOutcome::Renewed
-                                }
-                                None => RenewOutcome::NotHeld,
+    async fn renew(&self, locks: &[RenewRequest]) -> Result<Vec<RenewOutcome>> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let outcomes = locks
+            .iter()
+            .map(
+                |r| match state.keys.get_mut(&(Kind::of(r.mode), r.key.clone())) {
+                    Some(entry) => {
+                        entry.expire(now);
+                        match entry.holders.iter_mut().find(|h| h.token == r.token) {
+                            Some(h) => {
+                                h.expires = now + r.lease.min(MAX_LEASE);
+                                RenewOutcome::Renewed
                             }
+                            None => RenewOutcome::NotHeld,
                         }
-                        None => RenewOutcome::NotHeld,
-                    },
-                )
-                .collect();
-            for r in locks {
-                state.forget_if_idle(&r.key, r.mode);
-            }
-            Ok(outcomes)
-        })
+                    }
+                    None => RenewOutcome::NotHeld,
+                },
+            )
+            .collect();
+        for r in locks {
+            state.forget_if_idle(&r.key, r.mode);
+        }
+        Ok(outcomes)
     }
 
-    fn proclaim<'a>(
-        &'a self,
-        key: &'a LockKey,
-        token: &'a Token,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move {
-            let mut state = self.state();
-            let Some(entry) = state.keys.get_mut(&(Kind::Lock, key.clone())) else {
-                return Ok(false);
-            };
-            entry.expire(Instant::now());
-            let hold = entry.holders.iter_mut().find(|h| h.token == *token);
-            let written = hold.map(|h| h.value = Some(value.to_vec())).is_some();
-            if written {
-                self.holders_changed(Mode::Exclusive);
-            }
-            Ok(written)
-        })
+    async fn proclaim(&self, key: &LockKey, token: &Token, value: &[u8]) -> Result<bool> {
+        let mut state = self.state();
+        let Some(entry) = state.keys.get_mut(&(Kind::Lock, key.clone())) else {
+            return Ok(false);
+        };
+        entry.expire(Instant::now());
+        let hold = entry.holders.iter_mut().find(|h| h.token == *token);
+        let written = hold.map(|h| h.value = Some(value.to_vec())).is_some();
+        if written {
+            self.holders_changed(Mode::Exclusive);
+        }
+        Ok(written)
     }
 
     /// A renewal: it sets the holder's end.
-    fn extend<'a>(
-        &'a self,
-        key: &'a LockKey,
+    async fn extend(
+        &self,
+        key: &LockKey,
         mode: Mode,
-        token: &'a Token,
+        token: &Token,
         lease: Duration,
-    ) -> BoxFuture<'a, Result<Option<(Instant, Duration)>>> {
-        Box::pin(super::extend_by_renewal(self, key, mode, token, lease))
+    ) -> Result<Option<(Instant, Duration)>> {
+        super::extend_by_renewal(self, key, mode, token, lease).await
     }
 
     /// The holders' permits, once the expired are gone.
-    fn permits_taken<'a>(&'a self, key: &'a LockKey, _limit: u32) -> BoxFuture<'a, Result<u32>> {
+    async fn permits_taken(&self, key: &LockKey, _limit: u32) -> Result<u32> {
         let mut state = self.state();
         let taken = state
             .keys
@@ -462,70 +446,60 @@ impl Backend for MemoryBackend {
                 });
                 counts.sum()
             });
-        Box::pin(std::future::ready(Ok(taken)))
+        Ok(taken)
     }
 
     /// Removes the holder at once; its guard is told at once.
-    fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move {
-            let mut state = self.state();
-            let Some(entry) = state.keys.get_mut(&(Kind::Lock, key.clone())) else {
-                return Ok(false);
-            };
-            entry.expire(Instant::now());
-            let removed: Vec<Hold> = entry.holders.drain(..).collect();
-            for hold in &removed {
-                hold.loss.report(LostReason::NotHeld);
-            }
-            if !removed.is_empty() {
-                entry.wake();
-                self.holders_changed(Mode::Exclusive);
-            }
-            state.forget_if_idle(key, Mode::Exclusive);
-            Ok(!removed.is_empty())
-        })
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        let mut state = self.state();
+        let Some(entry) = state.keys.get_mut(&(Kind::Lock, key.clone())) else {
+            return Ok(false);
+        };
+        entry.expire(Instant::now());
+        let removed: Vec<Hold> = entry.holders.drain(..).collect();
+        for hold in &removed {
+            hold.loss.report(LostReason::NotHeld);
+        }
+        if !removed.is_empty() {
+            entry.wake();
+            self.holders_changed(Mode::Exclusive);
+        }
+        state.forget_if_idle(key, Mode::Exclusive);
+        Ok(!removed.is_empty())
     }
 
-    fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
-        Box::pin(async move {
-            let mut state = self.state();
-            Ok(Self::current_holder(&mut state, key).map(|(holder, _)| holder))
-        })
+    async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {
+        let mut state = self.state();
+        Ok(Self::current_holder(&mut state, key).map(|(holder, _)| holder))
     }
 
     /// Woken by every grant, release and proclaim of a plain lock (of any
     /// key: this is one process), and at the end of the holder's lease,
     /// which runs out with nobody told.
-    fn holder_changed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        seen: Option<&'a Holder>,
-    ) -> BoxFuture<'a, Result<()>> {
-        Box::pin(async move {
-            let woken = self.server.holders_changed.notified();
-            tokio::pin!(woken);
-            let ends = {
-                let mut state = self.state();
-                // Armed under the state lock: no change can slip between
-                // this read and the wait.
-                woken.as_mut().enable();
-                let current = Self::current_holder(&mut state, key);
-                if current.as_ref().map(|(holder, _)| holder) != seen {
-                    return Ok(());
-                }
-                current.map(|(_, ends)| ends)
-            };
-            match ends {
-                Some(ends) => {
-                    tokio::select! {
-                        () = woken => {}
-                        () = tokio::time::sleep_until(ends) => {}
-                    }
-                }
-                None => woken.await,
+    async fn holder_changed(&self, key: &LockKey, seen: Option<&Holder>) -> Result<()> {
+        let woken = self.server.holders_changed.notified();
+        tokio::pin!(woken);
+        let ends = {
+            let mut state = self.state();
+            // Armed under the state lock: no change can slip between
+            // this read and the wait.
+            woken.as_mut().enable();
+            let current = Self::current_holder(&mut state, key);
+            if current.as_ref().map(|(holder, _)| holder) != seen {
+                return Ok(());
             }
-            Ok(())
-        })
+            current.map(|(_, ends)| ends)
+        };
+        match ends {
+            Some(ends) => {
+                tokio::select! {
+                    () = woken => {}
+                    () = tokio::time::sleep_until(ends) => {}
+                }
+            }
+            None => woken.await,
+        }
+        Ok(())
     }
 }
 

@@ -7,7 +7,9 @@
 //! options, wait limits, the watchdog, the lost signal and tracing live in
 //! [`Locker`](crate::Locker), once for every backend.
 
-use std::{fmt, future::Future, pin::Pin, sync::Arc};
+use std::{fmt, future::Future, pin::Pin, sync::Arc, time::Duration};
+
+use tokio::time::Instant;
 
 use crate::{error::Result, key::LockKey, token::Token};
 
@@ -42,13 +44,14 @@ pub use timers::LeaseTimers;
 pub use turns::{LocalTurn, LocalTurns, Share};
 pub use url::{parse_url_duration, percent_decode, redact_url, BackendUrl, HostPort, TlsFiles};
 
-/// A boxed, `Send` future, so that [`Backend`] can be used as `dyn Backend`.
+/// A boxed, `Send` future: what [`DynBackend`]'s methods answer.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// A lock server, as dlock-core sees it.
 ///
-/// Implementations must be usable as `Arc<dyn Backend>`, and their futures
-/// must be cancel safe: dropping an [`acquire`](Backend::acquire) future at
+/// Implement it with `async fn`s (each future must be `Send`); every
+/// `Backend` is also a [`DynBackend`], the form a [`Locker`](crate::Locker)
+/// holds. The futures must be cancel safe: dropping an [`acquire`](Backend::acquire) future at
 /// any `.await` must leave nothing on the server that blocks other owners
 /// (no orphan key, node or queue entry).
 ///
@@ -64,14 +67,13 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 ///
 /// ```
 /// use dlock_core::{backend::Backend, Locker, MemoryBackend};
-/// use std::sync::Arc;
 ///
-/// let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+/// let backend = MemoryBackend::new();
 /// assert_eq!(backend.name(), "memory");
-/// let locker = Locker::from_arc(backend);
+/// let locker = Locker::new(backend);
 /// # drop(locker);
 /// ```
-pub trait Backend: Send + Sync + fmt::Debug + 'static {
+pub trait Backend: Send + Sync + fmt::Debug {
     /// A short name for errors and traces, such as `"redis"`.
     fn name(&self) -> &'static str;
 
@@ -95,7 +97,10 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// The returned [`Acquired::sent_at`] must be taken just before the
     /// request that won the lock was sent: the holder's lease clock starts
     /// there.
-    fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>>;
+    fn acquire(
+        &self,
+        req: AcquireRequest<'_>,
+    ) -> impl Future<Output = Result<Option<Acquired>>> + Send;
 
     /// Releases what `token` holds of `key` in `mode` if, and only if, it
     /// holds it, in one atomic step on the server. Releasing twice is not an
@@ -103,12 +108,12 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// the answer to the first was lost should say
     /// [`ReleaseOutcome::Released`] where the server can tell (Redis, etcd
     /// and ZooKeeper do), and says [`ReleaseOutcome::NotHeld`] otherwise.
-    fn release<'a>(
-        &'a self,
-        key: &'a LockKey,
+    fn release(
+        &self,
+        key: &LockKey,
         mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<ReleaseOutcome>>;
+        token: &Token,
+    ) -> impl Future<Output = Result<ReleaseOutcome>> + Send;
 
     /// Gives up on releasing `key` for `token`: [`release`](Backend::release)
     /// has failed for as long as the lock's lease. Core calls this once, and
@@ -137,16 +142,19 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     ///     .await;
     /// # }
     /// ```
-    fn abandon<'a>(&'a self, key: &'a LockKey, mode: Mode, token: &'a Token) -> BoxFuture<'a, ()> {
+    fn abandon(&self, key: &LockKey, mode: Mode, token: &Token) -> impl Future<Output = ()> + Send {
         let _ = (key, mode, token);
-        Box::pin(std::future::ready(()))
+        std::future::ready(())
     }
 
     /// Renews every lock in `locks` whose token still holds it, for its
     /// lease, in as few round trips as the server allows. The result has one
     /// outcome per request, in order. An `Err` means nothing is known about
     /// any of them.
-    fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>>;
+    fn renew(
+        &self,
+        locks: &[RenewRequest],
+    ) -> impl Future<Output = Result<Vec<RenewOutcome>>> + Send;
 
     /// Whether the servers answer now. The [`Locker`](crate::Locker) asks
     /// once when a wait limit passes without a grant: if the servers do not
@@ -167,8 +175,8 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// assert!(MemoryBackend::new().check_servers().await.is_ok());
     /// # }
     /// ```
-    fn check_servers(&self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(std::future::ready(Ok(())))
+    fn check_servers(&self) -> impl Future<Output = Result<()>> + Send {
+        std::future::ready(Ok(()))
     }
 
     /// Publishes `value` as what the holder of `key`'s exclusive lock
@@ -204,14 +212,14 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// # Ok(())
     /// # }
     /// ```
-    fn proclaim<'a>(
-        &'a self,
-        key: &'a LockKey,
-        token: &'a Token,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
+    fn proclaim(
+        &self,
+        key: &LockKey,
+        token: &Token,
+        value: &[u8],
+    ) -> impl Future<Output = Result<bool>> + Send {
         let _ = (key, token, value);
-        Box::pin(std::future::ready(Err(unsupported_holder(self.name()))))
+        std::future::ready(Err(unsupported_holder(self.name())))
     }
 
     /// Who holds `key`'s exclusive lock now: its fencing token and what it
@@ -239,9 +247,9 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// # Ok(())
     /// # }
     /// ```
-    fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
+    fn holder(&self, key: &LockKey) -> impl Future<Output = Result<Option<Holder>>> + Send {
         let _ = key;
-        Box::pin(std::future::ready(Err(unsupported_holder(self.name()))))
+        std::future::ready(Err(unsupported_holder(self.name())))
     }
 
     /// Completes when `key`'s holder, or what it proclaimed, may no longer
@@ -274,16 +282,16 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// # Ok(())
     /// # }
     /// ```
-    fn holder_changed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        seen: Option<&'a Holder>,
-    ) -> BoxFuture<'a, Result<()>> {
+    fn holder_changed(
+        &self,
+        key: &LockKey,
+        seen: Option<&Holder>,
+    ) -> impl Future<Output = Result<()>> + Send {
         let _ = (key, seen);
-        Box::pin(async {
+        async {
             tokio::time::sleep(HOLDER_POLL).await;
             Ok(())
-        })
+        }
     }
 
     /// Frees `key`'s plain lock, whoever holds it: for operators, when a
@@ -314,13 +322,12 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// # Ok(())
     /// # }
     /// ```
-    fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool>> {
+    fn force_release(&self, key: &LockKey) -> impl Future<Output = Result<bool>> + Send {
         let _ = key;
-        let name = self.name();
-        Box::pin(std::future::ready(Err(crate::LockError::Unsupported {
-            backend: name,
+        std::future::ready(Err(crate::LockError::Unsupported {
+            backend: self.name(),
             what: "forced releases",
-        })))
+        }))
     }
 
     /// Moves the end of a fixed lease: what `token` holds of `key` in
@@ -357,19 +364,18 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// # Ok(())
     /// # }
     /// ```
-    fn extend<'a>(
-        &'a self,
-        key: &'a LockKey,
+    fn extend(
+        &self,
+        key: &LockKey,
         mode: Mode,
-        token: &'a Token,
-        lease: std::time::Duration,
-    ) -> BoxFuture<'a, Result<Option<(tokio::time::Instant, std::time::Duration)>>> {
+        token: &Token,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Option<(Instant, Duration)>>> + Send {
         let _ = (key, mode, token, lease);
-        let name = self.name();
-        Box::pin(std::future::ready(Err(crate::LockError::Unsupported {
-            backend: name,
+        std::future::ready(Err(crate::LockError::Unsupported {
+            backend: self.name(),
             what: "extending fixed leases",
-        })))
+        }))
     }
 
     /// How many of `key`'s semaphore permits are held now (of `limit`),
@@ -396,13 +402,12 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// # Ok(())
     /// # }
     /// ```
-    fn permits_taken<'a>(&'a self, key: &'a LockKey, limit: u32) -> BoxFuture<'a, Result<u32>> {
+    fn permits_taken(&self, key: &LockKey, limit: u32) -> impl Future<Output = Result<u32>> + Send {
         let _ = (key, limit);
-        let name = self.name();
-        Box::pin(std::future::ready(Err(crate::LockError::Unsupported {
-            backend: name,
+        std::future::ready(Err(crate::LockError::Unsupported {
+            backend: self.name(),
             what: "reading a semaphore's permits",
-        })))
+        }))
     }
 
     /// What the backend knows of its connection to the servers (see
@@ -432,6 +437,306 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     }
 }
 
+/// The `dyn`-compatible form of [`Backend`], which every `Backend` has:
+/// a [`Locker`](crate::Locker) holds its backend as `Arc<dyn DynBackend>`,
+/// and `dyn DynBackend` is a [`Backend`] again. Implement [`Backend`],
+/// never this.
+///
+/// # Examples
+///
+/// ```
+/// use dlock_core::{backend::{Backend, DynBackend}, Locker, MemoryBackend};
+/// use std::sync::Arc;
+///
+/// let backend: Arc<dyn DynBackend> = Arc::new(MemoryBackend::new());
+/// assert_eq!(backend.name(), "memory");
+/// let locker = Locker::from_arc(backend);
+/// # drop(locker);
+/// ```
+pub trait DynBackend: Send + Sync + fmt::Debug + 'static {
+    #[doc(hidden)]
+    fn dyn_name(&self) -> &'static str;
+    #[doc(hidden)]
+    fn dyn_capabilities(&self) -> Capabilities;
+    #[doc(hidden)]
+    fn dyn_acquire<'a>(
+        &'a self,
+        req: AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Option<Acquired>>>;
+    #[doc(hidden)]
+    fn dyn_release<'a>(
+        &'a self,
+        key: &'a LockKey,
+        mode: Mode,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<ReleaseOutcome>>;
+    #[doc(hidden)]
+    fn dyn_abandon<'a>(
+        &'a self,
+        key: &'a LockKey,
+        mode: Mode,
+        token: &'a Token,
+    ) -> BoxFuture<'a, ()>;
+    #[doc(hidden)]
+    fn dyn_renew<'a>(
+        &'a self,
+        locks: &'a [RenewRequest],
+    ) -> BoxFuture<'a, Result<Vec<RenewOutcome>>>;
+    #[doc(hidden)]
+    fn dyn_check_servers(&self) -> BoxFuture<'_, Result<()>>;
+    #[doc(hidden)]
+    fn dyn_proclaim<'a>(
+        &'a self,
+        key: &'a LockKey,
+        token: &'a Token,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>>;
+    #[doc(hidden)]
+    fn dyn_holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>>;
+    #[doc(hidden)]
+    fn dyn_holder_changed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        seen: Option<&'a Holder>,
+    ) -> BoxFuture<'a, Result<()>>;
+    #[doc(hidden)]
+    fn dyn_force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool>>;
+    #[doc(hidden)]
+    fn dyn_extend<'a>(
+        &'a self,
+        key: &'a LockKey,
+        mode: Mode,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Option<(Instant, Duration)>>>;
+    #[doc(hidden)]
+    fn dyn_permits_taken<'a>(&'a self, key: &'a LockKey, limit: u32) -> BoxFuture<'a, Result<u32>>;
+    #[doc(hidden)]
+    fn dyn_connection_state(&self) -> tokio::sync::watch::Receiver<crate::ConnectionState>;
+}
+
+impl<B: Backend + 'static> DynBackend for B {
+    fn dyn_name(&self) -> &'static str {
+        self.name()
+    }
+    fn dyn_capabilities(&self) -> Capabilities {
+        self.capabilities()
+    }
+    fn dyn_acquire<'a>(
+        &'a self,
+        req: AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Option<Acquired>>> {
+        Box::pin(self.acquire(req))
+    }
+    fn dyn_release<'a>(
+        &'a self,
+        key: &'a LockKey,
+        mode: Mode,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
+        Box::pin(self.release(key, mode, token))
+    }
+    fn dyn_abandon<'a>(
+        &'a self,
+        key: &'a LockKey,
+        mode: Mode,
+        token: &'a Token,
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(self.abandon(key, mode, token))
+    }
+    fn dyn_renew<'a>(
+        &'a self,
+        locks: &'a [RenewRequest],
+    ) -> BoxFuture<'a, Result<Vec<RenewOutcome>>> {
+        Box::pin(self.renew(locks))
+    }
+    fn dyn_check_servers(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(self.check_servers())
+    }
+    fn dyn_proclaim<'a>(
+        &'a self,
+        key: &'a LockKey,
+        token: &'a Token,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(self.proclaim(key, token, value))
+    }
+    fn dyn_holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
+        Box::pin(self.holder(key))
+    }
+    fn dyn_holder_changed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        seen: Option<&'a Holder>,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.holder_changed(key, seen))
+    }
+    fn dyn_force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(self.force_release(key))
+    }
+    fn dyn_extend<'a>(
+        &'a self,
+        key: &'a LockKey,
+        mode: Mode,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Option<(Instant, Duration)>>> {
+        Box::pin(self.extend(key, mode, token, lease))
+    }
+    fn dyn_permits_taken<'a>(&'a self, key: &'a LockKey, limit: u32) -> BoxFuture<'a, Result<u32>> {
+        Box::pin(self.permits_taken(key, limit))
+    }
+    fn dyn_connection_state(&self) -> tokio::sync::watch::Receiver<crate::ConnectionState> {
+        self.connection_state()
+    }
+}
+
+/// [`Backend`]'s methods, callable on a `dyn DynBackend` (such as
+/// [`Locker::backend`](crate::Locker::backend)) with no import.
+impl dyn DynBackend + '_ {
+    /// See [`Backend::name`].
+    pub fn name(&self) -> &'static str {
+        self.dyn_name()
+    }
+    /// See [`Backend::capabilities`].
+    pub fn capabilities(&self) -> Capabilities {
+        self.dyn_capabilities()
+    }
+    /// See [`Backend::acquire`].
+    pub fn acquire<'a>(
+        &'a self,
+        req: AcquireRequest<'a>,
+    ) -> BoxFuture<'a, Result<Option<Acquired>>> {
+        self.dyn_acquire(req)
+    }
+    /// See [`Backend::release`].
+    pub fn release<'a>(
+        &'a self,
+        key: &'a LockKey,
+        mode: Mode,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
+        self.dyn_release(key, mode, token)
+    }
+    /// See [`Backend::abandon`].
+    pub fn abandon<'a>(
+        &'a self,
+        key: &'a LockKey,
+        mode: Mode,
+        token: &'a Token,
+    ) -> BoxFuture<'a, ()> {
+        self.dyn_abandon(key, mode, token)
+    }
+    /// See [`Backend::renew`].
+    pub fn renew<'a>(
+        &'a self,
+        locks: &'a [RenewRequest],
+    ) -> BoxFuture<'a, Result<Vec<RenewOutcome>>> {
+        self.dyn_renew(locks)
+    }
+    /// See [`Backend::check_servers`].
+    pub fn check_servers(&self) -> BoxFuture<'_, Result<()>> {
+        self.dyn_check_servers()
+    }
+    /// See [`Backend::proclaim`].
+    pub fn proclaim<'a>(
+        &'a self,
+        key: &'a LockKey,
+        token: &'a Token,
+        value: &'a [u8],
+    ) -> BoxFuture<'a, Result<bool>> {
+        self.dyn_proclaim(key, token, value)
+    }
+    /// See [`Backend::holder`].
+    pub fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
+        self.dyn_holder(key)
+    }
+    /// See [`Backend::holder_changed`].
+    pub fn holder_changed<'a>(
+        &'a self,
+        key: &'a LockKey,
+        seen: Option<&'a Holder>,
+    ) -> BoxFuture<'a, Result<()>> {
+        self.dyn_holder_changed(key, seen)
+    }
+    /// See [`Backend::force_release`].
+    pub fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool>> {
+        self.dyn_force_release(key)
+    }
+    /// See [`Backend::extend`].
+    pub fn extend<'a>(
+        &'a self,
+        key: &'a LockKey,
+        mode: Mode,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Option<(Instant, Duration)>>> {
+        self.dyn_extend(key, mode, token, lease)
+    }
+    /// See [`Backend::permits_taken`].
+    pub fn permits_taken<'a>(&'a self, key: &'a LockKey, limit: u32) -> BoxFuture<'a, Result<u32>> {
+        self.dyn_permits_taken(key, limit)
+    }
+    /// See [`Backend::connection_state`].
+    pub fn connection_state(&self) -> tokio::sync::watch::Receiver<crate::ConnectionState> {
+        self.dyn_connection_state()
+    }
+}
+
+/// Forwards to the boxed methods, so that an `Arc<dyn DynBackend>` is a
+/// [`Backend`] wherever one is asked for.
+impl Backend for dyn DynBackend + '_ {
+    fn name(&self) -> &'static str {
+        self.dyn_name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.dyn_capabilities()
+    }
+    async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Acquired>> {
+        self.dyn_acquire(req).await
+    }
+    async fn release(&self, key: &LockKey, mode: Mode, token: &Token) -> Result<ReleaseOutcome> {
+        self.dyn_release(key, mode, token).await
+    }
+    async fn abandon(&self, key: &LockKey, mode: Mode, token: &Token) {
+        self.dyn_abandon(key, mode, token).await
+    }
+    async fn renew(&self, locks: &[RenewRequest]) -> Result<Vec<RenewOutcome>> {
+        self.dyn_renew(locks).await
+    }
+    async fn check_servers(&self) -> Result<()> {
+        self.dyn_check_servers().await
+    }
+    async fn proclaim(&self, key: &LockKey, token: &Token, value: &[u8]) -> Result<bool> {
+        self.dyn_proclaim(key, token, value).await
+    }
+    async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {
+        self.dyn_holder(key).await
+    }
+    async fn holder_changed(&self, key: &LockKey, seen: Option<&Holder>) -> Result<()> {
+        self.dyn_holder_changed(key, seen).await
+    }
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        self.dyn_force_release(key).await
+    }
+    async fn extend(
+        &self,
+        key: &LockKey,
+        mode: Mode,
+        token: &Token,
+        lease: Duration,
+    ) -> Result<Option<(Instant, Duration)>> {
+        self.dyn_extend(key, mode, token, lease).await
+    }
+    async fn permits_taken(&self, key: &LockKey, limit: u32) -> Result<u32> {
+        self.dyn_permits_taken(key, limit).await
+    }
+    fn connection_state(&self) -> tokio::sync::watch::Receiver<crate::ConnectionState> {
+        self.dyn_connection_state()
+    }
+}
+
+/// A shared backend is the backend it shares.
 impl<B: Backend + ?Sized> Backend for Arc<B> {
     fn name(&self) -> &'static str {
         (**self).name()
@@ -439,61 +744,47 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     fn capabilities(&self) -> Capabilities {
         (**self).capabilities()
     }
-    fn acquire<'a>(&'a self, req: AcquireRequest<'a>) -> BoxFuture<'a, Result<Option<Acquired>>> {
-        (**self).acquire(req)
+    async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Acquired>> {
+        (**self).acquire(req).await
     }
-    fn release<'a>(
-        &'a self,
-        key: &'a LockKey,
+    async fn release(&self, key: &LockKey, mode: Mode, token: &Token) -> Result<ReleaseOutcome> {
+        (**self).release(key, mode, token).await
+    }
+    async fn abandon(&self, key: &LockKey, mode: Mode, token: &Token) {
+        (**self).abandon(key, mode, token).await
+    }
+    async fn renew(&self, locks: &[RenewRequest]) -> Result<Vec<RenewOutcome>> {
+        (**self).renew(locks).await
+    }
+    async fn check_servers(&self) -> Result<()> {
+        (**self).check_servers().await
+    }
+    async fn proclaim(&self, key: &LockKey, token: &Token, value: &[u8]) -> Result<bool> {
+        (**self).proclaim(key, token, value).await
+    }
+    async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {
+        (**self).holder(key).await
+    }
+    async fn holder_changed(&self, key: &LockKey, seen: Option<&Holder>) -> Result<()> {
+        (**self).holder_changed(key, seen).await
+    }
+    async fn force_release(&self, key: &LockKey) -> Result<bool> {
+        (**self).force_release(key).await
+    }
+    async fn extend(
+        &self,
+        key: &LockKey,
         mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<ReleaseOutcome>> {
-        (**self).release(key, mode, token)
+        token: &Token,
+        lease: Duration,
+    ) -> Result<Option<(Instant, Duration)>> {
+        (**self).extend(key, mode, token, lease).await
     }
-    fn abandon<'a>(&'a self, key: &'a LockKey, mode: Mode, token: &'a Token) -> BoxFuture<'a, ()> {
-        (**self).abandon(key, mode, token)
-    }
-    fn renew<'a>(&'a self, locks: &'a [RenewRequest]) -> BoxFuture<'a, Result<Vec<RenewOutcome>>> {
-        (**self).renew(locks)
-    }
-    fn check_servers(&self) -> BoxFuture<'_, Result<()>> {
-        (**self).check_servers()
-    }
-    fn proclaim<'a>(
-        &'a self,
-        key: &'a LockKey,
-        token: &'a Token,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<bool>> {
-        (**self).proclaim(key, token, value)
-    }
-    fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
-        (**self).holder(key)
-    }
-    fn holder_changed<'a>(
-        &'a self,
-        key: &'a LockKey,
-        seen: Option<&'a Holder>,
-    ) -> BoxFuture<'a, Result<()>> {
-        (**self).holder_changed(key, seen)
+    async fn permits_taken(&self, key: &LockKey, limit: u32) -> Result<u32> {
+        (**self).permits_taken(key, limit).await
     }
     fn connection_state(&self) -> tokio::sync::watch::Receiver<crate::ConnectionState> {
         (**self).connection_state()
-    }
-    fn force_release<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<bool>> {
-        (**self).force_release(key)
-    }
-    fn extend<'a>(
-        &'a self,
-        key: &'a LockKey,
-        mode: Mode,
-        token: &'a Token,
-        lease: std::time::Duration,
-    ) -> BoxFuture<'a, Result<Option<(tokio::time::Instant, std::time::Duration)>>> {
-        (**self).extend(key, mode, token, lease)
-    }
-    fn permits_taken<'a>(&'a self, key: &'a LockKey, limit: u32) -> BoxFuture<'a, Result<u32>> {
-        (**self).permits_taken(key, limit)
     }
 }
 

@@ -97,7 +97,8 @@ async fn locker(
     fallbacks: Fallbacks,
 ) -> Result<Locker, String> {
     let redis = url.starts_with("redis://") || url.starts_with("redis+redlock://");
-    let client: Arc<dyn dlock_core::backend::Backend> = if redis && fallbacks == Fallbacks::Long {
+    let client: Arc<dyn dlock_core::backend::DynBackend> = if redis && fallbacks == Fallbacks::Long
+    {
         let config = RedisConfig::from_url(url)
             .map_err(|e| e.to_string())?
             .with_unwatched_poll(LONG);

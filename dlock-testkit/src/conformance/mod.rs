@@ -13,7 +13,7 @@
 use std::{any::Any, fmt, future::Future, sync::Arc, time::Duration};
 
 use dlock_core::{
-    backend::{Backend, BoxFuture, Capabilities},
+    backend::{Backend, BoxFuture, Capabilities, DynBackend},
     LockGuard, LockOptions, Locker, LockerBuilder, Token,
 };
 
@@ -51,7 +51,7 @@ const PATIENCE: Duration = Duration::from_secs(dlock_core::DEFAULT_WATCHDOG_LEAS
 
 /// Makes a new, independent client of the backend under test.
 pub type ClientFactory =
-    Arc<dyn Fn() -> BoxFuture<'static, dlock_core::Result<Arc<dyn Backend>>> + Send + Sync>;
+    Arc<dyn Fn() -> BoxFuture<'static, dlock_core::Result<Arc<dyn DynBackend>>> + Send + Sync>;
 
 /// What the suite runs against: a factory of independent clients (each as a
 /// separate process would have: its own connections), and whatever must
@@ -60,13 +60,13 @@ pub type ClientFactory =
 /// # Examples
 ///
 /// ```
-/// use dlock_core::{backend::Backend, MemoryBackend};
+/// use dlock_core::{backend::{Backend, DynBackend}, MemoryBackend};
 /// use dlock_testkit::Harness;
 /// use std::sync::Arc;
 ///
 /// let server = MemoryBackend::new();
 /// let harness = Harness::new("memory", move || {
-///     let client: Arc<dyn Backend> = Arc::new(server.clone());
+///     let client: Arc<dyn DynBackend> = Arc::new(server.clone());
 ///     async move { Ok(client) }
 /// });
 /// # drop(harness);
@@ -94,7 +94,7 @@ impl Harness {
     pub fn new<F, Fut>(name: impl Into<String>, factory: F) -> Harness
     where
         F: Fn() -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = dlock_core::Result<Arc<dyn Backend>>> + Send + 'static,
+        Fut: Future<Output = dlock_core::Result<Arc<dyn DynBackend>>> + Send + 'static,
     {
         Harness {
             name: name.into(),
@@ -125,7 +125,7 @@ impl Harness {
         Harness::new(name, move || {
             let url = url.clone();
             async move {
-                let client: Arc<dyn Backend> =
+                let client: Arc<dyn DynBackend> =
                     Arc::new(dlock_redis::RedisBackend::connect(&url).await?);
                 Ok(client)
             }
@@ -169,7 +169,7 @@ impl Harness {
     ///
     /// If the factory fails five times in a row: the check cannot run, and
     /// must not pass.
-    pub async fn client(&self) -> Arc<dyn Backend> {
+    pub async fn client(&self) -> Arc<dyn DynBackend> {
         // Connecting is not what the checks are about: servers next to a
         // busy test (a ZooKeeper ensemble under CPU load) get a few tries.
         let mut tries = 0;
@@ -485,7 +485,7 @@ mod tests {
     fn harness() -> Harness {
         let server = MemoryBackend::new();
         Harness::new("memory", move || {
-            let client: Arc<dyn Backend> = Arc::new(server.clone());
+            let client: Arc<dyn DynBackend> = Arc::new(server.clone());
             async move { Ok(client) }
         })
     }
