@@ -17,8 +17,10 @@
 //!    holds up nobody.
 //!
 //! [`WaitSteps`] is those four moves; [`drive`] is everything else: the
-//! wait limit, look-then-arm-then-look-again, the pause between looks,
-//! backoff while the server fails, and withdrawal. A backend's
+//! wait limit, this process's turn at the key (a backend whose line has
+//! room for one waiter per process names its [`LocalTurns`] in
+//! [`WaitSteps::turn`]), look-then-arm-then-look-again, the pause between
+//! looks, backoff while the server fails, and withdrawal. A backend's
 //! [`Backend::acquire`](super::Backend::acquire) is then
 //! `drive(&steps, req).await`, and a new backend writes only its
 //! protocol. This is the shape of etcd's `concurrency.Mutex` (try to
@@ -39,11 +41,11 @@
 //!   same key ([`LocalTurns`](super::LocalTurns)), so that one task per
 //!   process stands in the server's line.
 
-use std::{future::Future, time::Duration};
+use std::{future::Future, hash::Hash, time::Duration};
 
 use tokio::time::Instant;
 
-use super::{AcquireRequest, Acquired, Backoff, Wait};
+use super::{AcquireRequest, Acquired, Backoff, LocalTurn, LocalTurns, Share, Wait};
 use crate::{LockError, Result};
 
 /// What one look at the server found.
@@ -103,8 +105,28 @@ impl StepError {
     }
 }
 
+/// Where a backend's tasks take their turn at a key before they stand in
+/// the server's line (see [`WaitSteps::turn`]).
+#[derive(Debug)]
+pub struct TurnAt<'t, K: Hash + Eq + Clone + Send + Sync + 'static> {
+    /// The backend's turns.
+    pub turns: &'t LocalTurns<K>,
+    /// The key's name among them.
+    pub key: K,
+    /// What the turn shares with the process's other tasks.
+    pub share: Share,
+    /// Take the turn before the first look (also for one try, which then
+    /// answers "not granted" at once while another task has it), rather
+    /// than after the first refusal.
+    pub first: bool,
+}
+
 /// A backend's wait steps, which [`drive`] runs. See the module docs.
 pub trait WaitSteps: Send + Sync {
+    /// What names a key among the backend's [`LocalTurns`] (`()` for a
+    /// backend without them).
+    type TurnKey: Hash + Eq + Clone + Send + Sync + 'static;
+
     /// A waiter's place in the line; dropping it must leave nothing the
     /// acquisition's token would not release.
     type Entry: Send;
@@ -153,6 +175,31 @@ pub trait WaitSteps: Send + Sync {
     /// How long failures may go on, with no wait limit, before the
     /// acquire gives up with the last one.
     fn unreachable_after(&self) -> Duration;
+
+    /// Where this process's tasks take their turn at `req`'s key before
+    /// one of them stands in the server's line (`None`, the default: every
+    /// task stands in line itself). Without a turn, a refused look does
+    /// not join the line (`join` is `false`) until the task has it.
+    fn turn(&self, req: &AcquireRequest<'_>) -> Option<TurnAt<'_, Self::TurnKey>> {
+        let _ = req;
+        None
+    }
+
+    /// Takes the turn of a granted acquisition: keep it as long as the
+    /// lock (the default drops it, which lets the next task of this
+    /// process stand in line).
+    fn keep_turn(&self, req: &AcquireRequest<'_>, turn: LocalTurn<Self::TurnKey>) {
+        let _ = (req, turn);
+    }
+
+    /// The longest wait for a change between two looks
+    /// ([`LOOK_AGAIN_WITHIN`], the default). `None` for a backend whose
+    /// [`changed`](WaitSteps::changed) is a wait on the server that ends
+    /// by itself when the lock frees (a SQL lock wait): it then waits until
+    /// the wait limit, and keeps its place in the server's queue.
+    fn look_again_within(&self) -> Option<Duration> {
+        Some(LOOK_AGAIN_WITHIN)
+    }
 }
 
 /// The longest a waiter sleeps between two looks when neither the backend
@@ -180,14 +227,28 @@ pub async fn drive<S: WaitSteps>(steps: &S, req: &AcquireRequest<'_>) -> Result<
     let deadline = req.wait.deadline();
     let join = req.wait != Wait::No;
     let past = |now: Instant| deadline.is_some_and(|d| now >= d);
+    let spec = steps.turn(req);
+    let mut turn = None;
+    if let Some(at) = spec.as_ref().filter(|at| at.first) {
+        match at.turns.take(&at.key, at.share, req.wait).await {
+            Some(taken) => turn = Some(taken),
+            None => return Ok(None),
+        }
+    }
     let mut entry: Option<S::Entry> = None;
     let mut wake: Option<S::Wake> = None;
     let mut failing = Failing::new(steps.unreachable_after());
     let mut back_to_back = 0_u32;
     loop {
-        let look = steps.look(req, entry.as_mut(), join).await;
+        let may_join = join && (spec.is_none() || turn.is_some());
+        let look = steps.look(req, entry.as_mut(), may_join).await;
         let again = match look {
-            Ok(Look::Granted(acquired)) => return Ok(Some(acquired)),
+            Ok(Look::Granted(acquired)) => {
+                if let Some(turn) = turn {
+                    steps.keep_turn(req, turn);
+                }
+                return Ok(Some(acquired));
+            }
             Ok(Look::Refused { entry: made, again }) => {
                 failing.ended();
                 if made.is_some() {
@@ -202,6 +263,14 @@ pub async fn drive<S: WaitSteps>(steps: &S, req: &AcquireRequest<'_>) -> Result<
         };
         if !join || past(Instant::now()) {
             return withdraw(steps, req, entry).await;
+        }
+        if let (Some(at), None) = (&spec, &turn) {
+            // Refused: wait for this process's turn, then stand in line.
+            match at.turns.take(&at.key, at.share, req.wait).await {
+                Some(taken) => turn = Some(taken),
+                None => return withdraw(steps, req, entry).await,
+            }
+            continue;
         }
         let Some(place) = entry.as_mut() else {
             // Refused without a place in line: look again when due.
@@ -228,12 +297,21 @@ pub async fn drive<S: WaitSteps>(steps: &S, req: &AcquireRequest<'_>) -> Result<
                 continue;
             }
         }
-        let until = earliest(
-            deadline,
-            Instant::now() + again.unwrap_or(LOOK_AGAIN_WITHIN).min(LOOK_AGAIN_WITHIN),
-        );
+        let within = match (again, steps.look_again_within()) {
+            (Some(again), Some(most)) => Some(again.min(most)),
+            (again, most) => again.or(most),
+        };
+        let until = match within {
+            Some(within) => earliest(deadline, Instant::now() + within),
+            None => deadline.unwrap_or_else(far_future),
+        };
         match steps.changed(req, place, &mut wake, until).await {
-            Ok(Woken::Granted(acquired)) => return Ok(Some(acquired)),
+            Ok(Woken::Granted(acquired)) => {
+                if let Some(turn) = turn {
+                    steps.keep_turn(req, turn);
+                }
+                return Ok(Some(acquired));
+            }
             Ok(Woken::LookAgain) => failing.ended(),
             Err(error) => failing.pause(error, deadline).await?,
         }
@@ -258,6 +336,11 @@ async fn withdraw<S: WaitSteps>(
 /// The earlier of a deadline (if any) and `at`.
 fn earliest(deadline: Option<Instant>, at: Instant) -> Instant {
     deadline.map_or(at, |d| d.min(at))
+}
+
+/// An instant no wait reaches: about thirty years from now.
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(86_400 * 365 * 30)
 }
 
 async fn sleep_until(at: Instant) {
@@ -327,11 +410,16 @@ mod tests {
         arms: AtomicU32,
         withdrawn: AtomicU32,
         log: Mutex<Vec<&'static str>>,
+        /// Looks that were allowed to join the line.
+        joined: AtomicU32,
+        /// The turns to take after the first refusal, if any.
+        turns: Option<LocalTurns<()>>,
     }
 
     impl WaitSteps for Scripted {
         type Entry = ();
         type Wake = ();
+        type TurnKey = ();
 
         async fn look(
             &self,
@@ -340,6 +428,7 @@ mod tests {
             join: bool,
         ) -> std::result::Result<Look<()>, StepError> {
             let n = self.looks.fetch_add(1, Ordering::SeqCst);
+            self.joined.fetch_add(u32::from(join), Ordering::SeqCst);
             self.log.lock().unwrap().push("look");
             if n < self.failures {
                 return Err(StepError::Retry(LockError::backend(
@@ -394,6 +483,15 @@ mod tests {
         fn unreachable_after(&self) -> Duration {
             Duration::from_secs(2)
         }
+
+        fn turn(&self, _req: &AcquireRequest<'_>) -> Option<TurnAt<'_, ()>> {
+            self.turns.as_ref().map(|turns| TurnAt {
+                turns,
+                key: (),
+                share: Share::Alone,
+                first: false,
+            })
+        }
     }
 
     async fn run(steps: &Scripted, wait: Wait) -> Result<Option<Acquired>> {
@@ -424,6 +522,29 @@ mod tests {
             ["look", "arm", "look", "arm", "wait", "look", "arm", "wait", "look"]
         );
         assert_eq!(steps.withdrawn.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_task_joins_the_line_only_with_its_turn() {
+        let steps = std::sync::Arc::new(Scripted {
+            refusals: 3,
+            turns: Some(LocalTurns::new()),
+            ..Scripted::default()
+        });
+        let held = steps.turns.as_ref().unwrap();
+        let other = held.take(&(), Share::Alone, Wait::No).await.unwrap();
+        let waiter = tokio::spawn({
+            let steps = steps.clone();
+            async move { run(&steps, Wait::Forever).await }
+        });
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        // One look, which did not join, then a wait for the turn.
+        assert_eq!(steps.looks.load(Ordering::SeqCst), 1);
+        assert_eq!(steps.joined.load(Ordering::SeqCst), 0);
+        drop(other);
+        assert!(waiter.await.unwrap().unwrap().is_some());
+        assert_eq!(steps.joined.load(Ordering::SeqCst), 3);
+        assert!(steps.turns.as_ref().unwrap().is_empty());
     }
 
     #[tokio::test(start_paused = true)]

@@ -109,6 +109,7 @@ fn step_error(e: ZkError) -> StepError {
 }
 
 impl WaitSteps for Steps<'_> {
+    type TurnKey = ();
     type Entry = Entry;
     type Wake = zookeeper_client::OneshotWatcher;
 

@@ -20,6 +20,7 @@ use crate::{
 pub(super) struct Steps<'a>(pub(super) &'a MemoryBackend);
 
 impl WaitSteps for Steps<'_> {
+    type TurnKey = ();
     type Entry = QueuePlace;
     type Wake = ();
 
