@@ -19,6 +19,13 @@
 //!   [`set_default_locker`] / [`default_locker`], the locker it uses unless
 //!   told otherwise.
 //!
+//! The source has four rooms: `locker/` (the [`Locker`] and what it
+//! hands out: guards, scopes, leases, the watchdog, releases, options),
+//! `primitives/` (mutex, read-write lock, semaphore, election, multi-key
+//! locks), [`backend`] (the trait and the kit for backend authors: URLs,
+//! sessions, timers, backoff, [the wait engine](backend::wait)) and
+//! `memory/` (the in-process backend).
+//!
 //! The manual, with a glossary of the words these docs use in a sense of
 //! their own (*hold*, *scope*, *lease*, *line*, *ticket*, *turn*, ...), is
 //! [`dlock::guide`](https://docs.rs/dlock/latest/dlock/guide/index.html).
@@ -58,44 +65,33 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
-mod builder;
-mod connection;
-mod default_locker;
 mod duration;
-pub mod election;
 mod error;
-mod guard;
 mod key;
-mod lease;
 mod locker;
+mod memory;
 pub mod metrics;
-mod multi;
-mod mutex;
-mod options;
-mod release;
-mod rwlock;
-mod scope;
-mod semaphore;
-mod shared;
+mod primitives;
 mod token;
-mod watchdog;
 
-pub use backend::memory::MemoryBackend;
-pub use builder::{BackendExt, LockerBuilder};
-pub use connection::ConnectionState;
-pub use default_locker::{default_locker, set_default_locker};
+pub use primitives::election;
+
 pub use duration::parse_duration;
-pub use election::Election;
 pub use error::{InvalidReason, LockError, LostReason, Result};
-pub use guard::{HoldState, LockGuard};
 pub use key::LockKey;
+pub use locker::builder::{BackendExt, LockerBuilder};
+pub use locker::connection::ConnectionState;
+pub use locker::default_locker::{default_locker, set_default_locker};
+pub use locker::guard::{HoldState, LockGuard};
+pub use locker::options::{Lease, LockOptions, MAX_LEASE, MIN_LEASE, MIN_WATCHDOG_LEASE};
+pub use locker::scope::Scoped;
 pub use locker::{Locker, DEFAULT_WATCHDOG_LEASE};
-pub use multi::MultiGuard;
-pub use mutex::{DistMutex, DistMutexGuard, OwnedDistMutexGuard};
-pub use options::{Lease, LockOptions, MAX_LEASE, MIN_LEASE, MIN_WATCHDOG_LEASE};
-pub use rwlock::{DistRwLock, DistRwLockReadGuard, DistRwLockWriteGuard};
-pub use scope::Scoped;
-pub use semaphore::{DistSemaphore, Permit};
+pub use memory::MemoryBackend;
+pub use primitives::election::Election;
+pub use primitives::multi::MultiGuard;
+pub use primitives::mutex::{DistMutex, DistMutexGuard, OwnedDistMutexGuard};
+pub use primitives::rwlock::{DistRwLock, DistRwLockReadGuard, DistRwLockWriteGuard};
+pub use primitives::semaphore::{DistSemaphore, Permit};
 pub use token::{Token, TokenHex};
 
 #[cfg(feature = "macros")]

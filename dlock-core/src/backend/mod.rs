@@ -13,14 +13,13 @@ use tokio::time::Instant;
 
 use crate::{error::Result, key::LockKey, token::Token};
 
-pub use crate::lease::LossReporter;
+pub use crate::locker::lease::LossReporter;
 
 mod backoff;
 mod capabilities;
 mod finish;
 mod holder;
 mod keyhash;
-pub mod memory;
 mod mode;
 mod request;
 mod session;
@@ -29,7 +28,7 @@ mod turns;
 mod url;
 pub mod wait;
 
-pub use crate::connection::ConnectionStates;
+pub use crate::locker::connection::ConnectionStates;
 pub use backoff::Backoff;
 pub use capabilities::Capabilities;
 pub use finish::{Abandoned, FinishOnDrop};

@@ -10,7 +10,10 @@ use std::{
 
 use tokio::time::Instant;
 
-use crate::{connection::ConnectionStates, error::LostReason, lease::LossReporter, token::Token};
+use crate::{
+    error::LostReason, locker::connection::ConnectionStates, locker::lease::LossReporter,
+    token::Token,
+};
 
 /// The guards held on one session, with when the session was last known
 /// alive. `T` is what the backend keeps per lock (its key name, or `()`).
@@ -311,7 +314,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::{key::LockKey, lease::LeaseState};
+    use crate::{key::LockKey, locker::lease::LeaseState};
 
     const LEASE: Duration = Duration::from_secs(10);
 

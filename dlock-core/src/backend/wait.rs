@@ -38,7 +38,7 @@
 //! - **line**: the waiters of one key on the server, in order.
 //! - **entry**: one waiter's place in the line.
 //! - **turn**: this process's place among its own tasks that want the
-//!   same key ([`LocalTurns`](super::LocalTurns)), so that one task per
+//!   same key ([`LocalTurns`]), so that one task per
 //!   process stands in the server's line.
 
 use std::{future::Future, hash::Hash, time::Duration};
@@ -497,7 +497,7 @@ mod tests {
     async fn run(steps: &Scripted, wait: Wait) -> Result<Option<Acquired>> {
         let key = LockKey::new("k").unwrap();
         let token = Token::generate();
-        let lease = crate::lease::LeaseState::new(key.clone(), "test", false);
+        let lease = crate::locker::lease::LeaseState::new(key.clone(), "test", false);
         let req = AcquireRequest {
             key: &key,
             mode: Mode::Exclusive,
@@ -505,7 +505,7 @@ mod tests {
             lease: Duration::from_secs(10),
             lease_kind: super::super::LeaseKind::Watchdog,
             wait,
-            loss: crate::lease::LossReporter(std::sync::Arc::new(lease)),
+            loss: crate::locker::lease::LossReporter(std::sync::Arc::new(lease)),
         };
         drive(steps, &req).await
     }

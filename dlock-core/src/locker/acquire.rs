@@ -11,13 +11,13 @@ use super::Locker;
 use crate::{
     backend::{AcquireRequest, Backend, LeaseKind, LossReporter, Mode, Wait},
     error::{LockError, Result},
-    guard::{Hold, LockGuard},
     key::LockKey,
-    lease::LeaseState,
+    locker::guard::{Hold, LockGuard},
+    locker::lease::LeaseState,
+    locker::options::{validate_lease, wait_deadline, Lease, LockOptions, MIN_LEASE},
+    locker::release::{Release, ReleaseOnDrop},
+    locker::scope::Scope,
     metrics::{self, AcquireOutcome},
-    options::{validate_lease, wait_deadline, Lease, LockOptions, MIN_LEASE},
-    release::{Release, ReleaseOnDrop},
-    scope::Scope,
     token::Token,
 };
 

@@ -10,9 +10,9 @@ use crate::{
     backend::{Mode, ReleaseOutcome},
     error::{LockError, LostReason, Result},
     key::LockKey,
-    lease::LeaseState,
-    release::{release_traced, spawn_release, Release, ReleaseOnDrop, Sent},
-    shared::Shared,
+    locker::lease::LeaseState,
+    locker::release::{release_traced, spawn_release, Release, ReleaseOnDrop, Sent},
+    locker::shared::Shared,
     token::Token,
 };
 
@@ -353,7 +353,7 @@ impl LockGuard {
         if !hold.fixed {
             return Err(crate::InvalidReason::NotFixedLease.into());
         }
-        crate::options::validate_lease(lease, crate::options::MIN_LEASE)?;
+        crate::locker::options::validate_lease(lease, crate::locker::options::MIN_LEASE)?;
         let _one_at_a_time = hold.extending.lock().await;
         let lost = |reason| LockError::Lost {
             key: hold.key.to_string(),

@@ -3,7 +3,10 @@
 
 use std::{fmt, ops::Deref};
 
-use crate::{backend::Mode, error::Result, guard::LockGuard, locker::Locker, options::LockOptions};
+use crate::{
+    backend::Mode, error::Result, locker::guard::LockGuard, locker::options::LockOptions,
+    locker::Locker,
+};
 
 /// A counting semaphore across processes and machines: at most `permits`
 /// permits of its key are held at once, by every client together. Used

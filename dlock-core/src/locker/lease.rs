@@ -8,7 +8,7 @@ use std::{
 
 use tokio::{sync::Notify, time::Instant};
 
-use crate::{error::LostReason, key::LockKey, options::clock_drift};
+use crate::{error::LostReason, key::LockKey, locker::options::clock_drift};
 
 /// Loss state of one acquisition.
 ///

@@ -5,10 +5,10 @@ use std::{sync::Arc, time::Duration};
 use crate::{
     backend::{Backend, DynBackend},
     error::Result,
+    locker::options::{validate_lease, Lease, LockOptions, MIN_LEASE, MIN_WATCHDOG_LEASE},
+    locker::shared::{PendingReleases, Shared},
+    locker::watchdog::Watchdog,
     locker::{Locker, DEFAULT_WATCHDOG_LEASE},
-    options::{validate_lease, Lease, LockOptions, MIN_LEASE, MIN_WATCHDOG_LEASE},
-    shared::{PendingReleases, Shared},
-    watchdog::Watchdog,
 };
 
 /// Builds a [`Locker`] with default options of its own.

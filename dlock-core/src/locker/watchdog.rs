@@ -21,7 +21,7 @@ use crate::{
     backend::{Backend, DynBackend, Mode, RenewOutcome, RenewRequest},
     error::LostReason,
     key::LockKey,
-    lease::LeaseState,
+    locker::lease::LeaseState,
     token::Token,
 };
 

@@ -6,10 +6,10 @@ use tokio::time::Instant;
 
 use crate::{
     error::{LockError, Result},
-    guard::LockGuard,
+    locker::guard::LockGuard,
+    locker::options::{wait_deadline, LockOptions},
+    locker::scope::Scoped,
     locker::Locker,
-    options::{wait_deadline, LockOptions},
-    scope::Scoped,
     LostReason,
 };
 

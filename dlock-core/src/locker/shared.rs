@@ -11,7 +11,7 @@ use std::sync::{
     Arc,
 };
 
-use crate::{backend::DynBackend, options::LockOptions, watchdog::Watchdog};
+use crate::{backend::DynBackend, locker::options::LockOptions, locker::watchdog::Watchdog};
 
 pub(crate) struct Shared {
     pub(crate) backend: Arc<dyn DynBackend>,

@@ -15,10 +15,10 @@ use tokio::{
 use crate::{
     backend::{Backoff, Holder},
     error::{LockError, Result},
-    guard::LockGuard,
     key::LockKey,
+    locker::guard::LockGuard,
+    locker::options::LockOptions,
     locker::Locker,
-    options::LockOptions,
     LostReason,
 };
 

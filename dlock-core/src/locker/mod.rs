@@ -9,15 +9,25 @@ use tokio::time::Instant;
 use crate::{
     backend::{Backend, DynBackend, Mode},
     error::{LockError, Result},
-    guard::LockGuard,
     key::LockKey,
-    options::LockOptions,
-    scope::Scope,
-    shared::Shared,
+    locker::guard::LockGuard,
+    locker::options::LockOptions,
+    locker::scope::Scope,
+    locker::shared::Shared,
 };
 
 mod acquire;
+pub(crate) mod builder;
+pub(crate) mod connection;
+pub(crate) mod default_locker;
+pub(crate) mod guard;
+pub(crate) mod lease;
 mod operators;
+pub(crate) mod options;
+pub(crate) mod release;
+pub(crate) mod scope;
+pub(crate) mod shared;
+pub(crate) mod watchdog;
 
 /// The default watchdog lease: how long a crashed holder keeps a lock.
 pub const DEFAULT_WATCHDOG_LEASE: Duration = Duration::from_secs(30);

@@ -16,14 +16,14 @@ mod steps;
 
 use steps::Steps;
 
-use super::{
+use crate::backend::{
     wait, AcquireRequest, Acquired, Backend, Capabilities, Holder, LossReporter, Mode,
     ReleaseOutcome, RenewOutcome, RenewRequest,
 };
 use crate::{
     error::{LockError, LostReason, Result},
     key::LockKey,
-    options::MAX_LEASE,
+    locker::options::MAX_LEASE,
     token::Token,
 };
 
@@ -126,7 +126,7 @@ struct Waiter {
 }
 
 /// What the holders and the waiters granted before one take of a key, in
-/// counts: decides [`admitted`](super::admitted) for the next mode in O(1), so a pass over
+/// counts: decides [`admitted`](crate::backend::admitted) for the next mode in O(1), so a pass over
 /// a line of `k` waiters is O(k).
 #[derive(Debug, Clone, Copy, Default)]
 struct Taken {
@@ -156,7 +156,7 @@ impl Taken {
         }
     }
 
-    /// As [`admitted`](super::admitted)`(mode, what was added)`.
+    /// As [`admitted`](crate::backend::admitted)`(mode, what was added)`.
     fn admits(&self, mode: Mode) -> bool {
         #[cfg(test)]
         tests::ADMITS_CALLS.with(|c| c.set(c.get() + 1));
@@ -429,7 +429,7 @@ impl Backend for MemoryBackend {
         token: &Token,
         lease: Duration,
     ) -> Result<Option<(Instant, Duration)>> {
-        super::extend_by_renewal(self, key, mode, token, lease).await
+        crate::backend::extend_by_renewal(self, key, mode, token, lease).await
     }
 
     /// The holders' permits, once the expired are gone.

@@ -15,9 +15,9 @@ use tokio::{
 use crate::{
     backend::Mode,
     error::{LockError, Result},
-    guard::LockGuard,
+    locker::guard::LockGuard,
+    locker::options::{wait_deadline, LockOptions},
     locker::Locker,
-    options::{wait_deadline, LockOptions},
 };
 
 /// A value protected by a distributed read-write lock: like

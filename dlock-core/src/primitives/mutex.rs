@@ -13,10 +13,10 @@ use tokio::{sync::Semaphore, time::Instant};
 
 use crate::{
     error::{LockError, Result},
-    guard::LockGuard,
+    locker::guard::LockGuard,
+    locker::options::{wait_deadline, LockOptions},
+    locker::scope::Scoped,
     locker::Locker,
-    options::{wait_deadline, LockOptions},
-    scope::Scoped,
 };
 
 /// A value protected by a distributed lock: like [`tokio::sync::Mutex<T>`],

@@ -17,7 +17,7 @@ use crate::{
     backend::{Backoff, DynBackend, Mode, ReleaseOutcome},
     error::Result,
     key::LockKey,
-    shared::Shared,
+    locker::shared::Shared,
     token::Token,
 };
 

@@ -26,9 +26,9 @@ use pin_project::pin_project;
 
 use crate::{
     backend::Mode,
-    guard::{Hold, LockGuard},
     key::LockKey,
-    shared::Shared,
+    locker::guard::{Hold, LockGuard},
+    locker::shared::Shared,
 };
 
 tokio::task_local! {
