@@ -29,6 +29,7 @@
 use std::sync::Arc;
 
 pub mod guide;
+pub mod registry;
 
 pub use dlock_core::*;
 
@@ -50,14 +51,6 @@ pub use dlock_redis as redis;
 #[cfg(feature = "zk")]
 #[cfg_attr(docsrs, doc(cfg(feature = "zk")))]
 pub use dlock_zk as zk;
-
-/// The URLs [`connect`] accepts, for usage messages.
-pub const URLS: &str = "memory, redis://HOST:PORT, redis+redlock://H1:P1,H2:P2,H3:P3, \
-     redis+cluster://H1:P1,H2:P2, redis+sentinel://S1:P1,S2:P2/MASTER, \
-     rediss://HOST:PORT, rediss+redlock://…, rediss+cluster://…, rediss+sentinel://… (TLS), \
-     etcd://HOST:PORT/PREFIX, etcds://HOST:PORT/PREFIX (TLS), \
-     zk://HOST:PORT/PATH, zks://HOST:PORT/PATH (TLS), postgres://USER:PASSWORD@HOST:PORT/DB, \
-     mysql://USER:PASSWORD@HOST:PORT/DB, file:///ABSOLUTE/DIR";
 
 /// A [`Locker`] on the backend `url` names (see [`connect_backend`]).
 ///
@@ -119,58 +112,15 @@ pub async fn connect(url: &str) -> Result<Locker> {
 /// # }
 /// ```
 pub async fn connect_backend(url: &str) -> Result<Arc<dyn backend::DynBackend>> {
-    if url == "memory" || url == "memory://" {
-        return Ok(Arc::new(MemoryBackend::new()));
-    }
-    match url.split_once("://").map(|(scheme, _)| scheme) {
-        Some(
-            "redis" | "redis+redlock" | "redis+cluster" | "redis+sentinel" | "rediss"
-            | "rediss+redlock" | "rediss+cluster" | "rediss+sentinel",
-        ) => redis_backend(url).await,
-        Some("etcd" | "etcds") => etcd_backend(url).await,
-        Some("zk" | "zks") => zk_backend(url).await,
-        Some("postgres" | "postgresql") => postgres_backend(url).await,
-        Some("mysql" | "mariadb") => mysql_backend(url).await,
-        Some("file") => file_backend(url).await,
-        _ => Err(InvalidReason::UnknownScheme {
+    match registry::for_url(url) {
+        Some(backend) => backend.connect(url).await,
+        None => Err(InvalidReason::UnknownScheme {
             url: backend::redact_url(url).into_owned(),
-            known: URLS,
+            known: registry::urls(),
         }
         .into()),
     }
 }
-
-/// The error for a URL whose backend's feature is off.
-#[allow(dead_code)] // with every backend feature on
-fn feature_off(feature: &'static str) -> LockError {
-    InvalidReason::FeatureOff { feature }.into()
-}
-
-/// One backend's connect, behind its feature.
-macro_rules! backend_connect {
-    ($fn:ident, $feature:literal, $connect:path) => {
-        #[cfg(feature = $feature)]
-        async fn $fn(url: &str) -> Result<Arc<dyn backend::DynBackend>> {
-            Ok(Arc::new($connect(url).await?))
-        }
-
-        #[cfg(not(feature = $feature))]
-        async fn $fn(_url: &str) -> Result<Arc<dyn backend::DynBackend>> {
-            Err(feature_off($feature))
-        }
-    };
-}
-
-backend_connect!(redis_backend, "redis", dlock_redis::RedisBackend::connect);
-backend_connect!(etcd_backend, "etcd", dlock_etcd::EtcdBackend::connect);
-backend_connect!(zk_backend, "zk", dlock_zk::ZkBackend::connect);
-backend_connect!(
-    postgres_backend,
-    "postgres",
-    dlock_postgres::PgBackend::connect
-);
-backend_connect!(mysql_backend, "mysql", dlock_mysql::MySqlBackend::connect);
-backend_connect!(file_backend, "file", dlock_file::FileBackend::connect);
 
 /// The workspace README's examples, compiled and run as doctests.
 #[cfg(doctest)]

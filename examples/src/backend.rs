@@ -4,7 +4,9 @@
 use dlock::{LockError, Locker};
 
 /// The URLs `--backend` accepts, for usage messages.
-pub const URLS: &str = dlock::URLS;
+pub fn urls() -> &'static str {
+    dlock::registry::urls()
+}
 
 /// A [`Locker`] on the backend `url` names, through [`dlock::connect`];
 /// `None` or `"memory"` is the in-process backend (locks shared by this

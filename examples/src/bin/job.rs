@@ -53,7 +53,7 @@ fn parse_args() -> Result<Args, String> {
             "--period-ms" => args.config.period = Duration::from_millis(number("--period-ms")?),
             "--lease-ms" => args.config.lease = Duration::from_millis(number("--lease-ms")?),
             "--stall" => args.stall = true,
-            "-h" | "--help" => return Err(format!("{USAGE}\nbackends: {}", backend::URLS)),
+            "-h" | "--help" => return Err(format!("{USAGE}\nbackends: {}", backend::urls())),
             other => return Err(format!("unknown argument `{other}`\n{USAGE}")),
         }
     }

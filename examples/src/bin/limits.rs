@@ -32,7 +32,7 @@ async fn main() -> ExitCode {
             _ => Err(()),
         };
         if parsed.is_err() || !(1..=16).contains(&clients) {
-            eprintln!("{USAGE}\nbackends: {}", backend::URLS);
+            eprintln!("{USAGE}\nbackends: {}", backend::urls());
             return ExitCode::from(2);
         }
     }

@@ -36,7 +36,7 @@ fn parse_args() -> Result<Args, String> {
     let mut argv = std::env::args().skip(1);
     while let Some(arg) = argv.next() {
         if arg == "-h" || arg == "--help" {
-            return Err(format!("{USAGE}\nbackends: {}", backend::URLS));
+            return Err(format!("{USAGE}\nbackends: {}", backend::urls()));
         }
         let value = argv.next().ok_or(format!("{arg} needs a value\n{USAGE}"))?;
         let number = |value: &str| -> Result<u64, String> {

@@ -61,7 +61,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "--no-lock" => args.only_unlocked = true,
             CHILD => args.child_store = Some(value(CHILD)?),
-            "-h" | "--help" => return Err(format!("{USAGE}\nbackends: {}", backend::URLS)),
+            "-h" | "--help" => return Err(format!("{USAGE}\nbackends: {}", backend::urls())),
             other => return Err(format!("unknown argument `{other}`\n{USAGE}")),
         }
     }
