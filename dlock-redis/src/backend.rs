@@ -7,7 +7,7 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, Capabilities, ConnectionStates, Holder, Mode,
+        wait, AcquireRequest, Acquired, Backend, Capabilities, ConnectionStates, Holder, Mode,
         ReleaseOutcome, RenewOutcome, RenewRequest,
     },
     LockError, LockKey, Result, Token,
@@ -292,10 +292,7 @@ impl Backend for RedisBackend {
     }
 
     async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Acquired>> {
-        match req.mode {
-            Mode::Exclusive => self.acquire_waiting(&req).await,
-            _ => self.acquire_shared(&req).await,
-        }
+        wait::drive(&queue::Steps::new(self, &req), &req).await
     }
 
     async fn release(&self, key: &LockKey, mode: Mode, token: &Token) -> Result<ReleaseOutcome> {
