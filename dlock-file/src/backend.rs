@@ -11,7 +11,7 @@ use std::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, Capabilities, Holder, LossReporter, Mode,
+        wait, AcquireRequest, Acquired, Backend, Capabilities, Holder, LossReporter, Mode,
         ReleaseOutcome, RenewOutcome, RenewRequest,
     },
     LockError, LockKey, Result, Token,
@@ -24,34 +24,12 @@ use crate::{
 
 mod election;
 mod locks;
-mod queue;
 mod release;
+mod steps;
 
 /// Locks on one machine, with no server: `flock(2)` on files in a
-/// directory (`file:///var/lock/myapp`).
-///
-/// - **The OS is the lock server.** Each acquisition opens its own file
-///   and locks it with `flock`, whose locks belong to the open file: two
-///   clients in one process exclude each other as two processes do, and
-///   the kernel frees a lock the moment its holder's process dies (no
-///   lease to wait out).
-/// - **Leases are this process's.** A watchdog lease is renewed by the
-///   locker's watchdog like any other; a lease that is not renewed in time
-///   (a fixed lease, or a runtime that stopped) is ended by a thread of
-///   this backend, which unlocks the files and tells the guard, whatever
-///   the state of the async runtime.
-/// - **Fencing tokens** come from a counter file per key and kind of
-///   lock: `max(last + 1, the wall clock in µs)`, written under the
-///   counter's own lock. Not `fsync`ed: a counter a power loss sets back
-///   is overtaken by the clock (see `next_fence`), so fences rise across
-///   processes, restarts and crashes as long as the clock does not go
-///   back across a restart.
-/// - **Waiting** blocks in `flock` on a thread of its own, woken by the
-///   kernel; a wait whose caller leaves unlocks whatever it obtains at
-///   once. Writers waiting for readers and permits poll (up to every
-///   20 ms). Waiters are not served in order.
-///
-/// See the crate docs for what it does not do.
+/// directory (`file:///var/lock/myapp`). The crate docs say what it
+/// guarantees, and what it does not do.
 ///
 /// # Examples
 ///
@@ -113,6 +91,15 @@ impl fmt::Debug for FileBackend {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `work`'s answer, run on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| LockError::backend(NAME, e))?
 }
 
 impl FileBackend {
@@ -211,9 +198,7 @@ impl FileBackend {
     /// ```
     pub async fn connect(url: &str) -> Result<FileBackend> {
         let (dir, prefix) = config::parse_url(url)?;
-        tokio::task::spawn_blocking(move || FileBackend::open_with_prefix(dir, &prefix))
-            .await
-            .map_err(|e| LockError::backend(NAME, e))?
+        blocking(move || FileBackend::open_with_prefix(dir, &prefix)).await
     }
 
     /// The lock directory.
@@ -272,7 +257,7 @@ impl Backend for FileBackend {
     }
 
     async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Acquired>> {
-        self.acquire_inner(req).await
+        wait::drive(&steps::Steps(self), &req).await
     }
 
     async fn release(&self, key: &LockKey, mode: Mode, token: &Token) -> Result<ReleaseOutcome> {
@@ -288,9 +273,7 @@ impl Backend for FileBackend {
     /// blocking thread.
     async fn permits_taken(&self, key: &LockKey, limit: u32) -> Result<u32> {
         let names = self.names(key, Mode::Permits { count: 1, limit });
-        tokio::task::spawn_blocking(move || locks::slots_taken(&names, limit))
-            .await
-            .map_err(|e| LockError::backend(NAME, e))?
+        blocking(move || locks::slots_taken(&names, limit)).await
     }
 
     /// Moves the lease's end, which the lease thread keeps, for a lock
@@ -305,11 +288,23 @@ impl Backend for FileBackend {
         Ok(self.extend_fixed(token, lease))
     }
 
+    /// Writes `{fence}\n{value}` to the holder file, if `token` holds
+    /// `key`'s plain lock here.
     async fn proclaim(&self, key: &LockKey, token: &Token, value: &[u8]) -> Result<bool> {
-        self.proclaim_inner(key, token, value).await
+        let fence = match lock(&self.inner.owned).get(token) {
+            Some(o) if o.key == *key && o.mode == Mode::Exclusive => o.held.fence,
+            _ => return Ok(false),
+        };
+        let path = self.names(key, Mode::Exclusive).holder();
+        let value = value.to_vec();
+        blocking(move || election::write_holder(&path, fence, &value)).await
     }
 
+    /// Whether `key`'s plain lock is held (read from `/proc/locks`, which
+    /// takes no lock), and if so its fence, and its value if the holder
+    /// of that fence proclaimed one.
     async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {
-        self.holder_inner(key).await
+        let names = self.names(key, Mode::Exclusive);
+        blocking(move || election::holder(&names)).await
     }
 }

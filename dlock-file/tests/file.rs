@@ -114,9 +114,9 @@ async fn file_urls_connect_and_bad_ones_are_typed_errors() {
     ));
 }
 
-/// A wait dropped while it blocks in `flock` on its thread leaves nothing
-/// held: once the holder releases, another client takes the key at once,
-/// and the waiter's client holds nothing.
+/// A wait dropped while it blocks in `flock` on its thread, or timed out
+/// there, leaves nothing held: once the holder releases, another client
+/// takes the key at once, and the waiter's client holds nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_wait_leaves_nothing_held() {
     let dir = tempfile::tempdir().unwrap();
@@ -130,6 +130,13 @@ async fn a_dropped_wait_leaves_nothing_held() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     waiting.abort();
     assert!(waiting.await.unwrap_err().is_cancelled());
+    let short = dlock_core::LockOptions::new().wait(Duration::from_millis(100));
+    let timed_out = waiter
+        .clone()
+        .into_locker()
+        .lock_with("waited", short)
+        .await;
+    assert!(matches!(timed_out, Err(LockError::Timeout { .. })));
     guard.release().await.unwrap();
     let next = locker(dir.path()).try_lock("waited").await.unwrap();
     assert!(next.is_some(), "the dropped wait kept the lock");

@@ -4,72 +4,31 @@
 
 use std::{io::Read, os::unix::fs::FileExt, path::Path};
 
-use dlock_core::{
-    backend::{Holder, Mode},
-    LockError, LockKey, Result, Token,
-};
+use dlock_core::{backend::Holder, Result};
 use rustix::fs::FlockOperation as Op;
 
-use super::{
-    lock,
-    locks::{self, flock},
-    FileBackend,
-};
-use crate::{config::io_error, NAME};
+use super::locks::{self, flock};
+use crate::config::{io_error, Names};
 
-impl FileBackend {
-    /// Writes `{fence}\n{value}` to the holder file, if `token` holds
-    /// `key`'s plain lock here.
-    pub(super) async fn proclaim_inner(
-        &self,
-        key: &LockKey,
-        token: &Token,
-        value: &[u8],
-    ) -> Result<bool> {
-        let fence = {
-            let owned = lock(&self.inner.owned);
-            match owned.get(token) {
-                Some(o) if o.key == *key && o.mode == Mode::Exclusive => o.held.fence,
-                _ => return Ok(false),
-            }
-        };
-        let path = self.names(key, Mode::Exclusive).holder();
-        let value = value.to_vec();
-        blocking(move || write_holder(&path, fence, &value)).await
+/// Who holds the plain lock of `names`: `None` if its file is not
+/// locked (read from `/proc/locks`), else its fence, and its value if
+/// the holder of that fence proclaimed one.
+pub(super) fn holder(names: &Names) -> Result<Option<Holder>> {
+    if !locks::is_locked(&names.main)? {
+        return Ok(None);
     }
-
-    /// Whether the plain lock of `key` is held (a shared lock on its file
-    /// is refused), and if so its fence, and its value if the holder of
-    /// that fence proclaimed one.
-    pub(super) async fn holder_inner(&self, key: &LockKey) -> Result<Option<Holder>> {
-        let names = self.names(key, Mode::Exclusive);
-        blocking(move || {
-            if !locks::is_locked(&names.main)? {
-                return Ok(None);
-            }
-            let fence = locks::last_fence(&names.fence())?;
-            let value = read_holder(&names.holder())?
-                .filter(|(by, _)| *by == fence)
-                .map(|(_, value)| value);
-            Ok(Some(Holder::new(Some(fence), value)))
-        })
-        .await
-    }
-}
-
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| LockError::backend(NAME, e))?
+    let fence = locks::last_fence(&names.fence())?;
+    let value = read_holder(&names.holder())?
+        .filter(|(by, _)| *by == fence)
+        .map(|(_, value)| value);
+    Ok(Some(Holder::new(Some(fence), value)))
 }
 
 /// Writes `{fence}\n{value}`, unless the file already holds a later
 /// holder's record: a proclaim that ran late (its lease ended while it
 /// waited for a thread) never overwrites the next holder's value. Whether
 /// it wrote.
-fn write_holder(path: &Path, fence: u64, value: &[u8]) -> Result<bool> {
+pub(super) fn write_holder(path: &Path, fence: u64, value: &[u8]) -> Result<bool> {
     let mut file = locks::open(path)?;
     flock(&file, Op::LockExclusive, path)?;
     let mut stored = Vec::new();

@@ -77,17 +77,9 @@ impl Plan {
     }
 }
 
-/// When a wait must stop: its caller left, or its deadline passed.
-#[derive(Debug)]
-pub(crate) struct Stop<'a> {
-    pub(crate) abandoned: &'a AtomicBool,
-    pub(crate) deadline: Option<Instant>,
-}
-
-impl Stop<'_> {
-    fn now(&self) -> bool {
-        self.abandoned.load(Ordering::SeqCst) || self.deadline.is_some_and(|d| Instant::now() >= d)
-    }
+/// Whether a wait's caller left (`abandoned`): it must stop.
+fn left(abandoned: &AtomicBool) -> bool {
+    abandoned.load(Ordering::SeqCst)
 }
 
 /// `path` opened for reading and writing, created if it is missing.
@@ -254,7 +246,7 @@ pub(crate) fn attempt_queued(
             count,
             limit,
         } => {
-            let limit_file = named_limit(names, key, *limit, None)?;
+            let limit_file = named_limit(names, key, *limit, false)?;
             slots(names, *count, *limit)?.map(|mut files| {
                 files.insert(0, limit_file);
                 files
@@ -264,33 +256,33 @@ pub(crate) fn attempt_queued(
     grant(plan, taken)
 }
 
-/// Waits for the grant on this (blocking) thread until `stop`: blocks in
-/// `flock` where one file decides (a plain lock, a reader, a writer's
-/// gate), and polls with a backoff up to [`POLL_CAP`] where several do (a
-/// writer waiting for readers to leave, permits). `None` if stopped
-/// first; a lock obtained after the caller left is unlocked at once.
-/// A writer's gate its attempt kept comes in `queued`.
+/// Waits for the grant on this (blocking) thread until its caller left
+/// (`stop`): blocks in `flock` where one file decides (a plain lock, a
+/// reader, a writer's gate), and polls with a backoff up to [`POLL_CAP`]
+/// where several do (a writer waiting for readers to leave, permits).
+/// `None` if the caller left first; a lock obtained after it left is
+/// unlocked at once. A writer's gate its attempt kept comes in `queued`.
 pub(crate) fn wait(
     plan: &Plan,
     key: &LockKey,
-    stop: &Stop<'_>,
+    stop: &AtomicBool,
     queued: Option<Gate>,
 ) -> Result<Option<Held>, LockError> {
     let taken = match plan {
         Plan::Exclusive(names) => {
             let file = blocking(&names.main, Op::LockExclusive)?;
-            (!stop.now()).then(|| vec![file])
+            (!left(stop)).then(|| vec![file])
         }
         Plan::Read(names) => {
             let gate = blocking(&names.gate(), Op::LockShared)?;
-            if stop.now() {
+            if left(stop) {
                 return Ok(None);
             }
             // Blocks only while a writer holds the lock; meanwhile this
             // reader keeps later writers at the gate, in turn.
             let rw = blocking(&names.main, Op::LockShared)?;
             drop(unlocked(gate));
-            (!stop.now()).then(|| vec![rw])
+            (!left(stop)).then(|| vec![rw])
         }
         Plan::Write(names) => {
             let gate = match queued {
@@ -309,7 +301,7 @@ pub(crate) fn wait(
             count,
             limit,
         } => {
-            let limit_file = named_limit(names, key, *limit, Some(stop))?;
+            let limit_file = named_limit(names, key, *limit, true)?;
             let mut got = None;
             poll(stop, || {
                 got = slots(names, *count, *limit)?;
@@ -321,17 +313,17 @@ pub(crate) fn wait(
             })
         }
     };
-    if stop.abandoned.load(Ordering::SeqCst) {
+    if left(stop) {
         // Nobody takes this grant: no fence is spent on it.
         return Ok(None);
     }
     grant(plan, taken)
 }
 
-/// Tries `attempt` until it succeeds or `stop`, sleeping a backoff from
-/// 1 ms up to [`POLL_CAP`] between tries.
+/// Tries `attempt` until it succeeds or the caller left (`stop`),
+/// sleeping a backoff from 1 ms up to [`POLL_CAP`] between tries.
 fn poll(
-    stop: &Stop<'_>,
+    stop: &AtomicBool,
     mut attempt: impl FnMut() -> Result<bool, LockError>,
 ) -> Result<bool, LockError> {
     let mut backoff = Backoff::new(Duration::from_millis(1), POLL_CAP / 2);
@@ -339,14 +331,10 @@ fn poll(
         if attempt()? {
             return Ok(true);
         }
-        if stop.now() {
+        if left(stop) {
             return Ok(false);
         }
-        let mut delay = backoff.next_delay();
-        if let Some(deadline) = stop.deadline {
-            delay = delay.min(deadline.saturating_duration_since(Instant::now()));
-        }
-        std::thread::sleep(delay);
+        std::thread::sleep(backoff.next_delay());
     }
 }
 
@@ -509,13 +497,9 @@ fn is_among(path: &Path, locked: &Flocked) -> Result<bool, LockError> {
 /// The semaphore's limit file, held shared, once it records `limit`: the
 /// first holder (nobody holds it shared) writes its limit; later ones
 /// check theirs against it. A limit can only change when the semaphore is
-/// idle, so every holder and waiter names the same one.
-fn named_limit(
-    names: &Names,
-    key: &LockKey,
-    limit: u32,
-    stop: Option<&Stop<'_>>,
-) -> Result<File, LockError> {
+/// idle, so every holder and waiter names the same one. A wait (`waits`)
+/// blocks for the shared lock.
+fn named_limit(names: &Names, key: &LockKey, limit: u32, waits: bool) -> Result<File, LockError> {
     let path = &names.main;
     let file = open(path)?;
     // The exclusive lock is held for a write of a few bytes only: a few
@@ -528,7 +512,7 @@ fn named_limit(
             // Not atomic: another client may write its own limit in
             // between, and then the limit read below is its.
             flock(&file, Op::LockShared, path)?;
-        } else if stop.is_some() {
+        } else if waits {
             flock(&file, Op::LockShared, path)?;
         } else if !flock(&file, Op::NonBlockingLockShared, path)? {
             std::thread::sleep(Duration::from_millis(1));
@@ -586,7 +570,7 @@ const FENCE_WIDTH: usize = 20;
 /// clock in µs)`, read and written under the counter's own exclusive
 /// lock, so that fences rise across processes and restarts.
 ///
-/// Not `fsync`ed, which cost every grant about 150 µs here: a counter
+/// Not `fsync`ed (a disk write per grant): a counter
 /// that a power loss sets back (its last writes never reached the disk)
 /// or loses is overtaken by the clock, as the Redis fence's counter is
 /// after a failover. Every fence is at most the clock's reading when it
