@@ -14,7 +14,7 @@ use dlock_core::{
         wait, AcquireRequest, Acquired, Backend, Capabilities, Holder, LossReporter, Mode,
         ReleaseOutcome, RenewOutcome, RenewRequest,
     },
-    LockError, LockKey, Result, Token,
+    LockError, LockKey, LostReason, Result, Token, MAX_LEASE,
 };
 
 use crate::{
@@ -23,8 +23,8 @@ use crate::{
 };
 
 mod election;
+mod leases;
 mod locks;
-mod release;
 mod steps;
 
 /// Locks on one machine, with no server: `flock(2)` on files in a
@@ -59,7 +59,7 @@ struct Inner {
     prefix: String,
     /// Every lock this client holds, by token.
     owned: Mutex<HashMap<Token, Owned>>,
-    /// The thread that ends leases (see [`release`]).
+    /// The thread that ends leases (see [`leases`]).
     reaper: Thread,
 }
 
@@ -158,7 +158,7 @@ impl FileBackend {
         config::check_prefix(prefix)
             .map_err(|why| LockError::from(dlock_core::InvalidReason::Other(why)))?;
         config::open_dir(&dir)?;
-        let (reaper, start) = release::start_reaper()?;
+        let (reaper, start) = leases::start_reaper()?;
         let inner = Arc::new(Inner {
             dir,
             prefix: prefix.to_owned(),
@@ -260,12 +260,42 @@ impl Backend for FileBackend {
         wait::drive(&steps::Steps(self), &req).await
     }
 
+    /// Unlocks and closes the files before it answers.
     async fn release(&self, key: &LockKey, mode: Mode, token: &Token) -> Result<ReleaseOutcome> {
-        Ok(self.unlock(key, mode, token))
+        let released = {
+            let mut owned = lock(&self.inner.owned);
+            match owned.get(token) {
+                Some(o) if o.key == *key && o.mode == mode => owned.remove(token),
+                _ => None,
+            }
+        };
+        let Some(released) = released else {
+            return Ok(ReleaseOutcome::NotHeld);
+        };
+        // A guard still listens only if the release came from elsewhere.
+        released.loss.report(LostReason::NotHeld);
+        Ok(ReleaseOutcome::Released)
     }
 
+    /// Moves the end of every watchdog lease in `locks` that its token
+    /// still holds: not one whose lock file was deleted or replaced (see
+    /// `Held::still_named`), which is lost.
     async fn renew(&self, locks: &[RenewRequest]) -> Result<Vec<RenewOutcome>> {
-        Ok(self.extend(locks))
+        let now = std::time::Instant::now();
+        let mut owned = lock(&self.inner.owned);
+        let renewed = |r: &RenewRequest| match owned.get_mut(&r.token) {
+            Some(o)
+                if o.key == r.key && o.mode == r.mode && now < o.ends && o.held.still_named() =>
+            {
+                if !o.fixed {
+                    let lease = r.lease.min(MAX_LEASE);
+                    o.ends = o.ends.max(now.checked_add(lease).unwrap_or(now));
+                }
+                RenewOutcome::Renewed
+            }
+            _ => RenewOutcome::NotHeld,
+        };
+        Ok(locks.iter().map(renewed).collect())
     }
 
     /// The semaphore's slot files some process holds an `flock` on, as
@@ -285,7 +315,18 @@ impl Backend for FileBackend {
         token: &Token,
         lease: std::time::Duration,
     ) -> Result<Option<(tokio::time::Instant, std::time::Duration)>> {
-        Ok(self.extend_fixed(token, lease))
+        let sent = tokio::time::Instant::now();
+        let now = std::time::Instant::now();
+        let lease = lease.min(MAX_LEASE);
+        {
+            let mut owned = lock(&self.inner.owned);
+            let Some(held) = owned.get_mut(token).filter(|o| now < o.ends) else {
+                return Ok(None);
+            };
+            held.ends = now.checked_add(lease).unwrap_or(now);
+        }
+        self.inner.reaper.unpark();
+        Ok(Some((sent, lease)))
     }
 
     /// Writes `{fence}\n{value}` to the holder file, if `token` holds

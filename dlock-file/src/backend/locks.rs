@@ -12,7 +12,6 @@ use std::{
     io::{self, Read},
     os::unix::fs::FileExt,
     path::Path,
-    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
@@ -75,11 +74,6 @@ impl Plan {
             Plan::Permits { names, .. } => names,
         }
     }
-}
-
-/// Whether a wait's caller left (`abandoned`): it must stop.
-fn left(abandoned: &AtomicBool) -> bool {
-    abandoned.load(Ordering::SeqCst)
 }
 
 /// `path` opened for reading and writing, created if it is missing.
@@ -203,16 +197,10 @@ impl Drop for Gate {
 }
 
 /// One attempt, without waiting: the grant, or `None` if the object is
-/// held against it.
-pub(crate) fn attempt(plan: &Plan, key: &LockKey) -> Result<Option<Held>, LockError> {
-    attempt_queued(plan, key, &mut None)
-}
-
-/// One attempt by a client that will wait if refused: a writer keeps the
-/// gate it took in `queued` (or passes the one already there), so that no
-/// reader slips in between its attempt and its wait. Other plans leave
-/// `queued` alone.
-pub(crate) fn attempt_queued(
+/// held against it. A writer keeps the gate it took in `queued` (or
+/// passes the one already there), so that no reader slips in between its
+/// attempt and its wait. Other plans leave `queued` alone.
+pub(crate) fn attempt(
     plan: &Plan,
     key: &LockKey,
     queued: &mut Option<Gate>,
@@ -265,24 +253,24 @@ pub(crate) fn attempt_queued(
 pub(crate) fn wait(
     plan: &Plan,
     key: &LockKey,
-    stop: &AtomicBool,
+    stop: &dyn Fn() -> bool,
     queued: Option<Gate>,
 ) -> Result<Option<Held>, LockError> {
     let taken = match plan {
         Plan::Exclusive(names) => {
             let file = blocking(&names.main, Op::LockExclusive)?;
-            (!left(stop)).then(|| vec![file])
+            (!stop()).then(|| vec![file])
         }
         Plan::Read(names) => {
             let gate = blocking(&names.gate(), Op::LockShared)?;
-            if left(stop) {
+            if stop() {
                 return Ok(None);
             }
             // Blocks only while a writer holds the lock; meanwhile this
             // reader keeps later writers at the gate, in turn.
             let rw = blocking(&names.main, Op::LockShared)?;
             drop(unlocked(gate));
-            (!left(stop)).then(|| vec![rw])
+            (!stop()).then(|| vec![rw])
         }
         Plan::Write(names) => {
             let gate = match queued {
@@ -313,7 +301,7 @@ pub(crate) fn wait(
             })
         }
     };
-    if left(stop) {
+    if stop() {
         // Nobody takes this grant: no fence is spent on it.
         return Ok(None);
     }
@@ -323,7 +311,7 @@ pub(crate) fn wait(
 /// Tries `attempt` until it succeeds or the caller left (`stop`),
 /// sleeping a backoff from 1 ms up to [`POLL_CAP`] between tries.
 fn poll(
-    stop: &AtomicBool,
+    stop: &dyn Fn() -> bool,
     mut attempt: impl FnMut() -> Result<bool, LockError>,
 ) -> Result<bool, LockError> {
     let mut backoff = Backoff::new(Duration::from_millis(1), POLL_CAP / 2);
@@ -331,7 +319,7 @@ fn poll(
         if attempt()? {
             return Ok(true);
         }
-        if left(stop) {
+        if stop() {
             return Ok(false);
         }
         std::thread::sleep(backoff.next_delay());

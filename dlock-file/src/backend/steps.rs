@@ -12,7 +12,7 @@ use std::{
     collections::HashMap,
     path::{Path, PathBuf},
     sync::{
-        atomic::{AtomicBool, AtomicUsize, Ordering},
+        atomic::{AtomicUsize, Ordering},
         Arc, LazyLock, Mutex,
     },
     time::Duration,
@@ -57,13 +57,10 @@ fn abandoned_waits(path: &Path) -> usize {
 
 fn count_abandoned(path: &Path, up: bool) {
     let mut counts = lock(&ABANDONED);
-    if up {
-        *counts.entry(path.to_path_buf()).or_default() += 1;
-    } else if let Some(n) = counts.get_mut(path) {
-        *n -= 1;
-        if *n == 0 {
-            counts.remove(path);
-        }
+    let n = counts.entry(path.to_path_buf()).or_default();
+    *n = if up { *n + 1 } else { n.saturating_sub(1) };
+    if *n == 0 {
+        counts.remove(path);
     }
 }
 
@@ -97,7 +94,7 @@ impl WaitSteps for Steps<'_> {
         let held = match entry {
             None => {
                 let plan = self.0.plan(req.key, req.mode).map_err(StepError::Fatal)?;
-                let (held, gate) = attempt(&plan, req.key, None, join, true).await?;
+                let (held, gate) = attempt(&plan, req.key, None, join, 25).await?;
                 if held.is_none() && join {
                     let polls = Backoff::new(Duration::from_millis(2), Duration::from_millis(100));
                     let entry = Entry {
@@ -120,7 +117,7 @@ impl WaitSteps for Steps<'_> {
                 },
                 None => {
                     let (held, gate) =
-                        attempt(&entry.plan, req.key, entry.gate.take(), true, false).await?;
+                        attempt(&entry.plan, req.key, entry.gate.take(), true, 1).await?;
                     entry.gate = gate;
                     held
                 }
@@ -209,30 +206,36 @@ fn answered<E>(
         .map_err(StepError::Fatal)
 }
 
-/// One attempt on the blocking pool, by a client that waits if refused
-/// (`join`: a writer keeps its gate, taken now or given as `gate`);
-/// `settle`d as [`settled_attempt`]. Dropped before it answers, its grant
-/// (or gate) is dropped with its output: unlocked.
+/// Up to `tries` attempts on the blocking pool, by a client that waits
+/// if refused (`join`: a writer keeps its gate, taken now or given as
+/// `gate`). A refusal while a wait this process abandoned may hold the
+/// object for a moment is tried again after 1 ms, so that a lock freed
+/// just now is not refused because of a waiter that left. Dropped before
+/// it answers, its grant (or gate) is dropped with its output: unlocked.
 async fn attempt(
     plan: &Plan,
     key: &LockKey,
     mut gate: Option<Gate>,
     join: bool,
-    settle: bool,
+    tries: u32,
 ) -> std::result::Result<(Option<Held>, Option<Gate>), StepError> {
     let (plan, key) = (plan.clone(), key.clone());
-    tokio::task::spawn_blocking(move || {
-        let queued = join.then_some(&mut gate);
-        let held = match settle {
-            true => settled_attempt(&plan, &key, queued),
-            false => locks::attempt_queued(&plan, &key, queued.unwrap_or(&mut None)),
-        };
-        held.map(|held| (held, gate))
-    })
-    .await
-    .map_err(|e| LockError::backend(NAME, e))
-    .and_then(|r| r)
-    .map_err(StepError::Fatal)
+    let attempts = move || {
+        for _ in 0..tries {
+            let mut alone = None;
+            let held = locks::attempt(&plan, &key, if join { &mut gate } else { &mut alone })?;
+            if held.is_some() || abandoned_waits(&plan.names().main) == 0 {
+                return Ok((held, gate));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok((None, gate))
+    };
+    tokio::task::spawn_blocking(attempts)
+        .await
+        .map_err(|e| LockError::backend(NAME, e))
+        .and_then(|r| r)
+        .map_err(StepError::Fatal)
 }
 
 impl FileBackend {
@@ -286,45 +289,10 @@ impl FileBackend {
     }
 }
 
-/// One attempt; refused while a wait this process abandoned may hold the
-/// object for a moment, tried again for up to about 25 ms, so that a lock
-/// freed just now is not refused because of a waiter that left. With
-/// `queued`, the caller waits if refused: a writer keeps its gate there.
-fn settled_attempt(
-    plan: &Plan,
-    key: &LockKey,
-    mut queued: Option<&mut Option<Gate>>,
-) -> Result<Option<Held>> {
-    for _ in 0..25 {
-        let held = match queued.as_deref_mut() {
-            Some(queued) => locks::attempt_queued(plan, key, queued)?,
-            None => locks::attempt(plan, key)?,
-        };
-        if let Some(held) = held {
-            return Ok(Some(held));
-        }
-        if abandoned_waits(&plan.names().main) == 0 {
-            return Ok(None);
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    Ok(None)
-}
-
-/// What a wait thread and its waiter share.
-#[derive(Debug, Default)]
-struct Cell {
-    /// The waiter left: the thread unlocks what it obtains.
-    abandoned: AtomicBool,
-    /// Whether the thread finished (it counts its abandonment down itself).
-    finished: Mutex<bool>,
-}
-
 /// A wait blocked in `flock` on a thread of its own. Dropped before it
 /// answered, it tells the thread to give up, and counts an abandoned wait
 /// on the object until the thread ends.
 struct WaitThread {
-    cell: Arc<Cell>,
     path: PathBuf,
     /// `None` once answered.
     answer: Option<oneshot::Receiver<Result<Option<Held>>>>,
@@ -340,23 +308,18 @@ impl WaitThread {
         }
         // Moved into the thread; if none can be made, handed back.
         let gate_slot = Arc::new(Mutex::new(gate.take()));
-        let cell = Arc::new(Cell::default());
         let path = plan.names().main.clone();
         let (tx, rx) = oneshot::channel();
         let spawned = std::thread::Builder::new()
             .name("dlock-file-wait".to_owned())
             .spawn({
-                let (cell, plan, path, key) =
-                    (cell.clone(), plan.clone(), path.clone(), key.clone());
+                let (plan, path, key) = (plan.clone(), path.clone(), key.clone());
                 let gate_slot = gate_slot.clone();
                 move || {
                     let gate = lock(&gate_slot).take();
-                    let outcome = locks::wait(&plan, &key, &cell.abandoned, gate);
+                    let outcome = locks::wait(&plan, &key, &|| tx.is_closed(), gate);
                     // Sent to nobody, a grant is dropped here: unlocked.
-                    drop(tx.send(outcome));
-                    let mut finished = lock(&cell.finished);
-                    *finished = true;
-                    if cell.abandoned.load(Ordering::SeqCst) {
+                    if tx.send(outcome).is_err() {
                         count_abandoned(&path, false);
                     }
                     WAIT_THREADS.fetch_sub(1, Ordering::SeqCst);
@@ -368,7 +331,6 @@ impl WaitThread {
             return None;
         }
         Some(WaitThread {
-            cell,
             path,
             answer: Some(rx),
         })
@@ -377,13 +339,42 @@ impl WaitThread {
 
 impl Drop for WaitThread {
     fn drop(&mut self) {
-        if self.answer.is_none() {
+        let Some(mut answer) = self.answer.take() else {
             return;
+        };
+        // Counted before the thread can fail to send (and count down).
+        count_abandoned(&self.path, true);
+        answer.close();
+        if answer.try_recv().is_ok() {
+            // Sent before: no thread left.
+            count_abandoned(&self.path, false);
         }
-        let finished = lock(&self.cell.finished);
-        if !*finished {
-            self.cell.abandoned.store(true, Ordering::SeqCst);
-            count_abandoned(&self.path, true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wait left blocked in `flock` counts on its object until its
+    /// thread took the freed lock and let it go.
+    #[test]
+    fn an_abandoned_wait_counts_until_its_thread_lets_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = LockKey::new("k").unwrap();
+        let names = crate::config::Names::new(dir.path(), "", &key, "lock");
+        let (plan, path) = (Plan::Exclusive(names.clone()), names.main);
+        let held = locks::attempt(&plan, &key, &mut None).unwrap().unwrap();
+        drop(WaitThread::start(&plan, &key, &mut None).unwrap());
+        assert_eq!(abandoned_waits(&path), 1);
+        drop(held);
+        for _ in 0..500 {
+            if abandoned_waits(&path) == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
+        assert_eq!(abandoned_waits(&path), 0);
+        assert!(locks::attempt(&plan, &key, &mut None).unwrap().is_some());
     }
 }
