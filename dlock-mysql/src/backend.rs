@@ -1,24 +1,15 @@
 //! `MySqlBackend`: the `Backend` trait over MySQL's and MariaDB's named
 //! locks (`GET_LOCK`), as a dialect of `dlock-sql`.
 
-use std::time::Duration;
+use dlock_core::{Result, Token};
+use dlock_sql::{session_moved, sqlx, SqlBackend};
+use sqlx::mysql::MySqlConnection;
 
-use dlock_core::{
-    backend::{BoxFuture, Mode},
-    LockKey, Result, Token,
-};
-use dlock_sql::{
-    session_moved, sqlx, Dialect, Granted, QueueEntry, ServerSession, SqlBackend, SqlSettings,
-};
-use sqlx::mysql::{MySqlConnection, MySqlDatabaseError};
-
-use crate::config::{lock_name, object_name, FenceSource, MySqlConfig};
+use crate::config::MySqlConfig;
 
 mod acquire;
-mod election;
-mod queue;
-mod release;
-mod session;
+mod dialect;
+mod version;
 
 /// `GET_LOCK`'s timeout for a wait without limit: a year, after which the
 /// wait starts again (MariaDB answers a negative timeout at once).
@@ -262,6 +253,30 @@ impl MySqlDialect {
         let prefix = self.config.lock_prefix();
         format!("{}%{tag}:{token}", &prefix[..prefix.len().min(26)])
     }
+
+    /// The entries of the key named by `id` numbered up to `number` (SQL
+    /// expressions), each live while the session that added it (by its
+    /// connection id) holds its entry lock, as `QueueEntry::read_rows`
+    /// reads them.
+    fn ahead_query(&self, id: &str, number: &str) -> String {
+        format!(
+            "SELECT n, mode, owner, CAST(COALESCE(IS_USED_LOCK({}) = session, 0) AS SIGNED) \
+             FROM {} WHERE lock_id = {id} AND n <= {number} ORDER BY n",
+            lock_name_in("owner"),
+            self.queue
+        )
+    }
+
+    /// A queue entry's lock: a named lock for its token, under (the first
+    /// 26 characters of) the prefix, within the server's 64.
+    fn entry_lock(&self, token: &Token) -> String {
+        self.token_lock('e', token)
+    }
+
+    /// A proclaimed hold's entry lock, named as a queue entry's is.
+    fn holder_lock(&self, token: &Token) -> String {
+        self.token_lock('h', token)
+    }
 }
 
 /// A statement that runs `expr` (an integer, its parameters after the
@@ -297,234 +312,6 @@ impl MySqlSession {
             Ok(())
         } else {
             Err(session_moved(self.id as u64, id as u64))
-        }
-    }
-}
-
-impl Dialect for MySqlDialect {
-    type Conn = MySqlSession;
-    type Id = String;
-
-    const NAME: &'static str = "mysql";
-
-    fn settings(&self) -> &SqlSettings {
-        self.config.settings()
-    }
-
-    fn fences(&self) -> bool {
-        self.config.fence() == FenceSource::Row
-    }
-
-    fn lock_id(&self, key: &LockKey, mode: Mode) -> String {
-        let prefix = self.config.lock_prefix();
-        match mode {
-            Mode::Exclusive => lock_name(prefix, key),
-            Mode::Permits { .. } => object_name(prefix, "%sem:", key),
-            _ => object_name(prefix, "%rw:", key),
-        }
-    }
-
-    fn supports(&self, _mode: Mode) -> bool {
-        true
-    }
-
-    /// Read-write locks and semaphores: `GET_LOCK` is exclusive only.
-    fn queues(&self, mode: Mode) -> bool {
-        mode != Mode::Exclusive
-    }
-
-    fn enqueue<'a>(
-        &'a self,
-        conn: &'a mut MySqlSession,
-        id: &'a String,
-        mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<(i64, Vec<QueueEntry>), sqlx::Error>> {
-        self.enqueue_inner(conn, id, mode, token)
-    }
-
-    fn ahead<'a>(
-        &'a self,
-        conn: &'a mut MySqlSession,
-        id: &'a String,
-        number: i64,
-    ) -> BoxFuture<'a, Result<(Vec<QueueEntry>, bool), sqlx::Error>> {
-        self.ahead_inner(conn, id, number)
-    }
-
-    fn dequeue<'a>(
-        &'a self,
-        conn: &'a mut MySqlSession,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-        self.dequeue_inner(conn, token)
-    }
-
-    fn remove<'a>(
-        &'a self,
-        conn: &'a mut MySqlSession,
-        numbers: &'a [i64],
-    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        self.remove_inner(conn, numbers)
-    }
-
-    fn watch<'a>(
-        &'a self,
-        conn: &'a mut MySqlSession,
-        owner: &'a str,
-        limit: Option<Duration>,
-    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-        self.watch_inner(conn, owner, limit)
-    }
-
-    fn shard(&self, id: &String) -> u64 {
-        dlock_sql::key_hash("", id)
-    }
-
-    fn open(&self) -> BoxFuture<'_, Result<(MySqlSession, ServerSession), sqlx::Error>> {
-        self.open_inner()
-    }
-
-    fn setup<'a>(&'a self, conn: &'a mut MySqlSession) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        self.setup_inner(conn)
-    }
-
-    fn try_lock<'a>(
-        &'a self,
-        conn: &'a mut MySqlSession,
-        id: &'a String,
-        _mode: Mode,
-    ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
-        self.try_lock_inner(conn, id, _mode)
-    }
-
-    fn wait<'a>(
-        &'a self,
-        conn: &'a mut MySqlSession,
-        id: &'a String,
-        _mode: Mode,
-        limit: Option<Duration>,
-    ) -> BoxFuture<'a, Result<Option<Granted>, sqlx::Error>> {
-        self.wait_inner(conn, id, _mode, limit)
-    }
-
-    fn unlock<'a>(
-        &'a self,
-        conn: &'a mut MySqlSession,
-        id: &'a String,
-        _mode: Mode,
-    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-        self.unlock_inner(conn, id, _mode)
-    }
-
-    fn end_session<'a>(
-        &'a self,
-        conn: &'a mut MySqlSession,
-        session: &'a ServerSession,
-    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        self.end_session_inner(conn, session)
-    }
-
-    fn ping<'a>(&'a self, conn: &'a mut MySqlSession) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        self.ping_inner(conn)
-    }
-
-    fn records_holders(&self) -> bool {
-        true
-    }
-
-    fn proclaim<'a>(
-        &'a self,
-        conn: &'a mut MySqlSession,
-        id: &'a String,
-        token: &'a Token,
-        fence: i64,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        self.proclaim_inner(conn, id, token, fence, value)
-    }
-
-    fn disclaim<'a>(
-        &'a self,
-        conn: &'a mut MySqlSession,
-        id: &'a String,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
-        self.disclaim_inner(conn, id, token)
-    }
-
-    /// The connection that holds the named lock (`IS_USED_LOCK`), unless
-    /// it is this one, killed (`KILL CONNECTION`), in one request: the
-    /// read and the kill run on one server session, with no round trip
-    /// between them.
-    ///
-    /// `KILL` takes no condition, so a holder that lets go in the
-    /// instant between the two statements is ended all the same, as if
-    /// the operator had come a moment earlier; its locks go with it, and
-    /// a session that took the key meanwhile keeps it.
-    fn end_holder<'a>(
-        &'a self,
-        session: &'a mut MySqlSession,
-        id: &'a String,
-    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
-        Box::pin(async move {
-            // A text request (two statements, so no parameters): the name
-            // as the hex of its bytes, read as the connection's character
-            // set reads a bound name. Id 0 is no connection's.
-            let name: String = id.bytes().map(|b| format!("{b:02X}")).collect();
-            let end = format!(
-                "SET @dlock_end = (SELECT IF(h <=> CONNECTION_ID() OR CONNECTION_ID() <> {own}, \
-                 0, IFNULL(h, 0)) FROM (SELECT IS_USED_LOCK(CONVERT(X'{name}' USING utf8mb4)) \
-                 AS h) AS holder); KILL CONNECTION @dlock_end",
-                own = session.id,
-            );
-            match sqlx::Executor::execute(&mut session.conn, end.as_str()).await {
-                Ok(_) => Ok(true),
-                // ER_NO_SUCH_THREAD: no holder, or it ended meanwhile.
-                Err(sqlx::Error::Database(e))
-                    if e.try_downcast_ref::<MySqlDatabaseError>()
-                        .is_some_and(|e| e.number() == 1094) =>
-                {
-                    Ok(false)
-                }
-                Err(e) => Err(e),
-            }
-        })
-    }
-
-    fn holder<'a>(
-        &'a self,
-        conn: &'a mut MySqlSession,
-        id: &'a String,
-    ) -> BoxFuture<'a, Result<Option<(Option<i64>, Option<Vec<u8>>)>, sqlx::Error>> {
-        self.holder_inner(conn, id)
-    }
-
-    /// `ER_KILL_DENIED_ERROR` (1095) from `KILL CONNECTION`, or
-    /// `ER_SPECIFIC_ACCESS_DENIED_ERROR` (1227).
-    fn missing_right(&self, e: &sqlx::Error) -> Option<&'static str> {
-        let denied = matches!(e, sqlx::Error::Database(e)
-            if e.try_downcast_ref::<MySqlDatabaseError>()
-                .is_some_and(|e| matches!(e.number(), 1095 | 1227)));
-        denied.then_some(
-            "the holder's user, or `CONNECTION ADMIN` (MariaDB) / `CONNECTION_ADMIN` \
-             (MySQL) or `SUPER`",
-        )
-    }
-
-    /// The connection failed, or the server ended the session: SQLSTATE
-    /// class 08, `70100` (killed), or errors 1053 (shutdown), 1927
-    /// (connection killed) and 4031 (idle timeout, MySQL 8).
-    fn ends_the_session(&self, e: &sqlx::Error) -> bool {
-        match e {
-            sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => true,
-            sqlx::Error::Database(e) => {
-                e.code()
-                    .is_some_and(|code| code.starts_with("08") || code == "70100")
-                    || e.try_downcast_ref::<MySqlDatabaseError>()
-                        .is_some_and(|e| matches!(e.number(), 1053 | 1927 | 4031))
-            }
-            _ => false,
         }
     }
 }

@@ -10,8 +10,8 @@ use std::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, Capabilities, Holder, LeaseTimers, LocalTurn,
-        LocalTurns, Mode, ReleaseOutcome, RenewOutcome, RenewRequest,
+        unsupported_holder, AcquireRequest, Acquired, Backend, Capabilities, Holder, LeaseTimers,
+        LocalTurn, LocalTurns, Mode, ReleaseOutcome, RenewOutcome, RenewRequest,
     },
     LockError, LockKey, Result, Token,
 };
@@ -23,7 +23,6 @@ use crate::Dialect;
 type Turn<D> = LocalTurn<<D as Dialect>::Id>;
 
 mod acquire;
-mod election;
 mod queue;
 mod release;
 mod session;
@@ -170,6 +169,12 @@ impl<D: Dialect> SqlBackend<D> {
     pub fn dialect(&self) -> &D {
         &self.inner.dialect
     }
+
+    /// Whether holders can be recorded and read: the dialect records them,
+    /// and grants carry fencing tokens.
+    fn records_holders(&self) -> bool {
+        self.inner.dialect.records_holders() && self.inner.dialect.fences()
+    }
 }
 
 impl<D: Dialect> Backend for SqlBackend<D> {
@@ -192,7 +197,7 @@ impl<D: Dialect> Backend for SqlBackend<D> {
     }
 
     async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Acquired>> {
-        self.acquire_inner(&req).await
+        self.lock_or_wait(&req).await
     }
 
     async fn release(&self, _key: &LockKey, _mode: Mode, token: &Token) -> Result<ReleaseOutcome> {
@@ -230,7 +235,7 @@ impl<D: Dialect> Backend for SqlBackend<D> {
     async fn check_servers(&self) -> Result<()> {
         let holder = self.holder_at(0).await?;
         holder
-            .run(|d, c| d.ping(c))
+            .run(|d, c| Box::pin(d.ping(c)))
             .await
             .map(drop)
             .map_err(backend_error::<D>)
@@ -241,13 +246,75 @@ impl<D: Dialect> Backend for SqlBackend<D> {
     /// as that session holds the entry lock, which its release gives back
     /// (after deleting the record) and the session's end takes.
     async fn proclaim(&self, key: &LockKey, token: &Token, value: &[u8]) -> Result<bool> {
-        self.proclaim_inner(key, token, value).await
+        if !self.records_holders() {
+            return Err(unsupported_holder(D::NAME));
+        }
+        let Some(releasing) = lock(&self.inner.owned)
+            .get(token)
+            .map(|o| o.releasing.clone())
+        else {
+            return Ok(false);
+        };
+        // Not while its release runs: that would leave a record the
+        // release did not delete.
+        let _not_releasing = releasing.lock().await;
+        let id = self.inner.dialect.lock_id(key, Mode::Exclusive);
+        let Some(session) = lock(&self.inner.owned)
+            .get(token)
+            .map(|o| o.session.clone())
+        else {
+            return Ok(false);
+        };
+        let (backend, token, value) = (self.clone(), *token, value.to_vec());
+        let written = session
+            .run(move |d, c| {
+                Box::pin(async move {
+                    // Checked and marked by the statement itself,
+                    // right before it is sent: a release queued behind
+                    // it deletes what it writes, and one that ran
+                    // first leaves nothing to write for.
+                    let fence = {
+                        let mut owned = lock(&backend.inner.owned);
+                        let Some(o) = owned.get_mut(&token).filter(|o| {
+                            o.mode == Mode::Exclusive
+                                && o.id == id
+                                && o.fixed_end.is_none_or(|end| Instant::now() < end)
+                        }) else {
+                            return Ok(false);
+                        };
+                        o.proclaimed = true;
+                        o.fence
+                    };
+                    d.proclaim(c, &id, &token, fence, &value).await?;
+                    Ok(true)
+                })
+            })
+            .await;
+        match written {
+            Ok((_, written)) => Ok(written),
+            // The session ended meanwhile: its locks went with it.
+            Err(_) if !session.is_usable() => Ok(false),
+            Err(e) => Err(backend_error::<D>(e)),
+        }
     }
 
     /// Reads the server's lock table, and the holders' table, on the key's
     /// holder session.
     async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {
-        self.holder_inner(key).await
+        if !self.records_holders() {
+            return Err(unsupported_holder(D::NAME));
+        }
+        let id = self.inner.dialect.lock_id(key, Mode::Exclusive);
+        let session = self.holder(&id).await?;
+        let (_, read) = session
+            .run(move |d, c| Box::pin(async move { d.holder(c, &id).await }))
+            .await
+            .map_err(backend_error::<D>)?;
+        Ok(
+            read.map(|(fence, value)| {
+                Holder::new(fence.and_then(|f| u64::try_from(f).ok()), value)
+            }),
+        )
     }
 
     /// Fed by the sessions: an answered statement is `Connected` (or
@@ -264,7 +331,18 @@ impl<D: Dialect> Backend for SqlBackend<D> {
 
     /// The admitted live entries of the semaphore's queue, in one read.
     async fn permits_taken(&self, key: &LockKey, limit: u32) -> Result<u32> {
-        self.permits_taken_inner(key, limit).await
+        let mode = Mode::Permits { count: 1, limit };
+        let id = self.inner.dialect.lock_id(key, mode);
+        let session = self.holder(&id).await?;
+        let (_, (entries, _)) = session
+            .run(move |d, c| Box::pin(async move { d.ahead(c, &id, i64::MAX).await }))
+            .await
+            .map_err(backend_error::<D>)?;
+        let modes = entries
+            .iter()
+            .filter(|entry| entry.live)
+            .map(|entry| Mode::from_tag(&entry.tag).unwrap_or(Mode::Exclusive));
+        Ok(dlock_core::backend::permits_taken(modes))
     }
 
     /// Moves the end this backend keeps for a fixed lease (session locks
@@ -278,7 +356,35 @@ impl<D: Dialect> Backend for SqlBackend<D> {
         token: &Token,
         lease: Duration,
     ) -> Result<Option<(Instant, Duration)>> {
-        self.extend_inner(token, lease).await
+        let Some(session) = lock(&self.inner.owned)
+            .get(token)
+            .map(|o| o.session.clone())
+        else {
+            return Ok(None);
+        };
+        if let Err(e) = session
+            .run(|d, c| Box::pin(async move { d.ping(c).await }))
+            .await
+        {
+            // A session the server ended took the lock with it.
+            return if session.is_usable() {
+                Err(backend_error::<D>(e))
+            } else {
+                Ok(None)
+            };
+        }
+        let mut owned = lock(&self.inner.owned);
+        let Some(held) = owned.get_mut(token) else {
+            return Ok(None);
+        };
+        let until =
+            session
+                .holders
+                .extend_fixed(token, lease, session.timeout, &self.inner.lease_ends);
+        if until.is_some() {
+            held.fixed_end = Some(tokio::time::Instant::now() + lease);
+        }
+        Ok(until)
     }
 
     /// Ends the server session that holds the lock (a lock can only be
@@ -288,7 +394,30 @@ impl<D: Dialect> Backend for SqlBackend<D> {
     /// timeout. A lock this backend holds itself is released on the
     /// session that holds it instead, and its guard is told at once.
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
-        self.force_release_inner(key).await
+        let id = self.inner.dialect.lock_id(key, Mode::Exclusive);
+        let own = lock(&self.inner.owned)
+            .iter()
+            .find(|(_, owned)| owned.id == id && owned.mode == Mode::Exclusive)
+            .map(|(token, _)| *token);
+        if let Some(token) = own {
+            let released = self.unlock(&token).await?;
+            return Ok(released == dlock_core::backend::ReleaseOutcome::Released);
+        }
+        let session = self.holder(&id).await?;
+        let (_, ended) = session
+            .run(move |d, c| Box::pin(async move { d.end_holder(c, &id).await }))
+            .await
+            .map_err(|e| match self.inner.dialect.missing_right(&e) {
+                Some(right) => dlock_core::LockError::PermissionDenied {
+                    backend: D::NAME,
+                    source: std::sync::Arc::new(std::io::Error::new(
+                        std::io::ErrorKind::PermissionDenied,
+                        format!("ending the holder's session takes {right}: {e}"),
+                    )),
+                },
+                None => backend_error::<D>(e),
+            })?;
+        Ok(ended)
     }
 }
 

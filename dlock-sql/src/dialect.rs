@@ -1,11 +1,8 @@
 //! `Dialect`: the statements one database server speaks.
 
-use std::{fmt, hash::Hash, time::Duration};
+use std::{fmt, future::Future, hash::Hash, time::Duration};
 
-use dlock_core::{
-    backend::{BoxFuture, Mode},
-    LockKey, Token,
-};
+use dlock_core::{backend::Mode, LockKey, Token};
 
 use crate::SqlSettings;
 
@@ -283,20 +280,21 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// Opens a session whose server ends it after the session timeout
     /// idle, and returns it with the server's identifier of it and its
     /// incarnation (for [`end_session`](Dialect::end_session)).
-    fn open(&self) -> BoxFuture<'_, Result<(Self::Conn, ServerSession), sqlx::Error>>;
+    fn open(&self)
+        -> impl Future<Output = Result<(Self::Conn, ServerSession), sqlx::Error>> + Send;
 
     /// Creates what the dialect needs on the server (the fencing sequence
     /// or counter), if it is missing, once at connect.
-    fn setup<'a>(&'a self, conn: &'a mut Self::Conn) -> BoxFuture<'a, Result<(), sqlx::Error>>;
+    fn setup(&self, conn: &mut Self::Conn) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// One attempt at `mode` of `id` without waiting: the fencing token if
     /// it was granted, in the same round trip.
-    fn try_lock<'a>(
-        &'a self,
-        conn: &'a mut Self::Conn,
-        id: &'a Self::Id,
+    fn try_lock(
+        &self,
+        conn: &mut Self::Conn,
+        id: &Self::Id,
         mode: Mode,
-    ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>>;
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send;
 
     /// A read attempt, as [`try_lock`](Dialect::try_lock) in
     /// [`Mode::Read`], on a session that may hold `id` shared already (for
@@ -305,32 +303,32 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// ahead of waiting writers, and a busy process's readers would keep a
     /// writer out for good. The default is a plain attempt, for a dialect
     /// whose reads never stack on a session.
-    fn try_read_behind_writers<'a>(
-        &'a self,
-        conn: &'a mut Self::Conn,
-        id: &'a Self::Id,
-    ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
+    fn try_read_behind_writers(
+        &self,
+        conn: &mut Self::Conn,
+        id: &Self::Id,
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send {
         self.try_lock(conn, id, Mode::Read)
     }
 
     /// Blocks on the server until the lock is granted (`Some`) or `limit`
     /// passes (`None`; `None` limit: no limit), in one round trip. The
     /// session must be as before when the limit passes.
-    fn wait<'a>(
-        &'a self,
-        conn: &'a mut Self::Conn,
-        id: &'a Self::Id,
+    fn wait(
+        &self,
+        conn: &mut Self::Conn,
+        id: &Self::Id,
         mode: Mode,
         limit: Option<Duration>,
-    ) -> BoxFuture<'a, Result<Option<Granted>, sqlx::Error>>;
+    ) -> impl Future<Output = Result<Option<Granted>, sqlx::Error>> + Send;
 
     /// Releases the session's hold of `mode` of `id`: whether it held it.
-    fn unlock<'a>(
-        &'a self,
-        conn: &'a mut Self::Conn,
-        id: &'a Self::Id,
+    fn unlock(
+        &self,
+        conn: &mut Self::Conn,
+        id: &Self::Id,
         mode: Mode,
-    ) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
     /// Ends session `session` (another one, maybe blocked in a wait),
     /// which releases every lock it holds, only if `conn`'s server has a
@@ -338,16 +336,16 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// statement that ends it, so that a session of the same identifier on
     /// another server (behind a virtual IP, after a failover) or after a
     /// restart is left alone. Ending nothing is not an error.
-    fn end_session<'a>(
-        &'a self,
-        conn: &'a mut Self::Conn,
-        session: &'a ServerSession,
-    ) -> BoxFuture<'a, Result<(), sqlx::Error>>;
+    fn end_session(
+        &self,
+        conn: &mut Self::Conn,
+        session: &ServerSession,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// The cheapest statement the server answers, to keep a session busy,
     /// which checks that the connection is still on its server session
     /// ([`session_moved`] otherwise).
-    fn ping<'a>(&'a self, conn: &'a mut Self::Conn) -> BoxFuture<'a, Result<(), sqlx::Error>>;
+    fn ping(&self, conn: &mut Self::Conn) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// Whether `mode` is kept in the dialect's queue table, for a mode the
     /// server has no lock for (a semaphore, or a read-write lock on a
@@ -382,15 +380,15 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// [`enqueue_counts_all_as_live`](Dialect::enqueue_counts_all_as_live),
     /// every one as live), in one round trip: the entry's number, and the
     /// entries ahead.
-    fn enqueue<'a>(
-        &'a self,
-        conn: &'a mut Self::Conn,
-        id: &'a Self::Id,
+    fn enqueue(
+        &self,
+        conn: &mut Self::Conn,
+        id: &Self::Id,
         mode: Mode,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<(i64, Vec<QueueEntry>), sqlx::Error>> {
+        token: &Token,
+    ) -> impl Future<Output = Result<(i64, Vec<QueueEntry>), sqlx::Error>> + Send {
         let _ = (conn, id, mode, token);
-        Box::pin(std::future::ready(Err(no_queue())))
+        std::future::ready(Err(no_queue()))
     }
 
     /// The entries of `id` numbered below `number`, oldest first, with
@@ -401,51 +399,51 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// numbered below one already read must never appear later (serialize
     /// the enqueues of one `id`, for example under a lock held until the
     /// insert commits), or two entries could each miss the other.
-    fn ahead<'a>(
-        &'a self,
-        conn: &'a mut Self::Conn,
-        id: &'a Self::Id,
+    fn ahead(
+        &self,
+        conn: &mut Self::Conn,
+        id: &Self::Id,
         number: i64,
-    ) -> BoxFuture<'a, Result<(Vec<QueueEntry>, bool), sqlx::Error>> {
+    ) -> impl Future<Output = Result<(Vec<QueueEntry>, bool), sqlx::Error>> + Send {
         let _ = (conn, id, number);
-        Box::pin(std::future::ready(Err(no_queue())))
+        std::future::ready(Err(no_queue()))
     }
 
     /// Deletes `token`'s entry and releases its entry lock on this
     /// session (after the delete where the server orders them, so a
     /// watcher that wakes finds the entry gone): whether the entry was
     /// still there.
-    fn dequeue<'a>(
-        &'a self,
-        conn: &'a mut Self::Conn,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
+    fn dequeue(
+        &self,
+        conn: &mut Self::Conn,
+        token: &Token,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send {
         let _ = (conn, token);
-        Box::pin(std::future::ready(Err(no_queue())))
+        std::future::ready(Err(no_queue()))
     }
 
     /// Deletes the dead entries numbered `numbers` (their owners' sessions
     /// ended).
-    fn remove<'a>(
-        &'a self,
-        conn: &'a mut Self::Conn,
-        numbers: &'a [i64],
-    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+    fn remove(
+        &self,
+        conn: &mut Self::Conn,
+        numbers: &[i64],
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
         let _ = (conn, numbers);
-        Box::pin(std::future::ready(Err(no_queue())))
+        std::future::ready(Err(no_queue()))
     }
 
     /// Blocks until the entry lock `owner` (a [`QueueEntry::owner`]) is
     /// free or `limit` passes (`None`: no limit), and leaves it free:
     /// whether it was seen free.
-    fn watch<'a>(
-        &'a self,
-        conn: &'a mut Self::Conn,
-        owner: &'a str,
+    fn watch(
+        &self,
+        conn: &mut Self::Conn,
+        owner: &str,
         limit: Option<Duration>,
-    ) -> BoxFuture<'a, Result<bool, sqlx::Error>> {
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send {
         let _ = (conn, owner, limit);
-        Box::pin(std::future::ready(Err(no_queue())))
+        std::future::ready(Err(no_queue()))
     }
 
     /// Whether the dialect records who holds a plain lock and what it
@@ -460,52 +458,53 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// the session holds `token`'s entry lock (taken here unless the
     /// session holds it already: the server's session locks stack, and
     /// [`disclaim`](Dialect::disclaim) releases it once).
-    fn proclaim<'a>(
-        &'a self,
-        conn: &'a mut Self::Conn,
-        id: &'a Self::Id,
-        token: &'a Token,
+    fn proclaim(
+        &self,
+        conn: &mut Self::Conn,
+        id: &Self::Id,
+        token: &Token,
         fence: i64,
-        value: &'a [u8],
-    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+        value: &[u8],
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
         let _ = (conn, id, token, fence, value);
-        Box::pin(std::future::ready(Err(no_holders())))
+        std::future::ready(Err(no_holders()))
     }
 
     /// On the same session, before the plain lock is released: deletes
     /// the hold's record and releases its entry lock. Harmless when the
     /// hold recorded nothing (a proclaim dropped before it was sent).
-    fn disclaim<'a>(
-        &'a self,
-        conn: &'a mut Self::Conn,
-        id: &'a Self::Id,
-        token: &'a Token,
-    ) -> BoxFuture<'a, Result<(), sqlx::Error>> {
+    fn disclaim(
+        &self,
+        conn: &mut Self::Conn,
+        id: &Self::Id,
+        token: &Token,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
         let _ = (conn, id, token);
-        Box::pin(std::future::ready(Err(no_holders())))
+        std::future::ready(Err(no_holders()))
     }
 
     /// Whether plain lock `id` is held, on any session: if so, the fence
     /// and value its holder recorded, if the record is the holder's own
     /// (its session still holds the record's entry lock).
     #[allow(clippy::type_complexity)]
-    fn holder<'a>(
-        &'a self,
-        conn: &'a mut Self::Conn,
-        id: &'a Self::Id,
-    ) -> BoxFuture<'a, Result<Option<(Option<i64>, Option<Vec<u8>>)>, sqlx::Error>> {
+    fn holder(
+        &self,
+        conn: &mut Self::Conn,
+        id: &Self::Id,
+    ) -> impl Future<Output = Result<Option<(Option<i64>, Option<Vec<u8>>)>, sqlx::Error>> + Send
+    {
         let _ = (conn, id);
-        Box::pin(std::future::ready(Err(no_holders())))
+        std::future::ready(Err(no_holders()))
     }
 
     /// Ends the server session that holds plain lock `id`, unless it is
     /// `conn`'s own: the server then frees the lock, and every other lock
     /// of that session. `true` if a session was ended.
-    fn end_holder<'a>(
-        &'a self,
-        conn: &'a mut Self::Conn,
-        id: &'a Self::Id,
-    ) -> BoxFuture<'a, Result<bool, sqlx::Error>>;
+    fn end_holder(
+        &self,
+        conn: &mut Self::Conn,
+        id: &Self::Id,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
     /// The right [`end_holder`](Dialect::end_holder) lacked, if `error`
     /// is the server refusing it for want of one: named in

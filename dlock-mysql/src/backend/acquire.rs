@@ -1,13 +1,12 @@
 //! Acquiring a named lock: the uncontended attempt on a holder session,
 //! and the wait on the server on a waiter session.
 
-use std::{sync::atomic::Ordering, time::Duration};
+use std::sync::atomic::Ordering;
 
-use dlock_core::backend::{BoxFuture, Mode};
-use dlock_sql::{sqlx, Dialect, Granted};
-use sqlx::{Executor, Row};
+use dlock_sql::{sqlx, Dialect};
+use sqlx::Executor;
 
-use super::{on_own_session, MySqlDialect, MySqlSession, FENCE_ROWS, FOREVER_SECS};
+use super::{MySqlDialect, MySqlSession, FENCE_ROWS};
 use crate::config::FenceSource;
 
 /// The stored function `{prefix}_take_v1(session, name, timeout, shard)`:
@@ -48,7 +47,7 @@ fn error_number(e: &sqlx::Error) -> Option<u16> {
 /// Errors of a call to `{prefix}_take_v1` that ran none of it: the function
 /// is gone (1305), may not be run by this login (1370), has other
 /// parameters (1318), or its definer is gone (1449).
-fn take_did_not_run(e: &sqlx::Error) -> bool {
+pub(super) fn take_did_not_run(e: &sqlx::Error) -> bool {
     matches!(error_number(e), Some(1305 | 1370 | 1318 | 1449))
 }
 
@@ -126,7 +125,11 @@ impl MySqlDialect {
     }
 
     /// An attempt that does not wait, through `{prefix}_take_v1`.
-    async fn take(&self, conn: &mut MySqlSession, id: &String) -> Result<Option<i64>, sqlx::Error> {
+    pub(super) async fn take(
+        &self,
+        conn: &mut MySqlSession,
+        id: &String,
+    ) -> Result<Option<i64>, sqlx::Error> {
         let shard = (self.shard(id) % FENCE_ROWS) as i64;
         let (taken, session): (i64, i64) = sqlx::query_as(&self.take_call)
             .bind(conn.id)
@@ -153,7 +156,7 @@ impl MySqlDialect {
     /// token, and the server's time on it in µs (0 unless `timed`: an
     /// attempt that does not wait has no use for it). Names are ASCII letters,
     /// digits and `-_.:/%#` only: safe inside quotes.
-    fn get_lock(&self, session: i64, name: &str, timeout: &str, timed: bool) -> String {
+    pub(super) fn get_lock(&self, session: i64, name: &str, timeout: &str, timed: bool) -> String {
         let (take, token) = match self.config.fence() {
             FenceSource::Row => (
                 format!(
@@ -181,85 +184,5 @@ impl MySqlDialect {
              {take}\
              SELECT @dlock_g, {token}, {took}, CAST(CONNECTION_ID() AS SIGNED)"
         )
-    }
-
-    pub(super) fn try_lock_inner<'a>(
-        &'a self,
-        conn: &'a mut MySqlSession,
-        id: &'a String,
-        _mode: Mode,
-    ) -> BoxFuture<'a, Result<Option<i64>, sqlx::Error>> {
-        Box::pin(async move {
-            if self.config.fence() == FenceSource::Off {
-                let (granted, session): (Option<i64>, i64) =
-                    sqlx::query_as(&on_own_session("GET_LOCK(?, 0)"))
-                        .bind(conn.id)
-                        .bind(id)
-                        .fetch_one(&mut conn.conn)
-                        .await?;
-                conn.check(session)?;
-                return Ok((granted == Some(1)).then_some(0));
-            }
-            if self.take_ready.load(Ordering::Relaxed) {
-                match self.take(conn, id).await {
-                    Err(error) if take_did_not_run(&error) => {
-                        // Dropped, or its rights taken, since connect.
-                        self.take_ready.store(false, Ordering::Relaxed);
-                        tracing::warn!(
-                            %error,
-                            function = %self.take,
-                            "dlock mysql's stored function went away; each lock sends a longer text request"
-                        );
-                    }
-                    answer => return answer,
-                }
-            }
-            let request = self.get_lock(conn.id, id, "0", false);
-            let rows = conn.conn.fetch_all(request.as_str()).await?;
-            let row = rows.last().ok_or(sqlx::Error::RowNotFound)?;
-            conn.check(row.try_get(3)?)?;
-            match row.try_get::<Option<i64>, _>(0)? {
-                Some(1) => self.token(row.try_get(1)?).map(Some),
-                _ => Ok(None),
-            }
-        })
-    }
-
-    // The signature of `Dialect::wait`, whose `Id` is a `String` here.
-    #[allow(clippy::ptr_arg)]
-    pub(super) fn wait_inner<'a>(
-        &'a self,
-        conn: &'a mut MySqlSession,
-        id: &'a String,
-        _mode: Mode,
-        limit: Option<Duration>,
-    ) -> BoxFuture<'a, Result<Option<Granted>, sqlx::Error>> {
-        Box::pin(async move {
-            let timeout = match limit {
-                Some(limit) => format!("{:.6}", limit.as_secs_f64()),
-                None => FOREVER_SECS.to_string(),
-            };
-            let request = self.get_lock(conn.id, id, &timeout, true);
-            let rows = conn.conn.fetch_all(request.as_str()).await?;
-            let row = rows.last().ok_or(sqlx::Error::RowNotFound)?;
-            conn.check(row.try_get(3)?)?;
-            match row.try_get::<Option<i64>, _>(0)? {
-                Some(1) => {
-                    let took_us: i64 = row.try_get(2)?;
-                    Ok(Some(Granted {
-                        fence: self.token(row.try_get(1)?)?,
-                        took: Duration::from_micros(u64::try_from(took_us).unwrap_or(0)),
-                    }))
-                }
-                // Not granted within the limit: the session is as it was.
-                Some(0) => Ok(None),
-                // `NULL`: the wait was interrupted (`KILL QUERY`); treated
-                // as the end of the session, which gives up whatever it
-                // might hold.
-                _ => Err(sqlx::Error::Protocol(
-                    "GET_LOCK was interrupted on the server".into(),
-                )),
-            }
-        })
     }
 }

@@ -1,6 +1,10 @@
 //! Unit tests of the dialect's statements, on a real server.
 
 use super::*;
+use std::time::Duration;
+
+use dlock_core::{backend::Mode, LockKey, Token};
+use dlock_sql::Dialect;
 use dlock_testkit::fixture::MariaDbServer;
 
 /// With the session's recorded connection id changed, as if a proxy

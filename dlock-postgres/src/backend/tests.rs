@@ -1,7 +1,10 @@
 //! Unit tests of the dialect's statements, on a real server.
 
 use super::*;
-use dlock_sql::ServerSession;
+use std::time::Duration;
+
+use dlock_core::{backend::Mode, LockKey, Token};
+use dlock_sql::{Dialect, ServerSession};
 use dlock_testkit::fixture::PostgresServer;
 
 /// The dialect on `server`, and a session of it with dlock's tables made.

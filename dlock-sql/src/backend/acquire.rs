@@ -43,7 +43,7 @@ enum WaitFailed<D: Dialect> {
 }
 
 impl<D: Dialect> SqlBackend<D> {
-    pub(super) async fn acquire_inner(&self, req: &AcquireRequest<'_>) -> Result<Option<Acquired>> {
+    pub(super) async fn lock_or_wait(&self, req: &AcquireRequest<'_>) -> Result<Option<Acquired>> {
         if self.inner.dialect.queues(req.mode) {
             return self.acquire_queued(req).await;
         }

@@ -99,42 +99,4 @@ impl<D: Dialect> SqlBackend<D> {
             self.put_idle(session);
         }
     }
-
-    /// See [`Backend::extend`](dlock_core::backend::Backend::extend): a
-    /// ping on the holding session, then the end moved.
-    pub(super) async fn extend_inner(
-        &self,
-        token: &Token,
-        lease: std::time::Duration,
-    ) -> Result<Option<(tokio::time::Instant, std::time::Duration)>> {
-        let Some(session) = lock(&self.inner.owned)
-            .get(token)
-            .map(|o| o.session.clone())
-        else {
-            return Ok(None);
-        };
-        if let Err(e) = session
-            .run(|d, c| Box::pin(async move { d.ping(c).await }))
-            .await
-        {
-            // A session the server ended took the lock with it.
-            return if session.is_usable() {
-                Err(backend_error::<D>(e))
-            } else {
-                Ok(None)
-            };
-        }
-        let mut owned = lock(&self.inner.owned);
-        let Some(held) = owned.get_mut(token) else {
-            return Ok(None);
-        };
-        let until =
-            session
-                .holders
-                .extend_fixed(token, lease, session.timeout, &self.inner.lease_ends);
-        if until.is_some() {
-            held.fixed_end = Some(tokio::time::Instant::now() + lease);
-        }
-        Ok(until)
-    }
 }

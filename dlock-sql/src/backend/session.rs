@@ -429,7 +429,7 @@ impl<D: Dialect> SqlBackend<D> {
             if moved.is_some() {
                 break;
             }
-            match session.run(|d, c| d.ping(c)).await {
+            match session.run(|d, c| Box::pin(d.ping(c))).await {
                 Ok(_) => {}
                 Err(e) if crate::is_session_moved(&e) => moved = Some(e.to_string()),
                 Err(e) => return Err(backend_error::<D>(e)),

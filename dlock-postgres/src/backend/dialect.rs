@@ -1,0 +1,483 @@
+//! PostgreSQL's statements, as `dlock-sql`'s [`Dialect`]: opening a
+//! session, the uncontended attempt and the wait on the server, the
+//! semaphores' queue table, the holders' records, and ending sessions.
+
+use std::time::Duration;
+
+use dlock_core::{backend::Mode, LockKey, Token};
+use dlock_sql::{sqlx, Dialect, Granted, QueueEntry, ServerSession, SqlSettings};
+use sqlx::{postgres::PgConnection, Connection, Executor, Row};
+
+use super::{
+    ahead_all_live, own, split, token_lock, PgDialect, PgSession, LOCK_NOT_AVAILABLE,
+    READ_WRITE_SALT, SEMAPHORE_SALT,
+};
+use crate::config::lock_id;
+
+/// Releases a hold, on the session's own server process only (`$2`):
+/// whether it was held, and the process id.
+const UNLOCK: &str = "SELECT CASE WHEN pg_backend_pid() = $2 THEN pg_advisory_unlock($1) END, \
+     pg_backend_pid()";
+
+/// The same for a writer (two-key space; `$3` the process id).
+const UNLOCK_TWO_KEY: &str =
+    "SELECT CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock($1, $2) END, \
+     pg_backend_pid()";
+
+/// The same for a reader.
+const UNLOCK_SHARED: &str =
+    "SELECT CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock_shared($1, $2) END, \
+     pg_backend_pid()";
+
+/// The incarnation of the session of process `pid` (an SQL expression),
+/// as text: the server's system identifier (set by `initdb`, shared by
+/// its physical replicas) and the session's start in microseconds.
+/// `NULL` if no such session is seen.
+fn incarnation(pid: &str) -> String {
+    format!(
+        "(SELECT system_identifier FROM pg_control_system())::text || '/' || \
+         (SELECT (extract(epoch FROM a.backend_start) * 1000000)::bigint::text \
+         FROM pg_stat_activity a WHERE a.pid = {pid})"
+    )
+}
+
+/// A permit entry's lock: a one-key advisory lock named for its token.
+fn entry_lock(token: &Token) -> i64 {
+    token_lock("dlock-entry", token)
+}
+
+/// A proclaimed hold's entry lock: a one-key advisory lock named for its
+/// token, held by the holder's session while its record is its own.
+fn holder_lock(token: &Token) -> i64 {
+    token_lock("dlock-holder", token)
+}
+
+impl Dialect for PgDialect {
+    type Conn = PgSession;
+    type Id = i64;
+
+    const NAME: &'static str = "postgres";
+
+    fn settings(&self) -> &SqlSettings {
+        self.config.settings()
+    }
+
+    fn supports(&self, _mode: Mode) -> bool {
+        true
+    }
+
+    /// A plain lock's 64-bit identifier; a read-write lock's is the same
+    /// hash with its low bits flipped (so that this process's turns at the
+    /// two never meet), and it goes to the server as two 32-bit keys, a
+    /// space of advisory locks apart from the one-key space.
+    fn lock_id(&self, key: &LockKey, mode: Mode) -> i64 {
+        let scope = self
+            .scope
+            .get()
+            .map_or(self.config.lock_prefix(), String::as_str);
+        let id = lock_id(scope, key.as_str());
+        match mode {
+            Mode::Exclusive => id,
+            Mode::Permits { .. } => id ^ SEMAPHORE_SALT,
+            _ => id ^ READ_WRITE_SALT,
+        }
+    }
+
+    fn shard(&self, id: &i64) -> u64 {
+        *id as u64
+    }
+
+    /// A simple query (no prepared statement: a pooler in transaction
+    /// mode would break those before dlock could tell it is there).
+    async fn open(&self) -> Result<(PgSession, ServerSession), sqlx::Error> {
+        let mut conn = PgConnection::connect_with(self.config.connect_options()).await?;
+        let opened = format!(
+            "SELECT pg_backend_pid(), set_config('idle_session_timeout', '{}', false), \
+             set_config('client_connection_check_interval', '1000', false), {}",
+            self.config.session_timeout().as_millis(),
+            incarnation("pg_backend_pid()"),
+        );
+        let row = conn.fetch_one(opened.as_str()).await?;
+        let pid: i32 = row.try_get(0)?;
+        // `NULL` only if the server hides the session's start from its
+        // own login; then nothing can end it by id.
+        let incarnation: Option<String> = row.try_get(3)?;
+        let session = ServerSession {
+            id: pid as u64,
+            incarnation: incarnation.unwrap_or_default(),
+        };
+        Ok((PgSession { conn, pid }, session))
+    }
+
+    /// Also reads the schema the tables live in, for the lock identifiers.
+    async fn setup(&self, session: &mut PgSession) -> Result<(), sqlx::Error> {
+        let schema: Option<String> = sqlx::query_scalar("SELECT current_schema()")
+            .fetch_one(&mut session.conn)
+            .await?;
+        let prefix = self.config.lock_prefix();
+        // The default schema keeps the plain prefix's identifiers.
+        let _ = self.scope.set(match schema.as_deref() {
+            None | Some("public") => prefix.to_owned(),
+            Some(schema) => format!("{prefix}\0{schema}"),
+        });
+        // The caller's own connections may search other schemas: the
+        // sequence by its schema's name, as `regclass` text (bound as a
+        // parameter, never written into a statement).
+        let sequence = format!("{prefix}_fence");
+        let _ = self.caller_fence.set(match schema.as_deref() {
+            None => sequence,
+            Some(schema) => format!("\"{}\".{sequence}", schema.replace('"', "\"\"")),
+        });
+        let created: bool = sqlx::query_scalar(self.created.as_str())
+            .fetch_one(&mut session.conn)
+            .await?;
+        let create = if created {
+            Ok(Default::default())
+        } else {
+            session.conn.execute(self.create.as_str()).await
+        };
+        match create {
+            Ok(_) => {}
+            // Two clients creating it at once: one of them is told it
+            // exists (unique_violation or duplicate_table). It does now.
+            Err(sqlx::Error::Database(e))
+                if matches!(e.code().as_deref(), Some("23505" | "42P07")) => {}
+            Err(e) => return Err(e),
+        }
+        // Entries whose sessions ended are deleted by the next enqueue of
+        // their key; those of keys nobody locks again, here.
+        session.conn.execute(self.reap.as_str()).await.map(drop)
+    }
+
+    async fn try_lock(
+        &self,
+        session: &mut PgSession,
+        id: &i64,
+        mode: Mode,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        let (hi, lo) = split(*id);
+        let pid = session.pid;
+        let answer = match mode {
+            Mode::Read => sqlx::query_as(self.try_read.as_str()).bind(hi).bind(lo),
+            Mode::Write => sqlx::query_as(self.try_write.as_str()).bind(hi).bind(lo),
+            _ => sqlx::query_as(self.try_lock.as_str()).bind(*id),
+        }
+        .bind(pid)
+        .fetch_one(&mut session.conn)
+        .await?;
+        own(session, answer)
+    }
+
+    /// Reads `pg_locks` for a waiting writer first (only when this
+    /// process may hold the key shared already, so off the common path).
+    async fn try_read_behind_writers(
+        &self,
+        session: &mut PgSession,
+        id: &i64,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        let (hi, lo) = split(*id);
+        let pid = session.pid;
+        let answer = sqlx::query_as(self.try_read_behind_writers.as_str())
+            .bind(hi)
+            .bind(lo)
+            .bind(pid)
+            .fetch_one(&mut session.conn)
+            .await?;
+        own(session, answer)
+    }
+
+    async fn wait(
+        &self,
+        session: &mut PgSession,
+        id: &i64,
+        mode: Mode,
+        limit: Option<Duration>,
+    ) -> Result<Option<Granted>, sqlx::Error> {
+        let lock_timeout = limit.map_or(0, |l| l.as_millis().max(1)).to_string();
+        let (hi, lo) = split(*id);
+        let pid = session.pid;
+        let answer = match mode {
+            Mode::Read => sqlx::query_as(self.wait_read.as_str()).bind(hi).bind(lo),
+            Mode::Write => sqlx::query_as(self.wait_write.as_str()).bind(hi).bind(lo),
+            _ => sqlx::query_as(self.wait_lock.as_str()).bind(*id),
+        }
+        .bind(lock_timeout)
+        .bind(pid)
+        .fetch_one(&mut session.conn)
+        .await;
+        let (ran_on, fence, took_us): (i32, Option<i64>, i64) = match answer {
+            Ok(answer) => answer,
+            // Not granted, most likely; but the server may grant the lock
+            // in the very instant it times the wait out, and a
+            // session-level lock outlives the failed statement. A waiter
+            // session holds nothing else, so an unlock can only undo this
+            // wait's own grant: then the session is as it was (the failed
+            // statement undid its `lock_timeout`).
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(LOCK_NOT_AVAILABLE) => {
+                let unlock = match mode {
+                    Mode::Read => format!("SELECT pg_advisory_unlock_shared({hi}, {lo})"),
+                    Mode::Write => format!("SELECT pg_advisory_unlock({hi}, {lo})"),
+                    _ => format!("SELECT pg_advisory_unlock({id})"),
+                };
+                session.conn.execute(unlock.as_str()).await?;
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        session.check(ran_on)?;
+        Ok(Some(Granted {
+            fence: fence.ok_or(sqlx::Error::RowNotFound)?,
+            took: Duration::from_micros(u64::try_from(took_us).unwrap_or(0)),
+        }))
+    }
+
+    async fn unlock(
+        &self,
+        session: &mut PgSession,
+        id: &i64,
+        mode: Mode,
+    ) -> Result<bool, sqlx::Error> {
+        let (hi, lo) = split(*id);
+        let pid = session.pid;
+        let answer = match mode {
+            Mode::Read => sqlx::query_as(UNLOCK_SHARED).bind(hi).bind(lo),
+            Mode::Write => sqlx::query_as(UNLOCK_TWO_KEY).bind(hi).bind(lo),
+            _ => sqlx::query_as(UNLOCK).bind(*id),
+        }
+        .bind(pid)
+        .fetch_one(&mut session.conn)
+        .await?;
+        Ok(own(session, answer)?.unwrap_or(false))
+    }
+
+    /// The incarnation is compared in the statement that ends the
+    /// session: a server whose identifier or session start differs
+    /// (another server behind the address, a restart) ends nothing.
+    async fn end_session(
+        &self,
+        session: &mut PgSession,
+        other: &ServerSession,
+    ) -> Result<(), sqlx::Error> {
+        let end = format!(
+            "SELECT pg_terminate_backend($1) WHERE {} = $2",
+            incarnation("$1")
+        );
+        sqlx::query(&end)
+            .bind(other.id as i32)
+            .bind(&other.incarnation)
+            .execute(&mut session.conn)
+            .await
+            .map(drop)
+    }
+
+    async fn ping(&self, session: &mut PgSession) -> Result<(), sqlx::Error> {
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut session.conn)
+            .await?;
+        session.check(pid)
+    }
+
+    /// Semaphores: the server has no counting lock.
+    fn queues(&self, mode: Mode) -> bool {
+        matches!(mode, Mode::Permits { .. })
+    }
+
+    /// An uncontended permit reads no `pg_locks`: that scan takes every
+    /// lock partition of the server, so it is left to the entries that
+    /// are refused.
+    fn enqueue_counts_all_as_live(&self) -> bool {
+        true
+    }
+
+    /// One simple query, so one implicit transaction: the key's
+    /// transaction lock (the key's enqueues take turns until each insert
+    /// commits, so numbers become visible in order), the entry lock and
+    /// the insert (only on the session's own server process), then the
+    /// entries up to it. Every value written inline is a number, or a tag
+    /// of letters, digits and `/`.
+    async fn enqueue(
+        &self,
+        session: &mut PgSession,
+        id: &i64,
+        mode: Mode,
+        token: &Token,
+    ) -> Result<(i64, Vec<QueueEntry>), sqlx::Error> {
+        let (owner, queue, pid) = (entry_lock(token), &self.queue, session.pid);
+        let mine = format!("currval(pg_get_serial_sequence('{queue}', 'n'))");
+        let request = format!(
+            "SELECT pg_backend_pid(), pg_advisory_xact_lock({id}); \
+             INSERT INTO {queue} (lock_id, mode, owner, pid) \
+             SELECT {id}, '{tag}', {owner}, pg_backend_pid() \
+             WHERE CASE WHEN pg_backend_pid() = {pid} \
+             THEN pg_try_advisory_lock({owner}) ELSE false END \
+             RETURNING n; {ahead}",
+            tag = mode.tag(),
+            ahead = ahead_all_live(queue, &id.to_string(), &mine),
+        );
+        let rows = session.conn.fetch_all(request.as_str()).await?;
+        let ran_on: i32 = rows.first().ok_or(sqlx::Error::RowNotFound)?.try_get(0)?;
+        session.check(ran_on)?;
+        // The transaction lock's row, the insert's, then the entries.
+        let inserted = rows
+            .get(1)
+            .filter(|row| row.len() == 1)
+            .ok_or(sqlx::Error::RowNotFound)?;
+        let number: i64 = inserted.try_get(0)?;
+        let (entries, mine) = QueueEntry::read_rows(rows.get(2..).unwrap_or_default(), number)?;
+        if !mine {
+            return Err(sqlx::Error::RowNotFound);
+        }
+        Ok((number, entries))
+    }
+
+    async fn ahead(
+        &self,
+        session: &mut PgSession,
+        id: &i64,
+        number: i64,
+    ) -> Result<(Vec<QueueEntry>, bool), sqlx::Error> {
+        let rows = sqlx::query(self.ahead.as_str())
+            .bind(*id)
+            .bind(number)
+            .fetch_all(&mut session.conn)
+            .await?;
+        QueueEntry::read_rows(&rows, number)
+    }
+
+    async fn dequeue(&self, session: &mut PgSession, token: &Token) -> Result<bool, sqlx::Error> {
+        let (deleted, _, pid): (bool, Option<bool>, i32) = sqlx::query_as(self.dequeue.as_str())
+            .bind(entry_lock(token))
+            .bind(session.pid)
+            .fetch_one(&mut session.conn)
+            .await?;
+        session.check(pid)?;
+        Ok(deleted)
+    }
+
+    async fn remove(&self, session: &mut PgSession, numbers: &[i64]) -> Result<(), sqlx::Error> {
+        sqlx::query(self.remove.as_str())
+            .bind(numbers)
+            .execute(&mut session.conn)
+            .await
+            .map(drop)
+    }
+
+    async fn watch(
+        &self,
+        session: &mut PgSession,
+        owner: &str,
+        limit: Option<Duration>,
+    ) -> Result<bool, sqlx::Error> {
+        let owner: i64 = owner
+            .parse()
+            .map_err(|_| sqlx::Error::Protocol(format!("a queue entry's owner: {owner}")))?;
+        let lock_timeout = limit.map_or(0, |l| l.as_millis().max(1));
+        // Taken and given back at once: its owner left. One simple query,
+        // so one server session whatever is in between.
+        let watch = format!(
+            "SET lock_timeout = {lock_timeout}; SELECT pg_advisory_lock({owner}); \
+             SELECT pg_advisory_unlock({owner}); SET lock_timeout = 0"
+        );
+        match session.conn.execute(watch.as_str()).await {
+            Ok(_) => Ok(true),
+            // As for a wait: a grant in the instant of the timeout is
+            // given back (a waiter session holds nothing else).
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(LOCK_NOT_AVAILABLE) => {
+                let unlock = format!("SELECT pg_advisory_unlock({owner})");
+                session.conn.execute(unlock.as_str()).await?;
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn records_holders(&self) -> bool {
+        true
+    }
+
+    async fn proclaim(
+        &self,
+        session: &mut PgSession,
+        id: &i64,
+        token: &Token,
+        fence: i64,
+        value: &[u8],
+    ) -> Result<(), sqlx::Error> {
+        let (written, pid): (i64, i32) = sqlx::query_as(self.proclaim.as_str())
+            .bind(*id)
+            .bind(holder_lock(token))
+            .bind(fence)
+            .bind(value)
+            .bind(session.pid)
+            .fetch_one(&mut session.conn)
+            .await?;
+        session.check(pid)?;
+        if written == 1 {
+            Ok(())
+        } else {
+            // Another session holds the entry lock: never, short of two
+            // tokens' names colliding in 64 bits.
+            Err(sqlx::Error::RowNotFound)
+        }
+    }
+
+    async fn disclaim(
+        &self,
+        session: &mut PgSession,
+        id: &i64,
+        token: &Token,
+    ) -> Result<(), sqlx::Error> {
+        let answer: (Option<bool>, i32) = sqlx::query_as(self.disclaim.as_str())
+            .bind(*id)
+            .bind(holder_lock(token))
+            .bind(session.pid)
+            .fetch_one(&mut session.conn)
+            .await?;
+        own(session, answer).map(drop)
+    }
+
+    async fn holder(
+        &self,
+        session: &mut PgSession,
+        id: &i64,
+    ) -> Result<Option<(Option<i64>, Option<Vec<u8>>)>, sqlx::Error> {
+        let row = sqlx::query(self.holder.as_str())
+            .bind(*id)
+            .fetch_optional(&mut session.conn)
+            .await?;
+        row.map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .transpose()
+    }
+
+    /// `pg_terminate_backend` of every other session of this database
+    /// that holds the lock (one, as it is exclusive).
+    async fn end_holder(&self, session: &mut PgSession, id: &i64) -> Result<bool, sqlx::Error> {
+        let ended: i64 = sqlx::query_scalar(&self.end_holder)
+            .bind(*id)
+            .fetch_one(&mut session.conn)
+            .await?;
+        Ok(ended > 0)
+    }
+
+    /// `insufficient_privilege` (42501) from `pg_terminate_backend`.
+    fn missing_right(&self, e: &sqlx::Error) -> Option<&'static str> {
+        matches!(e, sqlx::Error::Database(e) if e.code().as_deref() == Some("42501")).then_some(
+            "the holder's role, or membership in `pg_signal_backend` \
+             (a superuser's session takes a superuser)",
+        )
+    }
+
+    /// The connection failed, or the server ended the session (SQLSTATE
+    /// class 08, connection exception, or 57, operator intervention: a
+    /// shutdown, `pg_terminate_backend`, the idle session timeout), or
+    /// the connection is no longer on its server session.
+    fn ends_the_session(&self, e: &sqlx::Error) -> bool {
+        match e {
+            sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => true,
+            sqlx::Error::Database(e) => e
+                .code()
+                .is_some_and(|code| code.starts_with("08") || code.starts_with("57")),
+            _ => false,
+        }
+    }
+}
