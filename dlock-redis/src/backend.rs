@@ -7,23 +7,26 @@ use std::{fmt, sync::Arc, time::Duration};
 
 use dlock_core::{
     backend::{
-        wait, AcquireRequest, Acquired, Backend, Capabilities, ConnectionStates, Holder, Mode,
-        ReleaseOutcome, RenewOutcome, RenewRequest,
+        unsupported_holder, wait, AcquireRequest, Acquired, Backend, Capabilities,
+        ConnectionStates, Holder, Mode, ReleaseOutcome, RenewOutcome, RenewRequest,
     },
     LockError, LockKey, Result, Token,
 };
 use futures_util::future::join_all;
 use redis::{RedisError, RedisResult};
+use tokio::sync::Notify;
 
-use crate::node::Node;
+use crate::{
+    keys::{entry, names, shared_names, Names},
+    node::{Node, Place, Renewal},
+};
+use session::RenewalInFlight;
 
-mod election;
 #[cfg(test)]
 mod failover_tests;
 #[cfg(test)]
 mod hooks;
 mod queue;
-mod release;
 mod session;
 
 const NAME: &str = "redis";
@@ -40,38 +43,20 @@ const REDLOCK_NODE_TIMEOUT_MAX: Duration = Duration::from_secs(1);
 /// guards of one backend share its connections: one multiplexed connection
 /// and one pub/sub connection per node.
 ///
-/// - **Acquire** is one round trip per node: a Lua script that takes a free
-///   key and counts its fencing token, or puts the caller in the key's
-///   line. Waiters are served first come, first served across processes: a
-///   release hands the lock to the first of them and wakes that one alone
-///   (the [crate docs](crate), "The waiting line", say how).
-/// - **Release and renewal** compare the owner token in a script. The
-///   watchdog renews every held lock of a locker in one pipelined round
-///   trip per node and tick, so a `redis://` URL must name one server (or
-///   a Sentinel deployment's master), not a proxy that spreads keys over
-///   cluster slots, which refuses such a call (`CROSSSLOT`) and would let
-///   every lease run out: for a cluster, use `redis+cluster://`.
-/// - **Redlock** (`redis+redlock://`) holds a lock only with a majority of
-///   nodes and time left on the lease. It gives no fencing tokens
-///   ([`LockGuard::fencing_token`](dlock_core::LockGuard::fencing_token) is
-///   `None`: per-node counters taken by different majorities can go
-///   backwards), and no read-write locks or semaphores.
-/// - **Sentinel** (`redis+sentinel://`): the one node is whichever server
-///   the sentinels name master now, asked every second and at once after
-///   an error a failover explains; a lock whose key the new master lacks
-///   is reported lost by the next renewal (the [crate docs](crate), "Redis
-///   Sentinel").
+/// Redlock (`redis+redlock://`) holds a lock only with a majority of nodes
+/// and time left on the lease; it gives no fencing tokens (per-node
+/// counters taken by different majorities can go backwards), and no
+/// read-write locks or semaphores. A `redis://` URL must name one server
+/// (or a Sentinel deployment's master), not a proxy that spreads keys over
+/// cluster slots: the watchdog renews a node's locks in one call, which
+/// such a proxy refuses (`CROSSSLOT`). For a cluster, use
+/// `redis+cluster://`.
 ///
-/// # Connection state
-///
-/// [`Locker::state`](dlock_core::Locker::state) follows what the backend's
-/// own requests find (Redis has no session to watch): a step that a
-/// quorum of nodes cannot answer for a reason of the connection (refused,
-/// dropped, timed out) is `Suspended`; renewals that find no quorum for
-/// longer than their lease are `Lost` (every lease renewed by then has run
-/// out); the next answered step is `Reconnected`. The watchdog's
-/// renewals, acquires, releases and `check_servers` all count; a backend
-/// that sends nothing learns nothing.
+/// The [crate docs](crate) say how the lock and its line work; the guide's
+/// [Redis section](https://docs.rs/dlock/latest/dlock/guide/backends/index.html#redis)
+/// covers Sentinel, Cluster and failover, and its
+/// [connection state](https://docs.rs/dlock/latest/dlock/guide/production/index.html#connection-state)
+/// what [`Locker::state`](dlock_core::Locker::state) reports.
 ///
 /// # Examples
 ///
@@ -107,9 +92,9 @@ struct Inner {
     unreachable_after: Duration,
     /// The longest sleep of a waiter that cannot subscribe.
     unwatched_poll: Duration,
-    /// Per key, the turns of this process's waiters (see `local_turn`).
+    /// Per key, the turns of this process's waiters.
     local: dlock_core::backend::LocalTurns<String>,
-    /// See "Connection state" above.
+    /// What the backend's own requests find (see `session`).
     states: ConnectionStates,
     /// When a quorum of nodes last answered.
     answered_at: std::sync::Mutex<tokio::time::Instant>,
@@ -158,79 +143,42 @@ impl RedisBackend {
         answers
     }
 
-    /// Feeds the connection state from one step's answers: a quorum that
-    /// answered (even with a script's error) is `answered`; a step that a
-    /// quorum could not answer, for a reason of the connection, is
-    /// `suspended`.
-    fn observe<T>(&self, answers: &[RedisResult<T>]) {
-        let unreachable = |e: &RedisError| {
-            e.is_io_error()
-                || e.is_connection_refusal()
-                || e.is_connection_dropped()
-                || e.is_timeout()
-                // A demoted master, or one a failover is replacing: its
-                // answer is not the master's.
-                || matches!(
-                    e.kind(),
-                    redis::ErrorKind::Server(
-                        redis::ServerErrorKind::ReadOnly | redis::ServerErrorKind::MasterDown
-                    )
-                )
-        };
-        let reached = answers
-            .iter()
-            .filter(|a| !matches!(a, Err(e) if unreachable(e)))
-            .count();
-        if reached >= self.inner.quorum {
-            *self.answered_at() = tokio::time::Instant::now();
-            self.inner.states.answered();
-        } else {
-            self.inner.states.suspended();
+    /// The names of a plain lock.
+    fn names(&self, key: &LockKey) -> Names {
+        names(&self.inner.prefix, key)
+    }
+
+    /// Releases `token` on every node, and takes it out of the key's line.
+    async fn release_names(
+        &self,
+        names: &Names,
+        token: &str,
+        timeout: Option<Duration>,
+    ) -> Result<ReleaseOutcome> {
+        let answers = self
+            .on_every_node(timeout, |node| node.release(names, token, Place::None, 0))
+            .await;
+        // The token held the lock only if it held a majority: a stale
+        // guard's leftover key on a node or two is not the lock.
+        let released = answers.iter().filter(|a| matches!(a, Ok(true))).count();
+        if released >= self.inner.quorum {
+            return Ok(ReleaseOutcome::Released);
         }
+        if answers.iter().any(|a| a.is_ok()) {
+            return Ok(ReleaseOutcome::NotHeld);
+        }
+        // No node answered: the lock, if held, expires with its lease.
+        Err(first_error(answers))
     }
 
-    fn answered_at(&self) -> std::sync::MutexGuard<'_, tokio::time::Instant> {
-        self.inner
-            .answered_at
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// After renewals that a quorum could not answer: `lost` at the end
-    /// of the longest of their leases unless a quorum answers by then
-    /// (every lease renewed at the last answer has run out).
-    fn lost_unless_answered_within(&self, lease: Duration) {
-        let answered = *self.answered_at();
-        let inner = Arc::downgrade(&self.inner);
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        runtime.spawn(async move {
-            tokio::time::sleep_until(answered + lease).await;
-            if let Some(inner) = inner.upgrade() {
-                let backend = RedisBackend { inner };
-                if *backend.answered_at() == answered {
-                    backend.inner.states.lost();
-                }
-            }
-        });
-    }
-}
-
-/// A renewal round in flight: dropped before it is answered (the
-/// watchdog gives a round one period, which a black-holed node outlasts),
-/// it counts as unanswered.
-pub(crate) struct RenewalInFlight<'a> {
-    pub(crate) backend: &'a RedisBackend,
-    pub(crate) lease: Duration,
-    pub(crate) answered: bool,
-}
-
-impl Drop for RenewalInFlight<'_> {
-    fn drop(&mut self) {
-        if !self.answered {
-            self.backend.inner.states.suspended();
-            self.backend.lost_unless_answered_within(self.lease);
+    /// A holder's value and the reads of it need one holder: Redlock has
+    /// none to read (a value on a majority is not one value), and without
+    /// fences (`fence=off`) nothing orders the holders.
+    fn holders_known(&self) -> Result<()> {
+        if self.inner.fences {
+            Ok(())
+        } else {
+            Err(unsupported_holder(NAME))
         }
     }
 }
@@ -252,6 +200,16 @@ fn timed_out() -> RedisError {
     RedisError::from((redis::ErrorKind::Io, "the node did not answer in time"))
 }
 
+/// The first error among `answers` (a timeout if none has one).
+fn first_error<T>(answers: Vec<RedisResult<T>>) -> LockError {
+    backend_error(
+        answers
+            .into_iter()
+            .find_map(|a| a.err())
+            .unwrap_or_else(timed_out),
+    )
+}
+
 impl Backend for RedisBackend {
     fn name(&self) -> &'static str {
         NAME
@@ -271,12 +229,7 @@ impl Backend for RedisBackend {
         if up >= self.inner.quorum {
             return Ok(());
         }
-        Err(backend_error(
-            answers
-                .into_iter()
-                .find_map(|a| a.err())
-                .unwrap_or_else(timed_out),
-        ))
+        Err(first_error(answers))
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -295,20 +248,132 @@ impl Backend for RedisBackend {
         wait::drive(&queue::Steps::new(self, &req), &req).await
     }
 
+    /// On every node, and out of the key's line; a read-write lock's or
+    /// semaphore's entry on its one node.
     async fn release(&self, key: &LockKey, mode: Mode, token: &Token) -> Result<ReleaseOutcome> {
-        self.release_inner(key, mode, token).await
+        if mode != Mode::Exclusive {
+            let names = shared_names(&self.inner.prefix, key, mode);
+            let held = self.inner.nodes[0]
+                .release_shared(&names, &entry(token, mode))
+                .await
+                .map_err(backend_error)?;
+            return Ok(if held {
+                ReleaseOutcome::Released
+            } else {
+                ReleaseOutcome::NotHeld
+            });
+        }
+        let timeout = self.inner.redlock.then_some(REDLOCK_NODE_TIMEOUT_MAX);
+        self.release_names(&self.names(key), &token.to_string(), timeout)
+            .await
     }
 
+    /// Every lock of a watchdog tick, in one pipelined round trip per
+    /// node; on Redlock, renewed where a majority renewed it.
     async fn renew(&self, locks: &[RenewRequest]) -> Result<Vec<RenewOutcome>> {
-        self.renew_inner(locks).await
+        let names: Vec<Names> = locks
+            .iter()
+            .map(|r| match r.mode {
+                Mode::Exclusive => names(&self.inner.prefix, &r.key),
+                mode => shared_names(&self.inner.prefix, &r.key, mode),
+            })
+            .collect();
+        let owners: Vec<String> = locks
+            .iter()
+            .map(|r| match r.mode {
+                Mode::Exclusive => r.token.to_string(),
+                mode => entry(&r.token, mode),
+            })
+            .collect();
+        let renewals: Vec<Renewal<'_>> = locks
+            .iter()
+            .zip(&names)
+            .zip(&owners)
+            .map(|((r, names), owner)| Renewal {
+                names,
+                owner,
+                shared: r.mode != Mode::Exclusive,
+                lease_ms: r.lease.as_millis().max(1) as u64,
+            })
+            .collect();
+        // A renewal counts from when it was sent, so a late answer is
+        // still worth having: wait up to a watchdog period (a third of
+        // the lease), not the acquire's per-node bound, which a batch
+        // of thousands of locks on a busy node can take longer than.
+        let timeout = locks
+            .iter()
+            .map(|r| r.lease)
+            .min()
+            .filter(|_| self.inner.redlock)
+            .map(|lease| lease / 3);
+        let renewals = &renewals;
+        let longest = locks.iter().map(|r| r.lease).max().unwrap_or_default();
+        let mut in_flight = RenewalInFlight {
+            backend: self,
+            lease: longest,
+            answered: false,
+        };
+        let answers = self
+            .on_every_node(timeout, |node| node.renew(renewals))
+            .await;
+        // Unanswered, the guard counts it when it drops.
+        in_flight.answered = self.inner.states.get() != dlock_core::ConnectionState::Suspended;
+        drop(in_flight);
+        if !self.inner.redlock {
+            // One node: its error is the batch's (a batch too few replicas
+            // acknowledged included: unanswered, so the guards' leases run
+            // on from the last renewal that was).
+            let answers = answers
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| Err(timed_out()))
+                .map_err(backend_error)?;
+            return Ok(answers
+                .into_iter()
+                .map(|renewed| {
+                    if renewed {
+                        RenewOutcome::Renewed
+                    } else {
+                        RenewOutcome::NotHeld
+                    }
+                })
+                .collect());
+        }
+        let quorum = self.inner.quorum;
+        Ok((0..locks.len())
+            .map(|i| {
+                let renewed = answers
+                    .iter()
+                    .filter(|a| matches!(a, Ok(v) if v[i]))
+                    .count();
+                let unanswered = answers.iter().filter(|a| a.is_err()).count();
+                if renewed >= quorum {
+                    RenewOutcome::Renewed
+                } else if renewed + unanswered >= quorum {
+                    RenewOutcome::Unknown
+                } else {
+                    RenewOutcome::NotHeld
+                }
+            })
+            .collect())
     }
 
+    /// Publishes `value` beside the lock (one node, with fences only).
     async fn proclaim(&self, key: &LockKey, token: &Token, value: &[u8]) -> Result<bool> {
-        self.proclaim_inner(key, token, value).await
+        self.holders_known()?;
+        self.inner.nodes[0]
+            .proclaim(&self.names(key), &token.to_string(), value)
+            .await
+            .map_err(backend_error)
     }
 
     async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {
-        self.holder_inner(key).await
+        self.holders_known()?;
+        let read = self.inner.nodes[0]
+            .holder(&self.names(key))
+            .await
+            .map_err(backend_error)?;
+        Ok(read.map(|read| Holder::new(Some(read.fence), read.value)))
     }
 
     /// Subscribes to the key's holder channel (a proclaim, and the release
@@ -316,7 +381,25 @@ impl Backend for RedisBackend {
     /// message, or when the holder's lease runs out. A grant is seen when
     /// its holder proclaims: every elected leader does, before it is told.
     async fn holder_changed(&self, key: &LockKey, seen: Option<&Holder>) -> Result<()> {
-        self.holder_changed_inner(key, seen).await
+        self.holders_known()?;
+        let names = self.names(key);
+        let node = &self.inner.nodes[0];
+        let wake = Arc::new(Notify::new());
+        let watcher = Token::generate().to_string();
+        let _watch = node
+            .watch(&names.holder_channel().to_string(), &watcher, &wake)
+            .await
+            .map_err(backend_error)?;
+        let read = node.holder(&names).await.map_err(backend_error)?;
+        let current = read
+            .as_ref()
+            .map(|read| Holder::new(Some(read.fence), read.value.clone()));
+        if current.as_ref() != seen {
+            return Ok(());
+        }
+        let left = read.and_then(|read| read.lease_left);
+        let _ = tokio::time::timeout(left.unwrap_or(Duration::MAX), wake.notified()).await;
+        Ok(())
     }
 
     fn connection_state(&self) -> tokio::sync::watch::Receiver<dlock_core::ConnectionState> {
@@ -335,16 +418,70 @@ impl Backend for RedisBackend {
         dlock_core::backend::extend_by_renewal(self, key, mode, token, lease).await
     }
 
-    /// The semaphore's holders whose lease has not ended by the server's
-    /// clock, in one script.
+    /// The semaphore's holders whose lease (their score, in server ms)
+    /// has not ended by the server's clock, read with it in one script,
+    /// routed by the key (on Cluster too); their entries say their counts.
     async fn permits_taken(&self, key: &LockKey, _limit: u32) -> Result<u32> {
-        self.permits_taken_inner(key).await
+        let names = shared_names(
+            &self.inner.prefix,
+            key,
+            Mode::Permits { count: 1, limit: 1 },
+        );
+        static READ: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
+        let read = READ.get_or_init(|| {
+            redis::Script::new(
+                "local t = redis.call('TIME') \
+                 return {t[1], t[2], redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')}",
+            )
+        });
+        let mut conn = self.inner.nodes[0].connection();
+        let (secs, micros, holders): (u64, u64, Vec<(String, f64)>) = read
+            .key(&names.lock)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(backend_error)?;
+        let now_ms = (secs * 1000 + micros / 1000) as f64;
+        Ok(holders
+            .iter()
+            .filter(|(_, ends)| *ends > now_ms)
+            .filter_map(
+                |(entry, _)| match Mode::from_tag(entry.rsplit('|').next()?)? {
+                    Mode::Permits { count, .. } => Some(count),
+                    _ => None,
+                },
+            )
+            .sum())
     }
 
-    /// Reads the holder's token on each node and releases it there (the
-    /// script hands the lock to the first waiter in line). The holder's
-    /// guard learns at its next renewal, within a third of its lease.
+    /// Reads each node's holder token and releases it there: the release
+    /// script checks the token, so a holder that changed in between is
+    /// left alone, and the first waiter in line is told, as after a
+    /// release. The holder's guard learns at its next renewal, within a
+    /// third of its lease. `true` if a node released.
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
-        self.force_release_inner(key).await
+        let names = &self.names(key);
+        let timeout = self.inner.redlock.then_some(REDLOCK_NODE_TIMEOUT_MAX);
+        let answers = self
+            .on_every_node(timeout, |node| async move {
+                let mut conn = node.connection();
+                let holder: Option<String> = redis::cmd("GET")
+                    .arg(&names.lock)
+                    .query_async(&mut conn)
+                    .await?;
+                match holder {
+                    Some(token) => node.force_release(names, &token).await,
+                    None => Ok(false),
+                }
+            })
+            .await;
+        if answers.iter().any(|a| matches!(a, Ok(true))) {
+            return Ok(true);
+        }
+        // "Free" only when a quorum said so; otherwise the nodes' error.
+        let answered = answers.iter().filter(|a| a.is_ok()).count();
+        if answered < self.inner.quorum {
+            return Err(first_error(answers));
+        }
+        Ok(false)
     }
 }

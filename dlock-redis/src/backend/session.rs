@@ -1,21 +1,21 @@
-//! Connecting to the node(s), and keeping leases alive (Redis has no
-//! sessions: this is the counterpart of the other backends' session
-//! module, its keepalive the watchdog's renewal of every lock).
+//! Connecting to the node(s), and the connection state.
+//!
+//! Redis has no session to watch: [`Locker::state`](dlock_core::Locker::state)
+//! follows what the backend's own requests find. A step that a quorum of
+//! nodes cannot answer for a reason of the connection (refused, dropped,
+//! timed out) is `Suspended`; renewals that find no quorum for longer
+//! than their lease are `Lost` (every lease renewed by then has run out);
+//! the next answered step is `Reconnected`. The watchdog's renewals,
+//! acquires, releases and `check_servers` all count.
 
 use std::{sync::Arc, time::Duration};
 
-use dlock_core::{
-    backend::{Mode, RenewOutcome, RenewRequest},
-    LockError, Result,
-};
+use dlock_core::{LockError, Result};
 use futures_util::future::join_all;
+use redis::{RedisError, RedisResult};
 
-use super::{backend_error, timed_out, Inner, RedisBackend, RenewalInFlight, NAME};
-use crate::{
-    config::RedisConfig,
-    keys::{entry, names, shared_names, Names},
-    node::{Node, Renewal},
-};
+use super::{backend_error, Inner, RedisBackend, NAME};
+use crate::{config::RedisConfig, node::Node};
 
 /// The oldest Redis the scripts run on (`SET … GET`, 6.2).
 const OLDEST_REDIS: (u32, u32) = (6, 2);
@@ -278,92 +278,80 @@ impl RedisBackend {
         }))
     }
 
-    pub(super) async fn renew_inner(&self, locks: &[RenewRequest]) -> Result<Vec<RenewOutcome>> {
-        let names: Vec<Names> = locks
-            .iter()
-            .map(|r| match r.mode {
-                Mode::Exclusive => names(&self.inner.prefix, &r.key),
-                mode => shared_names(&self.inner.prefix, &r.key, mode),
-            })
-            .collect();
-        let owners: Vec<String> = locks
-            .iter()
-            .map(|r| match r.mode {
-                Mode::Exclusive => r.token.to_string(),
-                mode => entry(&r.token, mode),
-            })
-            .collect();
-        let renewals: Vec<Renewal<'_>> = locks
-            .iter()
-            .zip(&names)
-            .zip(&owners)
-            .map(|((r, names), owner)| Renewal {
-                names,
-                owner,
-                shared: r.mode != Mode::Exclusive,
-                lease_ms: r.lease.as_millis().max(1) as u64,
-            })
-            .collect();
-        // A renewal counts from when it was sent, so a late answer is
-        // still worth having: wait up to a watchdog period (a third of
-        // the lease), not the acquire's per-node bound, which a batch
-        // of thousands of locks on a busy node can take longer than.
-        let timeout = locks
-            .iter()
-            .map(|r| r.lease)
-            .min()
-            .filter(|_| self.inner.redlock)
-            .map(|lease| lease / 3);
-        let renewals = &renewals;
-        let longest = locks.iter().map(|r| r.lease).max().unwrap_or_default();
-        let mut in_flight = RenewalInFlight {
-            backend: self,
-            lease: longest,
-            answered: false,
+    /// Feeds the connection state from one step's answers: a quorum that
+    /// answered (even with a script's error) is `answered`; a step that a
+    /// quorum could not answer, for a reason of the connection, is
+    /// `suspended`.
+    pub(super) fn observe<T>(&self, answers: &[RedisResult<T>]) {
+        let unreachable = |e: &RedisError| {
+            e.is_io_error()
+                || e.is_connection_refusal()
+                || e.is_connection_dropped()
+                || e.is_timeout()
+                // A demoted master, or one a failover is replacing: its
+                // answer is not the master's.
+                || matches!(
+                    e.kind(),
+                    redis::ErrorKind::Server(
+                        redis::ServerErrorKind::ReadOnly | redis::ServerErrorKind::MasterDown
+                    )
+                )
         };
-        let answers = self
-            .on_every_node(timeout, |node| node.renew(renewals))
-            .await;
-        // Unanswered, the guard counts it when it drops.
-        in_flight.answered = self.inner.states.get() != dlock_core::ConnectionState::Suspended;
-        drop(in_flight);
-        if !self.inner.redlock {
-            // One node: its error is the batch's (a batch too few replicas
-            // acknowledged included: unanswered, so the guards' leases run
-            // on from the last renewal that was).
-            let answers = answers
-                .into_iter()
-                .next()
-                .unwrap_or_else(|| Err(timed_out()))
-                .map_err(backend_error)?;
-            return Ok(answers
-                .into_iter()
-                .map(|renewed| {
-                    if renewed {
-                        RenewOutcome::Renewed
-                    } else {
-                        RenewOutcome::NotHeld
-                    }
-                })
-                .collect());
+        let reached = answers
+            .iter()
+            .filter(|a| !matches!(a, Err(e) if unreachable(e)))
+            .count();
+        if reached >= self.inner.quorum {
+            *self.answered_at() = tokio::time::Instant::now();
+            self.inner.states.answered();
+        } else {
+            self.inner.states.suspended();
         }
-        let quorum = self.inner.quorum;
-        Ok((0..locks.len())
-            .map(|i| {
-                let renewed = answers
-                    .iter()
-                    .filter(|a| matches!(a, Ok(v) if v[i]))
-                    .count();
-                let unanswered = answers.iter().filter(|a| a.is_err()).count();
-                if renewed >= quorum {
-                    RenewOutcome::Renewed
-                } else if renewed + unanswered >= quorum {
-                    RenewOutcome::Unknown
-                } else {
-                    RenewOutcome::NotHeld
+    }
+
+    fn answered_at(&self) -> std::sync::MutexGuard<'_, tokio::time::Instant> {
+        self.inner
+            .answered_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// After renewals that a quorum could not answer: `lost` at the end
+    /// of the longest of their leases unless a quorum answers by then
+    /// (every lease renewed at the last answer has run out).
+    fn lost_unless_answered_within(&self, lease: Duration) {
+        let answered = *self.answered_at();
+        let inner = Arc::downgrade(&self.inner);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            tokio::time::sleep_until(answered + lease).await;
+            if let Some(inner) = inner.upgrade() {
+                let backend = RedisBackend { inner };
+                if *backend.answered_at() == answered {
+                    backend.inner.states.lost();
                 }
-            })
-            .collect())
+            }
+        });
+    }
+}
+
+/// A renewal round in flight: dropped before it is answered (the
+/// watchdog gives a round one period, which a black-holed node outlasts),
+/// it counts as unanswered.
+pub(super) struct RenewalInFlight<'a> {
+    pub(super) backend: &'a RedisBackend,
+    pub(super) lease: Duration,
+    pub(super) answered: bool,
+}
+
+impl Drop for RenewalInFlight<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.backend.inner.states.suspended();
+            self.backend.lost_unless_answered_within(self.lease);
+        }
     }
 }
 
