@@ -1,5 +1,47 @@
 //! `ZkBackend`: Curator's lock recipe (ephemeral sequential nodes under a
 //! container parent, each watching its predecessor), fixed where it is weak.
+//!
+//! - **Nodes**: each key has a CONTAINER parent (the server removes it once
+//!   empty); each acquisition creates an EPHEMERAL_SEQUENTIAL child named
+//!   `lock-{token}-` and the sequence ("protected": after a connection loss
+//!   during the create, the node is found by its token, not created twice);
+//!   with `layout=curator`, a plain lock's is `_c_{token as a UUID}-lock-`,
+//!   as Curator's `InterProcessMutex` names its own. The create and the
+//!   read of the children are sent back to back (a session's requests run
+//!   in order). The lowest sequence holds; keys are escaped (`%XX` for
+//!   every byte but ASCII letters, digits, `-`, `_` and `:`).
+//! - **Read-write locks and semaphores** queue the same way under
+//!   `{path}/{key}%rw` and `{path}/{key}%sem`, each node's name saying what
+//!   it takes (`r-`, `w-`, `p{count}_{limit}-`): a reader holds when no
+//!   writer is ahead, a writer when first, permits when those ahead and
+//!   its own fit the limit. A client naming another limit than the nodes
+//!   there gets a typed error and leaves no node.
+//! - **Waiting** ([`queue`], driven by core's wait engine) watches the node
+//!   that keeps us waiting (a reader the last writer ahead, a writer its
+//!   predecessor, permits the children), no herd. A node of ours gone by
+//!   then means the session expired: an error, not a grant.
+//! - **Fencing token**: the node's czxid, which keeps growing even when a
+//!   reaped parent restarts the sequence numbers.
+//! - **Release and cancel** delete our node; a create still in flight is
+//!   found by its token and deleted after it. A failed delete is sent
+//!   again by core until a session timeout passed; then the session is
+//!   given up, and its other guards report lost. A delete sent again that
+//!   finds no node on the live session says released (ZooKeeper does not
+//!   say who deleted a node).
+//! - **Stray nodes**: a create whose answer was lost may have made a node
+//!   the search for it missed; every node with our token but the one kept
+//!   is deleted before waiting and on release, and never waited on.
+//! - **Parents** are created in one transaction with the first child: the
+//!   server reaps a container only once it had one.
+//! - **Session**: confirmed every third of its timeout by a `sync`
+//!   (through the leader: a follower cut off from it cannot vouch). A
+//!   grant's lease counts from the last `sync` or our create, never from a
+//!   listing. A node deleted behind its holder's back (an operator, a
+//!   forced release) loses its guard: a lock held past
+//!   [`session::WATCH_AFTER`] watches its own node.
+//! - **Fixed leases** (ephemeral nodes have no TTL): this process deletes
+//!   the node when the lease ends, the session's expiry if it dies first;
+//!   the guard ends with the lease or the session, whichever is first.
 
 use std::{
     collections::HashMap,
@@ -48,80 +90,18 @@ fn vanished() -> LockError {
     )
 }
 
-/// A ZooKeeper lock server.
+/// A ZooKeeper lock server: Curator's lock recipe, with read-write locks,
+/// semaphores and fencing tokens (the node's czxid). How it locks is in
+/// this module's source docs; what it guarantees is on
+/// [dlock's guide](https://docs.rs/dlock/latest/dlock/guide/backends/index.html).
 ///
-/// # How it locks
-///
-/// - **Nodes**: each key has a CONTAINER parent (the server removes it once
-///   empty); each acquisition creates an EPHEMERAL_SEQUENTIAL child named
-///   `lock-{token}-` plus the sequence ("protected" mode: after a connection
-///   loss during the create, the node is found by its token rather than
-///   created twice); with `layout=curator`, a plain lock's node is named
-///   `_c_{token as a UUID}-lock-` plus the sequence, as Curator's
-///   `InterProcessMutex` names its own (see [`ZkConfig::curator_layout`]).
-/// - **Acquire**: the create and the read of the children are sent back to
-///   back; ZooKeeper runs a session's requests in order, so an uncontended
-///   lock costs about one round trip. The lowest sequence holds the lock.
-/// - Read-write locks and semaphores queue the same way under
-///   `{path}/{key}%rw` and `{path}/{key}%sem`, each node's name saying what
-///   it takes (`lock-{token}-r-{seq}`, `-w-`, `-p{count}_{limit}-`): a
-///   reader holds when no writer is ahead (a waiting writer keeps later
-///   readers out), a writer when first, permits when those ahead and its
-///   own fit the limit. A reader watches the last writer ahead, a writer
-///   its predecessor, and permits the queue's children; a client naming
-///   another limit than the nodes there gets a typed error and leaves no
-///   node. Curator's lease nodes, with an owner and a session each: a
-///   crashed holder's permits go with its session.
-/// - **Waiting** watches only the predecessor (no herd), and reads the
-///   children again when it goes. A node of ours that is gone by then means
-///   the session expired: an error, not a grant.
-/// - **Fencing token**: the node's czxid, which keeps growing even when a
-///   reaped container parent restarts the sequence numbers.
-/// - **Release and cancel** delete our node; a create still in flight is
-///   found by its token and deleted after it (same session, same order).
-///   A delete that fails is sent again by core until a session timeout has
-///   passed; then the session is closed (or left to expire), and its other
-///   guards report lost. Sent again after its answer was lost, a delete
-///   that finds no node on the live session says released (the node was
-///   deleted, by the first send or after it was sent); one deleted by
-///   `force_release` or by hand just before such a release reads as
-///   released too, as ZooKeeper does not say who deleted a node.
-/// - **Stray nodes**: a create whose answer was lost may have made a node
-///   that the search for it missed; the next create then makes a second
-///   one. Every node carrying our token but the one kept is deleted before
-///   waiting and on release, and never waited on.
-/// - **Parents** are created in one transaction with the first child, so no
-///   attempt cut off in between leaves a parent that never had a child
-///   (the server reaps a container only once it had one).
-/// - **Session**: one per backend, confirmed every third of its timeout by
-///   a `sync` (which goes through the leader, so a follower cut off from it
-///   cannot vouch for the session). A grant's lease counts from the last
-///   `sync` or from our create (a write the leader applied), never from the
-///   listing that found us first. While disconnected, guards stay held
-///   but say so: [`LockGuard::state`](dlock_core::LockGuard::state) is
-///   [`HoldState::Unsure`](dlock_core::HoldState::Unsure). They are lost
-///   when the server says the session expired, or once a whole timeout
-///   passed without a confirmation. Later acquisitions open a new session.
-/// - **A node deleted behind the holder's back** (an operator's `delete`,
-///   a forced unlock) loses its guard: a lock held longer than 100 ms
-///   watches its own node, and one held less finds its node gone when it
-///   sets the watch.
-/// - **Fixed leases** (ZooKeeper has no per-node TTL for ephemeral nodes):
-///   the node is deleted when the lease ends, by this process; if the
-///   process dies first, the session's expiry removes it. The guard ends at
-///   the lease's end or the session's, whichever comes first.
-///
-/// # Connection state
-///
-/// [`Locker::state`](dlock_core::Locker::state) follows the session:
-/// `Suspended` when the client is disconnected from every server (its
-/// guards are unsure), `Lost` when the session expires with guards on it
-/// (told by the servers, or a whole session timeout passed unconfirmed),
-/// `Reconnected` at the next confirmation, or when a new session opens
-/// after a lost one.
-///
-/// Keys are escaped (`%XX` for every byte but ASCII letters, digits, `-`,
-/// `_` and `:`), so `/`, `.`, `..`, unicode and control characters are safe.
+/// Locks live on one session per backend: its timeout is how long a
+/// crashed holder keeps its locks. [`Locker::state`](dlock_core::Locker::state)
+/// follows it: `Suspended` when the client is disconnected from every
+/// server (its guards are [unsure](dlock_core::HoldState::Unsure)), `Lost`
+/// when the session expires with guards on it (told by the servers, or a
+/// whole timeout passed unconfirmed), `Reconnected` at the next
+/// confirmation, or when a new session opens after a lost one.
 ///
 /// # Examples
 ///
@@ -329,6 +309,14 @@ impl ZkBackend {
     fn owned(&self) -> MutexGuard<'_, HashMap<Token, Owned>> {
         self.inner.owned.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// The live session's client, its view of `path` brought up to date
+    /// with the leader's (see [`election::synced`]).
+    async fn synced_client(&self, path: &str) -> Result<zookeeper_client::Client> {
+        let client = self.session().await?.client().map_err(backend_error)?;
+        election::synced(&client, path).await?;
+        Ok(client)
+    }
 }
 
 impl Backend for ZkBackend {
@@ -407,14 +395,46 @@ impl Backend for ZkBackend {
     /// Sets our node's data, if it holds: only the client that took the
     /// lock knows its node, and the node goes with the hold.
     async fn proclaim(&self, key: &LockKey, token: &Token, value: &[u8]) -> Result<bool> {
-        self.proclaim_inner(key, token, value).await
+        let parent = parent_of(self.inner.config.path(), key, Mode::Exclusive);
+        let held = self
+            .owned()
+            .get(token)
+            .filter(|o| o.granted && o.parent == parent)
+            .and_then(|o| Some((o.path.clone()?, o.session.clone())));
+        let Some((path, session)) = held else {
+            return Ok(false);
+        };
+        let data = election::with_proclaimed(value);
+        let written = match session.client() {
+            Ok(client) => client.set_data(&path, &data, None).await.map(drop),
+            Err(e) => Err(e),
+        };
+        match written {
+            Ok(()) => Ok(true),
+            Err(ZkError::NoNode | ZkError::SessionExpired) => Ok(false),
+            Err(e) => Err(backend_error(e)),
+        }
     }
 
     /// The first child of the key's parent, and its data: its czxid is
     /// the holder's fence. A child deleted between the listing and the
     /// read is read past (a few times, then the server's error).
     async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {
-        self.holder_inner(key).await
+        let parent = parent_of(self.inner.config.path(), key, Mode::Exclusive);
+        let client = self.synced_client(&parent).await?;
+        let mut last = ZkError::NoNode;
+        for _ in 0..5 {
+            let children = election::children(&client, &parent).await?;
+            let Some(first) = children.and_then(election::holding) else {
+                return Ok(None);
+            };
+            match client.get_data(&format!("{parent}/{first}")).await {
+                Ok((data, stat)) => return Ok(Some(election::holder_of(&data, &stat))),
+                Err(e @ ZkError::NoNode) => last = e,
+                Err(e) => return Err(backend_error(e)),
+            }
+        }
+        Err(backend_error(last))
     }
 
     /// Watches armed by the reads that compare: the parent's children (a
@@ -422,7 +442,51 @@ impl Backend for ZkBackend {
     /// joining wakes it for nothing), the first child's data (a proclaim,
     /// its deletion), or the parent's creation when there is none.
     async fn holder_changed(&self, key: &LockKey, seen: Option<&Holder>) -> Result<()> {
-        self.holder_changed_inner(key, seen).await
+        let parent = parent_of(self.inner.config.path(), key, Mode::Exclusive);
+        let client = self.synced_client(&parent).await?;
+        // A first child deleted between the listing and its read is
+        // read past a few times; then the caller reads again.
+        for _ in 0..5 {
+            let (children, children_changed) = match client.list_and_watch_children(&parent).await {
+                Ok(listed) => listed,
+                Err(ZkError::NoNode) => {
+                    let (stat, created) = client
+                        .check_and_watch_stat(&parent)
+                        .await
+                        .map_err(backend_error)?;
+                    if stat.is_some() {
+                        continue;
+                    }
+                    if seen.is_none() {
+                        created.changed().await;
+                    }
+                    return Ok(());
+                }
+                Err(e) => return Err(backend_error(e)),
+            };
+            let Some(first) = election::holding(children) else {
+                if seen.is_none() {
+                    children_changed.changed().await;
+                }
+                return Ok(());
+            };
+            let read = client
+                .get_and_watch_data(&format!("{parent}/{first}"))
+                .await;
+            let (data, stat, data_changed) = match read {
+                Ok(read) => read,
+                Err(ZkError::NoNode) => continue,
+                Err(e) => return Err(backend_error(e)),
+            };
+            if Some(&election::holder_of(&data, &stat)) == seen {
+                tokio::select! {
+                    _ = children_changed.changed() => {}
+                    _ = data_changed.changed() => {}
+                }
+            }
+            return Ok(());
+        }
+        Ok(())
     }
 
     fn connection_state(&self) -> tokio::sync::watch::Receiver<dlock_core::ConnectionState> {
@@ -440,19 +504,71 @@ impl Backend for ZkBackend {
         token: &Token,
         lease: Duration,
     ) -> Result<Option<(Instant, Duration)>> {
-        self.extend_inner(token, lease).await
+        let held = match self.owned().get(token) {
+            Some(owned) if owned.granted => owned.path.clone().map(|p| (p, owned.session.clone())),
+            _ => None,
+        };
+        let Some((path, session)) = held else {
+            return Ok(None);
+        };
+        let client = session.client().map_err(backend_error)?;
+        election::synced(&client, &path).await?;
+        match client.check_stat(&path).await {
+            Ok(Some(_)) => Ok(session.extend_fixed(token, lease, &self.inner.lease_ends)),
+            Ok(None) => Ok(None),
+            Err(e) => Err(backend_error(e)),
+        }
     }
 
-    /// The admitted nodes of the semaphore's queue, after a `sync`.
+    /// The admitted nodes of the semaphore's queue, after a `sync` (a
+    /// node is there while its session lives).
     async fn permits_taken(&self, key: &LockKey, limit: u32) -> Result<u32> {
-        self.permits_taken_inner(key, limit).await
+        let mode = Mode::Permits { count: 1, limit };
+        let parent = parent_of(self.inner.config.path(), key, mode);
+        let client = self.synced_client(&parent).await?;
+        let mut children = election::children(&client, &parent)
+            .await?
+            .unwrap_or_default();
+        children.sort_by_key(|c| sequence(c).unwrap_or(i64::MAX));
+        let modes = children
+            .iter()
+            .map(|c| mode_of(c).unwrap_or(Mode::Exclusive));
+        Ok(dlock_core::backend::permits_taken(modes))
     }
 
     /// Deletes the holder's node: its own-node watch tells its guard at
     /// once (a lock held under 100 ms finds out when it sets the watch),
     /// and the next node's watcher takes the lock.
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
-        self.force_release_inner(key).await
+        let parent = parent_of(self.inner.config.path(), key, Mode::Exclusive);
+        let client = self.synced_client(&parent).await?;
+        let children = election::children(&client, &parent).await?;
+        let Some(first) = children.and_then(election::holding) else {
+            return Ok(false);
+        };
+        let path = format!("{parent}/{first}");
+        if is_curator(&first) {
+            let data = match client.get_data(&path).await {
+                Ok((data, _)) => data,
+                Err(ZkError::NoNode) => return Ok(false),
+                Err(e) => return Err(backend_error(e)),
+            };
+            if !election::written_by_dlock(&data) {
+                // Curator's holder does not watch its own node: it would
+                // never learn, and hold beside the next one.
+                return Err(LockError::Unsupported {
+                    backend: NAME,
+                    what: "forcing the lock of a Curator holder, which would never learn of it",
+                });
+            }
+        }
+        match client.delete(&path, None).await {
+            Ok(()) => Ok(true),
+            // Gone meanwhile (released, expired): the holder asked about
+            // left; the next one is not ours to remove.
+            Err(ZkError::NoNode) => Ok(false),
+            Err(e) => Err(backend_error(e)),
+        }
     }
 }
 

@@ -40,40 +40,6 @@ struct Enqueued {
     strays: bool,
 }
 
-/// Faults injected by unit tests: answers lost on the way back, which a
-/// real server cannot be made to lose on demand.
-#[cfg(test)]
-mod faults {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    use zookeeper_client::Error as ZkError;
-
-    /// Successful creates whose answer is turned into a connection loss.
-    pub(super) static LOST_REPLIES: AtomicUsize = AtomicUsize::new(0);
-    /// Searches for our node after a failed create that fail too.
-    pub(super) static FAILED_LOOKUPS: AtomicUsize = AtomicUsize::new(0);
-
-    fn take(counter: &AtomicUsize) -> bool {
-        counter
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-    }
-
-    pub(super) fn lose_reply<T>(created: Result<T, ZkError>) -> Result<T, ZkError> {
-        match created {
-            Ok(_) if take(&LOST_REPLIES) => Err(ZkError::ConnectionLoss),
-            other => other,
-        }
-    }
-
-    pub(super) fn fail_lookup() -> Result<(), ZkError> {
-        if take(&FAILED_LOOKUPS) {
-            return Err(ZkError::ConnectionLoss);
-        }
-        Ok(())
-    }
-}
-
 /// Our node in the key's line, and what we last read of the line.
 pub(super) struct Entry {
     session: Arc<Session>,
@@ -383,7 +349,7 @@ impl ZkBackend {
             let listing = client.list_children(parent);
             let (created, listed) = (create.await, listing.await);
             #[cfg(test)]
-            let created = faults::lose_reply(created);
+            let created = tests::lose_reply(created);
             match created {
                 Ok((stat, seq)) => {
                     return Ok(Enqueued {
@@ -458,7 +424,7 @@ impl ZkBackend {
                     // leader took.
                     let found = async {
                         #[cfg(test)]
-                        faults::fail_lookup()?;
+                        tests::fail_lookup()?;
                         client.sync(parent).await?;
                         let listed = client.list_children(parent).await?;
                         match listed.iter().find(|c| c.starts_with(mine)).cloned() {
@@ -538,7 +504,37 @@ impl ZkBackend {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use super::*;
+
+    // Faults injected into `enqueue`: answers lost on the way back, which
+    // a real server cannot be made to lose on demand.
+
+    /// Successful creates whose answer is turned into a connection loss.
+    static LOST_REPLIES: AtomicUsize = AtomicUsize::new(0);
+    /// Searches for our node after a failed create that fail too.
+    static FAILED_LOOKUPS: AtomicUsize = AtomicUsize::new(0);
+
+    fn take(counter: &AtomicUsize) -> bool {
+        counter
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    pub(super) fn lose_reply<T>(created: Result<T, ZkError>) -> Result<T, ZkError> {
+        match created {
+            Ok(_) if take(&LOST_REPLIES) => Err(ZkError::ConnectionLoss),
+            other => other,
+        }
+    }
+
+    pub(super) fn fail_lookup() -> Result<(), ZkError> {
+        match take(&FAILED_LOOKUPS) {
+            true => Err(ZkError::ConnectionLoss),
+            false => Ok(()),
+        }
+    }
 
     /// Two connection losses in a row during the create: its answer is
     /// lost, and so is the search for the node it made. The second create
@@ -546,7 +542,6 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_node_left_by_a_lost_create_answer_is_neither_waited_on_nor_left_behind() {
         use dlock_core::{BackendExt, LockOptions};
-        use std::sync::atomic::Ordering;
 
         let server = dlock_testkit::fixture::ZooKeeperServer::start().expect("start ZooKeeper");
         let url = format!("zk://{}/strays", server.endpoint());
@@ -559,15 +554,15 @@ mod tests {
         let persistent = CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
         raw.create("/strays/k", b"", &persistent).await.unwrap();
 
-        faults::LOST_REPLIES.store(1, Ordering::SeqCst);
-        faults::FAILED_LOOKUPS.store(1, Ordering::SeqCst);
+        LOST_REPLIES.store(1, Ordering::SeqCst);
+        FAILED_LOOKUPS.store(1, Ordering::SeqCst);
         let wait = LockOptions::new().wait(Duration::from_secs(3));
         let guard = locker
             .lock_with("k", wait)
             .await
             .expect("the lock waited on a node of its own");
-        assert_eq!(faults::LOST_REPLIES.load(Ordering::SeqCst), 0);
-        assert_eq!(faults::FAILED_LOOKUPS.load(Ordering::SeqCst), 0);
+        assert_eq!(LOST_REPLIES.load(Ordering::SeqCst), 0);
+        assert_eq!(FAILED_LOOKUPS.load(Ordering::SeqCst), 0);
         let children = raw.list_children("/strays/k").await.unwrap();
         assert_eq!(children.len(), 1, "a stray node is left: {children:?}");
         guard.release().await.unwrap();
@@ -585,8 +580,8 @@ mod tests {
         // behind the holder, not behind its own stray, and leave nothing
         // when it gives up.
         let held = rival.lock("k").await.unwrap();
-        faults::LOST_REPLIES.store(1, Ordering::SeqCst);
-        faults::FAILED_LOOKUPS.store(1, Ordering::SeqCst);
+        LOST_REPLIES.store(1, Ordering::SeqCst);
+        FAILED_LOOKUPS.store(1, Ordering::SeqCst);
         let short = LockOptions::new().wait(Duration::from_millis(500));
         assert!(matches!(
             locker.lock_with("k", short).await,

@@ -101,7 +101,7 @@ fn tls_options(files: &dlock_core::backend::TlsFiles) -> Result<zookeeper_client
 /// sooner costs no watch (the common lock-and-release stays at three
 /// packets), and a node deleted behind its holder's back meanwhile is
 /// found gone when the watch is set.
-const WATCH_AFTER: Duration = Duration::from_millis(100);
+pub(super) const WATCH_AFTER: Duration = Duration::from_millis(100);
 
 /// Tells the guard of `token` its lock is lost once its node at `path` is
 /// deleted by anyone but us (an operator's `delete`, a forced unlock):
@@ -114,7 +114,7 @@ pub(super) fn watch_our_node(session: &Arc<Session>, token: Token, path: String)
     tokio::spawn(async move {
         tokio::time::sleep(WATCH_AFTER).await;
         // Made at the first failure: most watches never need one, and the
-        // task of every held lock would carry its 208 bytes.
+        // task of every held lock would carry one.
         let mut backoff: Option<Box<Backoff>> = None;
         loop {
             let Some(client) = session
