@@ -1,5 +1,42 @@
-//! `EtcdBackend`: etcd's lock recipe (a revision queue under the key's
-//! prefix), with the handoff served at once and every waiter an owner.
+//! `EtcdBackend`: etcd's lock recipe, fixed where it is known to be weak.
+//!
+//! - **One session per backend** (per TTL): one lease, kept alive by one
+//!   task, holds every lock taken under the watchdog. If it cannot be kept
+//!   alive for a TTL, or etcd says it expired, every guard on it reports
+//!   lost and later acquisitions start a new session.
+//! - **The queue**: each acquisition puts its own key,
+//!   `{prefix}/{escaped key}/{lease hex}-{token}`, so two tasks on one
+//!   session are two owners (etcd issue #11360), in one transaction with
+//!   the read of the queue. The key with the lowest create revision holds
+//!   the lock; that revision is the fencing token.
+//! - **Waiting** ([`queue`], driven by core's wait engine) watches only the
+//!   entry that keeps us waiting, for its deletion (no herd): the watch
+//!   starts at the current revision and the entry is read again
+//!   afterwards, so a wake-up is served at once rather than by etcd's
+//!   catch-up loop for old revisions. Each look checks that our key still
+//!   exists (our session may have expired meanwhile: an error, not a
+//!   grant).
+//! - **Read-write locks and semaphores** queue the same way at
+//!   `{prefix}/{key}%rw/` and `{prefix}/{key}%sem/`, each entry's value
+//!   saying what it takes (`r`, `w`, `p{count}/{limit}`). A reader holds
+//!   when no writer is ahead (a waiting writer keeps later readers out),
+//!   a writer when first, permits when those ahead and its own fit the
+//!   limit. A reader watches the last writer ahead, a writer its
+//!   predecessor, permits every entry ahead; a client naming another limit
+//!   than the entries there gets a typed error and leaves no entry.
+//! - **Release and cancel** delete our own key, which only we can name. A
+//!   delete that fails is sent again by core until a lease has passed;
+//!   then the session's keepalive stops and its lease is revoked, so the
+//!   key goes within one TTL. A delete sent again after its answer was
+//!   lost, which finds the key gone, says released while the key's lease
+//!   lives, and not held once it ended (etcd does not say who deleted a
+//!   key). A key deleted behind a holder's back is noticed at the next
+//!   keepalive and reported lost.
+//! - **`layout=etcdctl`**: plain locks at `{key}/{lease hex}`, as
+//!   `etcdctl lock` and Go's `concurrency.Mutex` name them (see the
+//!   crate's README): one acquisition of a key per session at a time
+//!   ([`turn`]), and a key left under the name on another lease is waited
+//!   out, never taken over.
 
 use std::{
     collections::HashMap,
@@ -10,23 +47,25 @@ use std::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, Backoff, Capabilities, Holder, Mode, ReleaseOutcome,
-        RenewOutcome, RenewRequest,
+        wait, AcquireRequest, Acquired, Backend, Backoff, Capabilities, Holder, LocalTurn,
+        LocalTurns, Mode, ReleaseOutcome, RenewOutcome, RenewRequest,
     },
     LockError, LockKey, Result, Token,
 };
-use etcd_client::{Client, GetOptions, KeyValue, SortOrder, SortTarget};
+use etcd_client::{
+    Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, TxnResponse, WatchOptions,
+};
+use tokio::time::Instant;
 
 use crate::session::Session;
 
-mod election;
-mod enter;
 mod queue;
 mod release;
 mod session;
 mod turn;
 
-use turn::{Turn, TurnUntil};
+use turn::KeptTurn;
 
 const NAME: &str = "etcd";
 
@@ -41,64 +80,23 @@ fn vanished() -> LockError {
     )
 }
 
-/// An etcd v3 lock server.
+/// An etcd v3 lock server: etcd's own lock recipe (a queue of keys under
+/// the lock's prefix, ordered by create revision, each waiter watching the
+/// entry ahead of it), with read-write locks, semaphores and fencing
+/// tokens (the key's create revision). How it locks is in this module's
+/// source docs; what it guarantees is on
+/// [dlock's guide](https://docs.rs/dlock/latest/dlock/guide/backends/index.html).
 ///
-/// # How it locks
-///
-/// etcd's own `concurrency` recipe, fixed where it is known to be weak:
-///
-/// - **One session per backend**: one lease, kept alive by one task, holds
-///   every lock taken under the watchdog; its TTL is how long a crashed
-///   holder keeps its locks. If it cannot be kept alive for a TTL, or etcd
-///   says it expired, every guard on it reports lost and later acquisitions
-///   start a new session.
-/// - **The queue**: each acquisition puts its own key,
-///   `{prefix}/{escaped key}/{lease hex}-{token}`, so two tasks on one
-///   session are two owners (etcd issue #11360). The key with the lowest
-///   create revision holds the lock; that revision is the fencing token.
-/// - **Acquire** is one transaction: put our key if absent, and read the
-///   first key of the queue.
-/// - **Waiting** watches only the key just ahead of ours, for its deletion
-///   (no herd). The watch starts at the current revision and the
-///   predecessor is checked afterwards, so the wake-up is served at once
-///   rather than by etcd's catch-up loop for old revisions (100 ms).
-/// - **When woken**, one transaction checks that our key still exists (our
-///   session may have expired meanwhile: an error, not a grant) and whether
-///   it is first now.
-/// - **Release and cancel** delete our own key, which only we can name. A
-///   delete that fails is sent again by core until a lease has passed; then
-///   the session's keepalive stops and its lease is revoked, so the key goes
-///   within one TTL (every other guard on that session reports lost, and
-///   later acquisitions start a new session). A delete sent again after
-///   its answer was lost, which finds the key gone, says released while
-///   the key's lease lives (the key was deleted, by the first send or
-///   after it was sent), and not held once that lease ended. etcd does
-///   not say who deleted a key: one deleted by `force_release` or by hand
-///   just before such a release also reads as released.
-/// - A key deleted behind a holder's back is noticed at the next keepalive
-///   and reported lost.
-/// - **Read-write locks and semaphores** use the same queue, at
-///   `{prefix}/{key}%rw/` and `{prefix}/{key}%sem/`, each entry's value
-///   saying what it takes (`r`, `w`, `p{count}/{limit}`). An entry holds
-///   when everything ahead of it allows it: a reader when no writer is
-///   ahead (a waiting writer keeps later readers out), a writer when it is
-///   first, permits when those ahead and its own fit the limit. A reader
-///   watches the last writer ahead, a writer its predecessor, and permits
-///   every entry ahead; a client naming another limit than the entries
-///   there gets a typed error and leaves no entry.
-///
-/// With a fixed lease, the lock gets a lease of its own (etcd counts leases
-/// in whole seconds, rounded up; the guard still reports lost at the lease
-/// asked for).
-///
-/// # Connection state
+/// Locks under the watchdog live on one session lease per backend (per
+/// TTL), kept alive by one task: its TTL is how long a crashed holder
+/// keeps its locks. A fixed lease gets an etcd lease of its own (whole
+/// seconds, rounded up; the guard still reports lost at the lease asked
+/// for).
 ///
 /// [`Locker::state`](dlock_core::Locker::state) follows the session
-/// leases: `Suspended` when a keepalive goes unanswered (the guards on
-/// the lease say they are unsure), `Lost` when a lease with guards on it
-/// expires (the cluster says so, or a whole TTL passed without an
-/// answer), `Reconnected` at the next answered keepalive, or when a new
-/// lease is granted after a lost one.
+/// leases: `Suspended` when a keepalive goes unanswered, `Lost` when a
+/// lease with guards on it expires, `Reconnected` at the next answered
+/// keepalive or a new lease.
 ///
 /// # Examples
 ///
@@ -129,13 +127,13 @@ struct Inner {
     /// `layout=etcdctl`: plain locks at `{key}/{lease hex}` (see
     /// `EtcdConfig::etcdctl_layout`).
     etcdctl: bool,
-    /// With `etcdctl`, one acquisition of an entry name (a key on one
-    /// session's lease) at a time in this backend: two on one session
-    /// would name one etcd key. By name, not by key: a guard lost with
-    /// its session, but not yet dropped, keeps only its old name's turn;
-    /// one whose fixed lease ended keeps none (see [`TurnUntil`]).
-    turns: dlock_core::backend::LocalTurns<String>,
-    /// Fed by every session: see "Connection state" above.
+    /// With `etcdctl`, this process's turns at plain locks' keys (see
+    /// [`queue::Steps::turn`]).
+    turns: LocalTurns<String>,
+    /// With `etcdctl`, the entry names a request may still make or delete
+    /// a key of (see [`NameGuard`]).
+    naming: LocalTurns<String>,
+    /// Fed by every session: see [`Locker::state`](dlock_core::Locker::state).
     states: dlock_core::backend::ConnectionStates,
     /// Without a wait limit, how long the cluster may stay unreachable
     /// before a waiting acquire fails with the error.
@@ -162,14 +160,18 @@ struct Owned {
     /// Whether a release was sent whose outcome is unknown (it failed):
     /// if it ran, the key is gone when the release is sent again.
     release_sent: bool,
-    /// With `layout=etcdctl`, this backend's turn at the entry name, given back
-    /// when the entry is gone and no request that may create it is in
-    /// flight (the enqueueing task keeps a share).
-    turn: Option<Turn>,
-    /// With `layout=etcdctl`, a fixed-lease grant's turn, from `turn`,
-    /// given back when its lease ends even if the guard lives on.
-    turn_until: Option<TurnUntil>,
+    /// With `layout=etcdctl`, the entry name's guard, until granted.
+    guard: Option<NameGuard>,
+    /// With `layout=etcdctl`, the grant's turn at its key.
+    turn: Option<KeptTurn>,
 }
+
+/// With `layout=etcdctl`, an acquisition's hold on its entry's name from
+/// before its enqueue until it is granted or its entry is gone: a request
+/// cancelled mid-enqueue runs on, and with core's release after it, may
+/// still make or delete a key of the name (on the session's lease, like
+/// the next acquisition's). Shared by the enqueue and the entry.
+type NameGuard = Arc<LocalTurn<String>>;
 
 impl fmt::Debug for EtcdBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -245,16 +247,26 @@ fn queue_of(prefix: &str, key: &LockKey, mode: Mode) -> String {
     format!("{prefix}/{}{kind}/", escape(key))
 }
 
-/// What a queue entry's value says it takes: empty for a plain lock.
-fn mode_value(mode: Mode) -> String {
-    mode.tag()
-}
-
 /// What a queue entry's value says it takes: the tag before the value's
 /// first NUL (see [`proclaimed`]).
 fn mode_of(value: &[u8]) -> Option<Mode> {
     let tag = value.split(|&b| b == 0).next().unwrap_or_default();
     Mode::from_tag(std::str::from_utf8(tag).ok()?)
+}
+
+/// A plain lock's entry with what its holder proclaimed: its mode tag
+/// (empty), a NUL, and the value. The tag never holds a NUL.
+fn with_proclaimed(value: &[u8]) -> Vec<u8> {
+    let mut entry = Mode::Exclusive.tag().into_bytes();
+    entry.push(0);
+    entry.extend_from_slice(value);
+    entry
+}
+
+/// What the holder of an entry proclaimed, if it has.
+fn proclaimed(entry: &[u8]) -> Option<Vec<u8>> {
+    let at = entry.iter().position(|&b| b == 0)?;
+    Some(entry[at + 1..].to_vec())
 }
 
 impl EtcdBackend {
@@ -264,6 +276,36 @@ impl EtcdBackend {
 
     fn owned(&self) -> MutexGuard<'_, HashMap<Token, Owned>> {
         self.inner.owned.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A transaction, [`retried`].
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        retried(|| {
+            let (mut client, txn) = (self.client(), txn.clone());
+            async move { client.txn(txn).await }
+        })
+        .await
+    }
+
+    /// A read, [`retried`].
+    async fn get(&self, key: &str, options: GetOptions) -> Result<etcd_client::GetResponse> {
+        retried(|| {
+            let (mut client, options) = (self.client(), options.clone());
+            async move { client.get(key, Some(options)).await }
+        })
+        .await
+    }
+
+    /// A new etcd lease of `lease`, rounded up to whole seconds as etcd
+    /// counts.
+    async fn grant_lease(&self, lease: Duration) -> Result<i64> {
+        let secs = lease.as_secs_f64().ceil().max(1.0) as i64;
+        let grant = retried(|| {
+            let mut client = self.client();
+            async move { client.lease_grant(secs, None).await }
+        })
+        .await?;
+        Ok(grant.id())
     }
 
     /// Whether `mode`'s entries take Go's layout: plain locks with
@@ -278,17 +320,15 @@ impl EtcdBackend {
     /// In dlock's layout every entry read counts, nested or not (another
     /// prefix may nest under this one: waiting on its entries is
     /// cautious, and a read limited to one entry must not drop it).
-    fn direct<'k>(&self, queue: &str, mode: Mode, kvs: &'k [KeyValue]) -> Vec<&'k KeyValue> {
-        let nested = |kv: &&KeyValue| {
-            kv.key()
-                .get(queue.len()..)
-                .is_none_or(|rest| rest.contains(&b'/'))
-        };
+    fn direct(&self, queue: &str, mode: Mode, mut kvs: Vec<KeyValue>) -> Vec<KeyValue> {
         if self.go_layout(mode) {
-            kvs.iter().filter(|kv| !nested(kv)).collect()
-        } else {
-            kvs.iter().collect()
+            kvs.retain(|kv| {
+                kv.key()
+                    .get(queue.len()..)
+                    .is_some_and(|rest| !rest.contains(&b'/'))
+            });
         }
+        kvs
     }
 
     /// How to read a queue of `mode`, oldest first: a plain lock needs
@@ -305,6 +345,15 @@ impl EtcdBackend {
         }
     }
 
+    /// `key`'s queue in `mode` (see [`Self::queue`]), read as
+    /// [`Self::queue_read`] says.
+    async fn read_queue(&self, key: &LockKey, mode: Mode) -> Result<(String, Vec<KeyValue>)> {
+        let queue = self.queue(key, mode);
+        let mut read = self.get(&queue, self.queue_read(mode)).await?;
+        let entries = self.direct(&queue, mode, read.take_kvs());
+        Ok((queue, entries))
+    }
+
     /// Where `key`'s entries in `mode` queue: dlock's layout under the
     /// prefix, or for a plain lock with `layout=etcdctl`, `{key}/` as
     /// `etcdctl lock` names it.
@@ -318,7 +367,7 @@ impl EtcdBackend {
 
     /// The name of our entry in `queue` on `lease`: with the etcdctl
     /// layout, the lease alone in hex, as Go's `concurrency.Mutex` writes
-    /// it (one entry per session and key: see [`Inner::turns`]).
+    /// it (one entry per session and key: see [`queue::Steps::turn`]).
     fn entry_name(&self, queue: &str, mode: Mode, lease: i64, token: &Token) -> String {
         if self.go_layout(mode) {
             format!("{queue}{lease:x}")
@@ -358,7 +407,7 @@ impl Backend for EtcdBackend {
     }
 
     async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Acquired>> {
-        self.acquire_inner(&req).await
+        wait::drive(&queue::Steps(self), &req).await
     }
 
     async fn release(&self, _key: &LockKey, _mode: Mode, token: &Token) -> Result<ReleaseOutcome> {
@@ -373,7 +422,7 @@ impl Backend for EtcdBackend {
     /// answers, which removes their keys at once.
     async fn abandon(&self, _key: &LockKey, _mode: Mode, token: &Token) {
         // The session is given up before the entry (and with it the
-        // turn at the name) goes: an acquisition that takes the turn
+        // turn at its key) goes: an acquisition that takes the turn
         // must not find this key on a session still in use.
         let owned = {
             let mut all = self.owned();
@@ -439,40 +488,84 @@ impl Backend for EtcdBackend {
     /// since, so it holds), its value is rewritten, on the lease it has.
     /// Only the client that took the lock knows its key.
     async fn proclaim(&self, key: &LockKey, token: &Token, value: &[u8]) -> Result<bool> {
-        self.proclaim_inner(key, token, value).await
+        let held = self
+            .owned()
+            .get(token)
+            .and_then(|owned| Some((owned.name.clone(), owned.granted?)));
+        let Some((name, revision)) = held else {
+            return Ok(false);
+        };
+        if !name.starts_with(&self.queue(key, Mode::Exclusive)) {
+            return Ok(false);
+        }
+        let options = PutOptions::new().with_ignore_lease();
+        let put = put_if_created(&name, revision, with_proclaimed(value), options);
+        Ok(self.txn(put).await?.succeeded())
     }
 
     /// The queue's first entry: its create revision is the holder's fence.
     async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {
-        self.holder_inner(key).await
+        let (_, entries) = self.read_queue(key, Mode::Exclusive).await?;
+        Ok(entries.first().map(|kv| {
+            let fence = u64::try_from(kv.create_revision()).unwrap_or(0);
+            Holder::new(Some(fence), proclaimed(kv.value()))
+        }))
     }
 
     /// A watch of the key's queue, armed before the read that compares:
     /// any put or delete under it (a grant, a release, a lease that
     /// expired, a proclaim; a waiter joining wakes it for nothing).
     async fn holder_changed(&self, key: &LockKey, seen: Option<&Holder>) -> Result<()> {
-        self.holder_changed_inner(key, seen).await
+        let queue = self.queue(key, Mode::Exclusive);
+        let range = WatchOptions::new().with_range(queue::past(&queue));
+        let ended = || LockError::backend(NAME, std::io::Error::other("the holder's watch ended"));
+        let mut watch = self
+            .client()
+            .watch(queue.as_str(), Some(range))
+            .await
+            .map_err(backend_error)?;
+        loop {
+            match watch.message().await.map_err(backend_error)? {
+                Some(response) if response.canceled() => return Err(ended()),
+                // Armed: compare now.
+                Some(response) if response.created() => {
+                    if self.holder(key).await?.as_ref() != seen {
+                        return Ok(());
+                    }
+                }
+                Some(response) if !response.events().is_empty() => return Ok(()),
+                Some(_) => {}
+                None => return Err(ended()),
+            }
+        }
     }
 
     fn connection_state(&self) -> tokio::sync::watch::Receiver<dlock_core::ConnectionState> {
         self.inner.states.subscribe()
     }
 
-    /// The admitted entries of the semaphore's queue, in one read.
+    /// The admitted entries of the semaphore's queue, in one read (an
+    /// entry is there while its lease lives).
     async fn permits_taken(&self, key: &LockKey, limit: u32) -> Result<u32> {
-        self.permits_taken_inner(key, limit).await
+        let (_, entries) = self
+            .read_queue(key, Mode::Permits { count: 1, limit })
+            .await?;
+        let modes = entries
+            .iter()
+            .map(|kv| mode_of(kv.value()).unwrap_or(Mode::Exclusive));
+        Ok(dlock_core::backend::permits_taken(modes))
     }
 
-    /// A new etcd lease for the key, in a transaction that checks the
-    /// key's create revision; the old lease is revoked.
+    /// Moves a granted key with a fixed lease onto a new lease: see
+    /// [`EtcdBackend::move_to_lease`].
     async fn extend(
         &self,
         _key: &LockKey,
         _mode: Mode,
         token: &Token,
         lease: Duration,
-    ) -> Result<Option<(tokio::time::Instant, Duration)>> {
-        self.extend_inner(token, lease).await
+    ) -> Result<Option<(Instant, Duration)>> {
+        self.move_to_lease(token, lease).await
     }
 
     /// Deletes the holder's key (only the key read, by its create
@@ -481,7 +574,22 @@ impl Backend for EtcdBackend {
     /// within a third of the lease's TTL; a holder with a fixed lease
     /// only when that lease ends.
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
-        self.force_release_inner(key).await
+        let (_, entries) = self.read_queue(key, Mode::Exclusive).await?;
+        let Some(first) = entries.first() else {
+            return Ok(false);
+        };
+        // Only the entry read: if it went meanwhile, a later key of that
+        // name (its session's next acquisition) is not the holder asked.
+        let name = first.key().to_vec();
+        let revision = first.create_revision();
+        let delete = Txn::new()
+            .when([Compare::create_revision(
+                name.clone(),
+                CompareOp::Equal,
+                revision,
+            )])
+            .and_then([TxnOp::delete(name, None)]);
+        Ok(self.txn(delete).await?.succeeded())
     }
 }
 

@@ -1,62 +1,61 @@
 //! Acquiring: our key in the key's revision queue, and the wait for the
-//! entries ahead of it.
+//! entries ahead of it, as the steps core's wait engine runs.
 
-use std::{collections::HashSet, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use dlock_core::{
-    backend::{AcquireRequest, Acquired, Backoff, LeaseKind, Mode, Wait},
+    backend::{
+        wait::{Armed, Look, StepError, TurnAt, WaitSteps, Woken},
+        AcquireRequest, Acquired, FinishOnDrop, LeaseKind, LocalTurn, Mode, Share,
+    },
     LockError, Result,
 };
 use etcd_client::{
-    EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
-    TxnResponse, WatchOptions,
+    Compare, CompareOp, EventType, GetOptions, GetResponse, KeyValue, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions, WatchStream,
 };
 use tokio::time::Instant;
 
-use super::{backend_error, mode_of, mode_value, retried, vanished, EtcdBackend, TurnUntil, NAME};
+use super::{
+    backend_error, mode_of, turn::KeptTurn, vanished, EtcdBackend, NameGuard, Owned, NAME,
+};
 use crate::session::Session;
-
-/// The longest a waiter trusts its watch alone before it reads the queue
-/// again.
-pub(super) const RECHECK: Duration = Duration::from_secs(10);
-
-/// How waiting for the predecessor ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Waited {
-    /// It was deleted, there was none, or the deadline came: check again.
-    Changed,
-    /// The watch ended without an answer.
-    Interrupted,
-}
-
-/// Why a wait step ended without a verdict.
-enum StepError {
-    /// Our queue key is gone: the session expired while we waited.
-    Vanished,
-    /// A request failed; worth retrying.
-    Failed(LockError),
-}
-
-use StepError::{Failed, Vanished};
-
-impl From<LockError> for StepError {
-    fn from(e: LockError) -> Self {
-        Failed(e)
-    }
-}
 
 /// The session TTL for queue keys of fixed-lease acquisitions while they
 /// wait.
 const WAITING_SESSION_TTL: Duration = Duration::from_secs(10);
 
+/// Our entry in a key's queue.
+pub(super) struct Entry {
+    session: Arc<Session>,
+    queue: String,
+    name: String,
+    /// Our key's create revision (its place in line and its fence); `None`
+    /// while, with `layout=etcdctl`, the name is another lease's key (see
+    /// [`EtcdBackend::enter`]): we wait for that key to go.
+    revision: Option<i64>,
+}
+
+/// A watch armed for the deletion of an entry that keeps us waiting.
+pub(super) struct Wake {
+    watch: WatchStream,
+    /// The keys whose deletion may admit us.
+    ahead: Vec<Vec<u8>>,
+}
+
+/// etcd's wait steps: a key with its create revision in the key's queue,
+/// and a watch on the entry that keeps us waiting (etcd's own
+/// `concurrency.Mutex`), which [`dlock_core::backend::wait::drive`] runs.
+pub(super) struct Steps<'a>(pub(super) &'a EtcdBackend);
+
 /// Whether the entry created at `mine` in `mode` holds its key, given the
 /// queue sorted by creation: first come, first served. A reader holds when
 /// no writer is ahead of it, a writer when it is first, permits when the
 /// permits ahead (held or waited for) and its own fit the limit.
-fn admitted(queue: &[&KeyValue], mine: i64, mode: Mode) -> bool {
+fn admitted(queue: &[KeyValue], mine: i64, mode: Mode) -> bool {
     if mode == Mode::Exclusive {
         // A plain lock's read has only the queue's first entry.
-        return queue.first().map(|kv| kv.create_revision()) == Some(mine);
+        return queue.first().map(KeyValue::create_revision) == Some(mine);
     }
     let ahead = queue
         .iter()
@@ -65,15 +64,7 @@ fn admitted(queue: &[&KeyValue], mine: i64, mode: Mode) -> bool {
     dlock_core::backend::admitted(mode, ahead)
 }
 
-/// A permit limit in `queue` other than `limit`, if any.
-fn other_limit(queue: &[&KeyValue], limit: u32) -> Option<u32> {
-    queue.iter().find_map(|kv| match mode_of(kv.value()) {
-        Some(Mode::Permits { limit: theirs, .. }) if theirs != limit => Some(theirs),
-        _ => None,
-    })
-}
-
-pub(super) fn get_responses(response: &TxnResponse) -> Vec<etcd_client::GetResponse> {
+fn get_responses(response: &TxnResponse) -> Vec<GetResponse> {
     response
         .op_responses()
         .into_iter()
@@ -84,159 +75,389 @@ pub(super) fn get_responses(response: &TxnResponse) -> Vec<etcd_client::GetRespo
         .collect()
 }
 
+impl WaitSteps for Steps<'_> {
+    type TurnKey = String;
+    type Entry = Entry;
+    type Wake = Wake;
+
+    /// The first look puts our key (even for one try: etcd's recipe asks
+    /// by standing in line), or with `layout=etcdctl` finds its name
+    /// another lease's; each later one checks that our key is still there
+    /// and reads the queue again, in one transaction.
+    async fn look(
+        &self,
+        req: &AcquireRequest<'_>,
+        entry: Option<&mut Entry>,
+        _join: bool,
+    ) -> std::result::Result<Look<Entry>, StepError> {
+        let backend = self.0;
+        let Some(entry) = entry.filter(|e| e.revision.is_some()) else {
+            let sent = Instant::now();
+            let Some((entry, queue)) = backend.enter(req).await.map_err(StepError::Fatal)? else {
+                // This session's name is still settling: look again.
+                return Ok(Look::Refused {
+                    entry: None,
+                    again: Some(Duration::ZERO),
+                });
+            };
+            return Ok(match backend.judge(req, &entry, &queue, sent).await? {
+                Some(acquired) => Look::Granted(acquired),
+                None => Look::Refused {
+                    entry: Some(entry),
+                    again: None,
+                },
+            });
+        };
+        let checked = Instant::now();
+        let check = Txn::new().and_then([
+            TxnOp::get(
+                entry.name.as_str(),
+                Some(GetOptions::new().with_count_only()),
+            ),
+            TxnOp::get(entry.queue.as_str(), Some(backend.queue_read(req.mode))),
+        ]);
+        let answer = tokio::select! {
+            answer = backend.txn(check) => answer.map_err(StepError::Retry)?,
+            // Given up (or expired): our key goes with its lease.
+            () = entry.session.ended() => return Err(StepError::Fatal(vanished())),
+        };
+        let mut gets = get_responses(&answer);
+        if gets.first().is_none_or(|g| g.count() == 0) {
+            return Err(StepError::Fatal(vanished()));
+        }
+        let kvs = gets.pop().map(|mut g| g.take_kvs()).unwrap_or_default();
+        let queue = backend.direct(&entry.queue, req.mode, kvs);
+        Ok(match backend.judge(req, entry, &queue, checked).await? {
+            Some(acquired) => Look::Granted(acquired),
+            None => Look::Refused {
+                entry: None,
+                again: None,
+            },
+        })
+    }
+
+    /// Watches the entry that keeps us waiting (a writer's predecessor,
+    /// a reader's last writer ahead; for permits, the whole queue, for the
+    /// deletion of any entry ahead), then reads again what keeps us
+    /// waiting: a watch from the current revision is served at once, where
+    /// one from the revision first read could wait for etcd's catch-up.
+    async fn arm(
+        &self,
+        req: &AcquireRequest<'_>,
+        entry: &mut Entry,
+        wake: &mut Option<Wake>,
+    ) -> std::result::Result<Armed, StepError> {
+        let backend = self.0;
+        let ahead = backend.blocking(req.mode, entry).await?;
+        let Some(first) = ahead.first() else {
+            return Ok(Armed::LookAgain);
+        };
+        // Names sort by lease, not by age: no narrower range holds exactly
+        // the entries ahead of a permit waiter.
+        let (watched, range) = if matches!(req.mode, Mode::Permits { .. }) {
+            (
+                entry.queue.as_bytes().to_vec(),
+                Some(WatchOptions::new().with_range(past(&entry.queue))),
+            )
+        } else {
+            (first.clone(), None)
+        };
+        let mut watch = backend
+            .client()
+            .watch(watched, range)
+            .await
+            .map_err(|e| StepError::Retry(backend_error(e)))?;
+        loop {
+            match watch
+                .message()
+                .await
+                .map_err(|e| StepError::Retry(backend_error(e)))?
+            {
+                Some(response) if response.created() && !response.canceled() => break,
+                Some(response) if !response.created() => continue,
+                _ => return Err(StepError::Retry(watch_ended())),
+            }
+        }
+        // The entries ahead only go (newcomers queue behind us).
+        let still = backend.blocking(req.mode, entry).await?;
+        if ahead.iter().any(|key| !still.contains(key)) {
+            return Ok(Armed::LookAgain);
+        }
+        *wake = Some(Wake { watch, ahead });
+        Ok(Armed::Wait)
+    }
+
+    async fn changed(
+        &self,
+        _req: &AcquireRequest<'_>,
+        entry: &mut Entry,
+        wake: &mut Option<Wake>,
+        until: Instant,
+    ) -> std::result::Result<Woken, StepError> {
+        let Some(Wake { mut watch, ahead }) = wake.take() else {
+            return Ok(Woken::LookAgain);
+        };
+        let deleted = async {
+            loop {
+                match watch.message().await {
+                    Ok(Some(response)) if !response.canceled() => {
+                        if response.events().iter().any(|e| {
+                            e.event_type() == EventType::Delete
+                                && e.kv().is_some_and(|kv| ahead.iter().any(|k| k == kv.key()))
+                        }) {
+                            return Ok(Woken::LookAgain);
+                        }
+                    }
+                    Err(e) => return Err(StepError::Retry(backend_error(e))),
+                    _ => return Err(StepError::Retry(watch_ended())),
+                }
+            }
+        };
+        tokio::select! {
+            woken = deleted => woken,
+            () = tokio::time::sleep_until(until) => Ok(Woken::LookAgain),
+            // In line: our key goes with the session's lease. Waiting for
+            // the name: the next look enters on a new session.
+            () = entry.session.ended() => match entry.revision {
+                Some(_) => Err(StepError::Fatal(vanished())),
+                None => Ok(Woken::LookAgain),
+            },
+        }
+    }
+
+    /// Takes our key away: we answer for ourselves here, so core does not
+    /// release.
+    async fn withdraw(
+        &self,
+        req: &AcquireRequest<'_>,
+        _entry: Entry,
+    ) -> std::result::Result<(), StepError> {
+        self.0
+            .delete_owned(req.token)
+            .await
+            .map(drop)
+            .map_err(StepError::Fatal)
+    }
+
+    fn unreachable_after(&self) -> Duration {
+        self.0.inner.unreachable_after
+    }
+
+    /// With `layout=etcdctl`, a plain lock's entry is named by its
+    /// session's lease alone: one acquisition of the key per process
+    /// stands in line at a time.
+    fn turn(&self, req: &AcquireRequest<'_>) -> Option<TurnAt<'_, String>> {
+        self.0.go_layout(req.mode).then(|| TurnAt {
+            turns: &self.0.inner.turns,
+            key: req.key.as_str().to_owned(),
+            share: Share::Alone,
+            first: true,
+        })
+    }
+
+    /// Kept with the hold, until its session or its fixed lease ends (see
+    /// [`KeptTurn`]).
+    fn keep_turn(&self, req: &AcquireRequest<'_>, turn: LocalTurn<String>) {
+        if let Some(owned) = self.0.owned().get_mut(req.token) {
+            owned.turn = Some(match req.lease_kind {
+                LeaseKind::Watchdog => KeptTurn::start(turn, Some(owned.session.clone()), None),
+                LeaseKind::Fixed => KeptTurn::start(turn, None, Some(Instant::now() + req.lease)),
+            });
+        }
+    }
+}
+
+/// Just past every key under `queue` (which ends in `/`).
+pub(super) fn past(queue: &str) -> Vec<u8> {
+    let mut end = queue.as_bytes().to_vec();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    end
+}
+
+fn watch_ended() -> LockError {
+    LockError::backend(NAME, std::io::Error::other("the watch ended"))
+}
+
 impl EtcdBackend {
-    pub(super) async fn acquire_inner(&self, req: &AcquireRequest<'_>) -> Result<Option<Acquired>> {
-        let token = *req.token;
+    /// Puts our entry into `req`'s queue, on the session's lease, and
+    /// reads the queue in the same transaction: `None` if the entry's name
+    /// was not free to use (see below) in time.
+    ///
+    /// With `layout=etcdctl`, an entry's name is the session's lease alone,
+    /// so it may already be taken by an earlier acquisition of this
+    /// session on a fixed lease of its own: one whose release failed until
+    /// it was given up (see `abandon`), or a kept guard whose lease ended
+    /// by its count while etcd's, in whole seconds, still runs. Such a key
+    /// is not ours to take over (its fence would be given twice) nor to
+    /// delete: the entry then waits for it to go. And an acquisition of
+    /// this process cancelled mid-enqueue may still make or delete a key
+    /// of the name: its [`NameGuard`] is waited for.
+    async fn enter(&self, req: &AcquireRequest<'_>) -> Result<Option<(Entry, Vec<KeyValue>)>> {
         let mode = req.mode;
         let queue = self.queue(req.key, mode);
         // Every queue key lives on the session while it waits; a fixed
         // lease is attached when the lock is granted, so that waiting does
         // not use it up.
-        let session_ttl = match req.lease_kind {
+        let ttl = match req.lease_kind {
             LeaseKind::Watchdog => req.lease,
             LeaseKind::Fixed => WAITING_SESSION_TTL,
         };
-        // The turn is at the entry's name: a guard lost with its session
-        // keeps its own name's, not the next session's. A session that
-        // ends while we wait for its name's turn, or is no longer usable
-        // when we get it, is never used: a key found under its name could
-        // be an abandoned grant's. The next round asks for a live one.
-        let mut rounds = 0;
-        let (session, name, turn) = loop {
-            rounds += 1;
-            if rounds > 10 {
-                return Err(LockError::backend(
-                    NAME,
-                    std::io::Error::other("the session kept ending while this waited its turn"),
-                ));
-            }
-            let session = self.session(session_ttl).await?;
-            let name = self.entry_name(&queue, mode, session.lease, &token);
-            let turn = tokio::select! {
-                turn = self.turn(&name, mode, req.wait) => turn,
-                () = session.ended() => continue,
-            };
-            let Some(turn) = turn else {
-                return Ok(None);
-            };
-            if session.is_usable() {
-                break (session, name, turn);
-            }
+        let session = self.session(ttl).await?;
+        let name = self.entry_name(&queue, mode, session.lease, req.token);
+        let guard = match self.go_layout(mode) {
+            true => match self.inner.naming.take(&name, Share::Alone, req.wait).await {
+                Some(guard) => Some(Arc::new(guard)),
+                None => return Ok(None),
+            },
+            false => None,
         };
-        let sent = Instant::now();
-        let Some((answer, mine)) = self.enter(req, &queue, &session, &name, turn).await? else {
+        // Given up while we waited: a key under its name may be an
+        // abandoned grant's.
+        if !session.is_usable() {
             return Ok(None);
-        };
-        let gets = get_responses(&answer);
-        let entries = self.direct(
-            &queue,
-            mode,
-            gets.last().map(|g| g.kvs()).unwrap_or_default(),
+        }
+        let txn = Txn::new()
+            .when([Compare::create_revision(name.as_str(), CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(
+                    name.as_str(),
+                    mode.tag(),
+                    Some(PutOptions::new().with_lease(session.lease)),
+                ),
+                TxnOp::get(queue.as_str(), Some(self.queue_read(mode))),
+            ])
+            .or_else([
+                TxnOp::get(name.as_str(), None),
+                TxnOp::get(queue.as_str(), Some(self.queue_read(mode))),
+            ]);
+        self.owned().insert(
+            *req.token,
+            Owned {
+                name: name.clone(),
+                session: session.clone(),
+                own_lease: None,
+                on_own_lease: false,
+                created: None,
+                own_name: !self.go_layout(mode),
+                granted: None,
+                release_sent: false,
+                guard: guard.clone(),
+                turn: None,
+            },
         );
+        let answer = self.enqueue(txn, &name, session.lease, guard).await?;
+        let mut gets = get_responses(&answer);
+        let mut entry = Entry {
+            session,
+            queue,
+            name,
+            revision: None,
+        };
+        let revision = if answer.succeeded() {
+            answer.header().map(|h| h.revision()).unwrap_or_default()
+        } else {
+            // Ours from an attempt whose answer was lost, or another's.
+            let found = gets.first().and_then(|g| g.kvs().first());
+            let found = found.ok_or_else(vanished)?;
+            if found.lease() != entry.session.lease {
+                self.owned().remove(req.token);
+                return Ok(Some((entry, Vec::new())));
+            }
+            found.create_revision()
+        };
+        if let Some(owned) = self.owned().get_mut(req.token) {
+            owned.created = Some(revision);
+        }
+        let kvs = gets.pop().map(|mut g| g.take_kvs()).unwrap_or_default();
+        let read = self.direct(&entry.queue, mode, kvs);
         if let Mode::Permits { limit, .. } = mode {
-            if let Some(theirs) = other_limit(&entries, limit) {
-                self.delete_owned(&token).await?;
+            let theirs = read.iter().find_map(|kv| match mode_of(kv.value()) {
+                Some(Mode::Permits { limit: theirs, .. }) if theirs != limit => Some(theirs),
+                _ => None,
+            });
+            if let Some(theirs) = theirs {
+                self.delete_owned(req.token).await?;
                 return Err(LockError::permit_limit_mismatch(req.key, theirs, limit));
             }
         }
-        if admitted(&entries, mine, mode) {
-            return self.granted(req, &session, &name, mine, sent).await;
-        }
-        if req.wait == Wait::No {
-            // Leave no queue entry behind a failed try.
-            self.delete_owned(&token).await?;
-            return Ok(None);
-        }
-        let deadline = req.wait.deadline();
-        // A member lost mid-wait (a leader change, a dead endpoint) is
-        // retried with backoff until the wait limit, or without one, until
-        // the cluster stayed unreachable for `unreachable_after`.
-        let mut failing_since: Option<Instant> = None;
-        let mut backoff = Backoff::new(Duration::from_millis(20), Duration::from_secs(1));
-        loop {
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                // We answer for ourselves here, so core will not release:
-                // take our queue key away (an error lets core try again).
-                self.delete_owned(&token).await?;
-                return Ok(None);
-            }
-            let step = async {
-                if self
-                    .wait_for_predecessor(&queue, mine, mode, deadline)
-                    .await?
-                    == Waited::Interrupted
-                {
-                    // The watch ended without news (a member went away):
-                    // check again after a pause, not in a tight loop.
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                let checked = Instant::now();
-                let check = Txn::new().and_then([
-                    TxnOp::get(name.as_str(), Some(GetOptions::new().with_count_only())),
-                    TxnOp::get(queue.as_str(), Some(self.queue_read(mode))),
-                ]);
-                let answer = retried(|| {
-                    let (mut client, check) = (self.client(), check.clone());
-                    async move { client.txn(check).await }
-                })
-                .await?;
-                let gets = get_responses(&answer);
-                if gets.first().is_none_or(|g| g.count() == 0) {
-                    return Err(Vanished);
-                }
-                let entries = self.direct(
-                    &queue,
-                    mode,
-                    gets.last().map(|g| g.kvs()).unwrap_or_default(),
-                );
-                Ok(admitted(&entries, mine, mode).then_some(checked))
-            };
-            let step = async {
-                tokio::select! {
-                    checked = step => checked,
-                    // Given up (or expired): our key goes with its lease.
-                    () = session.ended() => Err(Vanished),
-                }
-            };
-            match step.await {
-                Ok(Some(checked)) => {
-                    return self.granted(req, &session, &name, mine, checked).await
-                }
-                Ok(None) => failing_since = None,
-                Err(Vanished) => return Err(vanished()),
-                Err(Failed(error)) => {
-                    tracing::debug!(%error, "dlock etcd wait step failed; retrying");
-                    let since = *failing_since.get_or_insert(now);
-                    let give_up = deadline.unwrap_or(since + self.inner.unreachable_after);
-                    let delay = backoff.next_delay();
-                    if now + delay >= give_up {
-                        return Err(error);
-                    }
-                    tokio::time::sleep(delay).await;
-                }
-            }
-        }
+        entry.revision = Some(revision);
+        Ok(Some((entry, read)))
     }
 
-    /// Waits until the entry ahead of `mine` that keeps it waiting is
-    /// deleted (or there is none, or the deadline passes): the one just
-    /// ahead for a plain lock or a writer, the last writer ahead for a
-    /// reader, and the first entry ahead for permits (whichever entry ahead
-    /// goes first, the check after the wait counts again).
-    async fn wait_for_predecessor(
+    /// Runs the enqueueing transaction to its end even if the caller goes
+    /// away while it is in flight ([`FinishOnDrop`]): then the key it may
+    /// still create on `lease` is deleted once it has. The request keeps
+    /// a share of the name's guard until then.
+    async fn enqueue(
         &self,
-        queue: &str,
-        mine: i64,
+        txn: Txn,
+        name: &str,
+        lease: i64,
+        guard: Option<NameGuard>,
+    ) -> Result<TxnResponse> {
+        let (backend, name) = (self.clone(), name.to_owned());
+        FinishOnDrop::watched(|abandoned| async move {
+            let _guard = guard;
+            // Idempotent: a retry after a lost reply finds our key, and the
+            // else-branch reads its create revision.
+            let answer = backend.txn(txn).await;
+            if abandoned.get() {
+                // Nobody will use the key. Only a key on our lease is ours
+                // (see `enter`).
+                let delete = Txn::new()
+                    .when([Compare::lease(name.as_str(), CompareOp::Equal, lease)])
+                    .and_then([TxnOp::delete(name.as_str(), None)]);
+                let _ = backend.txn(delete).await;
+            }
+            answer
+        })
+        .await
+    }
+
+    /// Whether `queue` (the key's entries as read at `at`) admits our entry
+    /// (in line): the grant if it does.
+    async fn judge(
+        &self,
+        req: &AcquireRequest<'_>,
+        entry: &Entry,
+        queue: &[KeyValue],
+        at: Instant,
+    ) -> std::result::Result<Option<Acquired>, StepError> {
+        let Some(mine) = entry
+            .revision
+            .filter(|&mine| admitted(queue, mine, req.mode))
+        else {
+            return Ok(None);
+        };
+        self.granted(req, &entry.session, &entry.name, mine, at)
+            .await
+            .map(Some)
+            .map_err(StepError::Fatal)
+    }
+
+    /// The keys whose deletion may admit `entry`: the entry
+    /// just ahead for a plain lock or a writer, the last writer ahead for
+    /// a reader, every entry ahead for permits; for an entry waiting for
+    /// its name, the key there. Empty if nothing keeps it waiting.
+    async fn blocking(
+        &self,
         mode: Mode,
-        deadline: Option<Instant>,
-    ) -> Result<Waited> {
-        let mut client = self.client();
+        entry: &Entry,
+    ) -> std::result::Result<Vec<Vec<u8>>, StepError> {
+        let keys = |kvs: &[KeyValue]| kvs.iter().map(|kv| kv.key().to_vec()).collect();
+        let Some(mine) = entry.revision else {
+            let options = GetOptions::new().with_keys_only();
+            let read = self.get(&entry.name, options).await;
+            return Ok(keys(read.map_err(StepError::Retry)?.kvs()));
+        };
+        let permits = matches!(mode, Mode::Permits { .. });
         let ahead = GetOptions::new()
             .with_prefix()
             .with_sort(
                 SortTarget::Create,
-                if matches!(mode, Mode::Permits { .. }) {
+                if permits {
                     SortOrder::Ascend
                 } else {
                     SortOrder::Descend
@@ -245,122 +466,42 @@ impl EtcdBackend {
             .with_max_create_revision(mine - 1);
         // Readers and permits need the modes ahead (etcd counts a range
         // before its revision filters: the kvs it returns are what
-        // count), a writer only its predecessor.
-        // (With nested queues, a writer reads every key ahead: see
-        // [`direct`].)
+        // count), a writer only its predecessor (with nested queues,
+        // every key ahead: see `direct`).
         let ahead = match mode {
             Mode::Read | Mode::Permits { .. } => ahead,
             _ if self.go_layout(mode) => ahead.with_keys_only(),
             _ => ahead.with_limit(1).with_keys_only(),
         };
-        let read = retried(|| {
-            let (mut client, ahead) = (self.client(), ahead.clone());
-            async move { client.get(queue, Some(ahead)).await }
-        })
-        .await?;
-        let predecessors = self.direct(queue, mode, read.kvs());
-        // Entries ahead may have gone since the last check (between our
-        // enqueue and this read, say): if what is left admits us, there
-        // is nothing to wait for. A permit waiter that waited here for
-        // one more release would sleep beside a free permit.
-        // (A writer's read has no values: its one entry ahead counts as
-        // exclusive, which blocks it as it should.)
-        let modes_ahead = predecessors
+        let mut read = self
+            .get(&entry.queue, ahead)
+            .await
+            .map_err(StepError::Retry)?;
+        let ahead = self.direct(&entry.queue, mode, read.take_kvs());
+        // Entries ahead may have gone since the last look: if what is left
+        // admits us, nothing keeps us waiting. (A writer's read has no
+        // values: its one entry ahead counts as exclusive, which blocks it
+        // as it should.)
+        let modes = ahead
             .iter()
             .map(|kv| mode_of(kv.value()).unwrap_or(Mode::Exclusive));
-        if dlock_core::backend::admitted(mode, modes_ahead) {
-            return Ok(Waited::Changed);
+        if dlock_core::backend::admitted(mode, modes) {
+            return Ok(Vec::new());
         }
-        let blocking = if mode == Mode::Read {
-            predecessors
-                .iter()
-                .find(|kv| mode_of(kv.value()) != Some(Mode::Read))
-        } else {
-            predecessors.first()
-        };
-        let Some(key) = blocking.map(|kv| kv.key().to_vec()) else {
-            return Ok(Waited::Changed);
-        };
-        // Permits wait for any entry ahead: watch the whole queue, and
-        // count the deletions of the entries ahead only. Names sort by
-        // lease, not by age, so no narrower key range holds exactly the
-        // entries ahead: one that starts at the oldest entry ahead misses
-        // a younger entry whose lease sorts before it.
-        let permits = matches!(mode, Mode::Permits { .. });
-        let (watched, range) = if permits {
-            let mut end = queue.as_bytes().to_vec();
-            if let Some(last) = end.last_mut() {
-                *last += 1; // `/` + 1: just past every key under the queue
-            }
-            (
-                queue.as_bytes().to_vec(),
-                Some(WatchOptions::new().with_range(end)),
-            )
-        } else {
-            (key.clone(), None)
-        };
-        let ahead_names: HashSet<&[u8]> = predecessors.iter().map(|kv| kv.key()).collect();
-        // Watch from now, then check the predecessor still exists: a watch
-        // from an older revision would be served by etcd's slow catch-up.
-        let mut watch = client.watch(watched, range).await.map_err(backend_error)?;
-        loop {
-            match watch.message().await.map_err(backend_error)? {
-                Some(response) if response.created() && !response.canceled() => break,
-                Some(response) if response.created() => return Ok(Waited::Interrupted),
-                Some(_) => continue,
-                None => return Ok(Waited::Interrupted),
-            }
-        }
-        // For permits, any entry ahead gone meanwhile counts (the entries
-        // ahead only fall: newcomers queue behind us).
-        let gone = if permits {
-            let still = retried(|| {
-                let (mut client, ahead) = (self.client(), ahead.clone());
-                async move { client.get(queue, Some(ahead)).await }
-            })
-            .await?;
-            self.direct(queue, mode, still.kvs()).len() < predecessors.len()
-        } else {
-            let still = retried(|| {
-                let (mut client, key) = (self.client(), key.clone());
-                async move {
-                    client
-                        .get(key, Some(GetOptions::new().with_count_only()))
-                        .await
-                }
-            })
-            .await?;
-            still.count() == 0
-        };
-        if gone {
-            return Ok(Waited::Changed);
-        }
-        let deleted = async {
-            loop {
-                match watch.message().await {
-                    Ok(Some(response)) if response.canceled() => return Waited::Interrupted,
-                    Ok(Some(response)) => {
-                        if response.events().iter().any(|e| {
-                            e.event_type() == EventType::Delete
-                                && e.kv().is_some_and(|kv| ahead_names.contains(kv.key()))
-                        }) {
-                            return Waited::Changed;
-                        }
-                    }
-                    _ => return Waited::Interrupted,
-                }
-            }
-        };
-        // Looks again at least every `RECHECK`, whatever the watch says: a
-        // wait never rests on one watch alone.
-        let recheck = Instant::now() + RECHECK;
-        let until = deadline.map_or(recheck, |d| d.min(recheck));
-        Ok(tokio::time::timeout_at(until, deleted)
-            .await
-            .unwrap_or(Waited::Changed))
+        Ok(match mode {
+            Mode::Permits { .. } => keys(&ahead),
+            Mode::Read => keys(
+                ahead
+                    .iter()
+                    .find(|kv| mode_of(kv.value()) != Some(Mode::Read))
+                    .map(std::slice::from_ref)
+                    .unwrap_or_default(),
+            ),
+            _ => keys(ahead.get(..1).unwrap_or_default()),
+        })
     }
 
-    /// Our key is first in the queue: the lock is ours.
+    /// Our key is admitted: the lock is ours.
     async fn granted(
         &self,
         req: &AcquireRequest<'_>,
@@ -368,62 +509,43 @@ impl EtcdBackend {
         name: &str,
         revision: i64,
         at: Instant,
-    ) -> Result<Option<Acquired>> {
+    ) -> Result<Acquired> {
         let acquired = Acquired::new(at).with_fence(u64::try_from(revision).unwrap_or(0));
         if let Some(owned) = self.owned().get_mut(req.token) {
             owned.granted = Some(revision);
+            // The enqueue settled: the name is this hold's (and its
+            // turn's, with `layout=etcdctl`).
+            owned.guard = None;
         }
-        match req.lease_kind {
-            LeaseKind::Watchdog => {
-                // The lease end is read with the guard's registration, so
-                // that no keepalive can fall between the two.
-                let renewed_at = session
-                    .hold(*req.token, name.to_owned(), req.loss.clone())
-                    .ok_or_else(vanished)?;
-                Ok(Some(
-                    acquired
-                        .with_lease_from(renewed_at, session.ttl)
-                        .kept_alive_by_backend(),
-                ))
-            }
-            LeaseKind::Fixed => {
-                // A lease of the lock's own, from now; re-putting the key
-                // keeps its create revision (our place and fencing token).
-                let from = Instant::now();
-                let secs = req.lease.as_secs_f64().ceil().max(1.0) as i64;
-                let grant = retried(|| {
-                    let mut client = self.client();
-                    async move { client.lease_grant(secs, None).await }
-                })
-                .await?;
-                if let Some(owned) = self.owned().get_mut(req.token) {
-                    owned.own_lease = Some(grant.id());
-                }
-                let put = super::put_if_created(
-                    name,
-                    revision,
-                    mode_value(req.mode),
-                    PutOptions::new().with_lease(grant.id()),
-                );
-                let answer = retried(|| {
-                    let (mut client, put) = (self.client(), put.clone());
-                    async move { client.txn(put).await }
-                })
-                .await?;
-                if !answer.succeeded() {
-                    return Err(vanished());
-                }
-                if let Some(owned) = self.owned().get_mut(req.token) {
-                    owned.on_own_lease = true;
-                    // Given back when the lease ends, as the guard counts
-                    // it, even if the guard is kept.
-                    owned.turn_until = owned
-                        .turn
-                        .take()
-                        .map(|turn| TurnUntil::start(turn, from + req.lease));
-                }
-                Ok(Some(acquired.with_lease_from(from, req.lease)))
-            }
+        if req.lease_kind == LeaseKind::Watchdog {
+            // The lease end is read with the guard's registration, so
+            // that no keepalive can fall between the two.
+            let renewed_at = session
+                .hold(*req.token, name.to_owned(), req.loss.clone())
+                .ok_or_else(vanished)?;
+            return Ok(acquired
+                .with_lease_from(renewed_at, session.ttl)
+                .kept_alive_by_backend());
         }
+        // A lease of the lock's own, from now; re-putting the key keeps
+        // its create revision (our place and fencing token).
+        let from = Instant::now();
+        let lease = self.grant_lease(req.lease).await?;
+        if let Some(owned) = self.owned().get_mut(req.token) {
+            owned.own_lease = Some(lease);
+        }
+        let put = super::put_if_created(
+            name,
+            revision,
+            req.mode.tag(),
+            PutOptions::new().with_lease(lease),
+        );
+        if !self.txn(put).await?.succeeded() {
+            return Err(vanished());
+        }
+        if let Some(owned) = self.owned().get_mut(req.token) {
+            owned.on_own_lease = true;
+        }
+        Ok(acquired.with_lease_from(from, req.lease))
     }
 }

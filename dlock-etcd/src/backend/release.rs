@@ -7,7 +7,7 @@ use dlock_core::{backend::ReleaseOutcome, Result, Token};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use tokio::time::Instant;
 
-use super::{retried, EtcdBackend, TurnUntil};
+use super::{put_if_created, retried, EtcdBackend, KeptTurn};
 
 impl EtcdBackend {
     /// Revokes `lease` once, without waiting: if etcd does not answer, the
@@ -125,11 +125,12 @@ impl EtcdBackend {
         Ok(alive.ttl() > 0)
     }
 
-    /// Moves a granted key onto a new lease of `lease` (rounded up to
-    /// whole seconds, as etcd counts), in one transaction that checks the
-    /// key's create revision, so that a key lost meanwhile is never
-    /// recreated; then revokes the old lease. The key's value stays.
-    pub(super) async fn extend_inner(
+    /// Moves a granted key with a fixed lease onto a new lease of `lease`
+    /// (rounded up to whole seconds, as etcd counts), in one transaction
+    /// that checks the key's create revision, so that a key lost meanwhile
+    /// is never recreated; then revokes the old lease. The key's value
+    /// stays.
+    pub(super) async fn move_to_lease(
         &self,
         token: &Token,
         lease: Duration,
@@ -139,35 +140,24 @@ impl EtcdBackend {
             let revision = owned.granted.filter(|_| owned.on_own_lease)?;
             // With `layout=etcdctl`, a turn given back (the lease ended)
             // is not taken again.
-            let ended = owned.turn_until.as_ref().is_some_and(TurnUntil::given_back);
+            let ended = owned.turn.as_ref().is_some_and(KeptTurn::given_back);
             (!ended).then(|| (owned.name.clone(), revision))
         });
         let Some((name, revision)) = held else {
             return Ok(None);
         };
-        let secs = lease.as_secs_f64().ceil().max(1.0) as i64;
-        let grant = retried(|| {
-            let mut client = self.client();
-            async move { client.lease_grant(secs, None).await }
-        })
-        .await?;
-        let put = super::put_if_created(
-            &name,
-            revision,
-            "",
-            PutOptions::new().with_lease(grant.id()).with_ignore_value(),
-        );
+        let new = self.grant_lease(lease).await?;
+        let options = PutOptions::new().with_lease(new).with_ignore_value();
         // If this fails it may have landed all the same: the key then ends
         // with the new lease, whose end the guard already counts with.
-        let answer = retried(|| {
-            let (mut client, put) = (self.client(), put.clone());
-            async move { client.txn(put).await }
-        })
-        .await?;
-        if !answer.succeeded() {
-            self.revoke_in_background(grant.id());
+        if !self
+            .txn(put_if_created(&name, revision, "", options))
+            .await?
+            .succeeded()
+        {
+            self.revoke_in_background(new);
             // Our key is gone: so is any reason to keep its turn.
-            if let Some(turn) = self.owned().get(token).and_then(|o| o.turn_until.as_ref()) {
+            if let Some(turn) = self.owned().get(token).and_then(|o| o.turn.as_ref()) {
                 turn.move_end(Instant::now());
             }
             return Ok(None);
@@ -177,10 +167,10 @@ impl EtcdBackend {
         // unanswered leaves the key on the new lease: the next
         // acquisition waits until it is gone.)
         let old = self.owned().get_mut(token).and_then(|owned| {
-            if let Some(turn) = &owned.turn_until {
+            if let Some(turn) = &owned.turn {
                 turn.move_end(sent + lease);
             }
-            owned.own_lease.replace(grant.id())
+            owned.own_lease.replace(new)
         });
         if let Some(old) = old {
             self.revoke_in_background(old);

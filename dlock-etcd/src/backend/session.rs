@@ -135,6 +135,7 @@ impl EtcdBackend {
                 owned: Mutex::default(),
                 etcdctl: config.etcdctl_layout(),
                 turns: dlock_core::backend::LocalTurns::new(),
+                naming: dlock_core::backend::LocalTurns::new(),
                 states: dlock_core::backend::ConnectionStates::new(NAME),
                 unreachable_after: config.connect_timeout() + config.request_timeout(),
             }),
