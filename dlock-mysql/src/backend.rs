@@ -17,7 +17,8 @@ const FOREVER_SECS: u64 = 365 * 24 * 3600;
 
 /// A MySQL or MariaDB lock server: `GET_LOCK` named locks.
 ///
-/// Build it with [`MySqlBackend::connect`] and turn it into a
+/// Build it with [`MySqlBackend::connect`](SqlBackend::connect) (or
+/// [`from_pool`](SqlBackend::from_pool)) and turn it into a
 /// [`Locker`](dlock_core::Locker) with
 /// [`into_locker`](dlock_core::BackendExt::into_locker).
 ///
@@ -58,7 +59,7 @@ const FOREVER_SECS: u64 = 365 * 24 * 3600;
 ///   committed write does. Not a sequence: MariaDB's sequences give values
 ///   out again after a crash (seen: a sequence answered 1 after 13
 ///   values and a SIGKILL). `fence=off` skips the write, and the token
-///   (see [`FenceSource`]).
+///   (see [`FenceSource`](crate::FenceSource)).
 /// - **One prepared statement per attempt.** An attempt that does not
 ///   wait calls the stored function `{lock_prefix}_take_v1` (made at
 ///   connect if missing), which runs `GET_LOCK` and the counter's `UPDATE`
@@ -108,93 +109,27 @@ const FOREVER_SECS: u64 = 365 * 24 * 3600;
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug, Clone)]
-pub struct MySqlBackend(SqlBackend<MySqlDialect>);
+///
+/// A pool's connect options make one too:
+///
+/// ```no_run
+/// use dlock_core::BackendExt;
+/// use dlock_mysql::{sqlx::MySqlPool, MySqlBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = MySqlPool::connect("mysql://app@127.0.0.1:3306/app").await?;
+/// let locker = MySqlBackend::from_pool(&pool).await?.into_locker();
+/// drop(locker.lock("report:daily").await?);
+/// # Ok(())
+/// # }
+/// ```
+pub type MySqlBackend = SqlBackend<MySqlDialect>;
 
-dlock_sql::forward_backend!(MySqlBackend);
-
-impl MySqlBackend {
-    /// Connects to the server of a `mysql://` URL (see [`MySqlConfig`]):
-    /// opens a holder session and creates the fencing counters if they are
-    /// missing.
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::InvalidOptions`](dlock_core::LockError::InvalidOptions)
-    /// for a malformed URL;
-    /// [`LockError::Backend`](dlock_core::LockError::Backend) if no session
-    /// opens within the connect timeout, the login is refused, the URL
-    /// names no database, or the fencing table cannot be created.
-    pub async fn connect(url: &str) -> Result<MySqlBackend> {
-        Self::connect_with(MySqlConfig::from_url(url)?).await
-    }
-
-    /// Connects with the connect options of the application's own pool:
-    /// the same server, login and TLS settings, on sessions of dlock's own,
-    /// with the same guarantees as [`MySqlBackend::connect`].
-    ///
-    /// dlock never borrows the pool's connections: a lock lives exactly as
-    /// long as the session that holds it, and a pooled connection is lent
-    /// to other code, reset and closed when the pool decides. For dlock's
-    /// own settings (session timeout, prefix), build a [`MySqlConfig`] with
-    /// [`MySqlConfig::from_options`] from `pool.connect_options()` instead.
-    ///
-    /// # Errors
-    ///
-    /// As [`MySqlBackend::connect`].
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// use dlock_core::BackendExt;
-    /// use dlock_mysql::{sqlx::MySqlPool, MySqlBackend};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let pool = MySqlPool::connect("mysql://app@127.0.0.1:3306/app").await?;
-    /// let locker = MySqlBackend::from_pool(&pool).await?.into_locker();
-    /// drop(locker.lock("report:daily").await?);
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub async fn from_pool(pool: &sqlx::MySqlPool) -> Result<MySqlBackend> {
-        Self::connect_with(MySqlConfig::from_options((*pool.connect_options()).clone())).await
-    }
-
-    /// Connects with a prepared [`MySqlConfig`].
-    ///
-    /// # Errors
-    ///
-    /// As [`MySqlBackend::connect`].
-    pub async fn connect_with(config: MySqlConfig) -> Result<MySqlBackend> {
-        SqlBackend::connect(MySqlDialect::new(config))
-            .await
-            .map(MySqlBackend)
-    }
-}
-
-impl MySqlDialect {
-    fn new(config: MySqlConfig) -> MySqlDialect {
-        MySqlDialect {
-            wait_timeout: config.session_timeout().as_secs()
-                + u64::from(config.session_timeout().subsec_nanos() > 0),
-            table: format!("{}_fence", config.lock_prefix()),
-            take: format!("{}_take_v1", config.lock_prefix()),
-            take_call: format!(
-                "SELECT {}_take_v1(?, ?, 0, ?), CAST(CONNECTION_ID() AS SIGNED)",
-                config.lock_prefix()
-            ),
-            take_ready: std::sync::atomic::AtomicBool::new(false),
-            queue: format!("{}_queue", config.lock_prefix()),
-            holders: format!("{}_holder", config.lock_prefix()),
-            config,
-        }
-    }
-}
-
-/// MySQL's statements.
+/// MySQL's and MariaDB's statements, the [`Dialect`](dlock_sql::Dialect)
+/// of [`MySqlBackend`].
 #[derive(Debug)]
-struct MySqlDialect {
+pub struct MySqlDialect {
     config: MySqlConfig,
     /// The server's idle timeout, whole seconds.
     wait_timeout: u64,
@@ -300,7 +235,8 @@ fn lock_name_in(column: &str) -> String {
 
 /// A dlock session's connection, and the connection id of the server
 /// session it opened: every lock statement checks it is still there.
-struct MySqlSession {
+#[derive(Debug)]
+pub struct MySqlSession {
     conn: MySqlConnection,
     id: i64,
 }

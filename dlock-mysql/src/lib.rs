@@ -3,7 +3,7 @@
 mod backend;
 mod config;
 
-pub use backend::MySqlBackend;
+pub use backend::{MySqlBackend, MySqlDialect, MySqlSession};
 pub use config::{FenceSource, MySqlConfig};
 /// The driver, for [`MySqlConfig::from_options`].
 pub use sqlx;

@@ -15,34 +15,37 @@ pub use caller::{CallerConnection, ConnLock, TxLock};
 /// Flips a read-write lock's identifier away from the plain lock's of the
 /// same key, for this process's turns (the server keeps them apart by key
 /// space anyway).
-const READ_WRITE_SALT: i64 = 0x5257;
+pub(super) const READ_WRITE_SALT: i64 = 0x5257;
 
 /// Flips a semaphore's identifier away from the plain lock's and the
 /// read-write lock's of the same key.
-const SEMAPHORE_SALT: i64 = 0x0053_454d;
+pub(super) const SEMAPHORE_SALT: i64 = 0x0053_454d;
 
 /// A statement that runs `expr` only on the server session whose process
 /// id is parameter `pid`: answers `expr` (`NULL` on another session) and
 /// the session's process id.
-fn on_own_session(pid: &str, expr: &str) -> String {
+pub(super) fn on_own_session(pid: &str, expr: &str) -> String {
     format!("SELECT CASE WHEN pg_backend_pid() = {pid} THEN {expr} END, pg_backend_pid()")
 }
 
 /// The answer of a statement made by [`on_own_session`] on `session`:
 /// `expr`'s value, or [`session_moved`] if it ran on another session.
-fn own<T>(session: &PgSession, (value, pid): (Option<T>, i32)) -> Result<Option<T>, sqlx::Error> {
+pub(super) fn own<T>(
+    session: &PgSession,
+    (value, pid): (Option<T>, i32),
+) -> Result<Option<T>, sqlx::Error> {
     session.check(pid)?;
     Ok(value)
 }
 
 /// A one-key advisory lock named for `token`, in the space `tag` names.
-fn token_lock(tag: &str, token: &Token) -> i64 {
+pub(super) fn token_lock(tag: &str, token: &Token) -> i64 {
     dlock_sql::key_hash(tag, &token.to_string()) as i64
 }
 
 /// Matches a granted one-key advisory lock `l` on `key` (an SQL
 /// expression); the caller narrows it to a database or a session.
-fn one_key_lock(l: &str, key: &str) -> String {
+pub(super) fn one_key_lock(l: &str, key: &str) -> String {
     format!(
         "{l}.locktype = 'advisory' AND {l}.granted AND {l}.objsubid = 1 \
          AND {l}.classid::bigint = ({key} >> 32) & 4294967295 \
@@ -52,7 +55,7 @@ fn one_key_lock(l: &str, key: &str) -> String {
 
 /// A 64-bit identifier as the two 32-bit keys of the two-key advisory
 /// lock functions.
-fn split(id: i64) -> (i32, i32) {
+pub(super) fn split(id: i64) -> (i32, i32) {
     ((id >> 32) as i32, id as i32)
 }
 
@@ -81,7 +84,7 @@ fn split(id: i64) -> (i32, i32) {
 ///
 /// Answers the process id it ran on, the token (`NULL` if it ran on
 /// another process), and the server's time.
-fn wait_statement(lock: &str, limit: &str, pid: &str, sequence: &str) -> String {
+pub(super) fn wait_statement(lock: &str, limit: &str, pid: &str, sequence: &str) -> String {
     format!(
         "SELECT g.pid, g.fence, \
          (extract(epoch FROM clock_timestamp() - statement_timestamp()) * 1000000)::bigint \
@@ -106,7 +109,7 @@ pub(super) fn ahead_all_live(queue: &str, id: &str, number: &str) -> String {
     )
 }
 
-fn ahead(queue: &str, id: &str, number: &str) -> String {
+pub(super) fn ahead(queue: &str, id: &str, number: &str) -> String {
     format!(
         "SELECT q.n, q.mode, q.owner::text, (EXISTS (SELECT 1 FROM pg_locks l \
          WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
@@ -120,11 +123,12 @@ fn ahead(queue: &str, id: &str, number: &str) -> String {
 }
 
 /// SQLSTATE `lock_not_available`: a wait that ran into `lock_timeout`.
-const LOCK_NOT_AVAILABLE: &str = "55P03";
+pub(super) const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 /// A PostgreSQL lock server: session-level advisory locks.
 ///
-/// Build it with [`PgBackend::connect`] and turn it into a
+/// Build it with [`PgBackend::connect`](SqlBackend::connect) (or
+/// [`from_pool`](SqlBackend::from_pool)) and turn it into a
 /// [`Locker`](dlock_core::Locker) with
 /// [`into_locker`](dlock_core::BackendExt::into_locker).
 ///
@@ -207,184 +211,29 @@ const LOCK_NOT_AVAILABLE: &str = "55P03";
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug, Clone)]
-pub struct PgBackend(SqlBackend<PgDialect>);
+///
+/// A pool's connect options make one too:
+///
+/// ```no_run
+/// use dlock_core::BackendExt;
+/// use dlock_postgres::{sqlx::PgPool, PgBackend};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = PgPool::connect("postgres://app@127.0.0.1:5432/app").await?;
+/// let locker = PgBackend::from_pool(&pool).await?.into_locker();
+/// drop(locker.lock("report:daily").await?);
+/// # Ok(())
+/// # }
+/// ```
+pub type PgBackend = SqlBackend<PgDialect>;
 
-dlock_sql::forward_backend!(PgBackend);
-
-impl PgBackend {
-    /// Connects to the server of a `postgres://` URL (see [`PgConfig`]):
-    /// opens a holder session and creates the fencing sequence if it is
-    /// missing.
-    ///
-    /// # Errors
-    ///
-    /// [`LockError::InvalidOptions`](dlock_core::LockError::InvalidOptions)
-    /// for a malformed URL;
-    /// [`LockError::Backend`](dlock_core::LockError::Backend) if no session
-    /// opens within the connect timeout, the login is refused, or the
-    /// sequence cannot be created.
-    pub async fn connect(url: &str) -> Result<PgBackend> {
-        Self::connect_with(PgConfig::from_url(url)?).await
-    }
-
-    /// Connects with the connect options of the application's own pool:
-    /// the same server, login and TLS settings, on sessions of dlock's own,
-    /// with the same guarantees as [`PgBackend::connect`].
-    ///
-    /// dlock never borrows the pool's connections: a lock lives exactly as
-    /// long as the session that holds it, and a pooled connection is lent
-    /// to other code, reset and closed when the pool decides. For dlock's
-    /// own settings (session timeout, prefix), build a [`PgConfig`] with
-    /// [`PgConfig::from_options`] from `pool.connect_options()` instead.
-    ///
-    /// # Errors
-    ///
-    /// As [`PgBackend::connect`].
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// use dlock_core::BackendExt;
-    /// use dlock_postgres::{sqlx::PgPool, PgBackend};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let pool = PgPool::connect("postgres://app@127.0.0.1:5432/app").await?;
-    /// let locker = PgBackend::from_pool(&pool).await?.into_locker();
-    /// drop(locker.lock("report:daily").await?);
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub async fn from_pool(pool: &sqlx::PgPool) -> Result<PgBackend> {
-        Self::connect_with(PgConfig::from_options((*pool.connect_options()).clone())).await
-    }
-
-    /// Connects with a prepared [`PgConfig`].
-    ///
-    /// # Errors
-    ///
-    /// As [`PgBackend::connect`].
-    pub async fn connect_with(config: PgConfig) -> Result<PgBackend> {
-        SqlBackend::connect(PgDialect::new(config))
-            .await
-            .map(PgBackend)
-    }
-}
-
-impl PgDialect {
-    fn new(config: PgConfig) -> PgDialect {
-        let sequence = format!("{}_fence", config.lock_prefix());
-        let queue = format!("{}_queue", config.lock_prefix());
-        let holders = format!("{}_holder", config.lock_prefix());
-        PgDialect {
-            try_lock: on_own_session(
-                "$2",
-                &format!("CASE WHEN pg_try_advisory_lock($1) THEN nextval('{sequence}') END"),
-            ),
-            try_read: on_own_session(
-                "$3",
-                &format!(
-                    "CASE WHEN pg_try_advisory_lock_shared($1, $2) THEN nextval('{sequence}') END"
-                ),
-            ),
-            try_read_behind_writers: on_own_session(
-                "$3",
-                &format!(
-                    "CASE WHEN EXISTS (SELECT 1 FROM pg_locks w \
-                     WHERE w.locktype = 'advisory' AND NOT w.granted \
-                     AND w.mode = 'ExclusiveLock' AND w.objsubid = 2 \
-                     AND w.database = (SELECT oid FROM pg_database \
-                     WHERE datname = current_database()) \
-                     AND w.classid::bigint = ($1::bigint & 4294967295) \
-                     AND w.objid::bigint = ($2::bigint & 4294967295)) THEN NULL \
-                     WHEN pg_try_advisory_lock_shared($1, $2) THEN nextval('{sequence}') END"
-                ),
-            ),
-            try_write: on_own_session(
-                "$3",
-                &format!("CASE WHEN pg_try_advisory_lock($1, $2) THEN nextval('{sequence}') END"),
-            ),
-            wait_lock: wait_statement("pg_advisory_lock($1)", "$2", "$3", &sequence),
-            wait_read: wait_statement("pg_advisory_lock_shared($1, $2)", "$3", "$4", &sequence),
-            wait_write: wait_statement("pg_advisory_lock($1, $2)", "$3", "$4", &sequence),
-            create: format!(
-                "CREATE SEQUENCE IF NOT EXISTS {sequence}; \
-                 CREATE TABLE IF NOT EXISTS {queue} (\
-                 n BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, \
-                 lock_id BIGINT NOT NULL, mode TEXT NOT NULL, owner BIGINT NOT NULL, \
-                 pid INT NOT NULL); \
-                 CREATE INDEX IF NOT EXISTS {queue}_lock ON {queue} (lock_id, n); \
-                 CREATE TABLE IF NOT EXISTS {holders} (\
-                 lock_id BIGINT PRIMARY KEY, owner BIGINT NOT NULL, \
-                 fence BIGINT NOT NULL, value BYTEA NOT NULL)"
-            ),
-            // In `current_schema()`, where `create` makes them and the
-            // caller's statements name the sequence, whatever else the
-            // search path finds first.
-            created: format!(
-                "SELECT to_regclass(format('%I.%I', current_schema(), '{sequence}')) IS NOT NULL \
-                 AND to_regclass(format('%I.%I', current_schema(), '{queue}_lock')) IS NOT NULL \
-                 AND to_regclass(format('%I.%I', current_schema(), '{holders}')) IS NOT NULL"
-            ),
-            proclaim: format!(
-                "WITH i AS (INSERT INTO {holders} (lock_id, owner, fence, value) \
-                 SELECT $1, $2, $3, $4 \
-                 WHERE CASE WHEN pg_backend_pid() <> $5 THEN false \
-                 WHEN EXISTS (SELECT 1 FROM pg_locks e WHERE {mine} \
-                 AND e.pid = pg_backend_pid()) THEN true \
-                 ELSE pg_try_advisory_lock($2) END \
-                 ON CONFLICT (lock_id) DO UPDATE SET owner = EXCLUDED.owner, \
-                 fence = EXCLUDED.fence, value = EXCLUDED.value RETURNING 1) \
-                 SELECT (SELECT count(*) FROM i), pg_backend_pid()",
-                mine = one_key_lock("e", "$2"),
-            ),
-            disclaim: format!(
-                "WITH d AS (DELETE FROM {holders} WHERE lock_id = $1 AND owner = $2) \
-                 SELECT CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock($2) END, \
-                 pg_backend_pid()"
-            ),
-            end_holder: format!(
-                "SELECT count(*) FILTER (WHERE pg_terminate_backend(l.pid)) FROM pg_locks l \
-                 WHERE {held} AND l.pid <> pg_backend_pid() AND l.database = \
-                 (SELECT oid FROM pg_database WHERE datname = current_database())",
-                held = one_key_lock("l", "$1"),
-            ),
-            holder: format!(
-                "SELECT h.fence, h.value FROM pg_locks l \
-                 LEFT JOIN {holders} h ON h.lock_id = $1 AND EXISTS (\
-                 SELECT 1 FROM pg_locks e WHERE {entry} \
-                 AND e.database = l.database AND e.pid = l.pid) \
-                 WHERE {held} AND l.database = \
-                 (SELECT oid FROM pg_database WHERE datname = current_database())",
-                entry = one_key_lock("e", "h.owner"),
-                held = one_key_lock("l", "$1"),
-            ),
-            ahead: ahead(&queue, "$1", "$2"),
-            dequeue: format!(
-                "WITH d AS (DELETE FROM {queue} WHERE owner = $1 RETURNING n) \
-                 SELECT EXISTS (SELECT 1 FROM d), \
-                 CASE WHEN pg_backend_pid() = $2 THEN pg_advisory_unlock($1) END, \
-                 pg_backend_pid()"
-            ),
-            remove: format!("DELETE FROM {queue} WHERE n = ANY($1)"),
-            reap: format!(
-                "DELETE FROM {queue} q WHERE NOT EXISTS (SELECT 1 FROM pg_locks l \
-                 WHERE {held} AND l.pid = q.pid AND l.database = \
-                 (SELECT oid FROM pg_database WHERE datname = current_database()))",
-                held = one_key_lock("l", "q.owner"),
-            ),
-            queue,
-            config,
-            scope: std::sync::OnceLock::new(),
-            caller_fence: std::sync::OnceLock::new(),
-        }
-    }
-}
-
-/// PostgreSQL's statements.
+/// PostgreSQL's statements, the [`Dialect`](dlock_sql::Dialect) of
+/// [`PgBackend`]; its own locks on the caller's transaction and connection
+/// ([`lock_in`](PgDialect::lock_in), [`lock_on`](PgDialect::lock_on)) are
+/// methods of the backend.
 #[derive(Debug)]
-struct PgDialect {
+pub struct PgDialect {
     config: PgConfig,
     /// What lock identifiers are hashed under: the prefix, and the schema
     /// the tables live in (`current_schema()`, read at setup). Advisory
@@ -441,7 +290,8 @@ struct PgDialect {
 
 /// A dlock session's connection, and the process id of the server
 /// session it opened: every lock statement checks it is still there.
-struct PgSession {
+#[derive(Debug)]
+pub struct PgSession {
     conn: PgConnection,
     pid: i32,
 }

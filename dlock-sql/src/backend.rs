@@ -78,10 +78,12 @@ use session::{answered_within, EndOnDrop, Retry, Session};
 ///
 /// # Examples
 ///
-/// Built by a backend crate, for example `dlock_postgres::PgBackend`.
+/// A backend crate names it for its dialect, for example
+/// `dlock_postgres::PgBackend`:
 ///
 /// ```text
-/// let backend: SqlBackend<PgDialect> = SqlBackend::connect(dialect).await?;
+/// pub type PgBackend = dlock_sql::SqlBackend<PgDialect>;
+/// let backend = PgBackend::connect("postgres://app@db/app").await?;
 /// ```
 pub struct SqlBackend<D: Dialect> {
     inner: Arc<Inner<D>>,
@@ -164,7 +166,50 @@ fn backend_error<D: Dialect>(e: impl std::error::Error + Send + Sync + 'static) 
     LockError::backend(D::NAME, e)
 }
 
+/// The dialect's own features (PostgreSQL's locks on the caller's
+/// transaction, for example) are methods of the backend.
+impl<D: Dialect> std::ops::Deref for SqlBackend<D> {
+    type Target = D;
+
+    fn deref(&self) -> &D {
+        &self.inner.dialect
+    }
+}
+
 impl<D: Dialect> SqlBackend<D> {
+    /// Connects to the server of a URL of the dialect's scheme (see its
+    /// config): opens a holder session, and creates the fencing object and
+    /// the tables if they are missing.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`] for a malformed URL;
+    /// [`LockError::Backend`] if no session opens within the connect
+    /// timeout, the login is refused, or the setup fails;
+    /// [`LockError::UnsafeDeployment`] for a server or a pooler that
+    /// cannot hold session locks safely.
+    pub async fn connect(url: &str) -> Result<SqlBackend<D>> {
+        Self::connect_with(D::parse_url(url)?).await
+    }
+
+    /// Connects with the connect options of the application's own pool:
+    /// the same server, login and TLS settings, on sessions of dlock's
+    /// own, with the same guarantees as [`connect`](SqlBackend::connect).
+    ///
+    /// dlock never borrows the pool's connections: a lock lives exactly as
+    /// long as the session that holds it, and a pooled connection is lent
+    /// to other code, reset and closed when the pool decides. For dlock's
+    /// own settings (session timeout, prefix), make the dialect's config
+    /// from `pool.connect_options()` and use
+    /// [`connect_with`](SqlBackend::connect_with).
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](SqlBackend::connect).
+    pub async fn from_pool(pool: &sqlx::Pool<D::Database>) -> Result<SqlBackend<D>> {
+        Self::connect_with(D::pool_config((*pool.connect_options()).clone())).await
+    }
+
     /// The dialect this backend speaks.
     pub fn dialect(&self) -> &D {
         &self.inner.dialect
@@ -419,125 +464,4 @@ impl<D: Dialect> Backend for SqlBackend<D> {
             })?;
         Ok(ended)
     }
-}
-
-/// Implements [`Backend`] for a newtype around a [`SqlBackend`], by
-/// passing every call on to it: how a backend crate names its own type.
-///
-/// # Examples
-///
-/// ```text
-/// pub struct PgBackend(SqlBackend<PgDialect>);
-/// dlock_sql::forward_backend!(PgBackend);
-/// ```
-#[macro_export]
-macro_rules! forward_backend {
-    ($name:ty) => {
-        impl $crate::__private::Backend for $name {
-            fn name(&self) -> &'static str {
-                self.0.name()
-            }
-
-            fn capabilities(&self) -> $crate::__private::Capabilities {
-                self.0.capabilities()
-            }
-
-            async fn acquire(
-                &self,
-                req: $crate::__private::AcquireRequest<'_>,
-            ) -> $crate::__private::Result<Option<$crate::__private::Acquired>> {
-                self.0.acquire(req).await
-            }
-
-            async fn release(
-                &self,
-                key: &$crate::__private::LockKey,
-                mode: $crate::__private::Mode,
-                token: &$crate::__private::Token,
-            ) -> $crate::__private::Result<$crate::__private::ReleaseOutcome> {
-                self.0.release(key, mode, token).await
-            }
-
-            /// Ends the session that holds the token's lock: the server
-            /// releases every lock on it at once. The other guards on it
-            /// are lost, and later acquisitions open a new session.
-            async fn abandon(
-                &self,
-                key: &$crate::__private::LockKey,
-                mode: $crate::__private::Mode,
-                token: &$crate::__private::Token,
-            ) -> () {
-                self.0.abandon(key, mode, token).await
-            }
-
-            async fn renew(
-                &self,
-                locks: &[$crate::__private::RenewRequest],
-            ) -> $crate::__private::Result<Vec<$crate::__private::RenewOutcome>> {
-                self.0.renew(locks).await
-            }
-
-            /// A statement on a holder session (opening one if it ended).
-            async fn check_servers(&self) -> $crate::__private::Result<()> {
-                self.0.check_servers().await
-            }
-
-            async fn proclaim(
-                &self,
-                key: &$crate::__private::LockKey,
-                token: &$crate::__private::Token,
-                value: &[u8],
-            ) -> $crate::__private::Result<bool> {
-                self.0.proclaim(key, token, value).await
-            }
-
-            async fn holder(
-                &self,
-                key: &$crate::__private::LockKey,
-            ) -> $crate::__private::Result<Option<$crate::__private::Holder>> {
-                self.0.holder(key).await
-            }
-
-            async fn holder_changed(
-                &self,
-                key: &$crate::__private::LockKey,
-                seen: Option<&$crate::__private::Holder>,
-            ) -> $crate::__private::Result<()> {
-                self.0.holder_changed(key, seen).await
-            }
-
-            fn connection_state(
-                &self,
-            ) -> $crate::__private::Receiver<$crate::__private::ConnectionState> {
-                self.0.connection_state()
-            }
-
-            async fn force_release(
-                &self,
-                key: &$crate::__private::LockKey,
-            ) -> $crate::__private::Result<bool> {
-                self.0.force_release(key).await
-            }
-
-            async fn extend(
-                &self,
-                key: &$crate::__private::LockKey,
-                mode: $crate::__private::Mode,
-                token: &$crate::__private::Token,
-                lease: ::std::time::Duration,
-            ) -> $crate::__private::Result<
-                Option<($crate::__private::Instant, ::std::time::Duration)>,
-            > {
-                self.0.extend(key, mode, token, lease).await
-            }
-
-            async fn permits_taken(
-                &self,
-                key: &$crate::__private::LockKey,
-                limit: u32,
-            ) -> $crate::__private::Result<u32> {
-                self.0.permits_taken(key, limit).await
-            }
-        }
-    };
 }

@@ -2,7 +2,7 @@
 
 use std::{fmt, future::Future, hash::Hash, time::Duration};
 
-use dlock_core::{backend::Mode, LockKey, Token};
+use dlock_core::{backend::Mode, LockError, LockKey, Token};
 
 use crate::SqlSettings;
 
@@ -239,12 +239,20 @@ pub fn is_busy(error: &sqlx::Error) -> bool {
 ///
 /// # Examples
 ///
-/// A dialect is used through its backend crate:
+/// A dialect is used through its backend crate, as a
+/// [`SqlBackend`](crate::SqlBackend) of it:
 ///
 /// ```text
-/// let backend = dlock_sql::SqlBackend::connect(MyDialect::new(url)?).await?;
+/// pub type MyBackend = dlock_sql::SqlBackend<MyDialect>;
+/// let backend = MyBackend::connect("my://host/db").await?;
 /// ```
 pub trait Dialect: Send + Sync + Sized + 'static {
+    /// Where and how to connect: the server, the login, and dlock's
+    /// settings.
+    type Config: Send;
+    /// The driver's database, whose pools
+    /// [`SqlBackend::from_pool`](crate::SqlBackend::from_pool) takes.
+    type Database: sqlx::Database;
     /// The driver's connection.
     type Conn: Send + 'static;
     /// A lock's identifier on the server.
@@ -252,6 +260,19 @@ pub trait Dialect: Send + Sync + Sized + 'static {
 
     /// The backend's name in errors and traces.
     const NAME: &'static str;
+
+    /// Reads a URL of the dialect's scheme.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidOptions`] naming what is wrong.
+    fn parse_url(url: &str) -> Result<Self::Config, LockError>;
+
+    /// The config of a pool's connect options, with the default settings.
+    fn pool_config(options: ConnectOptions<Self>) -> Self::Config;
+
+    /// The dialect for `config`: its statements, made once.
+    fn new(config: Self::Config) -> Self;
 
     /// The settings shared by every database.
     fn settings(&self) -> &SqlSettings;
@@ -518,6 +539,10 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// the connection failed, or the server ended the session.
     fn ends_the_session(&self, error: &sqlx::Error) -> bool;
 }
+
+/// The driver's connect options of dialect `D`'s database.
+pub type ConnectOptions<D> =
+    <<<D as Dialect>::Database as sqlx::Database>::Connection as sqlx::Connection>::Options;
 
 fn no_holders() -> sqlx::Error {
     sqlx::Error::Configuration("this dialect records no holders".into())

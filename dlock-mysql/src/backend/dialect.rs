@@ -5,10 +5,10 @@
 
 use std::{sync::atomic::Ordering, time::Duration};
 
-use dlock_core::{backend::Mode, LockKey, Token};
+use dlock_core::{backend::Mode, LockError, LockKey, Token};
 use dlock_sql::{sqlx, Dialect, Granted, QueueEntry, ServerSession, SqlSettings};
 use sqlx::{
-    mysql::{MySqlConnection, MySqlDatabaseError},
+    mysql::{MySqlConnectOptions, MySqlConnection, MySqlDatabaseError},
     Connection, Executor, Row,
 };
 
@@ -16,7 +16,7 @@ use super::{
     acquire::take_did_not_run, lock_name_in, on_own_session, version::holds_several_locks,
     MySqlDialect, MySqlSession, FOREVER_SECS, QUEUE_ROW,
 };
-use crate::config::{lock_name, object_name, FenceSource};
+use crate::config::{lock_name, object_name, FenceSource, MySqlConfig};
 
 /// How long an enqueue waits at most for the key's other enqueues (each
 /// one insert long) before it answers busy (and is tried again, within the
@@ -24,10 +24,37 @@ use crate::config::{lock_name, object_name, FenceSource};
 const ENQUEUE_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Dialect for MySqlDialect {
+    type Config = MySqlConfig;
+    type Database = sqlx::MySql;
     type Conn = MySqlSession;
     type Id = String;
 
     const NAME: &'static str = "mysql";
+
+    fn parse_url(url: &str) -> Result<MySqlConfig, LockError> {
+        MySqlConfig::from_url(url)
+    }
+
+    fn pool_config(options: MySqlConnectOptions) -> MySqlConfig {
+        MySqlConfig::from_options(options)
+    }
+
+    fn new(config: MySqlConfig) -> MySqlDialect {
+        MySqlDialect {
+            wait_timeout: config.session_timeout().as_secs()
+                + u64::from(config.session_timeout().subsec_nanos() > 0),
+            table: format!("{}_fence", config.lock_prefix()),
+            take: format!("{}_take_v1", config.lock_prefix()),
+            take_call: format!(
+                "SELECT {}_take_v1(?, ?, 0, ?), CAST(CONNECTION_ID() AS SIGNED)",
+                config.lock_prefix()
+            ),
+            take_ready: std::sync::atomic::AtomicBool::new(false),
+            queue: format!("{}_queue", config.lock_prefix()),
+            holders: format!("{}_holder", config.lock_prefix()),
+            config,
+        }
+    }
 
     fn settings(&self) -> &SqlSettings {
         self.config.settings()

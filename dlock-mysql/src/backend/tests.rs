@@ -82,62 +82,20 @@ async fn session_gone(conn: &mut MySqlSession, id: u64) -> bool {
     false
 }
 
-/// A dropped wait's session is ended by connection id from another
-/// connection, which may reach another server (a failover, a virtual
-/// IP), where ids start from 1 too. Aimed at server A's session, a
-/// kill sent to server B, where a session holding a lock has the same
-/// id, ends nothing there. Aimed right, it ends the session.
+/// See [`dlock_sql::testing::ending_a_session_by_id_ends_nothing_on_another_server`].
 #[tokio::test]
 async fn ending_a_session_by_id_ends_nothing_on_another_server() {
     let (a, b) = (
         MariaDbServer::start().expect("start MariaDB A"),
         MariaDbServer::start().expect("start MariaDB B"),
     );
-    let dialect_a = MySqlDialect::new(MySqlConfig::from_url(&a.url()).unwrap());
-    let dialect_b = MySqlDialect::new(MySqlConfig::from_url(&b.url()).unwrap());
-    let (mut killer_a, _) = dialect_a.open().await.expect("A's killer");
-    let (mut killer_b, _) = dialect_b.open().await.expect("B's killer");
-    dialect_b.setup(&mut killer_b).await.expect("set up B");
-    // Open sessions on whichever server is behind until the ids meet.
-    let (mut aimed, mut victim) = (
-        dialect_a.open().await.expect("A's session"),
-        dialect_b.open().await.expect("B's session"),
-    );
-    for _ in 0..200 {
-        match aimed.1.id.cmp(&victim.1.id) {
-            std::cmp::Ordering::Equal => break,
-            std::cmp::Ordering::Less => aimed = dialect_a.open().await.unwrap(),
-            std::cmp::Ordering::Greater => victim = dialect_b.open().await.unwrap(),
-        }
-    }
-    let ((_waiter, aimed), (mut victim, _)) = (aimed, victim);
-    assert_eq!(aimed.id, victim.id as u64, "no colliding connection ids");
-    let key = LockKey::new("victim").unwrap();
-    let id = dialect_b.lock_id(&key, Mode::Exclusive);
-    let held = dialect_b.try_lock(&mut victim, &id, Mode::Exclusive).await;
-    assert!(held.unwrap().is_some(), "B's session takes the free key");
-
-    dialect_b
-        .end_session(&mut killer_b, &aimed)
-        .await
-        .expect("end_session");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    dialect_b.ping(&mut victim).await.unwrap_or_else(|e| {
-        panic!("a kill aimed at A's session ended B's session of the same id: {e}")
-    });
-    let taken = dialect_b
-        .try_lock(&mut killer_b, &id, Mode::Exclusive)
-        .await;
-    assert_eq!(taken.unwrap(), None, "B's lock was freed");
-
-    dialect_a
-        .end_session(&mut killer_a, &aimed)
-        .await
-        .expect("end_session");
-    assert!(
-        session_gone(&mut killer_a, aimed.id).await,
-        "the session aimed at lives on"
-    );
+    let dialect =
+        |server: &MariaDbServer| MySqlDialect::new(MySqlConfig::from_url(&server.url()).unwrap());
+    dlock_sql::testing::ending_a_session_by_id_ends_nothing_on_another_server(
+        dialect(&a),
+        dialect(&b),
+    )
+    .await;
 }
 
 /// `force_release` (`end_holder`) reads a key's holder and ends its

@@ -12,19 +12,19 @@ use sqlx::{
     Postgres, Transaction, TransactionManager,
 };
 
-use super::PgBackend;
+use super::PgDialect;
 
 fn sql_error(e: sqlx::Error) -> LockError {
     LockError::backend("postgres", e)
 }
 
 /// A lock held by the caller's own transaction
-/// ([`PgBackend::lock_in`]): `pg_advisory_xact_lock`, freed by the
+/// ([`PgDialect::lock_in`]): `pg_advisory_xact_lock`, freed by the
 /// transaction's commit or rollback, and by nothing else.
 ///
 /// Taken only at the transaction's top level: PostgreSQL frees a lock
 /// taken inside a savepoint at `ROLLBACK TO SAVEPOINT`, so `lock_in`
-/// refuses a nested transaction (see [`PgBackend::lock_in`]).
+/// refuses a nested transaction (see [`PgDialect::lock_in`]).
 ///
 /// It is a receipt, not a guard: it borrows nothing, and dropping it
 /// changes nothing on the server.
@@ -89,7 +89,7 @@ impl TxLock {
     }
 }
 
-/// A connection [`PgBackend::lock_on`] can own: a [`PgConnection`], or a
+/// A connection [`PgDialect::lock_on`] can own: a [`PgConnection`], or a
 /// [`PoolConnection`] of the application's pool.
 ///
 /// Owning it is what makes a session lock on it safe to drop: a
@@ -146,7 +146,7 @@ impl CallerConnection for PoolConnection<Postgres> {
 }
 
 /// A session-level advisory lock on a connection of the caller's
-/// ([`PgBackend::lock_on`]), which it owns until
+/// ([`PgDialect::lock_on`]), which it owns until
 /// [`release`](ConnLock::release) hands it back. Statements run on it
 /// through `Deref`: `query.execute(&mut *lock)`.
 ///
@@ -295,13 +295,13 @@ impl<C: CallerConnection> Drop for ConnLock<C> {
     }
 }
 
-impl PgBackend {
+impl PgDialect {
     /// The lock identifier of `key`'s plain lock, as the backend's own
     /// locks name it, and its fencing sequence as `regclass` text (bound
     /// as `$2`).
     fn caller_lock(&self, key: &str) -> Result<(LockKey, i64, &str)> {
         let key = LockKey::new(key)?;
-        let dialect = self.0.dialect();
+        let dialect = self;
         let id = dialect.lock_id(&key, Mode::Exclusive);
         let fence = dialect.caller_fence.get().ok_or_else(|| {
             LockError::backend(
@@ -332,13 +332,13 @@ impl PgBackend {
     /// [`LockError::Unsupported`]: lock in the outer transaction, before
     /// the savepoint. A savepoint made by your own SQL (`SAVEPOINT s`)
     /// cannot be seen by the driver or asked of the server: do not lock
-    /// inside one. A connection lock ([`lock_on`](PgBackend::lock_on)) is
+    /// inside one. A connection lock ([`lock_on`](PgDialect::lock_on)) is
     /// freed by no rollback.
     ///
     /// A wait has no limit of its own: set `lock_timeout` in the
     /// transaction (`SET LOCAL lock_timeout = '5s'`), which ends it with
     /// an error that aborts the transaction, or use
-    /// [`try_lock_in`](PgBackend::try_lock_in). Dropping this future while
+    /// [`try_lock_in`](PgDialect::try_lock_in). Dropping this future while
     /// it waits does not end the wait: the statement keeps running on the
     /// transaction's connection, and the transaction's next statement,
     /// commit or rollback (or the pool's check when it gets the connection
@@ -384,11 +384,11 @@ impl PgBackend {
 
     /// Locks `key` in the caller's transaction if it is free now
     /// (`pg_try_advisory_xact_lock`): `None` if another holds it. As
-    /// [`lock_in`](PgBackend::lock_in) otherwise.
+    /// [`lock_in`](PgDialect::lock_in) otherwise.
     ///
     /// # Errors
     ///
-    /// As [`lock_in`](PgBackend::lock_in).
+    /// As [`lock_in`](PgDialect::lock_in).
     ///
     /// # Examples
     ///
@@ -465,7 +465,7 @@ impl PgBackend {
     ///
     /// # Errors
     ///
-    /// As [`lock_in`](PgBackend::lock_in); the connection is closed.
+    /// As [`lock_in`](PgDialect::lock_in); the connection is closed.
     ///
     /// # Examples
     ///
@@ -503,11 +503,11 @@ impl PgBackend {
     /// Locks `key` on the caller's connection if it is free now
     /// (`pg_try_advisory_lock`). `Err(conn)` inside the `Ok` hands the
     /// connection back when another holds the key. As
-    /// [`lock_on`](PgBackend::lock_on) otherwise.
+    /// [`lock_on`](PgDialect::lock_on) otherwise.
     ///
     /// # Errors
     ///
-    /// As [`lock_on`](PgBackend::lock_on); the connection is closed.
+    /// As [`lock_on`](PgDialect::lock_on); the connection is closed.
     ///
     /// # Examples
     ///

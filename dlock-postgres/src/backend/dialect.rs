@@ -4,15 +4,18 @@
 
 use std::time::Duration;
 
-use dlock_core::{backend::Mode, LockKey, Token};
+use dlock_core::{backend::Mode, LockError, LockKey, Token};
 use dlock_sql::{sqlx, Dialect, Granted, QueueEntry, ServerSession, SqlSettings};
-use sqlx::{postgres::PgConnection, Connection, Executor, Row};
+use sqlx::{
+    postgres::{PgConnectOptions, PgConnection},
+    Connection, Executor, Row,
+};
 
 use super::{
-    ahead_all_live, own, split, token_lock, PgDialect, PgSession, LOCK_NOT_AVAILABLE,
-    READ_WRITE_SALT, SEMAPHORE_SALT,
+    ahead, ahead_all_live, on_own_session, one_key_lock, own, split, token_lock, wait_statement,
+    PgDialect, PgSession, LOCK_NOT_AVAILABLE, READ_WRITE_SALT, SEMAPHORE_SALT,
 };
-use crate::config::lock_id;
+use crate::config::{lock_id, PgConfig};
 
 /// Releases a hold, on the session's own server process only (`$2`):
 /// whether it was held, and the process id.
@@ -53,10 +56,128 @@ fn holder_lock(token: &Token) -> i64 {
 }
 
 impl Dialect for PgDialect {
+    type Config = PgConfig;
+    type Database = sqlx::Postgres;
     type Conn = PgSession;
     type Id = i64;
 
     const NAME: &'static str = "postgres";
+
+    fn parse_url(url: &str) -> Result<PgConfig, LockError> {
+        PgConfig::from_url(url)
+    }
+
+    fn pool_config(options: PgConnectOptions) -> PgConfig {
+        PgConfig::from_options(options)
+    }
+
+    fn new(config: PgConfig) -> PgDialect {
+        let sequence = format!("{}_fence", config.lock_prefix());
+        let queue = format!("{}_queue", config.lock_prefix());
+        let holders = format!("{}_holder", config.lock_prefix());
+        PgDialect {
+            try_lock: on_own_session(
+                "$2",
+                &format!("CASE WHEN pg_try_advisory_lock($1) THEN nextval('{sequence}') END"),
+            ),
+            try_read: on_own_session(
+                "$3",
+                &format!(
+                    "CASE WHEN pg_try_advisory_lock_shared($1, $2) THEN nextval('{sequence}') END"
+                ),
+            ),
+            try_read_behind_writers: on_own_session(
+                "$3",
+                &format!(
+                    "CASE WHEN EXISTS (SELECT 1 FROM pg_locks w \
+                     WHERE w.locktype = 'advisory' AND NOT w.granted \
+                     AND w.mode = 'ExclusiveLock' AND w.objsubid = 2 \
+                     AND w.database = (SELECT oid FROM pg_database \
+                     WHERE datname = current_database()) \
+                     AND w.classid::bigint = ($1::bigint & 4294967295) \
+                     AND w.objid::bigint = ($2::bigint & 4294967295)) THEN NULL \
+                     WHEN pg_try_advisory_lock_shared($1, $2) THEN nextval('{sequence}') END"
+                ),
+            ),
+            try_write: on_own_session(
+                "$3",
+                &format!("CASE WHEN pg_try_advisory_lock($1, $2) THEN nextval('{sequence}') END"),
+            ),
+            wait_lock: wait_statement("pg_advisory_lock($1)", "$2", "$3", &sequence),
+            wait_read: wait_statement("pg_advisory_lock_shared($1, $2)", "$3", "$4", &sequence),
+            wait_write: wait_statement("pg_advisory_lock($1, $2)", "$3", "$4", &sequence),
+            create: format!(
+                "CREATE SEQUENCE IF NOT EXISTS {sequence}; \
+                 CREATE TABLE IF NOT EXISTS {queue} (\
+                 n BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, \
+                 lock_id BIGINT NOT NULL, mode TEXT NOT NULL, owner BIGINT NOT NULL, \
+                 pid INT NOT NULL); \
+                 CREATE INDEX IF NOT EXISTS {queue}_lock ON {queue} (lock_id, n); \
+                 CREATE TABLE IF NOT EXISTS {holders} (\
+                 lock_id BIGINT PRIMARY KEY, owner BIGINT NOT NULL, \
+                 fence BIGINT NOT NULL, value BYTEA NOT NULL)"
+            ),
+            // In `current_schema()`, where `create` makes them and the
+            // caller's statements name the sequence, whatever else the
+            // search path finds first.
+            created: format!(
+                "SELECT to_regclass(format('%I.%I', current_schema(), '{sequence}')) IS NOT NULL \
+                 AND to_regclass(format('%I.%I', current_schema(), '{queue}_lock')) IS NOT NULL \
+                 AND to_regclass(format('%I.%I', current_schema(), '{holders}')) IS NOT NULL"
+            ),
+            proclaim: format!(
+                "WITH i AS (INSERT INTO {holders} (lock_id, owner, fence, value) \
+                 SELECT $1, $2, $3, $4 \
+                 WHERE CASE WHEN pg_backend_pid() <> $5 THEN false \
+                 WHEN EXISTS (SELECT 1 FROM pg_locks e WHERE {mine} \
+                 AND e.pid = pg_backend_pid()) THEN true \
+                 ELSE pg_try_advisory_lock($2) END \
+                 ON CONFLICT (lock_id) DO UPDATE SET owner = EXCLUDED.owner, \
+                 fence = EXCLUDED.fence, value = EXCLUDED.value RETURNING 1) \
+                 SELECT (SELECT count(*) FROM i), pg_backend_pid()",
+                mine = one_key_lock("e", "$2"),
+            ),
+            disclaim: format!(
+                "WITH d AS (DELETE FROM {holders} WHERE lock_id = $1 AND owner = $2) \
+                 SELECT CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock($2) END, \
+                 pg_backend_pid()"
+            ),
+            end_holder: format!(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(l.pid)) FROM pg_locks l \
+                 WHERE {held} AND l.pid <> pg_backend_pid() AND l.database = \
+                 (SELECT oid FROM pg_database WHERE datname = current_database())",
+                held = one_key_lock("l", "$1"),
+            ),
+            holder: format!(
+                "SELECT h.fence, h.value FROM pg_locks l \
+                 LEFT JOIN {holders} h ON h.lock_id = $1 AND EXISTS (\
+                 SELECT 1 FROM pg_locks e WHERE {entry} \
+                 AND e.database = l.database AND e.pid = l.pid) \
+                 WHERE {held} AND l.database = \
+                 (SELECT oid FROM pg_database WHERE datname = current_database())",
+                entry = one_key_lock("e", "h.owner"),
+                held = one_key_lock("l", "$1"),
+            ),
+            ahead: ahead(&queue, "$1", "$2"),
+            dequeue: format!(
+                "WITH d AS (DELETE FROM {queue} WHERE owner = $1 RETURNING n) \
+                 SELECT EXISTS (SELECT 1 FROM d), \
+                 CASE WHEN pg_backend_pid() = $2 THEN pg_advisory_unlock($1) END, \
+                 pg_backend_pid()"
+            ),
+            remove: format!("DELETE FROM {queue} WHERE n = ANY($1)"),
+            reap: format!(
+                "DELETE FROM {queue} q WHERE NOT EXISTS (SELECT 1 FROM pg_locks l \
+                 WHERE {held} AND l.pid = q.pid AND l.database = \
+                 (SELECT oid FROM pg_database WHERE datname = current_database()))",
+                held = one_key_lock("l", "q.owner"),
+            ),
+            queue,
+            config,
+            scope: std::sync::OnceLock::new(),
+            caller_fence: std::sync::OnceLock::new(),
+        }
+    }
 
     fn settings(&self) -> &SqlSettings {
         self.config.settings()

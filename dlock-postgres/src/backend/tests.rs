@@ -4,7 +4,7 @@ use super::*;
 use std::time::Duration;
 
 use dlock_core::{backend::Mode, LockKey, Token};
-use dlock_sql::{Dialect, ServerSession};
+use dlock_sql::Dialect;
 use dlock_testkit::fixture::PostgresServer;
 
 /// The dialect on `server`, and a session of it with dlock's tables made.
@@ -105,76 +105,18 @@ async fn a_wait_limits_only_itself() {
     assert_eq!(lock_timeout(&mut waiter.conn).await, "0");
 }
 
-/// Whether the server of `conn` has a session of process `pid`, asked
-/// until it has not, for at most 5 s (ending one is a signal the process
-/// takes in its own time).
-async fn session_gone(conn: &mut sqlx::PgConnection, pid: u64) -> bool {
-    for _ in 0..50 {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
-            .bind(pid as i32)
-            .fetch_one(&mut *conn)
-            .await
-            .expect("pg_stat_activity");
-        if n == 0 {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    false
-}
-
-/// A dropped wait's session is ended by process id from another
-/// connection, which may reach another server (a failover, a virtual
-/// IP) where that id is another client's session. Aimed at server A's
-/// session, a kill sent to server B, where a session holding a lock has
-/// the same id, ends nothing there; nor does one aimed at an earlier
-/// session of the id on the same server. Aimed right, it ends the
-/// session. (Process ids of one host never collide, so the collision is
-/// made by giving B's session's id with A's session's incarnation.)
+/// See [`dlock_sql::testing::ending_a_session_by_id_ends_nothing_on_another_server`].
 #[tokio::test]
 async fn ending_a_session_by_id_ends_nothing_on_another_server() {
     let (a, b) = (
         PostgresServer::start().expect("start PostgreSQL A"),
         PostgresServer::start().expect("start PostgreSQL B"),
     );
-    let (dialect_a, mut killer_a) = set_up(&a).await;
-    let (dialect_b, mut killer_b) = set_up(&b).await;
-    let (_waiter, aimed) = dialect_a.open().await.expect("A's waiter session");
-    let (mut victim, on_b) = dialect_b.open().await.expect("B's session");
-    let id = dialect_b.lock_id(&LockKey::new("victim").unwrap(), Mode::Exclusive);
-    let held = dialect_b.try_lock(&mut victim, &id, Mode::Exclusive).await;
-    assert!(held.unwrap().is_some(), "B's session takes the free key");
-    assert_ne!(aimed.incarnation, on_b.incarnation);
-
-    let collided = ServerSession {
-        id: on_b.id,
-        incarnation: aimed.incarnation.clone(),
-    };
-    let restarted = ServerSession {
-        id: on_b.id,
-        incarnation: format!("{}0", on_b.incarnation),
-    };
-    for (what, target) in [("A's", &collided), ("an earlier", &restarted)] {
-        dialect_b
-            .end_session(&mut killer_b, target)
-            .await
-            .expect("end_session");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        dialect_b.ping(&mut victim).await.unwrap_or_else(|e| {
-            panic!("a kill aimed at {what} session ended B's session of the same id: {e}")
-        });
-        let taken = dialect_b
-            .try_lock(&mut killer_b, &id, Mode::Exclusive)
-            .await;
-        assert_eq!(taken.unwrap(), None, "B's lock was freed");
-    }
-
-    dialect_a
-        .end_session(&mut killer_a, &aimed)
-        .await
-        .expect("end_session");
-    assert!(
-        session_gone(&mut killer_a.conn, aimed.id).await,
-        "the session aimed at lives on"
-    );
+    let dialect =
+        |server: &PostgresServer| PgDialect::new(PgConfig::from_url(&server.url()).unwrap());
+    dlock_sql::testing::ending_a_session_by_id_ends_nothing_on_another_server(
+        dialect(&a),
+        dialect(&b),
+    )
+    .await;
 }

@@ -338,14 +338,13 @@ async fn keep_alive<D: Dialect>(session: Weak<Session<D>>) {
 }
 
 impl<D: Dialect> SqlBackend<D> {
-    /// Connects through `dialect`: opens the first holder session and
-    /// creates what the dialect needs on the server.
+    /// Connects with a prepared config of the dialect's.
     ///
     /// # Errors
     ///
-    /// [`LockError::Backend`] if no session opens within the connect
-    /// timeout, the login is refused, or the setup fails.
-    pub async fn connect(dialect: D) -> Result<SqlBackend<D>> {
+    /// As [`connect`](SqlBackend::connect).
+    pub async fn connect_with(config: D::Config) -> Result<SqlBackend<D>> {
+        let dialect = D::new(config);
         let (max_waiters, holder_sessions) = {
             let settings = dialect.settings();
             (settings.max_waiters(), settings.holder_sessions())

@@ -1,0 +1,65 @@
+//! Checks of a dialect's statements on real servers, which every
+//! dialect's tests run.
+
+use std::time::Duration;
+
+use dlock_core::{backend::Mode, LockKey};
+
+use crate::{Dialect, ServerSession};
+
+/// A dropped wait's session is ended by identifier from another
+/// connection, which may reach another server (a failover, a virtual IP)
+/// where that identifier is another client's session. Aimed at server A's
+/// session, an end sent to server B, where a session holding a lock has
+/// the same identifier, ends nothing there; nor does one aimed at an
+/// earlier session of the identifier on B (a restart). Aimed right, it
+/// ends the session. `a` and `b` are the dialect on two servers.
+///
+/// # Panics
+///
+/// If the dialect fails the check.
+pub async fn ending_a_session_by_id_ends_nothing_on_another_server<D: Dialect>(a: D, b: D) {
+    let (mut killer_a, _) = a.open().await.expect("A's session");
+    let (mut killer_b, _) = b.open().await.expect("B's session");
+    b.setup(&mut killer_b).await.expect("set up B");
+    let (mut aimed_conn, aimed) = a.open().await.expect("A's waiter session");
+    let (mut victim, on_b) = b.open().await.expect("B's session");
+    let id = b.lock_id(&LockKey::new("victim").unwrap(), Mode::Exclusive);
+    let held = b.try_lock(&mut victim, &id, Mode::Exclusive).await;
+    assert!(held.unwrap().is_some(), "B's session takes the free key");
+    assert_ne!(aimed.incarnation, on_b.incarnation);
+
+    // The identifiers of two servers collide by chance: made here by
+    // giving B's session's identifier with A's session's incarnation.
+    let collided = ServerSession {
+        id: on_b.id,
+        incarnation: aimed.incarnation.clone(),
+    };
+    let restarted = ServerSession {
+        id: on_b.id,
+        incarnation: format!("{}0", on_b.incarnation),
+    };
+    for (what, target) in [("A's", &collided), ("an earlier", &restarted)] {
+        b.end_session(&mut killer_b, target)
+            .await
+            .expect("end_session");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        b.ping(&mut victim).await.unwrap_or_else(|e| {
+            panic!("a kill aimed at {what} session ended B's session of the same id: {e}")
+        });
+        let taken = b.try_lock(&mut killer_b, &id, Mode::Exclusive).await;
+        assert_eq!(taken.unwrap(), None, "B's lock was freed");
+    }
+
+    a.end_session(&mut killer_a, &aimed)
+        .await
+        .expect("end_session");
+    // Ending one is a signal the server takes in its own time.
+    for _ in 0..50 {
+        if a.ping(&mut aimed_conn).await.is_err() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the session aimed at lives on");
+}
