@@ -27,14 +27,16 @@ pub(super) const OURS: &[u8] = b"dlock";
 /// Create attempts before an acquire gives up on repeated failures.
 const ENQUEUE_ATTEMPTS: usize = 5;
 
-/// Our node in the queue, as the create (or the search for it) found it.
+/// Our node in the queue, as the create (or the search for it) found it,
+/// and the line as last listed.
 struct Enqueued {
     /// When the create that made the node was sent: the leader applied it
     /// later, so the session was alive then.
     sent: Instant,
     stat: zookeeper_client::Stat,
     name: String,
-    /// The children of the parent, read after the create.
+    /// The children of the parent, read after the create, then at each
+    /// look.
     children: Vec<String>,
     /// Whether an earlier create's answer was lost (see [`Owned::strays`]).
     strays: bool,
@@ -46,17 +48,10 @@ pub(super) struct Entry {
     client: Client,
     parent: String,
     mine: String,
-    name: String,
     path: String,
-    /// When the create that made our node was sent.
-    sent: Instant,
-    fence: u64,
-    /// Whether an earlier create's answer was lost (see [`Owned::strays`]).
-    strays: bool,
-    /// The line as last listed, and when that listing was asked for: the
-    /// grant, where a fixed lease starts (our create, for a lock free at
-    /// once).
-    children: Vec<String>,
+    node: Enqueued,
+    /// When the last listing was asked for: the grant, where a fixed
+    /// lease starts (our create, for a lock free at once).
     listed_at: Instant,
 }
 
@@ -97,7 +92,7 @@ impl WaitSteps for Steps<'_> {
                     // Given up: the wait ends with the session.
                     () = entry.session.ended() => Err(ZkError::SessionExpired),
                 };
-                entry.children = listed.map_err(step_error)?;
+                entry.node.children = listed.map_err(step_error)?;
                 entry.listed_at = asked;
                 backend
                     .judge(req, entry)
@@ -134,17 +129,20 @@ impl WaitSteps for Steps<'_> {
         wake: &mut Option<Self::Wake>,
     ) -> std::result::Result<Armed, StepError> {
         let position = entry
+            .node
             .children
             .iter()
-            .position(|c| *c == entry.name)
+            .position(|c| *c == entry.node.name)
             .ok_or_else(|| StepError::Fatal(vanished()))?;
         let blocking = match req.mode {
-            Mode::Read => entry.children[..position]
+            Mode::Read => entry.node.children[..position]
                 .iter()
                 .rev()
                 .find(|c| mode_of(c) != Some(Mode::Read)),
             Mode::Permits { .. } => None,
-            _ => position.checked_sub(1).map(|ahead| &entry.children[ahead]),
+            _ => position
+                .checked_sub(1)
+                .map(|ahead| &entry.node.children[ahead]),
         }
         .map(|c| format!("{}/{c}", entry.parent));
         let watcher = match &blocking {
@@ -163,7 +161,7 @@ impl WaitSteps for Steps<'_> {
                     .await
                     .map_err(step_error)?;
                 listed.sort_by_key(|c| sequence(c).unwrap_or(i64::MAX));
-                (listed == entry.children).then_some(watcher)
+                (listed == entry.node.children).then_some(watcher)
             }
         };
         *wake = watcher;
@@ -239,20 +237,14 @@ impl ZkBackend {
         if let Some(owned) = self.owned().get_mut(&token) {
             owned.strays = enqueued.as_ref().map_or(true, |e| e.strays);
         }
-        let Enqueued {
-            sent,
-            stat,
-            name,
-            children,
-            strays,
-        } = enqueued?;
-        let path = format!("{parent}/{name}");
+        let node = enqueued?;
+        let path = format!("{parent}/{}", node.name);
         if let Some(owned) = self.owned().get_mut(&token) {
             owned.path = Some(path.clone());
         }
-        sequence(&name).ok_or_else(vanished)?;
+        sequence(&node.name).ok_or_else(vanished)?;
         if let Mode::Permits { limit, .. } = mode {
-            let theirs = children.iter().find_map(|c| match mode_of(c) {
+            let theirs = node.children.iter().find_map(|c| match mode_of(c) {
                 Some(Mode::Permits { limit: theirs, .. }) if theirs != limit => Some(theirs),
                 _ => None,
             });
@@ -266,13 +258,9 @@ impl ZkBackend {
             client,
             parent,
             mine,
-            name,
             path,
-            sent,
-            fence: u64::try_from(stat.czxid).unwrap_or(0),
-            strays,
-            children,
-            listed_at: sent,
+            listed_at: node.sent,
+            node,
         })
     }
 
@@ -282,50 +270,34 @@ impl ZkBackend {
         req: &AcquireRequest<'_>,
         entry: &mut Entry,
     ) -> std::result::Result<Option<Acquired>, StepError> {
-        if entry.strays {
+        let node = &mut entry.node;
+        if node.strays {
             // Our own older nodes must not make us (or anyone) wait:
             // delete them, and leave them out of the line we read.
-            delete_strays(
-                &entry.client,
-                &entry.parent,
-                &entry.mine,
-                &entry.name,
-                &entry.children,
-            )
-            .await;
-            let (mine, name) = (&entry.mine, &entry.name);
-            entry
-                .children
+            let (mine, name) = (&entry.mine, &node.name);
+            delete_strays(&entry.client, &entry.parent, mine, name, &node.children).await;
+            node.children
                 .retain(|c| c == name || !c.starts_with(mine.as_str()));
         }
         if req.mode == Mode::Exclusive {
-            if let Some(refused) = mixed_layouts(&entry.children) {
+            if let Some(refused) = mixed_layouts(&node.children) {
                 self.delete_owned(req.token, true)
                     .await
                     .map_err(StepError::Fatal)?;
                 return Err(StepError::Fatal(refused));
             }
         }
-        entry
-            .children
+        node.children
             .sort_by_key(|c| sequence(c).unwrap_or(i64::MAX));
-        let position = entry
+        let position = node
             .children
             .iter()
-            .position(|c| *c == entry.name)
+            .position(|c| *c == node.name)
             .ok_or_else(|| StepError::Fatal(vanished()))?;
-        if !admitted(&entry.children, position, req.mode) {
+        if !admitted(&node.children, position, req.mode) {
             return Ok(None);
         }
-        self.granted(
-            req,
-            &entry.session,
-            &entry.path,
-            entry.sent,
-            entry.listed_at,
-            entry.fence,
-        )
-        .map_err(StepError::Fatal)
+        self.granted(req, entry).map_err(StepError::Fatal)
     }
 
     /// Creates our node and lists the queue, in one round trip; after a
@@ -453,15 +425,11 @@ impl ZkBackend {
         Err(last_error.map_or_else(vanished, backend_error))
     }
 
-    fn granted(
-        &self,
-        req: &AcquireRequest<'_>,
-        session: &Arc<Session>,
-        path: &str,
-        sent: Instant,
-        granted_at: Instant,
-        fence: u64,
-    ) -> Result<Option<Acquired>> {
+    /// Records the grant of `entry`'s node.
+    fn granted(&self, req: &AcquireRequest<'_>, entry: &Entry) -> Result<Option<Acquired>> {
+        let (session, path, sent) = (&entry.session, &entry.path, entry.node.sent);
+        let granted_at = entry.listed_at;
+        let fence = u64::try_from(entry.node.stat.czxid).unwrap_or(0);
         let acquired = Acquired::new(sent).with_fence(fence);
         if let Some(owned) = self.owned().get_mut(req.token) {
             owned.granted = true;
