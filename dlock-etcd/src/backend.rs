@@ -47,14 +47,14 @@ use std::{
 
 use dlock_core::{
     backend::{
-        wait, AcquireRequest, Acquired, Backend, Backoff, Capabilities, Holder, LocalTurn,
-        LocalTurns, Mode, ReleaseOutcome, RenewOutcome, RenewRequest,
+        wait, AcquireRequest, Acquired, Backend, Capabilities, Holder, LocalTurn, LocalTurns, Mode,
+        ReleaseOutcome, RenewOutcome, RenewRequest,
     },
     LockError, LockKey, Result, Token,
 };
 use etcd_client::{
     Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
-    TxnOp, TxnResponse, WatchOptions,
+    TxnOp, WatchOptions,
 };
 use tokio::time::Instant;
 
@@ -62,9 +62,11 @@ use crate::session::Session;
 
 mod queue;
 mod release;
+mod requests;
 mod session;
 mod turn;
 
+use requests::{next_event, put_if_created, retried};
 use turn::KeptTurn;
 
 const NAME: &str = "etcd";
@@ -187,53 +189,6 @@ fn escape(key: &LockKey) -> String {
     key.escaped(|c| c == '/' || c.is_control())
 }
 
-/// A transaction that puts `value` at `name` with `options` only while the
-/// key is the one created at `revision` (ours, granted then): a key lost
-/// meanwhile is never recreated, nor another's written.
-fn put_if_created(
-    name: &str,
-    revision: i64,
-    value: impl Into<Vec<u8>>,
-    options: etcd_client::PutOptions,
-) -> etcd_client::Txn {
-    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
-    Txn::new()
-        .when([Compare::create_revision(name, CompareOp::Equal, revision)])
-        .and_then([TxnOp::put(name, value, Some(options))])
-}
-
-/// gRPC's `UNAVAILABLE`: the request reached no live member.
-const GRPC_UNAVAILABLE: i32 = 14;
-
-/// Whether `e` says the request reached no live member (a member just died
-/// or is being balanced away from): worth sending again, to another one.
-fn is_unavailable(e: &etcd_client::Error) -> bool {
-    match e {
-        etcd_client::Error::GRpcStatus(status) => i32::from(status.code()) == GRPC_UNAVAILABLE,
-        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
-        _ => false,
-    }
-}
-
-/// Runs an idempotent request, sending it again a few times while no live
-/// member was reached.
-async fn retried<T, F, Fut>(mut request: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
-{
-    let mut backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(300));
-    for _ in 0..4 {
-        match request().await {
-            Err(e) if is_unavailable(&e) => {
-                tokio::time::sleep(backoff.next_delay()).await;
-            }
-            other => return other.map_err(backend_error),
-        }
-    }
-    request().await.map_err(backend_error)
-}
-
 /// The queue of `key` in `mode`: a plain lock's at `{prefix}/{key}/`, a
 /// read-write lock's at `{prefix}/{key}%rw/` and a semaphore's at
 /// `{prefix}/{key}%sem/` (an escaped key has `%` only before two hex
@@ -245,6 +200,15 @@ fn queue_of(prefix: &str, key: &LockKey, mode: Mode) -> String {
         _ => "",
     };
     format!("{prefix}/{}{kind}/", escape(key))
+}
+
+/// Just past every key under `queue` (which ends in `/`).
+fn past(queue: &str) -> Vec<u8> {
+    let mut end = queue.as_bytes().to_vec();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    end
 }
 
 /// What a queue entry's value says it takes: the tag before the value's
@@ -270,42 +234,8 @@ fn proclaimed(entry: &[u8]) -> Option<Vec<u8>> {
 }
 
 impl EtcdBackend {
-    fn client(&self) -> Client {
-        self.inner.client.clone()
-    }
-
     fn owned(&self) -> MutexGuard<'_, HashMap<Token, Owned>> {
         self.inner.owned.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// A transaction, [`retried`].
-    async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
-        retried(|| {
-            let (mut client, txn) = (self.client(), txn.clone());
-            async move { client.txn(txn).await }
-        })
-        .await
-    }
-
-    /// A read, [`retried`].
-    async fn get(&self, key: &str, options: GetOptions) -> Result<etcd_client::GetResponse> {
-        retried(|| {
-            let (mut client, options) = (self.client(), options.clone());
-            async move { client.get(key, Some(options)).await }
-        })
-        .await
-    }
-
-    /// A new etcd lease of `lease`, rounded up to whole seconds as etcd
-    /// counts.
-    async fn grant_lease(&self, lease: Duration) -> Result<i64> {
-        let secs = lease.as_secs_f64().ceil().max(1.0) as i64;
-        let grant = retried(|| {
-            let mut client = self.client();
-            async move { client.lease_grant(secs, None).await }
-        })
-        .await?;
-        Ok(grant.id())
     }
 
     /// Whether `mode`'s entries take Go's layout: plain locks with
@@ -517,27 +447,12 @@ impl Backend for EtcdBackend {
     /// expired, a proclaim; a waiter joining wakes it for nothing).
     async fn holder_changed(&self, key: &LockKey, seen: Option<&Holder>) -> Result<()> {
         let queue = self.queue(key, Mode::Exclusive);
-        let range = WatchOptions::new().with_range(queue::past(&queue));
-        let ended = || LockError::backend(NAME, std::io::Error::other("the holder's watch ended"));
-        let mut watch = self
-            .client()
-            .watch(queue.as_str(), Some(range))
-            .await
-            .map_err(backend_error)?;
-        loop {
-            match watch.message().await.map_err(backend_error)? {
-                Some(response) if response.canceled() => return Err(ended()),
-                // Armed: compare now.
-                Some(response) if response.created() => {
-                    if self.holder(key).await?.as_ref() != seen {
-                        return Ok(());
-                    }
-                }
-                Some(response) if !response.events().is_empty() => return Ok(()),
-                Some(_) => {}
-                None => return Err(ended()),
-            }
+        let range = WatchOptions::new().with_range(past(&queue));
+        let mut watch = self.watch_from_now(queue, Some(range)).await?;
+        if self.holder(key).await?.as_ref() != seen {
+            return Ok(());
         }
+        next_event(&mut watch, |_| true).await
     }
 
     fn connection_state(&self) -> tokio::sync::watch::Receiver<dlock_core::ConnectionState> {
@@ -556,8 +471,11 @@ impl Backend for EtcdBackend {
         Ok(dlock_core::backend::permits_taken(modes))
     }
 
-    /// Moves a granted key with a fixed lease onto a new lease: see
-    /// [`EtcdBackend::move_to_lease`].
+    /// Moves a granted key with a fixed lease onto a new lease of `lease`
+    /// (rounded up to whole seconds, as etcd counts), in one transaction
+    /// that checks the key's create revision, so that a key lost meanwhile
+    /// is never recreated; then revokes the old lease. The key's value
+    /// stays.
     async fn extend(
         &self,
         _key: &LockKey,
@@ -565,7 +483,47 @@ impl Backend for EtcdBackend {
         token: &Token,
         lease: Duration,
     ) -> Result<Option<(Instant, Duration)>> {
-        self.move_to_lease(token, lease).await
+        let sent = Instant::now();
+        let held = self.owned().get(token).and_then(|owned| {
+            let revision = owned.granted.filter(|_| owned.on_own_lease)?;
+            // With `layout=etcdctl`, a turn given back (the lease ended)
+            // is not taken again.
+            let ended = owned.turn.as_ref().is_some_and(KeptTurn::given_back);
+            (!ended).then(|| (owned.name.clone(), revision))
+        });
+        let Some((name, revision)) = held else {
+            return Ok(None);
+        };
+        let new = self.grant_lease(lease).await?;
+        let options = PutOptions::new().with_lease(new).with_ignore_value();
+        // If this fails it may have landed all the same: the key then ends
+        // with the new lease, whose end the guard already counts with.
+        if !self
+            .txn(put_if_created(&name, revision, "", options))
+            .await?
+            .succeeded()
+        {
+            self.revoke_in_background(new);
+            // Our key is gone: so is any reason to keep its turn.
+            if let Some(turn) = self.owned().get(token).and_then(|o| o.turn.as_ref()) {
+                turn.move_end(Instant::now());
+            }
+            return Ok(None);
+        }
+        // The turn is kept to the new end only now: an extension that did
+        // not land keeps no turn past the old one. (One that landed
+        // unanswered leaves the key on the new lease: the next
+        // acquisition waits until it is gone.)
+        let old = self.owned().get_mut(token).and_then(|owned| {
+            if let Some(turn) = &owned.turn {
+                turn.move_end(sent + lease);
+            }
+            owned.own_lease.replace(new)
+        });
+        if let Some(old) = old {
+            self.revoke_in_background(old);
+        }
+        Ok(Some((sent, lease)))
     }
 
     /// Deletes the holder's key (only the key read, by its create

@@ -28,6 +28,17 @@ async fn locker_with_ttl(url: &str, ttl: Duration) -> Locker {
         .unwrap()
 }
 
+/// A fresh etcd, the URL of `etcdctl lock`'s layout on it (with a prefix,
+/// which plain locks in that layout ignore), and a plain client of it.
+async fn etcdctl_layout() -> (EtcdServer, String, etcd_client::Client) {
+    let server = EtcdServer::start().expect("start etcd");
+    let url = format!("etcd://{}/ignored?layout=etcdctl", server.endpoint());
+    let client = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .expect("a plain client");
+    (server, url, client)
+}
+
 /// The entries under `queue`, by name, with their create revisions.
 async fn entries(client: &mut etcd_client::Client, queue: &str) -> Vec<(Vec<u8>, i64)> {
     let read = client
@@ -50,9 +61,9 @@ async fn etcdctl_lock_and_dlock_exclude_each_other() {
     use std::process::Stdio;
     let etcdctl = dlock_testkit::fixture::find_binary("etcdctl", "etcd-client")
         .expect("etcdctl, from the etcd-client package");
-    let server = EtcdServer::start().expect("start etcd");
+    let (server, url, _) = etcdctl_layout().await;
     let endpoint = server.endpoint();
-    let locker = locker(&format!("etcd://{endpoint}/ignored?layout=etcdctl")).await;
+    let locker = locker(&url).await;
     let etcdctl_lock = |command: &str| {
         tokio::process::Command::new(&etcdctl)
             .env("ETCDCTL_API", "3")
@@ -128,8 +139,7 @@ async fn etcdctl_lock_and_dlock_exclude_each_other() {
 /// alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_etcdctl_layout_a_lock_ignores_the_locks_nested_under_it() {
-    let server = EtcdServer::start().expect("start etcd");
-    let url = format!("etcd://{}?layout=etcdctl", server.endpoint());
+    let (_server, url, _) = etcdctl_layout().await;
     let (nested, outer) = (locker(&url).await, locker(&url).await);
     let held = nested.lock("a/b").await.unwrap();
     assert_eq!(
@@ -159,12 +169,8 @@ async fn with_the_etcdctl_layout_a_lock_ignores_the_locks_nested_under_it() {
 /// is then granted with a fence of its own, above the old key's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_etcdctl_layout_a_key_left_on_another_lease_is_never_taken_over() {
-    let server = EtcdServer::start().expect("start etcd");
-    let url = format!("etcd://{}?layout=etcdctl", server.endpoint());
+    let (_server, url, mut client) = etcdctl_layout().await;
     let locker = locker(&url).await;
-    let mut client = etcd_client::Client::connect([server.endpoint()], None)
-        .await
-        .unwrap();
     // Learns the entry's name (the session lives on after the release).
     let guard = locker.lock("job").await.unwrap();
     let read = client
@@ -220,12 +226,8 @@ async fn with_the_etcdctl_layout_a_key_left_on_another_lease_is_never_taken_over
 /// with a higher fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_etcdctl_layout_a_guard_lost_with_its_session_holds_up_nothing() {
-    let server = EtcdServer::start().expect("start etcd");
-    let url = format!("etcd://{}?layout=etcdctl", server.endpoint());
+    let (_server, url, mut client) = etcdctl_layout().await;
     let locker = locker_with_ttl(&url, Duration::from_secs(3)).await;
-    let mut client = etcd_client::Client::connect([server.endpoint()], None)
-        .await
-        .unwrap();
     let lost = locker.lock("job").await.unwrap();
     let read = client
         .get("job/", Some(etcd_client::GetOptions::new().with_prefix()))
@@ -300,13 +302,9 @@ async fn until_empty(client: &mut etcd_client::Client, queue: &str) {
 /// release then removes nothing of the new holder's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_etcdctl_layout_a_kept_guard_whose_fixed_lease_ended_holds_up_nothing() {
-    let server = EtcdServer::start().expect("start etcd");
-    let url = format!("etcd://{}?layout=etcdctl", server.endpoint());
+    let (_server, url, mut client) = etcdctl_layout().await;
     let backend = EtcdBackend::connect(&url).await.unwrap();
     let (locker, other) = (backend.clone().into_locker(), locker(&url).await);
-    let mut client = etcd_client::Client::connect([server.endpoint()], None)
-        .await
-        .unwrap();
     let old = locker.lock_with("job", fixed(2, 1)).await.unwrap();
     let old_entries = entries(&mut client, "job/").await;
     tokio::time::timeout(Duration::from_secs(5), old.lost())
@@ -370,12 +368,8 @@ async fn with_the_etcdctl_layout_a_kept_guard_whose_fixed_lease_ended_holds_up_n
 /// holder's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_etcdctl_layout_a_waiter_behind_a_kept_fixed_lease_is_granted_when_it_ends() {
-    let server = EtcdServer::start().expect("start etcd");
-    let url = format!("etcd://{}?layout=etcdctl", server.endpoint());
+    let (_server, url, mut client) = etcdctl_layout().await;
     let (locker, other) = (locker(&url).await, locker(&url).await);
-    let mut client = etcd_client::Client::connect([server.endpoint()], None)
-        .await
-        .unwrap();
     let old = locker.lock_with("job", fixed(2, 1)).await.unwrap();
     let waiting = {
         let locker = locker.clone();
@@ -418,8 +412,7 @@ async fn with_the_etcdctl_layout_a_waiter_behind_a_kept_fixed_lease_is_granted_w
 /// releases, with a higher fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_etcdctl_layout_an_extended_fixed_lease_keeps_excluding_the_process() {
-    let server = EtcdServer::start().expect("start etcd");
-    let url = format!("etcd://{}?layout=etcdctl", server.endpoint());
+    let (_server, url, _) = etcdctl_layout().await;
     let locker = locker(&url).await;
     let held = locker.lock_with("job", fixed(2, 1)).await.unwrap();
     held.extend(Duration::from_secs(8)).await.unwrap();
@@ -452,12 +445,8 @@ async fn with_the_etcdctl_layout_an_extended_fixed_lease_keeps_excluding_the_pro
 /// deletion lets it in at once rather than after the key's lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_etcdctl_layout_a_wait_for_a_left_key_survives_a_compacted_watch() {
-    let server = EtcdServer::start().expect("start etcd");
-    let url = format!("etcd://{}?layout=etcdctl", server.endpoint());
+    let (_server, url, mut client) = etcdctl_layout().await;
     let locker = locker(&url).await;
-    let mut client = etcd_client::Client::connect([server.endpoint()], None)
-        .await
-        .unwrap();
     // Learns the entry's name (the session lives on after the release).
     let guard = locker.lock("job").await.unwrap();
     let name = entries(&mut client, "job/").await[0].0.clone();

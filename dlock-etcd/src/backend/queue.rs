@@ -16,9 +16,7 @@ use etcd_client::{
 };
 use tokio::time::Instant;
 
-use super::{
-    backend_error, mode_of, turn::KeptTurn, vanished, EtcdBackend, NameGuard, Owned, NAME,
-};
+use super::{mode_of, next_event, past, turn::KeptTurn, vanished, EtcdBackend, NameGuard, Owned};
 use crate::session::Session;
 
 /// The session TTL for queue keys of fixed-lease acquisitions while they
@@ -162,22 +160,8 @@ impl WaitSteps for Steps<'_> {
         } else {
             (first.clone(), None)
         };
-        let mut watch = backend
-            .client()
-            .watch(watched, range)
-            .await
-            .map_err(|e| StepError::Retry(backend_error(e)))?;
-        loop {
-            match watch
-                .message()
-                .await
-                .map_err(|e| StepError::Retry(backend_error(e)))?
-            {
-                Some(response) if response.created() && !response.canceled() => break,
-                Some(response) if !response.created() => continue,
-                _ => return Err(StepError::Retry(watch_ended())),
-            }
-        }
+        let watch = backend.watch_from_now(watched, range).await;
+        let watch = watch.map_err(StepError::Retry)?;
         // The entries ahead only go (newcomers queue behind us).
         let still = backend.blocking(req.mode, entry).await?;
         if ahead.iter().any(|key| !still.contains(key)) {
@@ -197,24 +181,12 @@ impl WaitSteps for Steps<'_> {
         let Some(Wake { mut watch, ahead }) = wake.take() else {
             return Ok(Woken::LookAgain);
         };
-        let deleted = async {
-            loop {
-                match watch.message().await {
-                    Ok(Some(response)) if !response.canceled() => {
-                        if response.events().iter().any(|e| {
-                            e.event_type() == EventType::Delete
-                                && e.kv().is_some_and(|kv| ahead.iter().any(|k| k == kv.key()))
-                        }) {
-                            return Ok(Woken::LookAgain);
-                        }
-                    }
-                    Err(e) => return Err(StepError::Retry(backend_error(e))),
-                    _ => return Err(StepError::Retry(watch_ended())),
-                }
-            }
-        };
+        let deleted = next_event(&mut watch, |e| {
+            e.event_type() == EventType::Delete
+                && e.kv().is_some_and(|kv| ahead.iter().any(|k| k == kv.key()))
+        });
         tokio::select! {
-            woken = deleted => woken,
+            deleted = deleted => deleted.map(|()| Woken::LookAgain).map_err(StepError::Retry),
             () = tokio::time::sleep_until(until) => Ok(Woken::LookAgain),
             // In line: our key goes with the session's lease. Waiting for
             // the name: the next look enters on a new session.
@@ -265,19 +237,6 @@ impl WaitSteps for Steps<'_> {
             });
         }
     }
-}
-
-/// Just past every key under `queue` (which ends in `/`).
-pub(super) fn past(queue: &str) -> Vec<u8> {
-    let mut end = queue.as_bytes().to_vec();
-    if let Some(last) = end.last_mut() {
-        *last += 1;
-    }
-    end
-}
-
-fn watch_ended() -> LockError {
-    LockError::backend(NAME, std::io::Error::other("the watch ended"))
 }
 
 impl EtcdBackend {

@@ -1,13 +1,9 @@
-//! Releasing: deleting our key, and revoking a fixed lease of its own;
-//! and extending that lease.
-
-use std::time::Duration;
+//! Releasing: deleting our key, and revoking a fixed lease of its own.
 
 use dlock_core::{backend::ReleaseOutcome, Result, Token};
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
-use tokio::time::Instant;
+use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 
-use super::{put_if_created, retried, EtcdBackend, KeptTurn};
+use super::{retried, EtcdBackend};
 
 impl EtcdBackend {
     /// Revokes `lease` once, without waiting: if etcd does not answer, the
@@ -123,58 +119,5 @@ impl EtcdBackend {
         })
         .await?;
         Ok(alive.ttl() > 0)
-    }
-
-    /// Moves a granted key with a fixed lease onto a new lease of `lease`
-    /// (rounded up to whole seconds, as etcd counts), in one transaction
-    /// that checks the key's create revision, so that a key lost meanwhile
-    /// is never recreated; then revokes the old lease. The key's value
-    /// stays.
-    pub(super) async fn move_to_lease(
-        &self,
-        token: &Token,
-        lease: Duration,
-    ) -> Result<Option<(Instant, Duration)>> {
-        let sent = Instant::now();
-        let held = self.owned().get(token).and_then(|owned| {
-            let revision = owned.granted.filter(|_| owned.on_own_lease)?;
-            // With `layout=etcdctl`, a turn given back (the lease ended)
-            // is not taken again.
-            let ended = owned.turn.as_ref().is_some_and(KeptTurn::given_back);
-            (!ended).then(|| (owned.name.clone(), revision))
-        });
-        let Some((name, revision)) = held else {
-            return Ok(None);
-        };
-        let new = self.grant_lease(lease).await?;
-        let options = PutOptions::new().with_lease(new).with_ignore_value();
-        // If this fails it may have landed all the same: the key then ends
-        // with the new lease, whose end the guard already counts with.
-        if !self
-            .txn(put_if_created(&name, revision, "", options))
-            .await?
-            .succeeded()
-        {
-            self.revoke_in_background(new);
-            // Our key is gone: so is any reason to keep its turn.
-            if let Some(turn) = self.owned().get(token).and_then(|o| o.turn.as_ref()) {
-                turn.move_end(Instant::now());
-            }
-            return Ok(None);
-        }
-        // The turn is kept to the new end only now: an extension that did
-        // not land keeps no turn past the old one. (One that landed
-        // unanswered leaves the key on the new lease: the next
-        // acquisition waits until it is gone.)
-        let old = self.owned().get_mut(token).and_then(|owned| {
-            if let Some(turn) = &owned.turn {
-                turn.move_end(sent + lease);
-            }
-            owned.own_lease.replace(new)
-        });
-        if let Some(old) = old {
-            self.revoke_in_background(old);
-        }
-        Ok(Some((sent, lease)))
     }
 }
