@@ -472,16 +472,21 @@ impl EtcdBackend {
         let acquired = Acquired::new(at).with_fence(u64::try_from(revision).unwrap_or(0));
         if let Some(owned) = self.owned().get_mut(req.token) {
             owned.granted = Some(revision);
-            // The enqueue settled: the name is this hold's (and its
-            // turn's, with `layout=etcdctl`).
-            owned.guard = None;
         }
+        // Held: the name is this hold's, and with `layout=etcdctl` its
+        // turn's (a grant that fails keeps the guard until its release).
+        let held = || {
+            if let Some(owned) = self.owned().get_mut(req.token) {
+                owned.guard = None;
+            }
+        };
         if req.lease_kind == LeaseKind::Watchdog {
             // The lease end is read with the guard's registration, so
             // that no keepalive can fall between the two.
             let renewed_at = session
                 .hold(*req.token, name.to_owned(), req.loss.clone())
                 .ok_or_else(vanished)?;
+            held();
             return Ok(acquired
                 .with_lease_from(renewed_at, session.ttl)
                 .kept_alive_by_backend());
@@ -505,6 +510,7 @@ impl EtcdBackend {
         if let Some(owned) = self.owned().get_mut(req.token) {
             owned.on_own_lease = true;
         }
+        held();
         Ok(acquired.with_lease_from(from, req.lease))
     }
 }
