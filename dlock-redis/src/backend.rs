@@ -18,7 +18,13 @@ use tokio::sync::Notify;
 
 use crate::{
     keys::{entry, names, shared_names, Names},
-    node::{Node, Place, Renewal},
+    node::Node,
+    scripts::{
+        election,
+        lock::{self, Place},
+        renew::{self, Renewal},
+        shared,
+    },
 };
 use session::RenewalInFlight;
 
@@ -156,7 +162,9 @@ impl RedisBackend {
         timeout: Option<Duration>,
     ) -> Result<ReleaseOutcome> {
         let answers = self
-            .on_every_node(timeout, |node| node.release(names, token, Place::None, 0))
+            .on_every_node(timeout, |node| {
+                lock::release(node, names, token, Place::None, 0)
+            })
             .await;
         // The token held the lock only if it held a majority: a stale
         // guard's leftover key on a node or two is not the lock.
@@ -253,8 +261,7 @@ impl Backend for RedisBackend {
     async fn release(&self, key: &LockKey, mode: Mode, token: &Token) -> Result<ReleaseOutcome> {
         if mode != Mode::Exclusive {
             let names = shared_names(&self.inner.prefix, key, mode);
-            let held = self.inner.nodes[0]
-                .release_shared(&names, &entry(token, mode))
+            let held = shared::release(&self.inner.nodes[0], &names, &entry(token, mode))
                 .await
                 .map_err(backend_error)?;
             return Ok(if held {
@@ -314,7 +321,7 @@ impl Backend for RedisBackend {
             answered: false,
         };
         let answers = self
-            .on_every_node(timeout, |node| node.renew(renewals))
+            .on_every_node(timeout, |node| renew::renew(node, renewals))
             .await;
         // Unanswered, the guard counts it when it drops.
         in_flight.answered = self.inner.states.get() != dlock_core::ConnectionState::Suspended;
@@ -361,16 +368,19 @@ impl Backend for RedisBackend {
     /// Publishes `value` beside the lock (one node, with fences only).
     async fn proclaim(&self, key: &LockKey, token: &Token, value: &[u8]) -> Result<bool> {
         self.holders_known()?;
-        self.inner.nodes[0]
-            .proclaim(&self.names(key), &token.to_string(), value)
-            .await
-            .map_err(backend_error)
+        election::proclaim(
+            &self.inner.nodes[0],
+            &self.names(key),
+            &token.to_string(),
+            value,
+        )
+        .await
+        .map_err(backend_error)
     }
 
     async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {
         self.holders_known()?;
-        let read = self.inner.nodes[0]
-            .holder(&self.names(key))
+        let read = election::holder(&self.inner.nodes[0], &self.names(key))
             .await
             .map_err(backend_error)?;
         Ok(read.map(|read| Holder::new(Some(read.fence), read.value)))
@@ -390,7 +400,9 @@ impl Backend for RedisBackend {
             .watch(&names.holder_channel().to_string(), &watcher, &wake)
             .await
             .map_err(backend_error)?;
-        let read = node.holder(&names).await.map_err(backend_error)?;
+        let read = election::holder(node, &names)
+            .await
+            .map_err(backend_error)?;
         let current = read
             .as_ref()
             .map(|read| Holder::new(Some(read.fence), read.value.clone()));
@@ -418,39 +430,17 @@ impl Backend for RedisBackend {
         dlock_core::backend::extend_by_renewal(self, key, mode, token, lease).await
     }
 
-    /// The semaphore's holders whose lease (their score, in server ms)
-    /// has not ended by the server's clock, read with it in one script,
-    /// routed by the key (on Cluster too); their entries say their counts.
+    /// The semaphore's holders whose lease has not ended by the server's
+    /// clock.
     async fn permits_taken(&self, key: &LockKey, _limit: u32) -> Result<u32> {
         let names = shared_names(
             &self.inner.prefix,
             key,
             Mode::Permits { count: 1, limit: 1 },
         );
-        static READ: std::sync::OnceLock<redis::Script> = std::sync::OnceLock::new();
-        let read = READ.get_or_init(|| {
-            redis::Script::new(
-                "local t = redis.call('TIME') \
-                 return {t[1], t[2], redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')}",
-            )
-        });
-        let mut conn = self.inner.nodes[0].connection();
-        let (secs, micros, holders): (u64, u64, Vec<(String, f64)>) = read
-            .key(&names.lock)
-            .invoke_async(&mut conn)
+        shared::permits_taken(&self.inner.nodes[0], &names)
             .await
-            .map_err(backend_error)?;
-        let now_ms = (secs * 1000 + micros / 1000) as f64;
-        Ok(holders
-            .iter()
-            .filter(|(_, ends)| *ends > now_ms)
-            .filter_map(
-                |(entry, _)| match Mode::from_tag(entry.rsplit('|').next()?)? {
-                    Mode::Permits { count, .. } => Some(count),
-                    _ => None,
-                },
-            )
-            .sum())
+            .map_err(backend_error)
     }
 
     /// Reads each node's holder token and releases it there: the release
@@ -469,7 +459,7 @@ impl Backend for RedisBackend {
                     .query_async(&mut conn)
                     .await?;
                 match holder {
-                    Some(token) => node.force_release(names, &token).await,
+                    Some(token) => lock::force_release(node, names, &token).await,
                     None => Ok(false),
                 }
             })

@@ -5,6 +5,13 @@
 //! two leaves a lock that never expires), the `SETNX`/`GETSET` timestamp
 //! scheme (it trusts every client's clock to agree), and a plain `DEL` on
 //! release (after a lease ran out it deletes the next owner's lock).
+//!
+//! Each script's module holds its Lua, the arguments it is sent and the
+//! decoding of its answer: [`lock`] (acquire and release), [`renew`],
+//! [`shared`] (read-write locks and semaphores) and [`election`] (proclaim
+//! and holder). This one holds what they share: the fence's and the
+//! line's Lua, the names a script takes as `KEYS`, and the compiled
+//! scripts.
 
 use std::sync::OnceLock;
 
@@ -129,13 +136,17 @@ end
     };
 }
 
-mod election;
-mod lock;
-mod shared;
+pub(crate) mod election;
+pub(crate) mod lock;
+pub(crate) mod renew;
+pub(crate) mod shared;
 
 use election::{HOLDER, PROCLAIM};
-use lock::{ACQUIRE, RELEASE, RENEW, RENEW_MANY};
+use lock::{ACQUIRE, RELEASE};
+use renew::{RENEW, RENEW_MANY};
 use shared::{SHARED_ACQUIRE, SHARED_RELEASE, SHARED_RENEW};
+
+use crate::{keys::Names, node::Node};
 
 /// Every script, in the order of [`Scripts`]' fields.
 const SOURCES: [&str; 9] = [
@@ -152,15 +163,15 @@ const SOURCES: [&str; 9] = [
 
 /// The compiled scripts (their SHA1 is computed once).
 pub(crate) struct Scripts {
-    pub(crate) acquire: Script,
-    pub(crate) release: Script,
-    pub(crate) renew: Script,
-    pub(crate) renew_many: Script,
-    pub(crate) shared_acquire: Script,
-    pub(crate) shared_release: Script,
-    pub(crate) shared_renew: Script,
-    pub(crate) proclaim: Script,
-    pub(crate) holder: Script,
+    acquire: Script,
+    release: Script,
+    renew: Script,
+    renew_many: Script,
+    shared_acquire: Script,
+    shared_release: Script,
+    shared_renew: Script,
+    proclaim: Script,
+    holder: Script,
     /// Their sources, to load.
     sources: Vec<String>,
 }
@@ -212,6 +223,57 @@ impl Scripts {
 /// slot serves, rather than to every node of the cluster.
 fn to_sharded(lua: &str) -> String {
     lua.replace("redis.call('PUBLISH',", "redis.call('SPUBLISH',")
+}
+
+/// The scripts of `node`: sharded on a cluster.
+fn of(node: &Node) -> &'static Scripts {
+    scripts(node.cluster)
+}
+
+/// Which of a lock's names a script takes as its `KEYS`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keys {
+    /// The lock and its fence counter.
+    Lock,
+    /// The lock, its fence counter and its waiting line.
+    Line,
+    /// The lock, its fence counter and its proclaimed value.
+    Value,
+    /// The lock, its fence counter, its waiting line and its proclaimed
+    /// value.
+    LineAndValue,
+    /// As `LineAndValue`, and the token of the lock's last release.
+    Release,
+}
+
+impl Keys {
+    fn write(self, cmd: &mut redis::Cmd, names: &Names) {
+        let count = match self {
+            Keys::Lock => 2,
+            Keys::Value => 3,
+            Keys::Line => 4,
+            Keys::LineAndValue => 5,
+            Keys::Release => 6,
+        };
+        cmd.arg(count).arg(&names.lock).arg(names.fence());
+        match self {
+            Keys::Lock => {}
+            Keys::Value => {
+                cmd.arg(names.value());
+            }
+            Keys::Line => {
+                cmd.arg(names.queue()).arg(names.tickets());
+            }
+            Keys::LineAndValue | Keys::Release => {
+                cmd.arg(names.queue())
+                    .arg(names.tickets())
+                    .arg(names.value());
+                if self == Keys::Release {
+                    cmd.arg(names.released_by());
+                }
+            }
+        }
+    }
 }
 
 /// The scripts of one node, or (`sharded`) of a cluster.

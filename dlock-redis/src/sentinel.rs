@@ -22,8 +22,6 @@ use redis::{
 };
 use tokio::{sync::watch, time::Instant};
 
-use crate::scripts::scripts;
-
 /// How often the sentinels are asked, without an error to prompt it.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
 
@@ -114,8 +112,8 @@ fn may_have_moved(e: &RedisError) -> bool {
 }
 
 impl Master {
-    /// Asks the sentinels for the master and connects to it (its scripts
-    /// loaded), within `connect_timeout`; then checks every second.
+    /// Asks the sentinels for the master and connects to it, within
+    /// `connect_timeout`; then checks every second.
     pub(crate) async fn connect(
         mut sentinel: SentinelClient,
         name: &str,
@@ -131,9 +129,6 @@ impl Master {
         )
         .await
         .map_err(|_| timed_out())??;
-        if let Err(error) = scripts(false).load(&mut conn).await {
-            tracing::debug!(%error, "dlock redis could not preload its scripts");
-        }
         crate::eviction::warn_if_evicting(&mut conn, &client).await;
         let master = Arc::new(Master {
             asking: tokio::sync::Mutex::new(Asking {

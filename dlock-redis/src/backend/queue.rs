@@ -25,7 +25,11 @@ use tokio::{sync::Notify, time::Instant};
 use super::{backend_error, bounded, timed_out, RedisBackend, REDLOCK_NODE_TIMEOUT_MAX};
 use crate::{
     keys::{entry, names, shared_names, Names},
-    node::{Attempt, Node, Place, SharedAttempt},
+    node::Node,
+    scripts::{
+        lock::{self, Attempt, Place},
+        shared::{self, SharedAttempt},
+    },
     subscriber::Watch,
 };
 
@@ -180,7 +184,7 @@ impl<'a> Steps<'a> {
         let quorum = backend.inner.quorum;
         let answers = match &backend.inner.nodes[..] {
             [node] => {
-                let step = node.acquire(names, token, lease_ms, fence, place, ticket_ms);
+                let step = lock::acquire(node, names, token, lease_ms, fence, place, ticket_ms);
                 let answers = vec![bounded(timeout, step).await];
                 #[cfg(test)]
                 if matches!(
@@ -204,7 +208,8 @@ impl<'a> Steps<'a> {
                     .iter()
                     .enumerate()
                     .map(|(i, node)| async move {
-                        let step = node.acquire(names, token, lease_ms, fence, place, ticket_ms);
+                        let step =
+                            lock::acquire(node, names, token, lease_ms, fence, place, ticket_ms);
                         (i, bounded(timeout, step).await)
                     })
                     .collect();
@@ -269,7 +274,7 @@ impl<'a> Steps<'a> {
             let giving = give_back.iter().map(|&i| {
                 bounded(
                     timeout,
-                    backend.inner.nodes[i].release(names, token, place, ticket_ms),
+                    lock::release(&backend.inner.nodes[i], names, token, place, ticket_ms),
                 )
             });
             let _ = join_all(giving).await;
@@ -320,9 +325,14 @@ impl<'a> Steps<'a> {
         let backend = self.backend;
         let lease_ms = req.lease.as_millis().max(1) as u64;
         let sent = Instant::now();
-        let answer = backend.inner.nodes[0]
-            .acquire_shared(&self.names, member, lease_ms, queue, lease_ms)
-            .await;
+        let answer = shared::acquire(
+            &backend.inner.nodes[0],
+            &self.names,
+            member,
+            lease_ms,
+            queue,
+        )
+        .await;
         backend.observe(std::slice::from_ref(&answer));
         match answer.map_err(|e| StepError::Retry(backend_error(e)))? {
             SharedAttempt::Acquired(fence) => {
@@ -446,8 +456,7 @@ impl WaitSteps for Steps<'_> {
                     .await
                     .map(drop)
             }
-            Some(member) => self.backend.inner.nodes[0]
-                .release_shared(&self.names, member)
+            Some(member) => shared::release(&self.backend.inner.nodes[0], &self.names, member)
                 .await
                 .map(drop)
                 .map_err(backend_error),

@@ -15,7 +15,7 @@ use futures_util::future::join_all;
 use redis::{RedisError, RedisResult};
 
 use super::{backend_error, Inner, RedisBackend, NAME};
-use crate::{config::RedisConfig, node::Node};
+use crate::{config::RedisConfig, node::Node, scripts::scripts};
 
 /// The oldest Redis the scripts run on (`SET … GET`, 6.2).
 const OLDEST_REDIS: (u32, u32) = (6, 2);
@@ -181,6 +181,22 @@ impl RedisBackend {
     async fn on_nodes(mut nodes: Vec<Node>, config: &RedisConfig) -> Result<RedisBackend> {
         for node in &mut nodes {
             node.wait_for_replicas(config.wait_replicas());
+            // Every script in the node's cache in one round trip (in every
+            // master's, on a cluster), so that the first calls need no
+            // `NOSCRIPT` retry; not fatal: a call loads a missing script
+            // itself. Redlock's nodes connect in the background.
+            let mut conn = node.connection();
+            let scripts = scripts(node.cluster);
+            let preload = async move {
+                if let Err(error) = scripts.load(&mut conn).await {
+                    tracing::debug!(%error, "dlock redis could not preload its scripts");
+                }
+            };
+            if config.is_redlock() {
+                tokio::spawn(preload);
+            } else {
+                preload.await;
+            }
         }
         let backend = RedisBackend {
             inner: Arc::new(Inner {

@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult};
 
-use super::{Attempt, Keys, Node};
-use crate::keys::Names;
+use super::Node;
 
 /// The error of a write that fewer than `replicas` replicas acknowledged
 /// (`acked` did) within `timeout`.
@@ -31,7 +30,7 @@ impl Node {
     }
 
     /// `WAIT replicas timeout`, if the node waits for replicas.
-    pub(super) fn wait_command(&self) -> Option<Cmd> {
+    pub(crate) fn wait_command(&self) -> Option<Cmd> {
         let (replicas, timeout) = self.wait?;
         let mut wait = redis::cmd("WAIT");
         wait.arg(replicas).arg(
@@ -43,7 +42,7 @@ impl Node {
     }
 
     /// `acked`, if it is fewer replicas than the node waits for.
-    pub(super) fn short_of_replicas(&self, acked: Option<i64>) -> Option<i64> {
+    pub(crate) fn short_of_replicas(&self, acked: Option<i64>) -> Option<i64> {
         let (replicas, _) = self.wait?;
         acked.filter(|&acked| acked < i64::from(replicas))
     }
@@ -54,18 +53,9 @@ impl Node {
         unacknowledged(acked, replicas, timeout)
     }
 
-    /// `granted`, or [`Attempt::Unacknowledged`] if too few replicas
-    /// acknowledged it.
-    pub(super) fn acknowledged(&self, granted: Attempt, acked: Option<i64>) -> Attempt {
-        match self.short_of_replicas(acked) {
-            Some(acked) => Attempt::Unacknowledged(acked),
-            None => granted,
-        }
-    }
-
     /// `cmd`'s answer; with `wait_replicas`, and `WAIT`'s answer, the two
     /// pipelined on one connection.
-    pub(super) async fn query_acked<T: FromRedisValue>(
+    pub(crate) async fn query_acked<T: FromRedisValue>(
         &self,
         cmd: Cmd,
     ) -> RedisResult<(T, Option<i64>)> {
@@ -81,19 +71,16 @@ impl Node {
 
     /// [`run`](Node::run), with the script's `WAIT` as in
     /// [`query_acked`](Node::query_acked).
-    pub(super) async fn run_acked<T: FromRedisValue>(
+    pub(crate) async fn run_acked<T: FromRedisValue>(
         &self,
         script: &redis::Script,
-        names: &Names,
-        keys: Keys,
         args: impl FnOnce(&mut Cmd),
     ) -> RedisResult<(T, Option<i64>)> {
         if self.wait.is_none() {
-            return Ok((self.run(script, names, keys, args).await?, None));
+            return Ok((self.run(script, args).await?, None));
         }
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash());
-        keys.write(&mut cmd, names);
         args(&mut cmd);
         match self.query_acked(cmd.clone()).await {
             Err(e) if e.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript) => {

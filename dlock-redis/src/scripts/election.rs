@@ -1,6 +1,71 @@
 //! The holder's scripts: proclaim a value beside the lock, and read the
 //! holder back (its fence, lease left and value).
 
+use std::time::Duration;
+
+use redis::{ErrorKind, RedisError, RedisResult};
+
+use super::{of, Keys};
+use crate::{keys::Names, node::Node};
+
+/// A plain lock's holder, as the holder script reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct HolderRead {
+    pub(crate) fence: u64,
+    /// The lease it has left, if the key has one.
+    pub(crate) lease_left: Option<Duration>,
+    pub(crate) value: Option<Vec<u8>>,
+}
+
+/// Publishes `value` as what `token`, the holder of the plain lock,
+/// says; `false` if it does not hold it.
+pub(crate) async fn proclaim(
+    node: &Node,
+    names: &Names,
+    token: &str,
+    value: &[u8],
+) -> RedisResult<bool> {
+    let written: i64 = node
+        .run(&of(node).proclaim, |cmd| {
+            Keys::Value.write(cmd, names);
+            cmd.arg(token).arg(value).arg(names.holder_channel());
+        })
+        .await?;
+    Ok(written == 1)
+}
+
+/// The plain lock's holder: its fence, the lease it has left, and
+/// what it proclaimed.
+pub(crate) async fn holder(node: &Node, names: &Names) -> RedisResult<Option<HolderRead>> {
+    let read: Option<Vec<Vec<u8>>> = node
+        .run(&of(node).holder, |cmd| Keys::Value.write(cmd, names))
+        .await?;
+    let Some(mut read) = read else {
+        return Ok(None);
+    };
+    let value = (read.len() > 2).then(|| read.swap_remove(2));
+    let number =
+        |at: usize| -> Option<i64> { std::str::from_utf8(read.get(at)?).ok()?.parse().ok() };
+    let fence = number(0)
+        .and_then(|fence| u64::try_from(fence).ok())
+        .filter(|&fence| fence > 0)
+        .ok_or_else(|| {
+            RedisError::from((
+                ErrorKind::Parse,
+                "the lock is held, but its fence counter is missing",
+            ))
+        })?;
+    // A key without a TTL is not a lock of ours: no end to wait for.
+    let lease_left = number(1)
+        .and_then(|ms| u64::try_from(ms).ok())
+        .map(Duration::from_millis);
+    Ok(Some(HolderRead {
+        fence,
+        lease_left,
+        value,
+    }))
+}
+
 /// Publish what the holder says (`dlock_core::backend::Backend::proclaim`)
 /// if the token holds the lock.
 ///

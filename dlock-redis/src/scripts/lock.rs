@@ -1,5 +1,163 @@
-//! The plain lock's scripts: acquire (with the fence counter, and why its
-//! tokens only grow), release and renew.
+//! The plain lock's acquire and release: their scripts, arguments and
+//! answers (the fence counter, and why its tokens only grow, is at
+//! [`ACQUIRE`]).
+
+use redis::RedisResult;
+
+use super::{of, Keys};
+use crate::{keys::Names, node::Node};
+
+#[cfg(test)]
+mod tests;
+
+/// What one acquire attempt found on one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Attempt {
+    /// Our token holds the lock; the fencing counter's value.
+    Acquired(u64),
+    /// Another token holds it: worth checking again in this many
+    /// milliseconds, when its lease ends (`None` when the key has no TTL:
+    /// someone wrote it without dlock, or an attempt that does not queue
+    /// was refused, which does not ask how long).
+    Held(Option<u64>),
+    /// A release handed it to another waiter, the first in line, who has
+    /// this many milliseconds left to take it.
+    NotOurTurn(u64),
+    /// Granted, but fewer replicas than `wait_replicas` asks for (this
+    /// many) acknowledged the grant: it does not count.
+    Unacknowledged(i64),
+}
+
+/// Where an attempt stands in the key's line of waiters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Place {
+    /// A single attempt: it does not queue.
+    None,
+    /// Last in line, placed by the server's clock (one node).
+    Last,
+    /// At this score, the same on every node (Redlock: the waiter's clock
+    /// in µs when it started waiting, so that every node orders the line
+    /// alike).
+    At(u64),
+}
+
+/// The script's argument: "" for none, "0" for last, else the score.
+impl redis::ToRedisArgs for Place {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        match *self {
+            Place::None => out.write_arg(b""),
+            Place::Last => out.write_arg(b"0"),
+            Place::At(score) => out.write_arg_fmt(score.max(1)),
+        }
+    }
+}
+
+/// One acquire attempt; one that is refused takes (or refreshes) its
+/// ticket at `place`, lapsing after `ticket_ms`.
+///
+/// An attempt that neither queues nor counts a fence (Redlock's first)
+/// is a plain `SET NX PX`: a free key may be taken by anyone (see
+/// the acquire script), and the server spares a script run.
+pub(crate) async fn acquire(
+    node: &Node,
+    names: &Names,
+    token: &str,
+    lease_ms: u64,
+    fence: bool,
+    place: Place,
+    ticket_ms: u64,
+) -> RedisResult<Attempt> {
+    if place == Place::None && !fence {
+        let mut set = redis::cmd("SET");
+        set.arg(&names.lock)
+            .arg(token)
+            .arg("NX")
+            .arg("PX")
+            .arg(lease_ms);
+        let (set, acked): (Option<String>, _) = node.query_acked(set).await?;
+        return Ok(match set {
+            Some(_) => acknowledged(node, 0, acked),
+            None => Attempt::Held(None),
+        });
+    }
+    let keys = if place == Place::None {
+        Keys::Lock
+    } else {
+        Keys::Line
+    };
+    let ((status, value), acked): ((i64, i64), _) = node
+        .run_acked(&of(node).acquire, |cmd| {
+            keys.write(cmd, names);
+            cmd.arg(token)
+                .arg(lease_ms)
+                .arg(if fence { "1" } else { "0" });
+            if place != Place::None {
+                cmd.arg(names.channel()).arg(place).arg(ticket_ms);
+            }
+        })
+        .await?;
+    Ok(match status {
+        1 => acknowledged(node, u64::try_from(value).unwrap_or(0), acked),
+        2 => Attempt::NotOurTurn(u64::try_from(value).unwrap_or(0)),
+        _ => Attempt::Held(u64::try_from(value).ok()),
+    })
+}
+
+/// A grant with `fence`, or [`Attempt::Unacknowledged`] if too few
+/// replicas acknowledged it.
+fn acknowledged(node: &Node, fence: u64, acked: Option<i64>) -> Attempt {
+    match node.short_of_replicas(acked) {
+        Some(acked) => Attempt::Unacknowledged(acked),
+        None => Attempt::Acquired(fence),
+    }
+}
+
+/// Releases the lock if `token` holds it. With `Place::None` the token
+/// also leaves the line (a release, or a wait given up); otherwise it
+/// stays in line at `place` (a Redlock grant given back). Either way,
+/// a lock left free is handed to the first waiter in line, who is
+/// told. A release sent again after its reply was lost answers `true`
+/// and does nothing.
+pub(crate) async fn release(
+    node: &Node,
+    names: &Names,
+    token: &str,
+    place: Place,
+    ticket_ms: u64,
+) -> RedisResult<bool> {
+    release_with(node, Keys::Release, names, token, place, ticket_ms).await
+}
+
+/// [`release`] for `force_release`, which names the
+/// holder's token: it leaves no record that the holder released, so
+/// the holder's own release still answers `false`.
+pub(crate) async fn force_release(node: &Node, names: &Names, token: &str) -> RedisResult<bool> {
+    release_with(node, Keys::LineAndValue, names, token, Place::None, 0).await
+}
+
+async fn release_with(
+    node: &Node,
+    keys: Keys,
+    names: &Names,
+    token: &str,
+    place: Place,
+    ticket_ms: u64,
+) -> RedisResult<bool> {
+    let released: i64 = node
+        .run(&of(node).release, |cmd| {
+            keys.write(cmd, names);
+            cmd.arg(token)
+                .arg(names.channel())
+                .arg(place)
+                .arg(ticket_ms)
+                .arg(names.holder_channel());
+        })
+        .await?;
+    Ok(released == 1)
+}
 
 /// Acquire in one round trip.
 ///
@@ -236,437 +394,3 @@ end
 return released
 "
 );
-
-/// `renew(lock, counter, value, token, lease)`, the body of [`RENEW`] and
-/// [`RENEW_MANY`]: extends the lease if the token holds the lock (its
-/// value marked or not, see [`RELEASE`]), and the fence counter's life
-/// with it (see [`ACQUIRE`]; a key without a counter, as on Redlock, is
-/// left so). Returns 1 if renewed, else 0.
-///
-/// A proclaimed value (see [`PROCLAIM`](super::election::PROCLAIM))
-/// lives twice the lease, and is kept alive with the counter (whose TTL
-/// has a floor, see [`ACQUIRE`]).
-macro_rules! renew_lua {
-    () => {
-        r"
-local function renew(lock, counter, value, token, lease)
-  local holder = redis.call('GET', lock)
-  if holder == token or holder == token .. '+' then
-    redis.call('PEXPIRE', counter, math.max(2 * lease, 600000))
-    redis.call('PEXPIRE', value, 2 * lease)
-    return redis.call('PEXPIRE', lock, lease)
-  end
-  return 0
-end
-"
-    };
-}
-
-/// Renews one lock (see `renew_lua!`).
-///
-/// KEYS: lock, fence counter, proclaimed value. ARGV: token, lease in ms.
-/// Returns 1 if renewed, else 0.
-pub(super) const RENEW: &str = concat!(
-    renew_lua!(),
-    "return renew(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2])\n"
-);
-
-/// Renews many locks of one node in one call (see `renew_lua!`): a
-/// watchdog tick's renewals cost the server one script call per batch
-/// rather than one per lock.
-///
-/// KEYS: each lock's lock, fence counter and proclaimed value, in turn.
-/// ARGV: each lock's token and lease in ms, in the same order. Returns 1
-/// or 0 for each lock, in order.
-pub(super) const RENEW_MANY: &str = concat!(
-    renew_lua!(),
-    r"
-local renewed = {}
-for i = 1, #KEYS / 3 do
-  renewed[i] = renew(KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i], ARGV[2 * i - 1], ARGV[2 * i])
-end
-return renewed
-"
-);
-
-#[cfg(test)]
-mod tests {
-    use dlock_testkit::fixture::RedisServer;
-    use redis::Script;
-
-    use crate::scripts::scripts;
-
-    async fn acquire(conn: &mut redis::aio::MultiplexedConnection, token: &str) -> (i64, i64) {
-        acquire_queued(conn, token, true).await
-    }
-
-    /// An attempt that stands in line if refused (`queue`), or one that
-    /// does not (a single attempt: the line's two keys and the last three
-    /// arguments left out, as the backend sends it).
-    async fn acquire_queued(
-        conn: &mut redis::aio::MultiplexedConnection,
-        token: &str,
-        queue: bool,
-    ) -> (i64, i64) {
-        let script = &scripts(false).acquire;
-        let mut call = if queue {
-            on_key(script)
-        } else {
-            let mut call = script.key("dlock:{k}");
-            call.key("dlock:{k}:fence");
-            call
-        };
-        call.arg(token).arg(10_000).arg("1");
-        if queue {
-            call.arg("dlock:{k}:released").arg("0").arg(10_000);
-        }
-        call.invoke_async(conn).await.expect("acquire script")
-    }
-
-    /// `script` on the names of key `k`.
-    fn on_key(script: &Script) -> redis::ScriptInvocation<'_> {
-        let mut call = script.key("dlock:{k}");
-        call.key("dlock:{k}:fence")
-            .key("dlock:{k}:queue")
-            .key("dlock:{k}:tickets");
-        call
-    }
-
-    async fn release(conn: &mut redis::aio::MultiplexedConnection, token: &str) -> i64 {
-        on_key(&scripts(false).release)
-            .arg(token)
-            .arg("dlock:{k}:released")
-            .arg("")
-            .arg(0)
-            .invoke_async(conn)
-            .await
-            .expect("release script")
-    }
-
-    /// First come, first served, at the script: a release that finds
-    /// waiters hands the lock to the first in line, with a fence above
-    /// the last, and to nobody else, whether or not the one asking queues
-    /// (a plain `SET NX`, as Redlock's first attempt sends, included).
-    #[tokio::test]
-    async fn a_released_lock_goes_only_to_the_first_in_line() {
-        let server = RedisServer::start().expect("redis-server");
-        let mut conn = server.connection().await;
-        let (won, holder_fence) = acquire(&mut conn, "holder").await;
-        assert_eq!(won, 1);
-        assert_eq!(acquire(&mut conn, "first").await.0, 0, "held: first queues");
-        assert_eq!(
-            acquire(&mut conn, "second").await.0,
-            0,
-            "held: second queues"
-        );
-        assert_eq!(release(&mut conn, "holder").await, 1);
-        for (token, queue) in [("second", true), ("newcomer", false), ("newcomer", true)] {
-            let (status, _) = acquire_queued(&mut conn, token, queue).await;
-            assert_eq!(
-                status, 2,
-                "{token} took the lock ahead of the first in line"
-            );
-        }
-        let set: Option<String> = redis::cmd("SET")
-            .arg("dlock:{k}")
-            .arg("plain")
-            .arg("NX")
-            .arg("PX")
-            .arg(10_000)
-            .query_async(&mut conn)
-            .await
-            .expect("SET");
-        assert_eq!(set, None, "a plain SET NX took a handed lock");
-        let (won, first_fence) = acquire(&mut conn, "first").await;
-        assert_eq!(won, 1, "the first in line is refused");
-        assert!(
-            first_fence > holder_fence,
-            "a handed lock's fence {first_fence} after {holder_fence}"
-        );
-        assert_eq!(release(&mut conn, "first").await, 1);
-        assert_eq!(acquire(&mut conn, "second").await.0, 1, "then the second");
-    }
-
-    /// A waiter that gives up while the lock is handed to it passes the
-    /// lock on to the next in line, and a lock released with nobody left
-    /// in line is free.
-    #[tokio::test]
-    async fn a_handed_lock_given_up_passes_to_the_next() {
-        let server = RedisServer::start().expect("redis-server");
-        let mut conn = server.connection().await;
-        assert_eq!(acquire(&mut conn, "holder").await.0, 1);
-        assert_eq!(acquire(&mut conn, "first").await.0, 0);
-        assert_eq!(acquire(&mut conn, "second").await.0, 0);
-        assert_eq!(release(&mut conn, "holder").await, 1);
-        assert_eq!(
-            release(&mut conn, "first").await,
-            0,
-            "a handed lock not yet taken is not held"
-        );
-        assert_eq!(acquire_queued(&mut conn, "newcomer", false).await.0, 2);
-        assert_eq!(acquire(&mut conn, "second").await.0, 1, "passed on");
-        assert_eq!(release(&mut conn, "second").await, 1);
-        assert_eq!(
-            acquire_queued(&mut conn, "newcomer", false).await.0,
-            1,
-            "free once nobody waits"
-        );
-    }
-
-    /// The fence is the server's clock in µs, written to the counter digit
-    /// for digit, also when the µs part has fewer than six digits; and one
-    /// more than the counter when the counter is ahead of the clock. The
-    /// counter lives ten minutes for a short lease, twice a long one, and
-    /// with `keep` never less than it had. The server's `TIME` is shadowed,
-    /// so that each case is met every run.
-    #[tokio::test]
-    async fn the_fence_is_the_clock_in_microseconds_digit_for_digit() {
-        let server = RedisServer::start().expect("redis-server");
-        let mut conn = server.connection().await;
-        let script = Script::new(&format!(
-            "local real = redis\n\
-             local redis = {{call = function(command, ...)\n\
-               if command == 'TIME' then return {{ARGV[1], ARGV[2]}} end\n\
-               return real.call(command, ...)\n\
-             end}}\n{}\nreturn fence(ARGV[3], ARGV[4] == 'keep')",
-            fence_lua!()
-        ));
-        let (secs, short, long) = ("1764250000", 30_000, 900_000);
-        let cases = [
-            // (the counter before and its TTL, TIME's µs, the lease,
-            // `keep`, the fence, the counter's TTL after, at most and at
-            // least)
-            (
-                None,
-                "42",
-                short,
-                "",
-                1_764_250_000_000_042_i64,
-                (600_000, 599_000),
-            ),
-            (
-                None,
-                "0",
-                short,
-                "",
-                1_764_250_000_000_000,
-                (600_000, 599_000),
-            ),
-            (
-                None,
-                "999999",
-                long,
-                "",
-                1_764_250_000_999_999,
-                (1_800_000, 1_799_000),
-            ),
-            (
-                Some(("1764250000000041", 5_000)),
-                "42",
-                short,
-                "",
-                1_764_250_000_000_042,
-                (600_000, 599_000),
-            ),
-            (
-                Some(("1764250009000005", 5_000)),
-                "42",
-                short,
-                "",
-                1_764_250_009_000_006,
-                (600_000, 599_000),
-            ),
-            (
-                Some(("1", 5_000_000)),
-                "42",
-                short,
-                "keep",
-                1_764_250_000_000_042,
-                (5_000_000, 4_999_000),
-            ),
-            (
-                Some(("1", 5_000)),
-                "7",
-                short,
-                "keep",
-                1_764_250_000_000_007,
-                (600_000, 599_000),
-            ),
-        ];
-        for (counter, us, lease, keep, expected, (most, least)) in cases {
-            let _: () = redis::cmd("DEL")
-                .arg("c")
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            if let Some((counter, ttl)) = counter {
-                let _: () = redis::cmd("SET")
-                    .arg("c")
-                    .arg(counter)
-                    .arg("PX")
-                    .arg(ttl)
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap();
-            }
-            let fence: i64 = script
-                .key("lock")
-                .key("c")
-                .arg(secs)
-                .arg(us)
-                .arg(lease)
-                .arg(keep)
-                .invoke_async(&mut conn)
-                .await
-                .expect("fence");
-            let (kept, ttl): (String, i64) = redis::pipe()
-                .cmd("GET")
-                .arg("c")
-                .cmd("PTTL")
-                .arg("c")
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            let case = format!("counter {counter:?}, µs {us}, lease {lease} {keep}");
-            assert_eq!(fence, expected, "{case}");
-            assert_eq!(kept, expected.to_string(), "{case}: the counter");
-            assert!(
-                (least..=most).contains(&ttl),
-                "{case}: the counter's TTL {ttl}"
-            );
-        }
-    }
-
-    /// The branch for a token that holds the lock already (its first reply
-    /// was lost) never answers a fence of 0, or one below an earlier token,
-    /// though the counter is gone.
-    #[tokio::test]
-    async fn re_acquiring_without_a_counter_gives_a_greater_fence() {
-        let server = RedisServer::start().expect("redis-server");
-        let mut conn = server.connection().await;
-        let (won, first) = acquire(&mut conn, "t1").await;
-        assert_eq!(won, 1);
-        let _: () = redis::cmd("DEL")
-            .arg("dlock:{k}:fence")
-            .query_async(&mut conn)
-            .await
-            .expect("DEL");
-        let (won, again) = acquire(&mut conn, "t1").await;
-        assert_eq!(won, 1, "the holder's token re-acquires");
-        assert!(again > first, "re-acquired fence {again} after {first}");
-        let (won, _) = acquire(&mut conn, "t2").await;
-        assert_eq!(won, 0, "another token does not");
-    }
-
-    /// A release hands the lock to the first live waiter, however many
-    /// lapsed tickets stand ahead of it (pruning drops 100 per run; the
-    /// rest are passed over, never handed the lock).
-    #[tokio::test]
-    async fn a_release_passes_over_any_number_of_lapsed_tickets() {
-        let server = RedisServer::start().expect("redis-server");
-        let mut conn = server.connection().await;
-        assert_eq!(acquire(&mut conn, "holder").await.0, 1);
-        // More than the two prunes before the hand-over drop (the live
-        // waiter's refused attempt runs one, the release another).
-        for i in 0..300 {
-            let () = redis::pipe()
-                .cmd("ZADD")
-                .arg("dlock:{k}:queue")
-                .arg(i + 1)
-                .arg(format!("dead{i}"))
-                .ignore()
-                .cmd("ZADD")
-                .arg("dlock:{k}:tickets")
-                .arg(1)
-                .arg(format!("dead{i}"))
-                .ignore()
-                .query_async(&mut conn)
-                .await
-                .expect("ZADD");
-        }
-        assert_eq!(acquire(&mut conn, "live").await.0, 0, "held: live queues");
-        assert_eq!(release(&mut conn, "holder").await, 1);
-        let handed: Option<String> = redis::cmd("GET")
-            .arg("dlock:{k}")
-            .query_async(&mut conn)
-            .await
-            .expect("GET");
-        assert_eq!(handed.as_deref(), Some("next:live"));
-    }
-
-    async fn get(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<String> {
-        redis::cmd("GET")
-            .arg(key)
-            .query_async(conn)
-            .await
-            .expect("GET")
-    }
-
-    /// A give-back (Redlock's, of a minority grant) that stays in line
-    /// behind another holder marks that holder, so that its release hands
-    /// the lock to the line instead of freeing it unannounced.
-    #[tokio::test]
-    async fn a_give_back_that_stays_in_line_marks_the_holder() {
-        let server = RedisServer::start().expect("redis-server");
-        let mut conn = server.connection().await;
-        assert_eq!(acquire(&mut conn, "holder").await.0, 1);
-        let released: i64 = on_key(&scripts(false).release)
-            .arg("waiter")
-            .arg("dlock:{k}:released")
-            .arg("0")
-            .arg(10_000)
-            .arg("")
-            .invoke_async(&mut conn)
-            .await
-            .expect("give back");
-        assert_eq!(released, 0, "the waiter held nothing");
-        assert_eq!(
-            get(&mut conn, "dlock:{k}").await.as_deref(),
-            Some("holder+")
-        );
-        assert_eq!(release(&mut conn, "holder").await, 1);
-        assert_eq!(
-            get(&mut conn, "dlock:{k}").await.as_deref(),
-            Some("next:waiter")
-        );
-    }
-
-    /// A proclaim leaves the waiting-line mark alone (it says only that
-    /// someone waits), and a release with nobody in line still deletes
-    /// the value.
-    #[tokio::test]
-    async fn a_proclaim_does_not_mark_the_line_and_its_value_goes_with_the_release() {
-        let server = RedisServer::start().expect("redis-server");
-        let mut conn = server.connection().await;
-        assert_eq!(acquire(&mut conn, "holder").await.0, 1);
-        let written: i64 = scripts(false)
-            .proclaim
-            .key("dlock:{k}")
-            .key("dlock:{k}:fence")
-            .key("dlock:{k}:value")
-            .arg("holder")
-            .arg("v")
-            .arg("dlock:{k}:holder")
-            .invoke_async(&mut conn)
-            .await
-            .expect("proclaim");
-        assert_eq!(written, 1);
-        assert_eq!(get(&mut conn, "dlock:{k}").await.as_deref(), Some("holder"));
-        let released: i64 = on_key(&scripts(false).release)
-            .key("dlock:{k}:value")
-            .arg("holder")
-            .arg("dlock:{k}:released")
-            .arg("")
-            .arg(0)
-            .arg("dlock:{k}:holder")
-            .invoke_async(&mut conn)
-            .await
-            .expect("release");
-        assert_eq!(released, 1);
-        assert_eq!(
-            get(&mut conn, "dlock:{k}:value").await,
-            None,
-            "the value stayed"
-        );
-    }
-}

@@ -1,5 +1,71 @@
 //! Read-write locks' and semaphores' scripts: acquire, release and renew
-//! of an entry among a key's holders.
+//! of an entry among a key's holders, their arguments and answers.
+
+use std::sync::OnceLock;
+
+use dlock_core::backend::Mode;
+use redis::{RedisResult, Script};
+
+use super::{lock::Place, of, Keys};
+use crate::{keys::Names, node::Node};
+
+/// What one attempt at a read-write lock or semaphore found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SharedAttempt {
+    /// The entry holds; the fencing counter's value.
+    Acquired(u64),
+    /// Refused: worth checking again in this many milliseconds, when a
+    /// holder's lease or a ticket ahead runs out (`None`: nothing will
+    /// run out by itself).
+    Held(Option<u64>),
+    /// The semaphore's holders or waiters name this limit, not ours.
+    OtherLimit(u32),
+    /// Granted, but fewer replicas than `wait_replicas` asks for (this
+    /// many) acknowledged the grant: it does not count.
+    Unacknowledged(i64),
+}
+
+/// One attempt at a read-write lock or semaphore (`names` from
+/// `shared_names`, `entry` from `keys::entry`); with `queue`, one that is
+/// refused stands last in line, its ticket lapsing with its lease.
+pub(crate) async fn acquire(
+    node: &Node,
+    names: &Names,
+    entry: &str,
+    lease_ms: u64,
+    queue: bool,
+) -> RedisResult<SharedAttempt> {
+    let ((status, value), acked): ((i64, i64), _) = node
+        .run_acked(&of(node).shared_acquire, |cmd| {
+            Keys::Line.write(cmd, names);
+            cmd.arg(entry)
+                .arg(lease_ms)
+                .arg(if queue { "1" } else { "0" })
+                .arg(Place::Last)
+                .arg(lease_ms);
+        })
+        .await?;
+    Ok(match status {
+        1 => match node.short_of_replicas(acked) {
+            Some(acked) => SharedAttempt::Unacknowledged(acked),
+            None => SharedAttempt::Acquired(u64::try_from(value).unwrap_or(0)),
+        },
+        3 => SharedAttempt::OtherLimit(u32::try_from(value).unwrap_or(0)),
+        _ => SharedAttempt::Held(u64::try_from(value).ok()),
+    })
+}
+
+/// Takes `entry` out of a read-write lock's or semaphore's holders and
+/// line, and wakes the waiters that are now admitted; `true` if it held.
+pub(crate) async fn release(node: &Node, names: &Names, entry: &str) -> RedisResult<bool> {
+    let released: i64 = node
+        .run(&of(node).shared_release, |cmd| {
+            Keys::Line.write(cmd, names);
+            cmd.arg(entry).arg(names.channel());
+        })
+        .await?;
+    Ok(released == 1)
+}
 
 /// What read-write locks and semaphores share: an entry's mode, the
 /// admission rule, and the fence counter.
@@ -56,6 +122,35 @@ local function keep(key, ms)
 end
 "
     };
+}
+
+/// How many permits the semaphore's holders whose lease (their score, in
+/// server ms) has not ended by the server's clock take, read with that
+/// clock in one script, routed by the key (on Cluster too); their entries
+/// say their counts.
+pub(crate) async fn permits_taken(node: &Node, names: &Names) -> RedisResult<u32> {
+    static READ: OnceLock<Script> = OnceLock::new();
+    let read = READ.get_or_init(|| {
+        Script::new(
+            "local t = redis.call('TIME') \
+             return {t[1], t[2], redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')}",
+        )
+    });
+    let (secs, micros, holders): (u64, u64, Vec<(String, f64)>) = read
+        .key(&names.lock)
+        .invoke_async(&mut node.connection())
+        .await?;
+    let now_ms = (secs * 1000 + micros / 1000) as f64;
+    Ok(holders
+        .iter()
+        .filter(|(_, ends)| *ends > now_ms)
+        .filter_map(
+            |(entry, _)| match Mode::from_tag(entry.rsplit('|').next()?)? {
+                Mode::Permits { count, .. } => Some(count),
+                _ => None,
+            },
+        )
+        .sum())
 }
 
 /// A read-write lock's or a semaphore's acquire, in one round trip.
