@@ -1,8 +1,9 @@
 //! `layout=etcdctl` against a real etcd: dlock and `etcdctl lock` exclude
 //! each other, nested names stay apart, a key left under an entry's name
 //! is never taken over (and a wait for it survives a compacted watch),
-//! and a guard lost with its session or its fixed lease holds up nothing
-//! (one that extends its fixed lease still excludes).
+//! a guard lost with its session or its fixed lease holds up nothing
+//! (one that extends its fixed lease still excludes), and an acquisition
+//! cancelled mid-enqueue never costs the next one its key.
 
 use std::time::Duration;
 
@@ -484,4 +485,45 @@ async fn with_the_etcdctl_layout_a_wait_for_a_left_key_survives_a_compacted_watc
     assert!(!granted.is_lost());
     granted.release().await.unwrap();
     assert!(deleted.elapsed() < Duration::from_secs(5));
+}
+
+/// With the etcdctl layout, an acquisition cancelled at any point of its
+/// enqueue (whose request runs on, and whose release follows) shares its
+/// entry's name with the next acquisition of its key in the same process,
+/// on the same session: that one is never handed the cancelled one's key,
+/// nor loses its own to the cancelled one's clean-up. Each round cancels
+/// a little later; the next holder's key must stay, and exclude others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_etcdctl_layout_a_cancelled_enqueue_never_takes_the_next_holders_key() {
+    let (_server, url, mut client) = etcdctl_layout().await;
+    let (locker, other) = (locker(&url).await, locker(&url).await);
+    // The session exists before the first round.
+    locker.lock("job").await.unwrap().release().await.unwrap();
+    for round in 0..30u64 {
+        let cancelled =
+            tokio::time::timeout(Duration::from_micros(round * 150), locker.lock("job")).await;
+        if let Ok(guard) = cancelled {
+            guard.unwrap().release().await.unwrap();
+            continue;
+        }
+        let held = locker
+            .lock_with("job", LockOptions::new().wait(Duration::from_secs(10)))
+            .await
+            .expect("the next acquisition");
+        // Whatever the cancelled one left runs to its end meanwhile.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = entries(&mut client, "job/").await;
+        assert_eq!(now.len(), 1, "round {round}: entries {now:?}");
+        assert_eq!(
+            Some(u64::try_from(now[0].1).unwrap()),
+            held.fencing_token(),
+            "round {round}: the holder's key is another's"
+        );
+        assert!(
+            other.try_lock("job").await.unwrap().is_none(),
+            "round {round}: granted beside the holder"
+        );
+        held.release().await.unwrap();
+    }
+    until_empty(&mut client, "job/").await;
 }
