@@ -179,6 +179,22 @@ impl RedisBackend {
         Err(first_error(answers))
     }
 
+    /// A `PING` to every node, each within `within`: `Ok` when a quorum
+    /// answers.
+    async fn ping_quorum(&self, within: Duration) -> Result<()> {
+        let answers = self
+            .on_every_node(Some(within), |node| {
+                let mut conn = node.connection();
+                async move { redis::cmd("PING").query_async::<()>(&mut conn).await }
+            })
+            .await;
+        let up = answers.iter().filter(|a| a.is_ok()).count();
+        if up >= self.inner.quorum {
+            return Ok(());
+        }
+        Err(first_error(answers))
+    }
+
     /// A holder's value and the reads of it need one holder: Redlock has
     /// none to read (a value on a majority is not one value), and without
     /// fences (`fence=off`) nothing orders the holders.
@@ -227,17 +243,7 @@ impl Backend for RedisBackend {
     /// half a second, well inside the Locker's bound, so that one dead
     /// Redlock node does not turn a quorum's answer into an error.
     async fn check_servers(&self) -> Result<()> {
-        let answers = self
-            .on_every_node(Some(Duration::from_millis(500)), |node| {
-                let mut conn = node.connection();
-                async move { redis::cmd("PING").query_async::<()>(&mut conn).await }
-            })
-            .await;
-        let up = answers.iter().filter(|a| a.is_ok()).count();
-        if up >= self.inner.quorum {
-            return Ok(());
-        }
-        Err(first_error(answers))
+        self.ping_quorum(Duration::from_millis(500)).await
     }
 
     fn capabilities(&self) -> Capabilities {

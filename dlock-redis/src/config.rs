@@ -22,7 +22,7 @@ use dlock_core::{
 ///   the replicas is asynchronous: see the README's "In production".
 /// - `redis+sentinel://[user:password@]s1:p1,s2:p2/MASTER[/db][?sentinel_user=…&sentinel_password=…]`:
 ///   the master the sentinels name `MASTER`, followed through failovers
-///   (see [`RedisBackend`](crate::RedisBackend)'s "Sentinel"). The user
+///   (see the [crate docs](crate), "Redis Sentinel"). The user
 ///   and password are the data nodes'; `sentinel_user` and
 ///   `sentinel_password` authenticate to the sentinels, if they ask.
 ///   `rediss+sentinel://` speaks TLS to both, with the same files.

@@ -214,9 +214,7 @@ impl RedisBackend {
             }),
         };
         if config.is_redlock() {
-            backend
-                .require_quorum_reachable(config.connect_timeout())
-                .await?;
+            backend.ping_quorum(config.connect_timeout()).await?;
         }
         if !config.is_cluster() {
             // A cluster needs Redis 7 (shard channels), and its `INFO`
@@ -266,32 +264,6 @@ impl RedisBackend {
             }
         }
         Ok(())
-    }
-
-    async fn require_quorum_reachable(&self, within: Duration) -> Result<()> {
-        let pings = self.inner.nodes.iter().map(|node| async move {
-            let mut conn = node.connection();
-            tokio::time::timeout(within, redis::cmd("PING").query_async::<String>(&mut conn)).await
-        });
-        let answers = join_all(pings).await;
-        let up = answers.iter().filter(|a| matches!(a, Ok(Ok(_)))).count();
-        if up >= self.inner.quorum {
-            return Ok(());
-        }
-        let first_error = answers.into_iter().find_map(|a| match a {
-            Ok(Err(e)) => Some(backend_error(e)),
-            Err(_) => None,
-            Ok(Ok(_)) => None,
-        });
-        Err(first_error.unwrap_or_else(|| {
-            LockError::backend(
-                NAME,
-                std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "too few Redlock nodes answered within the connect timeout",
-                ),
-            )
-        }))
     }
 
     /// Feeds the connection state from one step's answers: a quorum that
