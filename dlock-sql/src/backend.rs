@@ -4,14 +4,16 @@
 use std::{
     collections::HashMap,
     fmt,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{atomic::AtomicBool, Arc, Mutex, MutexGuard},
     time::Duration,
 };
 
 use dlock_core::{
     backend::{
-        unsupported_holder, AcquireRequest, Acquired, Backend, Capabilities, Holder, LeaseTimers,
-        LocalTurn, LocalTurns, Mode, ReleaseOutcome, RenewOutcome, RenewRequest,
+        unsupported_holder,
+        wait::{drive, StepError},
+        AcquireRequest, Acquired, Backend, Capabilities, Holder, LeaseTimers, LocalTurn,
+        LocalTurns, Mode, ReleaseOutcome, RenewOutcome, RenewRequest,
     },
     LockError, LockKey, Result, Token,
 };
@@ -19,15 +21,12 @@ use tokio::{sync::Semaphore, time::Instant};
 
 use crate::Dialect;
 
-/// This process's turn at a lock identifier.
-type Turn<D> = LocalTurn<<D as Dialect>::Id>;
-
 mod acquire;
 mod queue;
 mod release;
 mod session;
 
-use session::{answered_within, EndOnDrop, Retry, Session};
+use session::{answered_within, EndOnDrop, Session};
 
 /// A database lock server, through dialect `D`: see the backend crates
 /// (`dlock-postgres`, `dlock-mysql`) for how each server locks.
@@ -131,7 +130,7 @@ struct Owned<D: Dialect> {
     releasing: Arc<tokio::sync::Mutex<()>>,
     /// This process's turn at the key (none for a queued mode, whose
     /// entries never share a session lock).
-    _turn: Option<Turn<D>>,
+    _turn: Option<LocalTurn<D::Id>>,
     /// When a fixed lease ends: the lock is not renewable from then on,
     /// though its release (sent then) may not have been answered yet.
     fixed_end: Option<Instant>,
@@ -164,6 +163,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 fn backend_error<D: Dialect>(e: impl std::error::Error + Send + Sync + 'static) -> LockError {
     LockError::backend(D::NAME, e)
+}
+
+/// A statement's failure on `session`, as a wait step's: worth trying
+/// again (on a new session) if the session ended.
+fn step_error<D: Dialect>(session: &Session<D>, e: sqlx::Error) -> StepError {
+    let error = backend_error::<D>(e);
+    if session.is_usable() {
+        StepError::Fatal(error)
+    } else {
+        StepError::Retry(error)
+    }
 }
 
 /// The dialect's own features (PostgreSQL's locks on the caller's
@@ -241,8 +251,22 @@ impl<D: Dialect> Backend for SqlBackend<D> {
             .session_leases(true)
     }
 
+    /// Driven by core's wait engine, with the steps of a lock the server
+    /// has (an attempt, then a wait on the server) or of a queued mode (an
+    /// entry in the queue table, then a wait for the entry ahead).
     async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Acquired>> {
-        self.lock_or_wait(&req).await
+        let id = self.inner.dialect.lock_id(req.key, req.mode);
+        if self.inner.dialect.queues(req.mode) {
+            let enqueued = AtomicBool::new(false);
+            let steps = queue::QueueWait {
+                backend: self,
+                id,
+                enqueued,
+            };
+            drive(&steps, &req).await
+        } else {
+            drive(&acquire::ServerWait { backend: self, id }, &req).await
+        }
     }
 
     async fn release(&self, _key: &LockKey, _mode: Mode, token: &Token) -> Result<ReleaseOutcome> {

@@ -1,5 +1,6 @@
 //! Queued modes: read-write locks and semaphores kept in a queue table,
-//! for the modes a server has no lock for (see [`Dialect::queues`]).
+//! for the modes a server has no lock for (see [`Dialect::queues`]),
+//! driven by core's wait engine.
 //!
 //! An acquisition takes its entry lock on the key's holder session and
 //! adds its entry; it holds once admitted, first come, first served,
@@ -7,18 +8,28 @@
 //! session, on the entry lock of the entry whose leaving may admit it:
 //! the last writer ahead for a reader, the last entry ahead for a writer,
 //! and for permits the oldest entry ahead (any holder's leaving may admit
-//! a permit, so a permit waiter also checks again after
+//! a permit, so a permit waiter also looks again after
 //! [`PERMIT_RECHECK`], a bounded fallback).
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
 
 use dlock_core::{
-    backend::{admitted, AcquireRequest, Acquired, Mode, Wait},
-    LockError, Result, Token,
+    backend::{
+        admitted,
+        wait::{Armed, Look, StepError, WaitSteps, Woken},
+        AcquireRequest, Acquired, Mode, Wait,
+    },
+    LockError, Token,
 };
 use tokio::time::Instant;
 
-use super::{answered_within, backend_error, EndOnDrop, Retry, Session, SqlBackend};
+use super::{answered_within, backend_error, step_error, Session, SqlBackend};
 use crate::{Dialect, QueueEntry};
 
 /// How long a permit waiter blocks on the oldest entry ahead before it
@@ -29,17 +40,7 @@ const PERMIT_RECHECK: Duration = Duration::from_millis(100);
 /// waits before it tries again (the dialect already waited on the server).
 const ENQUEUE_AGAIN_AFTER: Duration = Duration::from_millis(20);
 
-/// Why one queued attempt gave no answer.
-enum Failed {
-    /// The holder session ended (a server restart, a cut connection), and
-    /// the entry with it: worth trying again on a new session.
-    SessionEnded(LockError),
-    /// The statement could not do its work for now, and left the session
-    /// as it was (see [`crate::Busy`]): worth trying again on it.
-    Busy,
-    /// Anything else: the caller's error.
-    Other(LockError),
-}
+type Answer<T> = std::result::Result<T, StepError>;
 
 /// Takes a token's entry out of the queue if the acquisition is dropped
 /// or fails before it answers: after the enqueue in flight, on the same
@@ -90,20 +91,6 @@ fn watched(mode: Mode, ahead: &[(QueueEntry, Mode)]) -> Option<(&QueueEntry, Opt
     }
 }
 
-/// A statement's failure on `session`: a [`Failed::SessionEnded`] if the
-/// session ended.
-fn failed<D: Dialect>(session: &Session<D>, e: sqlx::Error) -> Failed {
-    if crate::is_busy(&e) {
-        return Failed::Busy;
-    }
-    let error = backend_error::<D>(e);
-    if session.is_usable() {
-        Failed::Other(error)
-    } else {
-        Failed::SessionEnded(error)
-    }
-}
-
 /// Runs one dialect statement on a holder session to its end (see
 /// `Session::run`): `on_holder!(session, |dialect, conn| call, captured,
 /// values)` moves the captured values into the statement, and gives when
@@ -115,94 +102,249 @@ macro_rules! on_holder {
         session
             .run(move |$d, $c| Box::pin(async move { $call.await }))
             .await
-            .map_err(|e| failed(session, e))
+            .map_err(|e| step_error(session, e))
     }};
 }
 
-impl<D: Dialect> SqlBackend<D> {
-    /// Acquires a queued mode: tries again on a new session, within the
-    /// wait limit, when the holder session ends under it.
-    pub(super) async fn acquire_queued(
+/// The wait steps of a queued mode.
+pub(super) struct QueueWait<'b, D: Dialect> {
+    pub(super) backend: &'b SqlBackend<D>,
+    pub(super) id: D::Id,
+    /// Whether an entry was enqueued (or tried) already: the first is
+    /// named for the lock's token, any later one for a new one. An entry
+    /// of an ended session may outlive it in the table, and with its name
+    /// taken again by the new session, it would read as live, ahead of the
+    /// new entry: the wait would wait for itself, and the key be wedged
+    /// for everyone.
+    pub(super) enqueued: AtomicBool,
+}
+
+/// A queued acquisition's entry in the queue table.
+pub(super) struct Entry<D: Dialect> {
+    /// The key's holder session, which holds the entry lock.
+    holder: Arc<Session<D>>,
+    /// The entry's number: its place, and its fencing token.
+    number: i64,
+    /// Takes the entry out of the queue if it is dropped.
+    undo: DequeueOnDrop<D>,
+    /// The entry lock to block on, and how long at most.
+    watched: Option<(String, Option<Duration>)>,
+    /// Deleted from the table (its session ended): enqueued again at the
+    /// next look.
+    gone: bool,
+}
+
+impl<D: Dialect> WaitSteps for QueueWait<'_, D> {
+    type TurnKey = ();
+    type Entry = Entry<D>;
+    type Wake = ();
+
+    async fn look(
         &self,
         req: &AcquireRequest<'_>,
-    ) -> Result<Option<Acquired>> {
-        let id = self.inner.dialect.lock_id(req.key, req.mode);
-        let mut retry = Retry::new(req.wait, self.inner.dialect.settings().connect_timeout());
-        // The first entry is named for the lock's token; a retry's for a
-        // new one. An entry of an ended session may outlive it in the
-        // table, and with its name taken again by the new session, it
-        // would read as live, ahead of the retry's own entry: the wait
-        // would wait for itself, and the key be wedged for everyone.
-        let mut entry = *req.token;
-        loop {
-            match self.queue_once(req, &id, entry).await {
-                Ok(outcome) => return Ok(outcome),
-                Err(Failed::SessionEnded(error)) => match retry.after(error).await {
-                    Ok(()) => entry = Token::generate(),
-                    // No time left for a new session: not granted within
-                    // the limit (core asks the servers whether that is a
-                    // timeout or their error).
-                    Err(_) if matches!(req.wait, Wait::Until(_)) => return Ok(None),
-                    Err(error) => return Err(error),
-                },
-                Err(Failed::Other(error)) => return Err(error),
-                // Only an enqueue answers it, and that one is retried.
-                Err(Failed::Busy) => {
-                    return Err(backend_error::<D>(std::io::Error::other(
-                        "a statement that is never busy said it was",
-                    )))
-                }
+        entry: Option<&mut Entry<D>>,
+        _join: bool,
+    ) -> Answer<Look<Entry<D>>> {
+        match self.look_in_queue(req, entry).await {
+            // No time left for a new session: not granted within the limit
+            // (core asks the servers whether that is a timeout or their
+            // error).
+            Err(StepError::Retry(_)) if matches!(req.wait, Wait::Until(d) if Instant::now() >= d) => {
+                Ok(Look::Refused {
+                    entry: None,
+                    again: None,
+                })
             }
+            answer => answer,
         }
     }
 
-    /// One try: enqueues the entry named for `token` on the key's holder
-    /// session, and waits until it is admitted.
-    async fn queue_once(
+    async fn arm(
+        &self,
+        _req: &AcquireRequest<'_>,
+        entry: &mut Entry<D>,
+        _wake: &mut Option<()>,
+    ) -> Answer<Armed> {
+        // A watch on an entry lock that is free already returns at once.
+        Ok(if entry.gone {
+            Armed::LookAgain
+        } else {
+            Armed::Wait
+        })
+    }
+
+    async fn changed(
         &self,
         req: &AcquireRequest<'_>,
-        id: &D::Id,
-        token: Token,
-    ) -> std::result::Result<Option<Acquired>, Failed> {
-        let holder = self.holder(id).await.map_err(Failed::SessionEnded)?;
-        let mut entry = DequeueOnDrop {
+        entry: &mut Entry<D>,
+        _wake: &mut Option<()>,
+        until: Instant,
+    ) -> Answer<Woken> {
+        let Some((owner, most)) = entry.watched.clone() else {
+            return Ok(Woken::LookAgain);
+        };
+        let limit = (req.wait.deadline().is_some() || most.is_some())
+            .then(|| until.saturating_duration_since(Instant::now()));
+        // Blocks until the entry lock is free (its owner left) or `limit`.
+        let watched = self.backend.on_waiter(req, until, limit, move |d, c| {
+            Box::pin(async move { d.watch(c, &owner, limit).await })
+        });
+        if let Some((session, _, _)) = watched.await? {
+            self.backend.put_idle(session);
+        }
+        Ok(Woken::LookAgain)
+    }
+
+    /// Out of the queue before answering, so that the key is free of us
+    /// when the caller hears (and by `undo`, if this is dropped first).
+    async fn withdraw(&self, _req: &AcquireRequest<'_>, mut entry: Entry<D>) -> Answer<()> {
+        if entry.gone {
+            // Its session ended, or `undo` gives back its lock.
+            return Ok(());
+        }
+        let token = entry.undo.token;
+        match on_holder!(entry.holder, |d, c| d.dequeue(c, &token), token) {
+            // An ended session took the entry's lock with it: dead.
+            Ok(_) | Err(StepError::Retry(_)) => entry.undo.session = None,
+            Err(error) => return Err(error),
+        }
+        Ok(())
+    }
+
+    fn unreachable_after(&self) -> Duration {
+        self.backend.inner.dialect.settings().connect_timeout()
+    }
+}
+
+impl<D: Dialect> QueueWait<'_, D> {
+    /// Enqueues (at the first look, or again once the entry is gone) and
+    /// reads the entries ahead: granted if admitted.
+    async fn look_in_queue(
+        &self,
+        req: &AcquireRequest<'_>,
+        entry: Option<&mut Entry<D>>,
+    ) -> Answer<Look<Entry<D>>> {
+        let mut fresh = None;
+        let mut read = None;
+        let entry = match entry {
+            Some(entry) if !entry.gone => entry,
+            old => {
+                let Some((new, enqueued)) = self.enqueue(req).await? else {
+                    // The key's other enqueues held it up: again soon.
+                    return Ok(Look::Refused {
+                        entry: None,
+                        again: Some(ENQUEUE_AGAIN_AFTER),
+                    });
+                };
+                read = Some(enqueued);
+                match old {
+                    Some(old) => {
+                        *old = new;
+                        old
+                    }
+                    None => fresh.insert(new),
+                }
+            }
+        };
+        match self.admitted(req, entry, read).await {
+            Ok(Some(acquired)) => {
+                entry.undo.session = None;
+                return Ok(Look::Granted(acquired));
+            }
+            Ok(None) => {}
+            Err(error) => {
+                // The holder session ended, and the entry with it: a new
+                // one at the next look.
+                entry.gone |= !entry.holder.is_usable();
+                return Err(error);
+            }
+        }
+        let again = entry.watched.as_ref().and_then(|(_, most)| *most);
+        Ok(Look::Refused {
+            entry: fresh,
+            again,
+        })
+    }
+
+    /// Adds an entry on the key's holder session: the entry and what the
+    /// enqueue read, or `None` if the key's other enqueues held it up.
+    async fn enqueue(
+        &self,
+        req: &AcquireRequest<'_>,
+    ) -> Answer<Option<(Entry<D>, (Instant, Vec<QueueEntry>))>> {
+        let holder = self
+            .backend
+            .holder(&self.id)
+            .await
+            .map_err(StepError::Retry)?;
+        let token = if self.enqueued.swap(true, Ordering::Relaxed) {
+            Token::generate()
+        } else {
+            *req.token
+        };
+        // Made first: an enqueue dropped or failed takes its entry out.
+        let undo = DequeueOnDrop {
             session: Some(holder.clone()),
             token,
         };
-        let mode = req.mode;
-        let deadline = req.wait.deadline();
-        // Within the limit: the key's other enqueues may hold it up.
-        let (sent, (number, entries)) = loop {
-            match on_holder!(holder, |d, c| d.enqueue(c, &id, mode, &token), id, token) {
-                Err(Failed::Busy) if deadline.is_some_and(|d| Instant::now() >= d) => {
-                    // Not enqueued in time (`entry` gives back its lock).
-                    return Ok(None);
-                }
-                Err(Failed::Busy) => tokio::time::sleep(ENQUEUE_AGAIN_AFTER).await,
-                enqueued => break enqueued?,
-            }
+        let (id, mode) = (&self.id, req.mode);
+        let answer = holder
+            .run({
+                let id = id.clone();
+                move |d, c| Box::pin(async move { d.enqueue(c, &id, mode, &token).await })
+            })
+            .await;
+        let (sent, (number, entries)) = match answer {
+            // Not enqueued (`undo` gives back the entry lock).
+            Err(e) if crate::is_busy(&e) => return Ok(None),
+            answer => answer.map_err(|e| step_error(&holder, e))?,
         };
-        // The enqueue read the entries ahead: the first check needs no
-        // statement of its own.
-        let mut enqueued = Some((sent, (entries, true)));
+        let entry = Entry {
+            holder,
+            number,
+            undo,
+            watched: None,
+            gone: false,
+        };
+        Ok(Some((entry, (sent, entries))))
+    }
+
+    /// Reads the entries ahead of `entry` (unless the enqueue just did),
+    /// deletes the dead ones, and books the grant if it is admitted;
+    /// otherwise notes the entry to watch.
+    async fn admitted(
+        &self,
+        req: &AcquireRequest<'_>,
+        entry: &mut Entry<D>,
+        mut read: Option<(Instant, Vec<QueueEntry>)>,
+    ) -> Answer<Option<Acquired>> {
+        let (id, number, mode) = (self.id.clone(), entry.number, req.mode);
+        let holder = entry.holder.clone();
+        // Whether this read counts every entry as live (see
+        // `Dialect::enqueue_counts_all_as_live`).
+        let mut all_live =
+            read.is_some() && self.backend.inner.dialect.enqueue_counts_all_as_live();
         loop {
-            // Whether this read counted every entry as live (see
-            // `Dialect::enqueue_counts_all_as_live`).
-            let all_live = enqueued.is_some() && self.inner.dialect.enqueue_counts_all_as_live();
-            let (sent, (entries, mine)) = match enqueued.take() {
+            let (sent, entries) = match read.take() {
                 Some(read) => read,
-                None => on_holder!(holder, |d, c| d.ahead(c, &id, number), id)?,
-            };
-            if !mine {
-                // Deleted as dead: the holder session ended under it (or
-                // someone deleted it: then `entry` gives back its lock).
-                if !holder.is_usable() {
-                    entry.session = None;
+                None => {
+                    let (sent, (entries, mine)) =
+                        on_holder!(holder, |d, c| d.ahead(c, &id, number), id)?;
+                    if !mine {
+                        // Deleted as dead: the holder session ended under
+                        // it (or someone deleted it: then `undo` gives back
+                        // its lock).
+                        if !holder.is_usable() {
+                            entry.undo.session = None;
+                        }
+                        entry.gone = true;
+                        return Err(StepError::Retry(backend_error::<D>(std::io::Error::other(
+                            "the entry's session ended while it waited",
+                        ))));
+                    }
+                    (sent, entries)
                 }
-                return Err(Failed::SessionEnded(backend_error::<D>(
-                    std::io::Error::other("the entry's session ended while it waited"),
-                )));
-            }
+            };
             let dead: Vec<i64> = entries
                 .iter()
                 .filter(|e| !e.live)
@@ -226,99 +368,26 @@ impl<D: Dialect> SqlBackend<D> {
                     _ => None,
                 });
                 if let Some(theirs) = theirs {
-                    return Err(Failed::Other(LockError::permit_limit_mismatch(
+                    return Err(StepError::Fatal(LockError::permit_limit_mismatch(
                         req.key, theirs, limit,
                     )));
                 }
             }
             if admitted(mode, ahead.iter().map(|(_, m)| *m)) {
-                entry.session = None;
-                return self
-                    .granted(
-                        req,
-                        holder.clone(),
-                        id.clone(),
-                        None,
-                        false,
-                        sent,
-                        number,
-                        token,
-                    )
-                    .map_err(Failed::Other);
+                let token = entry.undo.token;
+                let acquired = self
+                    .backend
+                    .granted(req, holder, id, false, sent, number, token)?;
+                return Ok(Some(acquired));
             }
             if all_live {
                 // Refused counting every entry as live: some may be dead.
-                // Read them again, with their liveness, before waiting.
+                // Read them again, with their liveness.
+                all_live = false;
                 continue;
             }
-            let Some((target, most)) = watched(mode, &ahead) else {
-                // Admitted behind nothing: cannot happen; check again.
-                continue;
-            };
-            let now = Instant::now();
-            let limit = match (deadline, most) {
-                (Some(d), _) if d <= now => {
-                    // Out of the queue before answering, so that the key is
-                    // free of us when the caller hears (and by `entry`, if
-                    // this is dropped first).
-                    on_holder!(holder, |d, c| d.dequeue(c, &token), token)?;
-                    entry.session = None;
-                    return Ok(None);
-                }
-                (Some(d), most) => Some(most.map_or(d - now, |m| m.min(d - now))),
-                (None, most) => most,
-            };
-            let owner = target.owner.clone();
-            self.watch_entry(&owner, limit, req.wait).await?;
-        }
-    }
-
-    /// Blocks on a waiter session until the entry lock `owner` is free or
-    /// `limit` passes.
-    async fn watch_entry(
-        &self,
-        owner: &str,
-        limit: Option<Duration>,
-        wait: Wait,
-    ) -> std::result::Result<(), Failed> {
-        let slot = self.inner.waiters.clone();
-        let slot = match wait.deadline() {
-            Some(d) => match tokio::time::timeout_at(d, slot.acquire_owned()).await {
-                Ok(slot) => slot,
-                Err(_) => return Ok(()),
-            },
-            None => slot.acquire_owned().await,
-        }
-        .map_err(|e| Failed::Other(backend_error::<D>(e)))?;
-        let session = self.waiter_session().await.map_err(Failed::SessionEnded)?;
-        // A watch dropped mid-wait could take the entry lock after the
-        // caller left, and hold up everyone who watches it: end it.
-        let mut abandon = EndOnDrop {
-            backend: self.clone(),
-            session: Some(session.clone()),
-        };
-        // Not `run`: a watch dropped mid-wait ends its session (above).
-        let watched = match session.live().await {
-            Ok(mut live) => {
-                let within = limit.map_or(Duration::MAX, |l| l.saturating_add(session.timeout));
-                let answer =
-                    answered_within(within, session.dialect.watch(live.conn(), owner, limit)).await;
-                live.done(answer).map_err(|e| failed(&session, e))
-            }
-            Err(e) => Err(failed(&session, e)),
-        };
-        abandon.session = None;
-        drop(slot);
-        match watched {
-            Ok(_) => {
-                self.put_idle(session);
-                Ok(())
-            }
-            Err(Failed::SessionEnded(_)) => Ok(()),
-            Err(failed) => {
-                session.end();
-                Err(failed)
-            }
+            entry.watched = watched(mode, &ahead).map(|(e, most)| (e.owner.clone(), most));
+            return Ok(None);
         }
     }
 }

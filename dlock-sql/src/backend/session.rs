@@ -10,9 +10,7 @@ use std::{
 };
 
 use dlock_core::{
-    backend::{
-        Backoff, BoxFuture, ConnectionStates, FinishOnDrop, LeaseTimers, SessionHolders, Wait,
-    },
+    backend::{BoxFuture, ConnectionStates, FinishOnDrop, LeaseTimers, SessionHolders},
     LockError, Result,
 };
 use futures_util::future::{FutureExt, Shared};
@@ -79,39 +77,6 @@ impl<D: Dialect> Live<D> {
             Err(_) => {}
         }
         answer
-    }
-}
-
-/// Retries a step whose session ended (a server restart, a cut
-/// connection) on a new one, with backoff, until the wait limit, or for
-/// the connect timeout when there is none.
-pub(super) struct Retry {
-    give_up: Option<Instant>,
-    backoff: Backoff,
-}
-
-impl Retry {
-    pub(super) fn new(wait: Wait, connect_timeout: Duration) -> Retry {
-        Retry {
-            give_up: match wait {
-                Wait::Forever => None,
-                wait => wait.deadline(),
-            }
-            .or_else(|| Some(Instant::now() + connect_timeout)),
-            backoff: Backoff::new(Duration::from_millis(50), Duration::from_millis(500)),
-        }
-    }
-
-    /// Sleeps before the next try, or gives `error` back if none is left.
-    pub(super) async fn after(&mut self, error: LockError) -> Result<()> {
-        let now = Instant::now();
-        let delay = self.backoff.next_delay();
-        if self.give_up.is_some_and(|g| now + delay >= g) {
-            return Err(error);
-        }
-        tracing::debug!(%error, "dlock database session ended; trying a new one");
-        tokio::time::sleep(delay).await;
-        Ok(())
     }
 }
 
