@@ -93,6 +93,9 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> LocalTurns<K> {
     /// `wait` ran out first (`Wait::No`: at once unless the turn is free).
     /// Dropping the future leaves the line.
     pub async fn take(&self, key: &K, share: Share, wait: Wait) -> Option<LocalTurn<K>> {
+        // Dropped last, also when this future is: a line nobody holds or
+        // waits for any more is forgotten.
+        let _forget = Forget(&self.lines, key);
         let line = lock(&self.lines)
             .entry(key.clone())
             .or_insert_with(|| Arc::new(Semaphore::new(SHARES as usize)))
@@ -110,17 +113,11 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> LocalTurns<K> {
             Wait::Forever => line.clone().acquire_many_owned(weight).await.ok(),
         };
         drop(line);
-        match permit {
-            Some(permit) => Some(LocalTurn {
-                permit: Some(permit),
-                key: key.clone(),
-                lines: self.lines.clone(),
-            }),
-            None => {
-                sweep(&self.lines, key);
-                None
-            }
-        }
+        permit.map(|permit| LocalTurn {
+            permit: Some(permit),
+            key: key.clone(),
+            lines: self.lines.clone(),
+        })
     }
 
     /// Whether a task of this process other than the caller (which holds
@@ -151,6 +148,15 @@ impl<K: Hash + Eq + Clone + Send + Sync + 'static> LocalTurns<K> {
     /// Whether no key has a line (every turn was given back).
     pub fn is_empty(&self) -> bool {
         lock(&self.lines).is_empty()
+    }
+}
+
+/// Sweeps its key's line when dropped.
+struct Forget<'a, K: Hash + Eq>(&'a Mutex<HashMap<K, Arc<Semaphore>>>, &'a K);
+
+impl<K: Hash + Eq> Drop for Forget<'_, K> {
+    fn drop(&mut self) {
+        sweep(self.0, self.1);
     }
 }
 
@@ -264,5 +270,26 @@ mod tests {
         assert!(!turns.others(&"k"), "the dropped wait is still in line");
         drop(held);
         assert!(turns.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_dropped_after_it_was_handed_the_turn_forgets_the_line() {
+        let turns = Arc::new(LocalTurns::new());
+        let held = turns.take(&"k", Share::Alone, Wait::No).await.unwrap();
+        let waiting = tokio::spawn({
+            let turns = turns.clone();
+            async move {
+                turns
+                    .take(&"k", Share::Alone, Wait::Forever)
+                    .await
+                    .map(drop)
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        // The turn passes to the waiter, which is dropped before it runs.
+        drop(held);
+        waiting.abort();
+        let _ = waiting.await;
+        assert!(turns.is_empty(), "a line nobody holds or waits for is kept");
     }
 }

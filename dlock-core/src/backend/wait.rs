@@ -212,6 +212,9 @@ pub const LOOK_AGAIN_WITHIN: Duration = Duration::from_secs(10);
 /// server that keeps changing cannot keep a waiter spinning.
 const BACK_TO_BACK: u32 = 64;
 
+/// The shortest pause a backend's [`Look::Refused::again`] asks for.
+const SHORTEST_PAUSE: Duration = Duration::from_millis(2);
+
 /// Runs a backend's [`WaitSteps`] for `req` to a grant (`Ok(Some)`), the
 /// wait limit (`Ok(None)`, withdrawn from the line), or an error.
 ///
@@ -250,11 +253,12 @@ pub async fn drive<S: WaitSteps>(steps: &S, req: &AcquireRequest<'_>) -> Result<
                 return Ok(Some(acquired));
             }
             Ok(Look::Refused { entry: made, again }) => {
-                failing.ended();
                 if made.is_some() {
                     entry = made;
                 }
-                again
+                // Never back to back: a backend's "look again at once"
+                // still leaves a pause.
+                again.map(|again| again.max(SHORTEST_PAUSE))
             }
             Err(error) => {
                 failing.pause(error, deadline).await?;
@@ -273,9 +277,11 @@ pub async fn drive<S: WaitSteps>(steps: &S, req: &AcquireRequest<'_>) -> Result<
             continue;
         }
         let Some(place) = entry.as_mut() else {
-            // Refused without a place in line: look again when due.
+            // Refused without a place in line: the look was the whole
+            // round; look again when due.
+            failing.ended();
             let pause = again.unwrap_or(LOOK_AGAIN_WITHIN);
-            sleep_until(earliest(deadline, Instant::now() + pause)).await;
+            sleep_until(earliest(deadline, after(pause))).await;
             continue;
         };
         match steps.arm(req, place, &mut wake).await {
@@ -302,7 +308,7 @@ pub async fn drive<S: WaitSteps>(steps: &S, req: &AcquireRequest<'_>) -> Result<
             (again, most) => again.or(most),
         };
         let until = match within {
-            Some(within) => earliest(deadline, Instant::now() + within),
+            Some(within) => earliest(deadline, after(within)),
             None => deadline.unwrap_or_else(far_future),
         };
         match steps.changed(req, place, &mut wake, until).await {
@@ -312,6 +318,9 @@ pub async fn drive<S: WaitSteps>(steps: &S, req: &AcquireRequest<'_>) -> Result<
                 }
                 return Ok(Some(acquired));
             }
+            // A whole round (look, arm, wait) answered: failures that
+            // came before it are over. (A look that answers while its arm
+            // or wait keeps failing does not end them.)
             Ok(Woken::LookAgain) => failing.ended(),
             Err(error) => failing.pause(error, deadline).await?,
         }
@@ -341,6 +350,13 @@ fn earliest(deadline: Option<Instant>, at: Instant) -> Instant {
 /// An instant no wait reaches: about thirty years from now.
 fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(86_400 * 365 * 30)
+}
+
+/// `pause` from now, or [`far_future`] for a pause longer than that.
+fn after(pause: Duration) -> Instant {
+    Instant::now()
+        .checked_add(pause)
+        .map_or_else(far_future, |at| at.min(far_future()))
 }
 
 async fn sleep_until(at: Instant) {
@@ -384,6 +400,7 @@ impl Failing {
         if now + delay >= give_up {
             return Err(error);
         }
+        tracing::debug!(%error, ?delay, "dlock: a wait step failed; trying again");
         tokio::time::sleep(delay).await;
         Ok(())
     }
@@ -414,6 +431,10 @@ mod tests {
         joined: AtomicU32,
         /// The turns to take after the first refusal, if any.
         turns: Option<LocalTurns<()>>,
+        /// What a refusal says of the next look.
+        again: Option<Duration>,
+        /// Every arm fails (with a retry).
+        arm_fails: bool,
     }
 
     impl WaitSteps for Scripted {
@@ -438,7 +459,10 @@ mod tests {
             }
             if n < self.refusals {
                 let entry = (entry.is_none() && join).then_some(());
-                return Ok(Look::Refused { entry, again: None });
+                return Ok(Look::Refused {
+                    entry,
+                    again: self.again,
+                });
             }
             Ok(Look::Granted(Acquired::new(Instant::now())))
         }
@@ -451,6 +475,12 @@ mod tests {
         ) -> std::result::Result<Armed, StepError> {
             self.arms.fetch_add(1, Ordering::SeqCst);
             self.log.lock().unwrap().push("arm");
+            if self.arm_fails {
+                return Err(StepError::Retry(LockError::backend(
+                    "test",
+                    std::io::Error::other("no watch"),
+                )));
+            }
             // The first arm asks for a look before the wait.
             Ok(if wake.replace(()).is_none() {
                 Armed::LookAgain
@@ -590,5 +620,36 @@ mod tests {
         let took = started.elapsed();
         assert!(took <= Duration::from_secs(2), "gave up after {took:?}");
         assert!(took >= Duration::from_secs(1), "gave up after {took:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_arm_that_keeps_failing_is_given_up_on_though_looks_answer() {
+        let steps = Scripted {
+            refusals: u32::MAX,
+            arm_fails: true,
+            ..Scripted::default()
+        };
+        let started = Instant::now();
+        assert!(run(&steps, Wait::Forever).await.is_err());
+        assert!(started.elapsed() <= Duration::from_secs(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_backends_pause_is_neither_zero_nor_an_overflow() {
+        let eager = Scripted {
+            refusals: u32::MAX,
+            again: Some(Duration::ZERO),
+            ..Scripted::default()
+        };
+        let deadline = Instant::now() + Duration::from_millis(100);
+        assert!(run(&eager, Wait::Until(deadline)).await.unwrap().is_none());
+        let looks = eager.looks.load(Ordering::SeqCst);
+        assert!(looks <= 60, "{looks} looks in 100 ms");
+        let patient = Scripted {
+            refusals: 3,
+            again: Some(Duration::MAX),
+            ..Scripted::default()
+        };
+        assert!(run(&patient, Wait::Forever).await.unwrap().is_some());
     }
 }

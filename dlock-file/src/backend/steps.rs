@@ -317,7 +317,17 @@ impl WaitThread {
                 let gate_slot = gate_slot.clone();
                 move || {
                     let gate = lock(&gate_slot).take();
-                    let outcome = locks::wait(&plan, &key, &|| tx.is_closed(), gate);
+                    // A panic is an answer too, so that the counts below
+                    // still come down.
+                    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        locks::wait(&plan, &key, &|| tx.is_closed(), gate)
+                    }))
+                    .unwrap_or_else(|_| {
+                        Err(LockError::backend(
+                            NAME,
+                            std::io::Error::other("a wait thread panicked"),
+                        ))
+                    });
                     // Sent to nobody, a grant is dropped here: unlocked.
                     if tx.send(outcome).is_err() {
                         count_abandoned(&path, false);
