@@ -165,6 +165,9 @@ fn backend_error<D: Dialect>(e: impl std::error::Error + Send + Sync + 'static) 
     LockError::backend(D::NAME, e)
 }
 
+/// What a wait step answers.
+type Answer<T> = std::result::Result<T, StepError>;
+
 /// A statement's failure on `session`, as a wait step's: worth trying
 /// again (on a new session) if the session ended.
 fn step_error<D: Dialect>(session: &Session<D>, e: sqlx::Error) -> StepError {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use dlock_core::{backend::Mode, LockKey};
+use dlock_core::{backend::Mode, LockKey, Token};
 
 use crate::{Dialect, ServerSession};
 
@@ -62,4 +62,59 @@ pub async fn ending_a_session_by_id_ends_nothing_on_another_server<D: Dialect>(a
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("the session aimed at lives on");
+}
+
+/// Every statement that takes or gives back a lock, and the ping, on
+/// `session`, whose recorded server session the caller changed (as if a
+/// pooler had moved the connection to another server session): each
+/// answers [`SessionMoved`](crate::SessionMoved). The caller then checks
+/// that they took nothing (no lock, no queue entry, no fencing token, no
+/// holder record).
+///
+/// # Panics
+///
+/// If a statement answers anything else.
+pub async fn statements_off_their_session_answer_moved<D: Dialect>(
+    dialect: &D,
+    session: &mut D::Conn,
+) {
+    let key = LockKey::new("moved").unwrap();
+    let token = Token::generate();
+    let moved = |what: &str, e: sqlx::Error| {
+        assert!(crate::is_session_moved(&e), "{what}: {e}");
+    };
+    moved("ping", dialect.ping(session).await.unwrap_err());
+    let modes = [Mode::Exclusive, Mode::Read, Mode::Write];
+    for mode in modes.into_iter().filter(|m| dialect.supports(*m)) {
+        let id = dialect.lock_id(&key, mode);
+        if dialect.queues(mode) {
+            let e = dialect.enqueue(session, &id, mode, &token).await;
+            moved("enqueue", e.unwrap_err());
+            continue;
+        }
+        moved(
+            "try_lock",
+            dialect.try_lock(session, &id, mode).await.unwrap_err(),
+        );
+        let limit = Some(Duration::from_millis(10));
+        let e = dialect.wait(session, &id, mode, limit).await;
+        moved("wait", e.unwrap_err());
+        moved(
+            "unlock",
+            dialect.unlock(session, &id, mode).await.unwrap_err(),
+        );
+    }
+    let permits = Mode::Permits { count: 1, limit: 1 };
+    let id = dialect.lock_id(&key, permits);
+    let e = dialect.enqueue(session, &id, permits, &token).await;
+    moved("enqueue", e.unwrap_err());
+    moved(
+        "dequeue",
+        dialect.dequeue(session, &token).await.unwrap_err(),
+    );
+    let plain = dialect.lock_id(&key, Mode::Exclusive);
+    let e = dialect.proclaim(session, &plain, &token, 1, b"v").await;
+    moved("proclaim", e.unwrap_err());
+    let e = dialect.disclaim(session, &plain, &token).await;
+    moved("disclaim", e.unwrap_err());
 }

@@ -3,7 +3,7 @@
 use super::*;
 use std::time::Duration;
 
-use dlock_core::{backend::Mode, LockKey, Token};
+use dlock_core::{backend::Mode, LockKey};
 use dlock_sql::Dialect;
 use dlock_testkit::fixture::MariaDbServer;
 
@@ -18,40 +18,9 @@ async fn statements_off_their_session_take_nothing() {
     let dialect = MySqlDialect::new(MySqlConfig::from_url(&server.url()).unwrap());
     let (mut session, _) = dialect.open().await.expect("open a session");
     dialect.setup(&mut session).await.expect("set up");
-    let key = LockKey::new("moved").unwrap();
-    let (plain, queued) = (
-        dialect.lock_id(&key, Mode::Exclusive),
-        dialect.lock_id(&key, Mode::Write),
-    );
-    let token = Token::generate();
+    let plain = dialect.lock_id(&LockKey::new("moved").unwrap(), Mode::Exclusive);
     session.id += 1;
-    let moved = |what: &str, e: sqlx::Error| {
-        assert!(dlock_sql::is_session_moved(&e), "{what}: {e}");
-    };
-    moved("ping", dialect.ping(&mut session).await.unwrap_err());
-    let e = dialect
-        .try_lock(&mut session, &plain, Mode::Exclusive)
-        .await;
-    moved("try_lock", e.unwrap_err());
-    let limit = Some(Duration::from_millis(10));
-    let e = dialect
-        .wait(&mut session, &plain, Mode::Exclusive, limit)
-        .await;
-    moved("wait", e.unwrap_err());
-    let e = dialect
-        .enqueue(&mut session, &queued, Mode::Write, &token)
-        .await;
-    moved("enqueue", e.unwrap_err());
-    let e = dialect
-        .proclaim(&mut session, &plain, &token, 1, b"v")
-        .await;
-    moved("proclaim", e.unwrap_err());
-    let e = dialect.unlock(&mut session, &plain, Mode::Exclusive).await;
-    moved("unlock", e.unwrap_err());
-    let e = dialect.dequeue(&mut session, &token).await;
-    moved("dequeue", e.unwrap_err());
-    let e = dialect.disclaim(&mut session, &plain, &token).await;
-    moved("disclaim", e.unwrap_err());
+    dlock_sql::testing::statements_off_their_session_answer_moved(&dialect, &mut session).await;
     let (used, entries, fences, records): (Option<i64>, i64, i64, i64) = sqlx::query_as(&format!(
         "SELECT CAST(IS_USED_LOCK(?) AS SIGNED), (SELECT COUNT(*) FROM {}), \
          (SELECT CAST(SUM(v) AS SIGNED) FROM {}), (SELECT COUNT(*) FROM {})",

@@ -3,7 +3,7 @@
 use super::*;
 use std::time::Duration;
 
-use dlock_core::{backend::Mode, LockKey, Token};
+use dlock_core::{backend::Mode, LockKey};
 use dlock_sql::Dialect;
 use dlock_testkit::fixture::PostgresServer;
 
@@ -24,38 +24,8 @@ async fn set_up(server: &PostgresServer) -> (PgDialect, PgSession) {
 async fn statements_off_their_session_take_nothing() {
     let server = PostgresServer::start().expect("start PostgreSQL");
     let (dialect, mut session) = set_up(&server).await;
-    let key = LockKey::new("moved").unwrap();
-    let token = Token::generate();
     session.pid += 1;
-    let moved = |what: &str, e: sqlx::Error| {
-        assert!(dlock_sql::is_session_moved(&e), "{what}: {e}");
-    };
-    moved("ping", dialect.ping(&mut session).await.unwrap_err());
-    for mode in [Mode::Exclusive, Mode::Read, Mode::Write] {
-        let id = dialect.lock_id(&key, mode);
-        let e = dialect.try_lock(&mut session, &id, mode).await;
-        moved("try_lock", e.unwrap_err());
-        let limit = Some(Duration::from_millis(10));
-        let e = dialect.wait(&mut session, &id, mode, limit).await;
-        moved("wait", e.unwrap_err());
-        let e = dialect.unlock(&mut session, &id, mode).await;
-        moved("unlock", e.unwrap_err());
-    }
-    let permits = Mode::Permits { count: 1, limit: 1 };
-    let queued = dialect.lock_id(&key, permits);
-    let e = dialect
-        .enqueue(&mut session, &queued, permits, &token)
-        .await;
-    moved("enqueue", e.unwrap_err());
-    let e = dialect.dequeue(&mut session, &token).await;
-    moved("dequeue", e.unwrap_err());
-    let plain = dialect.lock_id(&key, Mode::Exclusive);
-    let e = dialect
-        .proclaim(&mut session, &plain, &token, 1, b"v")
-        .await;
-    moved("proclaim", e.unwrap_err());
-    let e = dialect.disclaim(&mut session, &plain, &token).await;
-    moved("disclaim", e.unwrap_err());
+    dlock_sql::testing::statements_off_their_session_answer_moved(&dialect, &mut session).await;
     let (locks, entries, fenced, records): (i64, i64, bool, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'), \
          (SELECT count(*) FROM dlock_queue), \

@@ -17,15 +17,13 @@ use dlock_core::{
 use tokio::time::Instant;
 
 use super::{
-    answered_within, backend_error, lock, step_error, EndOnDrop, Owned, Session, SqlBackend,
+    answered_within, backend_error, lock, step_error, Answer, EndOnDrop, Owned, Session, SqlBackend,
 };
 use crate::{Dialect, Granted};
 
 /// How long a key counts as contended after an attempt at it was refused:
 /// its next waits skip the try on the holder session.
 const CONTENDED_FOR: Duration = Duration::from_secs(1);
-
-type Answer<T> = std::result::Result<T, StepError>;
 
 /// The wait steps of a lock the server has (a plain lock, a read-write
 /// lock where the server shares): the look is an attempt on the key's
@@ -379,27 +377,9 @@ struct UnlockOnDrop<D: Dialect> {
 
 impl<D: Dialect> Drop for UnlockOnDrop<D> {
     fn drop(&mut self) {
-        let Some(session) = self.session.take() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            // No runtime to send it from: end the session instead, when
-            // it is dropped with its connection.
-            session.holders.expire();
-            return;
-        };
         let (id, mode) = (self.id.clone(), self.mode);
-        runtime.spawn(async move {
-            if let Ok(mut live) = session.live().await {
-                let answer = answered_within(
-                    session.timeout,
-                    session.dialect.unlock(live.conn(), &id, mode),
-                )
-                .await;
-                if live.done(answer).is_err() && session.is_usable() {
-                    session.end();
-                }
-            }
-        });
+        if let Some(session) = self.session.take() {
+            session.undo_later(move |d, c| Box::pin(async move { d.unlock(c, &id, mode).await }));
+        }
     }
 }

@@ -29,7 +29,7 @@ use dlock_core::{
 };
 use tokio::time::Instant;
 
-use super::{answered_within, backend_error, step_error, Session, SqlBackend};
+use super::{backend_error, step_error, Answer, Session, SqlBackend};
 use crate::{Dialect, QueueEntry};
 
 /// How long a permit waiter blocks on the oldest entry ahead before it
@@ -39,8 +39,6 @@ const PERMIT_RECHECK: Duration = Duration::from_millis(100);
 /// How long an enqueue that found the key's other enqueues holding it up
 /// waits before it tries again (the dialect already waited on the server).
 const ENQUEUE_AGAIN_AFTER: Duration = Duration::from_millis(20);
-
-type Answer<T> = std::result::Result<T, StepError>;
 
 /// Takes a token's entry out of the queue if the acquisition is dropped
 /// or fails before it answers: after the enqueue in flight, on the same
@@ -52,28 +50,10 @@ struct DequeueOnDrop<D: Dialect> {
 
 impl<D: Dialect> Drop for DequeueOnDrop<D> {
     fn drop(&mut self) {
-        let Some(session) = self.session.take() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            // No runtime to send it from: end the session, which ends the
-            // entry lock, and the entry is dead.
-            session.holders.expire();
-            return;
-        };
         let token = self.token;
-        runtime.spawn(async move {
-            if let Ok(mut live) = session.live().await {
-                let answer = answered_within(
-                    session.timeout,
-                    session.dialect.dequeue(live.conn(), &token),
-                )
-                .await;
-                if live.done(answer).is_err() && session.is_usable() {
-                    session.end();
-                }
-            }
-        });
+        if let Some(session) = self.session.take() {
+            session.undo_later(move |d, c| Box::pin(async move { d.dequeue(c, &token).await }));
+        }
     }
 }
 

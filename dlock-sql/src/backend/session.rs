@@ -213,6 +213,34 @@ impl<D: Dialect> Session<D> {
         answer.await.unwrap_or(Err(sqlx::Error::PoolClosed))
     }
 
+    /// Runs an undo whose caller left (an unlock, a dequeue) in a task of
+    /// its own, after what runs on the session now; if it fails, the
+    /// session ends, which undoes it too. Without a runtime to send it
+    /// from, the session's guards expire at once, and the session ends
+    /// when it is dropped with its connection.
+    pub(super) fn undo_later<T: Send + 'static>(
+        self: Arc<Self>,
+        undo: impl for<'c> FnOnce(
+                &'c D,
+                &'c mut D::Conn,
+            ) -> BoxFuture<'c, std::result::Result<T, sqlx::Error>>
+            + Send
+            + 'static,
+    ) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.holders.expire();
+            return;
+        };
+        runtime.spawn(async move {
+            if let Ok(mut live) = self.live().await {
+                let answer = answered_within(self.timeout, undo(&self.dialect, live.conn())).await;
+                if live.done(answer).is_err() && self.is_usable() {
+                    self.end();
+                }
+            }
+        });
+    }
+
     /// Ends the session: every guard on it is lost, and its connection is
     /// closed once no statement runs on it (a waiter's blocked statement
     /// is ended from another session, see `EndOnDrop`).
