@@ -2,7 +2,7 @@
 //! locks (`GET_LOCK`), as a dialect of `dlock-sql`.
 
 use dlock_core::{Result, Token};
-use dlock_sql::{session_moved, sqlx, SqlBackend};
+use dlock_sql::{sqlx, SqlBackend};
 use sqlx::mysql::MySqlConnection;
 
 use crate::config::MySqlConfig;
@@ -235,22 +235,7 @@ fn lock_name_in(column: &str) -> String {
 
 /// A dlock session's connection, and the connection id of the server
 /// session it opened: every lock statement checks it is still there.
-#[derive(Debug)]
-pub struct MySqlSession {
-    conn: MySqlConnection,
-    id: i64,
-}
-
-impl MySqlSession {
-    /// [`session_moved`] unless `id` is this session's.
-    fn check(&self, id: i64) -> Result<(), sqlx::Error> {
-        if id == self.id {
-            Ok(())
-        } else {
-            Err(session_moved(self.id as u64, id as u64))
-        }
-    }
-}
+pub type MySqlSession = dlock_sql::SessionConn<MySqlConnection, i64>;
 
 #[cfg(test)]
 mod tests;

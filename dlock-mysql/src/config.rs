@@ -4,7 +4,7 @@
 use std::{str::FromStr, time::Duration};
 
 use dlock_core::{backend::BackendUrl, LockError, LockKey};
-use dlock_sql::{key_hash, SqlSettings};
+use dlock_sql::{key_hash, SqlConfig, SqlSettings};
 use sqlx::mysql::MySqlConnectOptions;
 
 /// Whether grants carry fencing tokens, and from where.
@@ -62,18 +62,28 @@ pub enum FenceSource {
 /// assert_eq!(config.fence(), FenceSource::Off);
 /// # Ok::<(), dlock_core::LockError>(())
 /// ```
+///
+/// Its accessors but [`fence`](MySqlConfig::fence) are those of the
+/// [`SqlConfig`] it derefs to.
 #[derive(Clone)]
 pub struct MySqlConfig {
-    options: MySqlConnectOptions,
-    settings: SqlSettings,
+    sql: SqlConfig<MySqlConnectOptions>,
     fence: FenceSource,
+}
+
+impl std::ops::Deref for MySqlConfig {
+    type Target = SqlConfig<MySqlConnectOptions>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.sql
+    }
 }
 
 /// Shows where it connects and as whom, never the password (the driver's
 /// own options print it).
 impl std::fmt::Debug for MySqlConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let o = &self.options;
+        let o = self.connect_options();
         f.debug_struct("MySqlConfig")
             .field("host", &o.get_host())
             .field("port", &o.get_port())
@@ -81,7 +91,7 @@ impl std::fmt::Debug for MySqlConfig {
             .field("username", &o.get_username())
             .field("database", &o.get_database())
             .field("ssl_mode", &o.get_ssl_mode())
-            .field("settings", &self.settings)
+            .field("settings", self.settings())
             .field("fence", &self.fence)
             .finish_non_exhaustive()
     }
@@ -144,8 +154,7 @@ impl MySqlConfig {
         let options = MySqlConnectOptions::from_str(&driver_url)
             .map_err(|e| parts.invalid(&e.to_string()))?;
         Ok(MySqlConfig {
-            options,
-            settings,
+            sql: SqlConfig::new(options, settings),
             fence,
         })
     }
@@ -164,8 +173,7 @@ impl MySqlConfig {
     /// ```
     pub fn from_options(options: MySqlConnectOptions) -> MySqlConfig {
         MySqlConfig {
-            options,
-            settings: SqlSettings::default(),
+            sql: SqlConfig::new(options, SqlSettings::default()),
             fence: FenceSource::Row,
         }
     }
@@ -174,7 +182,7 @@ impl MySqlConfig {
     /// least 100 ms; the server's own timeout is this rounded up to whole
     /// seconds).
     pub fn with_session_timeout(mut self, timeout: Duration) -> Self {
-        self.settings.set_session_timeout(timeout);
+        self.sql.set_session_timeout(timeout);
         self
     }
 
@@ -182,31 +190,6 @@ impl MySqlConfig {
     pub fn with_fence(mut self, fence: FenceSource) -> Self {
         self.fence = fence;
         self
-    }
-
-    /// The driver's connection options.
-    pub fn connect_options(&self) -> &MySqlConnectOptions {
-        &self.options
-    }
-
-    /// dlock's settings: the session timeout, the sessions, the prefix.
-    pub fn settings(&self) -> &SqlSettings {
-        &self.settings
-    }
-
-    /// How long a holder that stopped answering keeps its locks.
-    pub fn session_timeout(&self) -> Duration {
-        self.settings.session_timeout()
-    }
-
-    /// How many sessions may wait on the server at once.
-    pub fn max_waiters(&self) -> usize {
-        self.settings.max_waiters()
-    }
-
-    /// The namespace of this application's locks.
-    pub fn lock_prefix(&self) -> &str {
-        self.settings.lock_prefix()
     }
 
     /// Whether grants carry fencing tokens.

@@ -2,7 +2,7 @@
 //! advisory locks, as a dialect of `dlock-sql`.
 
 use dlock_core::{Result, Token};
-use dlock_sql::{session_moved, sqlx, SqlBackend};
+use dlock_sql::{sqlx, SqlBackend};
 use sqlx::postgres::PgConnection;
 
 use crate::config::PgConfig;
@@ -290,22 +290,7 @@ pub struct PgDialect {
 
 /// A dlock session's connection, and the process id of the server
 /// session it opened: every lock statement checks it is still there.
-#[derive(Debug)]
-pub struct PgSession {
-    conn: PgConnection,
-    pid: i32,
-}
-
-impl PgSession {
-    /// [`session_moved`] unless `pid` is this session's.
-    fn check(&self, pid: i32) -> Result<(), sqlx::Error> {
-        if pid == self.pid {
-            Ok(())
-        } else {
-            Err(session_moved(self.pid as u64, pid as u64))
-        }
-    }
-}
+pub type PgSession = dlock_sql::SessionConn<PgConnection, i32>;
 
 #[cfg(test)]
 mod tests;

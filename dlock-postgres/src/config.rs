@@ -4,7 +4,7 @@
 use std::{str::FromStr, time::Duration};
 
 use dlock_core::{backend::BackendUrl, LockError};
-use dlock_sql::{key_hash, SqlSettings};
+use dlock_sql::{key_hash, SqlConfig, SqlSettings};
 use sqlx::postgres::PgConnectOptions;
 
 /// Where and how to connect.
@@ -43,17 +43,24 @@ use sqlx::postgres::PgConnectOptions;
 /// assert_eq!(config.lock_prefix(), "dlock");
 /// # Ok::<(), dlock_core::LockError>(())
 /// ```
+///
+/// Its accessors are those of the [`SqlConfig`] it derefs to.
 #[derive(Clone)]
-pub struct PgConfig {
-    options: PgConnectOptions,
-    settings: SqlSettings,
+pub struct PgConfig(SqlConfig<PgConnectOptions>);
+
+impl std::ops::Deref for PgConfig {
+    type Target = SqlConfig<PgConnectOptions>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
 /// Shows where it connects and as whom, never the password (the driver's
 /// own options print it).
 impl std::fmt::Debug for PgConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let o = &self.options;
+        let o = self.connect_options();
         f.debug_struct("PgConfig")
             .field("host", &o.get_host())
             .field("port", &o.get_port())
@@ -61,7 +68,7 @@ impl std::fmt::Debug for PgConfig {
             .field("username", &o.get_username())
             .field("database", &o.get_database())
             .field("ssl_mode", &o.get_ssl_mode())
-            .field("settings", &self.settings)
+            .field("settings", self.settings())
             .finish_non_exhaustive()
     }
 }
@@ -106,32 +113,7 @@ impl PgConfig {
         let options = PgConnectOptions::from_str(&driver_url)
             .map_err(|e| parts.invalid(&e.to_string()))?
             .application_name("dlock");
-        Ok(PgConfig { options, settings })
-    }
-
-    /// The driver's connection options.
-    pub fn connect_options(&self) -> &PgConnectOptions {
-        &self.options
-    }
-
-    /// dlock's settings: the session timeout, the sessions, the prefix.
-    pub fn settings(&self) -> &SqlSettings {
-        &self.settings
-    }
-
-    /// How long a holder that stopped answering keeps its locks.
-    pub fn session_timeout(&self) -> Duration {
-        self.settings.session_timeout()
-    }
-
-    /// How many sessions may wait on the server at once.
-    pub fn max_waiters(&self) -> usize {
-        self.settings.max_waiters()
-    }
-
-    /// The namespace of this application's locks.
-    pub fn lock_prefix(&self) -> &str {
-        self.settings.lock_prefix()
+        Ok(PgConfig(SqlConfig::new(options, settings)))
     }
 
     /// Builds a config from the driver's options, with the defaults for
@@ -147,16 +129,13 @@ impl PgConfig {
     /// assert_eq!(config.max_waiters(), 16);
     /// ```
     pub fn from_options(options: PgConnectOptions) -> PgConfig {
-        PgConfig {
-            options,
-            settings: SqlSettings::default(),
-        }
+        PgConfig(SqlConfig::new(options, SqlSettings::default()))
     }
 
     /// Sets how long a holder that stopped answering keeps its locks (at
     /// least 100 ms).
     pub fn with_session_timeout(mut self, timeout: Duration) -> Self {
-        self.settings.set_session_timeout(timeout);
+        self.0.set_session_timeout(timeout);
         self
     }
 }

@@ -135,6 +135,30 @@ impl fmt::Display for SessionMoved {
 
 impl std::error::Error for SessionMoved {}
 
+/// A dialect's connection ([`Dialect::Conn`]) and the server's identifier
+/// of the session it opened (PostgreSQL's process id, MySQL's connection
+/// id): every statement that takes or gives back a lock checks, with
+/// [`check`](SessionConn::check), that it ran there.
+#[derive(Debug)]
+pub struct SessionConn<C, I> {
+    /// The driver's connection.
+    pub conn: C,
+    /// The server's identifier of the session the connection opened.
+    pub id: I,
+}
+
+impl<C, I: Copy + PartialEq + Into<i64>> SessionConn<C, I> {
+    /// [`session_moved`] unless `found`, the session a statement ran on,
+    /// is this one.
+    pub fn check(&self, found: I) -> Result<(), sqlx::Error> {
+        if found == self.id {
+            Ok(())
+        } else {
+            Err(session_moved(self.id.into() as u64, found.into() as u64))
+        }
+    }
+}
+
 /// The driver error a dialect answers for [`SessionMoved`]: an I/O error,
 /// so the session counts as ended.
 pub fn session_moved(expected: u64, found: u64) -> sqlx::Error {

@@ -154,6 +154,62 @@ impl SqlSettings {
     }
 }
 
+/// What every database backend's config holds: the driver's connect
+/// options `O`, and dlock's [`SqlSettings`]. `PgConfig` and `MySqlConfig`
+/// embed one and deref to it, so these accessors are theirs.
+#[derive(Clone)]
+pub struct SqlConfig<O> {
+    options: O,
+    settings: SqlSettings,
+}
+
+/// Shows dlock's settings only: the driver's options print the password.
+impl<O> std::fmt::Debug for SqlConfig<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlConfig")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<O> SqlConfig<O> {
+    /// The driver's `options`, with dlock's `settings`.
+    pub fn new(options: O, settings: SqlSettings) -> Self {
+        SqlConfig { options, settings }
+    }
+
+    /// The driver's connection options.
+    pub fn connect_options(&self) -> &O {
+        &self.options
+    }
+
+    /// dlock's settings: the session timeout, the sessions, the prefix.
+    pub fn settings(&self) -> &SqlSettings {
+        &self.settings
+    }
+
+    /// How long a holder that stopped answering keeps its locks.
+    pub fn session_timeout(&self) -> Duration {
+        self.settings.session_timeout()
+    }
+
+    /// How many sessions may wait on the server at once.
+    pub fn max_waiters(&self) -> usize {
+        self.settings.max_waiters()
+    }
+
+    /// The namespace of this application's locks.
+    pub fn lock_prefix(&self) -> &str {
+        self.settings.lock_prefix()
+    }
+
+    /// Sets how long a holder that stopped answering keeps its locks (at
+    /// least 100 ms).
+    pub fn set_session_timeout(&mut self, timeout: Duration) {
+        self.settings.set_session_timeout(timeout);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -227,7 +227,7 @@ impl Dialect for PgDialect {
             id: pid as u64,
             incarnation: incarnation.unwrap_or_default(),
         };
-        Ok((PgSession { conn, pid }, session))
+        Ok((PgSession { conn, id: pid }, session))
     }
 
     /// Also reads the schema the tables live in, for the lock identifiers.
@@ -277,7 +277,7 @@ impl Dialect for PgDialect {
         mode: Mode,
     ) -> Result<Option<i64>, sqlx::Error> {
         let (hi, lo) = split(*id);
-        let pid = session.pid;
+        let pid = session.id;
         let answer = match mode {
             Mode::Read => sqlx::query_as(self.try_read.as_str()).bind(hi).bind(lo),
             Mode::Write => sqlx::query_as(self.try_write.as_str()).bind(hi).bind(lo),
@@ -297,7 +297,7 @@ impl Dialect for PgDialect {
         id: &i64,
     ) -> Result<Option<i64>, sqlx::Error> {
         let (hi, lo) = split(*id);
-        let pid = session.pid;
+        let pid = session.id;
         let answer = sqlx::query_as(self.try_read_behind_writers.as_str())
             .bind(hi)
             .bind(lo)
@@ -316,7 +316,7 @@ impl Dialect for PgDialect {
     ) -> Result<Option<Granted>, sqlx::Error> {
         let lock_timeout = limit.map_or(0, |l| l.as_millis().max(1)).to_string();
         let (hi, lo) = split(*id);
-        let pid = session.pid;
+        let pid = session.id;
         let answer = match mode {
             Mode::Read => sqlx::query_as(self.wait_read.as_str()).bind(hi).bind(lo),
             Mode::Write => sqlx::query_as(self.wait_write.as_str()).bind(hi).bind(lo),
@@ -359,7 +359,7 @@ impl Dialect for PgDialect {
         mode: Mode,
     ) -> Result<bool, sqlx::Error> {
         let (hi, lo) = split(*id);
-        let pid = session.pid;
+        let pid = session.id;
         let answer = match mode {
             Mode::Read => sqlx::query_as(UNLOCK_SHARED).bind(hi).bind(lo),
             Mode::Write => sqlx::query_as(UNLOCK_TWO_KEY).bind(hi).bind(lo),
@@ -423,7 +423,7 @@ impl Dialect for PgDialect {
         mode: Mode,
         token: &Token,
     ) -> Result<(i64, Vec<QueueEntry>), sqlx::Error> {
-        let (owner, queue, pid) = (entry_lock(token), &self.queue, session.pid);
+        let (owner, queue, pid) = (entry_lock(token), &self.queue, session.id);
         let mine = format!("currval(pg_get_serial_sequence('{queue}', 'n'))");
         let request = format!(
             "SELECT pg_backend_pid(), pg_advisory_xact_lock({id}); \
@@ -468,7 +468,7 @@ impl Dialect for PgDialect {
     async fn dequeue(&self, session: &mut PgSession, token: &Token) -> Result<bool, sqlx::Error> {
         let (deleted, _, pid): (bool, Option<bool>, i32) = sqlx::query_as(self.dequeue.as_str())
             .bind(entry_lock(token))
-            .bind(session.pid)
+            .bind(session.id)
             .fetch_one(&mut session.conn)
             .await?;
         session.check(pid)?;
@@ -529,7 +529,7 @@ impl Dialect for PgDialect {
             .bind(holder_lock(token))
             .bind(fence)
             .bind(value)
-            .bind(session.pid)
+            .bind(session.id)
             .fetch_one(&mut session.conn)
             .await?;
         session.check(pid)?;
@@ -551,7 +551,7 @@ impl Dialect for PgDialect {
         let answer: (Option<bool>, i32) = sqlx::query_as(self.disclaim.as_str())
             .bind(*id)
             .bind(holder_lock(token))
-            .bind(session.pid)
+            .bind(session.id)
             .fetch_one(&mut session.conn)
             .await?;
         own(session, answer).map(drop)

@@ -24,7 +24,7 @@ async fn set_up(server: &PostgresServer) -> (PgDialect, PgSession) {
 async fn statements_off_their_session_take_nothing() {
     let server = PostgresServer::start().expect("start PostgreSQL");
     let (dialect, mut session) = set_up(&server).await;
-    session.pid += 1;
+    session.id += 1;
     dlock_sql::testing::statements_off_their_session_answer_moved(&dialect, &mut session).await;
     let (locks, entries, fenced, records): (i64, i64, bool, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'), \
