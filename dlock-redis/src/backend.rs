@@ -47,22 +47,15 @@ const REDLOCK_NODE_TIMEOUT_MAX: Duration = Duration::from_secs(1);
 /// into a [`Locker`](dlock_core::Locker) with
 /// [`into_locker`](dlock_core::BackendExt::into_locker). All lockers and
 /// guards of one backend share its connections: one multiplexed connection
-/// and one pub/sub connection per node.
+/// and one pub/sub connection per node. Redlock has no fencing tokens, no
+/// read-write locks and no semaphores. A `redis://` URL must name one
+/// server, not a proxy that spreads keys over cluster slots (the watchdog's
+/// batch would get `CROSSSLOT`): use `redis+cluster://`.
 ///
-/// Redlock (`redis+redlock://`) holds a lock only with a majority of nodes
-/// and time left on the lease; it gives no fencing tokens (per-node
-/// counters taken by different majorities can go backwards), and no
-/// read-write locks or semaphores. A `redis://` URL must name one server
-/// (or a Sentinel deployment's master), not a proxy that spreads keys over
-/// cluster slots: the watchdog renews a node's locks in one call, which
-/// such a proxy refuses (`CROSSSLOT`). For a cluster, use
-/// `redis+cluster://`.
-///
-/// The [crate docs](crate) say how the lock and its line work; the guide's
-/// [Redis section](https://docs.rs/dlock/latest/dlock/guide/backends/index.html#redis)
-/// covers Sentinel, Cluster and failover, and its
-/// [connection state](https://docs.rs/dlock/latest/dlock/guide/production/index.html#connection-state)
-/// what [`Locker::state`](dlock_core::Locker::state) reports.
+/// The [crate docs](crate) say how it locks; dlock's guide covers
+/// [Sentinel, Cluster and failover](https://docs.rs/dlock/latest/dlock/guide/backends/index.html#redis)
+/// and what [`Locker::state`](dlock_core::Locker::state)
+/// [reports](https://docs.rs/dlock/latest/dlock/guide/production/index.html#connection-state).
 ///
 /// # Examples
 ///
@@ -403,6 +396,7 @@ impl Backend for RedisBackend {
         let wake = Arc::new(Notify::new());
         let watcher = Token::generate().to_string();
         let _watch = node
+            .subscriber
             .watch(&names.holder_channel().to_string(), &watcher, &wake)
             .await
             .map_err(backend_error)?;

@@ -8,30 +8,10 @@ use dlock_core::{
     LockError,
 };
 
-/// Where and how to connect.
+/// Where and how to connect: the nodes, the key prefix, the timeouts.
 ///
-/// Usually made from a URL by [`RedisConfig::from_url`]:
-///
-/// - `redis://[user:password@]host[:port][/db][?prefix=name]`: one node;
-/// - `redis+redlock://[user:password@]h1:p1,h2:p2,h3:p3[/db][?prefix=name]`:
-///   Redlock over three or more independent nodes;
-/// - `redis+cluster://[user:password@]h1:p1,h2:p2[?prefix=name]`: one
-///   Redis Cluster (7 or later), found through any of its nodes. Each
-///   key's names share a hash tag, so a lock lives in one slot, on the
-///   master that owns it; wake-ups use its shard channel. Replication to
-///   the replicas is asynchronous: see the README's "In production".
-/// - `redis+sentinel://[user:password@]s1:p1,s2:p2/MASTER[/db][?sentinel_user=…&sentinel_password=…]`:
-///   the master the sentinels name `MASTER`, followed through failovers
-///   (see the [crate docs](crate), "Redis Sentinel"). The user
-///   and password are the data nodes'; `sentinel_user` and
-///   `sentinel_password` authenticate to the sentinels, if they ask.
-///   `rediss+sentinel://` speaks TLS to both, with the same files.
-///
-/// `prefix` (default `dlock`) starts every key dlock writes. `fence`
-/// (default `on`) is `on` or `off`: with `off`, a lock carries no fencing
-/// token, and an uncontended acquire is one plain `SET NX PX` instead of
-/// a script (see [`fences`](RedisConfig::fences)). Redlock never fences,
-/// and refuses `fence=on`.
+/// Usually made from a URL by [`RedisConfig::from_url`]; the
+/// [crate docs](crate#urls) list every URL form and parameter.
 ///
 /// # Examples
 ///
@@ -119,19 +99,8 @@ impl std::fmt::Debug for Sentinel {
     }
 }
 
-/// The application's crypto provider if it installed one as the process
-/// default; otherwise ring, installed as the default, because redis
-/// builds its TLS configuration from the process default only and cannot
-/// be handed a provider (rustls cannot pick one itself when the build has
-/// more than one). An application that wants aws-lc-rs installs it before
-/// connecting.
-#[cfg(feature = "tls")]
-pub(crate) fn use_ring_unless_chosen() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
 impl RedisConfig {
-    /// Parses a `redis://` or `redis+redlock://` URL.
+    /// Parses a URL of any form the [crate docs](crate#urls) list.
     ///
     /// # Errors
     ///
@@ -384,9 +353,7 @@ impl RedisConfig {
     /// but on Redlock, which has none).
     ///
     /// Without fences (`fence=off`), an uncontended acquire is one plain
-    /// `SET NX PX`, as a lock without tokens needs, rather than a script
-    /// that also counts the token: the server's time per lock and release
-    /// falls to about that of the bare commands (see BENCHMARKS.md).
+    /// `SET NX PX` rather than a script that also counts the token.
     /// [`LockGuard::fencing_token`](dlock_core::LockGuard::fencing_token)
     /// is then `None`, and so is every read-write lock's and semaphore's
     /// (whose scripts still count one); elections, `proclaim` and
@@ -447,10 +414,17 @@ impl RedisConfig {
         self.tls.is_some()
     }
 
-    /// The CA and client certificate the URL names, read now; `None`
-    /// without either.
+    /// For TLS: the CA and client certificate the URL names, read now;
+    /// `None` without either.
+    ///
+    /// It also makes ring the process's default crypto provider unless the
+    /// application installed one: redis builds its TLS configuration from
+    /// the process default only and cannot be handed a provider (rustls
+    /// cannot pick one itself when the build has more than one). An
+    /// application that wants aws-lc-rs installs it before connecting.
     #[cfg(feature = "tls")]
     fn certificates(&self) -> Result<Option<redis::TlsCertificates>, LockError> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let Some(files) = self
             .tls
             .as_ref()
@@ -477,12 +451,10 @@ impl RedisConfig {
     pub(crate) fn client(&self, node: &str) -> Result<redis::Client, LockError> {
         #[cfg(feature = "tls")]
         if self.tls.is_some() {
-            use_ring_unless_chosen();
-        }
-        #[cfg(feature = "tls")]
-        if let Some(certificates) = self.certificates()? {
-            return redis::Client::build_with_tls(node, certificates)
-                .map_err(|e| LockError::backend("redis", e));
+            if let Some(certificates) = self.certificates()? {
+                return redis::Client::build_with_tls(node, certificates)
+                    .map_err(|e| LockError::backend("redis", e));
+            }
         }
         redis::Client::open(node).map_err(|e| LockError::backend("redis", e))
     }
@@ -496,7 +468,6 @@ impl RedisConfig {
     ) -> Result<redis::cluster::ClusterClientBuilder, LockError> {
         #[cfg(feature = "tls")]
         if self.tls.is_some() {
-            use_ring_unless_chosen();
             let builder = builder.tls(redis::TlsMode::Secure);
             return Ok(match self.certificates()? {
                 Some(certificates) => builder.certs(certificates),
@@ -544,7 +515,6 @@ impl RedisConfig {
         }
         #[cfg(feature = "tls")]
         if self.tls.is_some() {
-            use_ring_unless_chosen();
             builder = builder
                 .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
                 .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure);
@@ -598,7 +568,7 @@ impl RedisConfig {
 
     /// The longest a waiter sleeps between attempts while it cannot
     /// subscribe to the key's release notifications (default 1 s; it starts
-    /// at 20 ms and doubles). A waiter that is subscribed is woken by the
+    /// at 40 ms and doubles). A waiter that is subscribed is woken by the
     /// release, and otherwise tries again when the holder's TTL runs out.
     pub fn unwatched_poll(&self) -> Duration {
         self.unwatched_poll

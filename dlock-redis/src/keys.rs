@@ -18,7 +18,7 @@ impl Names {
     /// Counts acquisitions: the fencing token. Lives twice the lease (at
     /// least ten minutes) past the last acquisition or renewal, and never
     /// falls behind the server's clock, so that tokens keep growing across
-    /// idle periods, failovers and restarts (see `scripts.rs`).
+    /// idle periods, failovers and restarts (see `scripts::lock::ACQUIRE`).
     pub(crate) fn fence(&self) -> Suffixed<'_> {
         Suffixed(&self.lock, ":fence")
     }
@@ -35,7 +35,7 @@ impl Names {
         Suffixed(&self.lock, ":holder")
     }
 
-    /// The waiting line: tickets scored by place (see `scripts.rs`).
+    /// The waiting line: tickets scored by place (see `queue_lua!`).
     pub(crate) fn queue(&self) -> Suffixed<'_> {
         Suffixed(&self.lock, ":queue")
     }
@@ -91,7 +91,7 @@ impl ToRedisArgs for Suffixed<'_> {
 /// keys are binary-safe.
 pub(crate) fn names(prefix: &str, key: &LockKey) -> Names {
     // Built by hand, not with `format!`: this runs twice per lock and
-    // release, and formatting was a visible share of the client's time.
+    // release.
     let mut lock = String::with_capacity(prefix.len() + key.as_str().len() + 3);
     lock.push_str(prefix);
     lock.push_str(":{");
@@ -104,7 +104,7 @@ pub(crate) fn names(prefix: &str, key: &LockKey) -> Names {
 /// semaphore (`mode` permits) under `prefix`: the plain lock's name with
 /// `:rw` or `:sem`, so the three objects of one key never meet and still
 /// share its hash tag. Their "lock" is the sorted set of holders (see
-/// `scripts.rs`).
+/// `shared_lua!`).
 pub(crate) fn shared_names(prefix: &str, key: &LockKey, mode: Mode) -> Names {
     let mut names = names(prefix, key);
     names.lock.push_str(match mode {

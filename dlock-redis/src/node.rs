@@ -18,7 +18,7 @@ pub(crate) use conn::Conn;
 
 use crate::{
     sentinel::{Following, Master},
-    subscriber::{Subscriber, Watch},
+    subscriber::{Source, Subscriber},
 };
 
 /// The reconnecting connection's settings.
@@ -36,7 +36,8 @@ fn manager_config(
 pub(crate) struct Node {
     pub(crate) addr: String,
     conn: Conn,
-    subscriber: Subscriber,
+    /// Wakes this process's waiters by the releases that name them.
+    pub(crate) subscriber: Subscriber,
     /// A cluster: wake-ups on shard channels, and no pipeline across keys.
     pub(crate) cluster: bool,
     /// `wait_replicas`: how many replicas must acknowledge a grant or a
@@ -69,7 +70,7 @@ impl Node {
         let addr = client.get_connection_info().addr().to_string();
         Ok(Node {
             addr,
-            subscriber: Subscriber::new(client, connect_timeout, response_timeout),
+            subscriber: Subscriber::new(Source::Node(client), connect_timeout, response_timeout),
             conn: Conn::Node(conn),
             cluster: false,
             wait: None,
@@ -95,7 +96,11 @@ impl Node {
         let addr = format!("sentinel master `{name}`");
         Ok(Node {
             addr,
-            subscriber: Subscriber::following(master.clone(), connect_timeout, response_timeout),
+            subscriber: Subscriber::new(
+                Source::Sentinel(master.clone()),
+                connect_timeout,
+                response_timeout,
+            ),
             conn: Conn::Sentinel(Following(master)),
             cluster: false,
             wait: None,
@@ -118,7 +123,11 @@ impl Node {
             .map_err(|_| RedisError::from((ErrorKind::Io, "cluster connect timed out")))??;
         Ok(Node {
             addr,
-            subscriber: Subscriber::sharded(subscriber, connect_timeout, response_timeout),
+            subscriber: Subscriber::new(
+                Source::Cluster(subscriber),
+                connect_timeout,
+                response_timeout,
+            ),
             conn: Conn::Cluster(conn),
             cluster: true,
             wait: None,
@@ -134,14 +143,32 @@ impl Node {
         script: &redis::Script,
         args: impl FnOnce(&mut redis::Cmd),
     ) -> RedisResult<T> {
+        Ok(self.eval(script, args, false).await?.0)
+    }
+
+    /// [`run`](Node::run), with the script's `WAIT` as in
+    /// [`query`](Node::query).
+    pub(crate) async fn run_acked<T: redis::FromRedisValue>(
+        &self,
+        script: &redis::Script,
+        args: impl FnOnce(&mut redis::Cmd),
+    ) -> RedisResult<(T, Option<i64>)> {
+        self.eval(script, args, true).await
+    }
+
+    async fn eval<T: redis::FromRedisValue>(
+        &self,
+        script: &redis::Script,
+        args: impl FnOnce(&mut redis::Cmd),
+        acked: bool,
+    ) -> RedisResult<(T, Option<i64>)> {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash());
         args(&mut cmd);
-        let mut conn = self.conn.clone();
-        match cmd.query_async(&mut conn).await {
+        match self.query(&cmd, acked).await {
             Err(e) if e.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                script.load_async(&mut conn).await?;
-                cmd.query_async(&mut conn).await
+                script.load_async(&mut self.conn.clone()).await?;
+                self.query(&cmd, acked).await
             }
             answer => answer,
         }
@@ -150,27 +177,5 @@ impl Node {
     /// A handle on the node's multiplexed connection.
     pub(crate) fn connection(&self) -> Conn {
         self.conn.clone()
-    }
-
-    /// Whether any channel is subscribed now.
-    pub(crate) fn watches_any(&self) -> bool {
-        self.subscriber.watches_any()
-    }
-
-    /// Whether `channel` is subscribed now: the key has, or had a moment
-    /// ago, a waiter in this process.
-    pub(crate) fn is_watched(&self, channel: &str) -> bool {
-        self.subscriber.is_live(channel)
-    }
-
-    /// Wakes `wake` whenever a release on `channel` names `token` first in
-    /// line (and when the subscription had to be made again).
-    pub(crate) async fn watch(
-        &self,
-        channel: &str,
-        token: &str,
-        wake: &std::sync::Arc<tokio::sync::Notify>,
-    ) -> Result<Watch, RedisError> {
-        self.subscriber.watch(channel, token, wake).await
     }
 }

@@ -1,10 +1,7 @@
 //! The Lua scripts: each runs atomically on the server, so checking the
-//! owner and acting on the key can never be split by another client.
-//!
-//! Deliberately not used: `SETNX` followed by `EXPIRE` (a crash between the
-//! two leaves a lock that never expires), the `SETNX`/`GETSET` timestamp
-//! scheme (it trusts every client's clock to agree), and a plain `DEL` on
-//! release (after a lease ran out it deletes the next owner's lock).
+//! owner and acting on the key can never be split by another client (the
+//! classic recipes dlock does not use, and why, are in dlock's guide,
+//! "What every backend guarantees").
 //!
 //! Each script's module holds its Lua, the arguments it is sent and the
 //! decoding of its answer: [`lock`] (acquire and release), [`renew`],
@@ -35,10 +32,8 @@ use redis::Script;
 /// The clock goes to the counter as text, its µs part padded to six
 /// digits, and the TTL as the text `600000` unless the lease is longer
 /// than five minutes: Redis turns a Lua number passed to `redis.call` into
-/// text with a general-purpose conversion (`%.17g` up to Redis 7.0; later
-/// versions print whole numbers as integers, and gain less), which cost
-/// the fenced acquire a share of its server time on Redis 7.0.15 (BENCHMARKS.md,
-/// "Figures the code's docs cite"). The value is the same either way.
+/// text with a general-purpose conversion (`%.17g` up to Redis 7.0), which
+/// costs server time. The value is the same either way.
 macro_rules! fence_lua {
     () => {
         r"

@@ -97,13 +97,13 @@ fn timed_out() -> RedisError {
     RedisError::from((ErrorKind::Io, "the sentinels did not answer in time"))
 }
 
-/// Whether `e` may mean the master moved: the connection failed, or a
-/// demoted master refuses writes.
-fn may_have_moved(e: &RedisError) -> bool {
+/// Whether `e` says the server did not serve the command: the connection
+/// failed, or a demoted master (or one a failover is replacing) refused
+/// it. Sentinel asks again who is master after such an error.
+pub(crate) fn not_served(e: &RedisError) -> bool {
     e.is_io_error()
         || e.is_connection_refusal()
         || e.is_connection_dropped()
-        || e.is_unrecoverable_error()
         || e.is_timeout()
         || matches!(
             e.kind(),
@@ -260,7 +260,7 @@ impl Following {
     /// the master moved.
     fn seen<T>(&self, answer: RedisResult<T>) -> RedisResult<T> {
         if let Err(e) = &answer {
-            if may_have_moved(e) {
+            if not_served(e) || e.is_unrecoverable_error() {
                 self.0.suspect();
             }
         }

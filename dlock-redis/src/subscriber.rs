@@ -42,13 +42,14 @@ use crate::sentinel::Master;
 /// the channel's slot, which the cluster client finds and follows).
 /// One per subscriber, so its size does not matter.
 #[allow(clippy::large_enum_variant)]
-enum Source {
+pub(crate) enum Source {
     Node(Client),
     /// The master a Sentinel deployment names now: the connection is
-    /// opened anew, to the new master, when it changes.
+    /// opened anew, to the new master (and every waiter woken), when it
+    /// changes.
     Sentinel(Arc<Master>),
-    /// Built for RESP3: the pushes go to a sender whose receiver the
-    /// manager reads.
+    /// Built for RESP3 and without a push sender of its own: the pushes
+    /// go to a sender whose receiver the manager reads.
     Cluster(ClusterClient),
 }
 
@@ -70,6 +71,24 @@ impl Sink {
             Sink::Node(sink) => sink.subscribe(channel).await,
             Sink::Cluster(conn) => conn.ssubscribe(channel).await,
         }
+    }
+
+    /// Subscribes to `channel` within `within`, and marks it live in
+    /// `channels` once the server confirmed it; `Err` if no answer came in
+    /// time.
+    async fn subscribe_live(
+        &mut self,
+        channels: &Mutex<Channels>,
+        channel: &str,
+        within: Duration,
+    ) -> Result<RedisResult<()>, tokio::time::error::Elapsed> {
+        let answer = tokio::time::timeout(within, self.subscribe(channel)).await;
+        if let Ok(Ok(())) = answer {
+            if let Some(watched) = lock(channels).watched.get_mut(channel) {
+                watched.live = true;
+            }
+        }
+        answer
     }
 
     async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
@@ -196,39 +215,14 @@ fn lock(channels: &Mutex<Channels>) -> MutexGuard<'_, Channels> {
 }
 
 impl Subscriber {
-    /// A subscriber for `client`'s node; connects on first use. Must be
-    /// called within a Tokio runtime: it spawns the manager task, which
-    /// ends when the subscriber is dropped.
+    /// A subscriber for `source`; connects on first use. Must be called
+    /// within a Tokio runtime: it spawns the manager task, which ends when
+    /// the subscriber is dropped.
     pub(crate) fn new(
-        client: Client,
+        source: Source,
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> Subscriber {
-        Self::start(Source::Node(client), connect_timeout, response_timeout)
-    }
-
-    /// A subscriber on whichever server `master` follows: it reconnects
-    /// (and wakes every waiter) each time the master changes.
-    pub(crate) fn following(
-        master: Arc<Master>,
-        connect_timeout: Duration,
-        response_timeout: Duration,
-    ) -> Subscriber {
-        Self::start(Source::Sentinel(master), connect_timeout, response_timeout)
-    }
-
-    /// A subscriber on a cluster's shard channels; `client` must be built
-    /// with RESP3 and without a push sender of its own (see
-    /// `RedisBackend::connect_with`).
-    pub(crate) fn sharded(
-        client: ClusterClient,
-        connect_timeout: Duration,
-        response_timeout: Duration,
-    ) -> Subscriber {
-        Self::start(Source::Cluster(client), connect_timeout, response_timeout)
-    }
-
-    fn start(source: Source, connect_timeout: Duration, response_timeout: Duration) -> Subscriber {
         let channels = Arc::new(Mutex::new(Channels::default()));
         let (commands, queue) = mpsc::unbounded_channel();
         let timeouts = Timeouts {
@@ -356,13 +350,8 @@ async fn manage(
                 tokio::select! {
                     command = queue.recv() => match command {
                         Some(Command::Subscribe(channel, reply)) => {
-                            match tokio::time::timeout(within, sink.subscribe(&channel)).await {
+                            match sink.subscribe_live(&channels, &channel, within).await {
                                 Ok(answer) => {
-                                    if answer.is_ok() {
-                                        if let Some(watched) = lock(&channels).watched.get_mut(&channel) {
-                                            watched.live = true;
-                                        }
-                                    }
                                     let _ = reply.send(answer);
                                 }
                                 Err(_) => {
@@ -391,9 +380,8 @@ async fn manage(
                             if watched.is_some() {
                                 // Subscribed first, then woken: a waiter's
                                 // check then runs with the channel live.
-                                let answer = tokio::time::timeout(within, sink.subscribe(&channel)).await;
-                                if let Some(w) = lock(&channels).watched.get_mut(&channel) {
-                                    w.live = matches!(answer, Ok(Ok(())));
+                                let answer = sink.subscribe_live(&channels, &channel, within).await;
+                                if let Some(w) = lock(&channels).watched.get(&channel) {
                                     w.wake_all();
                                 }
                                 match answer {
@@ -409,15 +397,13 @@ async fn manage(
                     _ = sweep.tick() => {
                         // Out of the table first: a waiter that comes now
                         // asks for the subscription again, after this.
-                        let idle = take_idle(&channels);
-                        let mut answered = true;
-                        for channel in idle {
-                            answered = tokio::time::timeout(within, sink.unsubscribe(&channel)).await.is_ok();
-                            if !answered {
-                                break;
+                        let unsubscribed = async {
+                            for channel in take_idle(&channels) {
+                                let _ = tokio::time::timeout(within, sink.unsubscribe(&channel)).await?;
                             }
-                        }
-                        if !answered {
+                            Ok::<_, tokio::time::error::Elapsed>(())
+                        };
+                        if unsubscribed.await.is_err() {
                             break;
                         }
                     }
@@ -507,13 +493,11 @@ async fn connect(
     // One channel per command: the server answers each channel separately,
     // and one answer must confirm exactly one request.
     for name in names {
-        let answer = tokio::time::timeout(timeouts.response, sink.subscribe(&name)).await;
-        match answer {
-            Ok(Ok(())) => {
-                if let Some(watched) = lock(channels).watched.get_mut(&name) {
-                    watched.live = true;
-                }
-            }
+        match sink
+            .subscribe_live(channels, &name, timeouts.response)
+            .await
+        {
+            Ok(Ok(())) => {}
             // On a cluster, one shard that does not answer leaves the
             // others' channels subscribed: its waiters are told, and fall
             // back to their own checks until a later subscription works.

@@ -25,7 +25,6 @@ use tokio::{sync::Notify, time::Instant};
 use super::{backend_error, bounded, timed_out, RedisBackend, REDLOCK_NODE_TIMEOUT_MAX};
 use crate::{
     keys::{entry, names, shared_names, Names},
-    node::Node,
     scripts::{
         lock::{self, Attempt, Place},
         shared::{self, SharedAttempt},
@@ -89,6 +88,17 @@ impl RedisBackend {
         self.inner
             .redlock
             .then(|| (lease / 10).max(floor).min(REDLOCK_NODE_TIMEOUT_MAX))
+    }
+
+    /// A grant of a round sent at `sent`: with `fence` if locks carry
+    /// fencing tokens.
+    fn granted(&self, sent: Instant, fence: u64) -> Look<Waiting> {
+        let acquired = Acquired::new(sent);
+        Look::Granted(if self.inner.fences {
+            acquired.with_fence(fence)
+        } else {
+            acquired
+        })
     }
 
     /// The error of a grant that only `acked` replicas acknowledged: the
@@ -160,7 +170,9 @@ impl<'a> Steps<'a> {
         let within = self.backend.inner.subscribe_timeout;
         let channel = self.names.channel().to_string();
         self.backend
-            .on_every_node(Some(within), |node| node.watch(&channel, &self.token, wake))
+            .on_every_node(Some(within), |node| {
+                node.subscriber.watch(&channel, &self.token, wake)
+            })
             .await
             .into_iter()
             .filter_map(|w| {
@@ -257,12 +269,7 @@ impl<'a> Steps<'a> {
             }
         }
         if won >= quorum && within_validity(sent, lease) {
-            let acquired = Acquired::new(sent);
-            return Ok(Look::Granted(if fence {
-                acquired.with_fence(fence_value)
-            } else {
-                acquired
-            }));
+            return Ok(backend.granted(sent, fence_value));
         }
         if !give_back.is_empty() {
             // A partial grant, or replies that never came: give back what we
@@ -335,14 +342,7 @@ impl<'a> Steps<'a> {
         .await;
         backend.observe(std::slice::from_ref(&answer));
         match answer.map_err(|e| StepError::Retry(backend_error(e)))? {
-            SharedAttempt::Acquired(fence) => {
-                let acquired = Acquired::new(sent);
-                Ok(Look::Granted(if backend.inner.fences {
-                    acquired.with_fence(fence)
-                } else {
-                    acquired
-                }))
-            }
+            SharedAttempt::Acquired(fence) => Ok(backend.granted(sent, fence)),
             SharedAttempt::Unacknowledged(acked) => Err(backend.unacknowledged(acked)),
             SharedAttempt::OtherLimit(theirs) => {
                 let ours = match req.mode {
@@ -484,9 +484,9 @@ impl WaitSteps for Steps<'_> {
         let first = inner.local.busy(lock) || {
             // Named only where some channel is watched at all: this runs
             // before every uncontended attempt.
-            inner.nodes.iter().any(Node::watches_any) && {
+            inner.nodes.iter().any(|n| n.subscriber.watches_any()) && {
                 let channel = self.names.channel().to_string();
-                inner.nodes.iter().any(|n| n.is_watched(&channel))
+                inner.nodes.iter().any(|n| n.subscriber.is_live(&channel))
             }
         };
         Some(TurnAt {

@@ -12,10 +12,10 @@ use std::{sync::Arc, time::Duration};
 
 use dlock_core::{LockError, Result};
 use futures_util::future::join_all;
-use redis::{RedisError, RedisResult};
+use redis::RedisResult;
 
 use super::{backend_error, Inner, RedisBackend, NAME};
-use crate::{config::RedisConfig, node::Node, scripts::scripts};
+use crate::{config::RedisConfig, node::Node, scripts::scripts, sentinel::not_served};
 
 /// The oldest Redis the scripts run on (`SET … GET`, 6.2).
 const OLDEST_REDIS: (u32, u32) = (6, 2);
@@ -33,14 +33,14 @@ fn too_old(info: &str) -> Option<&str> {
 }
 
 impl RedisBackend {
-    /// Connects to the node(s) a `redis://` or `redis+redlock://` URL names
-    /// (see [`RedisConfig`]).
+    /// Connects to what the URL names (see [`RedisConfig::from_url`]).
     ///
     /// # Errors
     ///
     /// [`LockError::InvalidOptions`] for a malformed URL;
     /// [`LockError::Backend`] if the node (for Redlock: a majority of the
-    /// nodes) cannot be reached within the connect timeout.
+    /// nodes) cannot be reached within the connect timeout;
+    /// [`LockError::UnsafeDeployment`] for a Redis older than 6.2.
     ///
     /// # Examples
     ///
@@ -268,26 +268,11 @@ impl RedisBackend {
 
     /// Feeds the connection state from one step's answers: a quorum that
     /// answered (even with a script's error) is `answered`; a step that a
-    /// quorum could not answer, for a reason of the connection, is
-    /// `suspended`.
+    /// quorum did not serve ([`not_served`]) is `suspended`.
     pub(super) fn observe<T>(&self, answers: &[RedisResult<T>]) {
-        let unreachable = |e: &RedisError| {
-            e.is_io_error()
-                || e.is_connection_refusal()
-                || e.is_connection_dropped()
-                || e.is_timeout()
-                // A demoted master, or one a failover is replacing: its
-                // answer is not the master's.
-                || matches!(
-                    e.kind(),
-                    redis::ErrorKind::Server(
-                        redis::ServerErrorKind::ReadOnly | redis::ServerErrorKind::MasterDown
-                    )
-                )
-        };
         let reached = answers
             .iter()
-            .filter(|a| !matches!(a, Err(e) if unreachable(e)))
+            .filter(|a| !matches!(a, Err(e) if not_served(e)))
             .count();
         if reached >= self.inner.quorum {
             *self.answered_at() = tokio::time::Instant::now();

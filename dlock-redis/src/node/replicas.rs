@@ -53,41 +53,20 @@ impl Node {
         unacknowledged(acked, replicas, timeout)
     }
 
-    /// `cmd`'s answer; with `wait_replicas`, and `WAIT`'s answer, the two
-    /// pipelined on one connection.
-    pub(crate) async fn query_acked<T: FromRedisValue>(
+    /// `cmd`'s answer; with `acked` and `wait_replicas`, and `WAIT`'s
+    /// answer, the two pipelined on one connection.
+    pub(crate) async fn query<T: FromRedisValue>(
         &self,
-        cmd: Cmd,
+        cmd: &Cmd,
+        acked: bool,
     ) -> RedisResult<(T, Option<i64>)> {
         let mut conn = self.conn.clone();
-        let Some(wait) = self.wait_command() else {
+        let Some(wait) = self.wait_command().filter(|_| acked) else {
             return Ok((cmd.query_async(&mut conn).await?, None));
         };
         let mut pipe = redis::pipe();
-        pipe.add_command(cmd).add_command(wait);
+        pipe.add_command(cmd.clone()).add_command(wait);
         let (answer, acked) = pipe.query_async(&mut conn).await?;
         Ok((answer, Some(acked)))
-    }
-
-    /// [`run`](Node::run), with the script's `WAIT` as in
-    /// [`query_acked`](Node::query_acked).
-    pub(crate) async fn run_acked<T: FromRedisValue>(
-        &self,
-        script: &redis::Script,
-        args: impl FnOnce(&mut Cmd),
-    ) -> RedisResult<(T, Option<i64>)> {
-        if self.wait.is_none() {
-            return Ok((self.run(script, args).await?, None));
-        }
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash());
-        args(&mut cmd);
-        match self.query_acked(cmd.clone()).await {
-            Err(e) if e.kind() == ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                script.load_async(&mut self.conn.clone()).await?;
-                self.query_acked(cmd).await
-            }
-            answer => answer,
-        }
     }
 }

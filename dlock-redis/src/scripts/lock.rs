@@ -77,7 +77,7 @@ pub(crate) async fn acquire(
             .arg("NX")
             .arg("PX")
             .arg(lease_ms);
-        let (set, acked): (Option<String>, _) = node.query_acked(set).await?;
+        let (set, acked): (Option<String>, _) = node.query(&set, true).await?;
         return Ok(match set {
             Some(_) => acknowledged(node, 0, acked),
             None => Attempt::Held(None),
@@ -188,7 +188,7 @@ async fn release_with(
 /// inside the script (`SET NX PX`, `TIME`, and `SET ... GET` on the
 /// counter: see `fence_lua!`), and defines none of the line's functions.
 /// An attempt that counts no fence (Redlock's first, and one node's with
-/// `fence=off`) is a plain `SET NX PX` instead (see `Node::acquire`).
+/// `fence=off`) is a plain `SET NX PX` instead (see [`acquire`]).
 ///
 /// # The fence counter, and why its tokens only grow
 ///
@@ -196,8 +196,9 @@ async fn release_with(
 /// counter in the same command that reads it (`SET ... GET`). The
 /// counter lives beside the lock with a TTL of twice the lease, but never
 /// less than ten minutes (600 000 ms in the scripts), set at every
-/// acquisition and renewal, so it goes away some time after the lock: a service that locks `order:{id}` for ever more ids does not
-/// grow Redis for ever. The tokens of one key strictly increase, whatever
+/// acquisition and renewal, so it goes away some time after the lock: a
+/// service that locks `order:{id}` for ever more ids does not grow Redis
+/// for ever. The tokens of one key strictly increase, whatever
 /// happened to the counter:
 ///
 /// - While the counter lives and is current, each token is above the last
@@ -205,10 +206,9 @@ async fn release_with(
 ///   raise it.
 /// - No token is ahead of the server's clock by more than the number of
 ///   acquisitions made within the same microsecond. Each acquisition is a
-///   script run of several microseconds of server time (BENCHMARKS.md,
-///   "Figures the code's docs cite"), and a server runs one script at a
-///   time, so that number is 0:
-///   every token is at most the clock's reading when it was issued.
+///   script run of more than a microsecond of server time, and a server
+///   runs one script at a time, so that number is 0: every token is at
+///   most the clock's reading when it was issued.
 /// - So a counter that is set back (a failover to a replica that had not
 ///   seen the last writes, a restart from an older RDB or AOF) or lost
 ///   (expired, `FLUSHALL`, a restart without persistence) is overtaken by
@@ -220,8 +220,9 @@ async fn release_with(
 ///   clocks in sync (NTP), as every clock-seeded counter needs.
 /// - A clock that steps back is covered while the counter lives (the
 ///   counter keeps counting from the last token): the TTL floor keeps it
-///   alive for ten minutes after the last use, however short the lease, so only a
-///   key idle that long and a clock stepped back further than that meet.
+///   alive for ten minutes after the last use, however short the lease, so
+///   only a key idle that long and a clock stepped back further than that
+///   meet.
 pub(super) const ACQUIRE: &str = concat!(
     fence_lua!(),
     // The common case first, before the line's functions are defined: a

@@ -8,10 +8,9 @@ use redis::{ErrorKind, RedisError, RedisResult};
 use super::{of, Keys, Scripts};
 use crate::{keys::Names, node::Node};
 
-/// How many plain locks one batch renewal renews: a `GET` and three
-/// `PEXPIRE`s each, so a call holds the server for a fraction of a
-/// millisecond (Redlock-5 renewed 100,000 locks on each of 5 nodes, on 2
-/// CPUs, in about 1.5 s), where a lock's request would wait behind it.
+/// How many plain locks one batch renewal renews (a `GET` and three
+/// `PEXPIRE`s each): few enough that a lock's request waiting behind the
+/// call is not held up for long.
 const RENEW_BATCH: usize = 256;
 
 /// One lock for [`renew`].
