@@ -277,29 +277,20 @@ impl Backend for RedisBackend {
     /// Every lock of a watchdog tick, in one pipelined round trip per
     /// node; on Redlock, renewed where a majority renewed it.
     async fn renew(&self, locks: &[RenewRequest]) -> Result<Vec<RenewOutcome>> {
-        let names: Vec<Names> = locks
+        let prefix = &self.inner.prefix;
+        let renewals: Vec<Renewal> = locks
             .iter()
-            .map(|r| match r.mode {
-                Mode::Exclusive => names(&self.inner.prefix, &r.key),
-                mode => shared_names(&self.inner.prefix, &r.key, mode),
-            })
-            .collect();
-        let owners: Vec<String> = locks
-            .iter()
-            .map(|r| match r.mode {
-                Mode::Exclusive => r.token.to_string(),
-                mode => entry(&r.token, mode),
-            })
-            .collect();
-        let renewals: Vec<Renewal<'_>> = locks
-            .iter()
-            .zip(&names)
-            .zip(&owners)
-            .map(|((r, names), owner)| Renewal {
-                names,
-                owner,
-                shared: r.mode != Mode::Exclusive,
-                lease_ms: r.lease.as_millis().max(1) as u64,
+            .map(|r| {
+                let (names, owner) = match r.mode {
+                    Mode::Exclusive => (names(prefix, &r.key), r.token.to_string()),
+                    mode => (shared_names(prefix, &r.key, mode), entry(&r.token, mode)),
+                };
+                Renewal {
+                    names,
+                    owner,
+                    shared: r.mode != Mode::Exclusive,
+                    lease_ms: r.lease.as_millis().max(1) as u64,
+                }
             })
             .collect();
         // A renewal counts from when it was sent, so a late answer is

@@ -143,19 +143,6 @@ use shared::{SHARED_ACQUIRE, SHARED_RELEASE, SHARED_RENEW};
 
 use crate::{keys::Names, node::Node};
 
-/// Every script, in the order of [`Scripts`]' fields.
-const SOURCES: [&str; 9] = [
-    ACQUIRE,
-    RELEASE,
-    RENEW,
-    RENEW_MANY,
-    SHARED_ACQUIRE,
-    SHARED_RELEASE,
-    SHARED_RENEW,
-    PROCLAIM,
-    HOLDER,
-];
-
 /// The compiled scripts (their SHA1 is computed once).
 pub(crate) struct Scripts {
     acquire: Script,
@@ -173,27 +160,27 @@ pub(crate) struct Scripts {
 
 impl Scripts {
     fn compile(sharded: bool) -> Scripts {
-        let sources: Vec<String> = SOURCES
-            .into_iter()
-            .map(|lua| {
-                if sharded {
-                    to_sharded(lua)
-                } else {
-                    lua.to_owned()
-                }
-            })
-            .collect();
-        let script = |i: usize| Script::new(&sources[i]);
+        let mut sources = Vec::new();
+        let mut script = |lua: &str| {
+            let lua = if sharded {
+                to_sharded(lua)
+            } else {
+                lua.to_owned()
+            };
+            let script = Script::new(&lua);
+            sources.push(lua);
+            script
+        };
         Scripts {
-            acquire: script(0),
-            release: script(1),
-            renew: script(2),
-            renew_many: script(3),
-            shared_acquire: script(4),
-            shared_release: script(5),
-            shared_renew: script(6),
-            proclaim: script(7),
-            holder: script(8),
+            acquire: script(ACQUIRE),
+            release: script(RELEASE),
+            renew: script(RENEW),
+            renew_many: script(RENEW_MANY),
+            shared_acquire: script(SHARED_ACQUIRE),
+            shared_release: script(SHARED_RELEASE),
+            shared_renew: script(SHARED_RENEW),
+            proclaim: script(PROCLAIM),
+            holder: script(HOLDER),
             sources,
         }
     }
@@ -288,7 +275,8 @@ mod tests {
 
     #[test]
     fn every_publish_of_a_cluster_script_is_sharded() {
-        for lua in SOURCES {
+        let sources = &scripts(false).sources;
+        for lua in sources {
             let publishes = lua.matches("redis.call('PUBLISH',").count();
             let sharded = to_sharded(lua);
             assert_eq!(sharded.matches("redis.call('SPUBLISH',").count(), publishes);

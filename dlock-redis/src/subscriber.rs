@@ -461,34 +461,22 @@ async fn connect(
     channels: &Mutex<Channels>,
 ) -> Option<(Sink, Stream)> {
     let (mut sink, stream) = match source {
-        Source::Node(_) | Source::Sentinel(_) => {
-            let client = match source {
-                Source::Sentinel(master) => master.client(),
-                Source::Node(client) => client.clone(),
-                Source::Cluster(_) => return None,
-            };
-            let pubsub = tokio::time::timeout(timeouts.connect, client.get_async_pubsub()).await;
-            match pubsub {
-                Ok(Ok(pubsub)) => {
-                    let (sink, stream) = pubsub.split();
-                    (Sink::Node(sink), Stream::Node(stream))
-                }
-                _ => return None,
-            }
-        }
+        Source::Node(client) => pubsub(client.clone(), timeouts.connect).await?,
+        Source::Sentinel(master) => pubsub(master.client(), timeouts.connect).await?,
         Source::Cluster(client) => {
             let (pushes, received) = mpsc::unbounded_channel();
             let conn = client.get_async_connection_with_config(
                 redis::cluster::ClusterConfig::new().set_push_sender(pushes),
             );
-            match tokio::time::timeout(timeouts.connect, conn).await {
-                Ok(Ok(conn)) => (Sink::Cluster(conn), Stream::Cluster(received)),
-                _ => return None,
-            }
+            let conn = tokio::time::timeout(timeouts.connect, conn)
+                .await
+                .ok()?
+                .ok()?;
+            (Sink::Cluster(conn), Stream::Cluster(received))
         }
     };
     // Channels nobody waits on are not worth subscribing again.
-    drop(take_idle_now(channels));
+    drop(take(channels, |_| true));
     let names: Vec<String> = lock(channels).watched.keys().cloned().collect();
     // One channel per command: the server answers each channel separately,
     // and one answer must confirm exactly one request.
@@ -512,6 +500,13 @@ async fn connect(
     Some((sink, stream))
 }
 
+/// A pub/sub connection to one server, within `within`.
+async fn pubsub(client: Client, within: Duration) -> Option<(Sink, Stream)> {
+    let pubsub = tokio::time::timeout(within, client.get_async_pubsub()).await;
+    let (sink, stream) = pubsub.ok()?.ok()?.split();
+    Some((Sink::Node(sink), Stream::Node(stream)))
+}
+
 /// Takes the channels that nobody has waited on for [`LINGER`] out of the
 /// table.
 fn take_idle(channels: &Mutex<Channels>) -> Vec<String> {
@@ -519,11 +514,6 @@ fn take_idle(channels: &Mutex<Channels>) -> Vec<String> {
     take(channels, |idle_since| {
         now.duration_since(idle_since) >= LINGER
     })
-}
-
-/// Takes every channel nobody waits on out of the table.
-fn take_idle_now(channels: &Mutex<Channels>) -> Vec<String> {
-    take(channels, |_| true)
 }
 
 fn take(

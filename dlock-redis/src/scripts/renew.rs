@@ -14,21 +14,21 @@ use crate::{keys::Names, node::Node};
 const RENEW_BATCH: usize = 256;
 
 /// One lock for [`renew`].
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Renewal<'a> {
+#[derive(Debug, Clone)]
+pub(crate) struct Renewal {
     /// Its names (`shared_names` for a read-write lock or semaphore).
-    pub(crate) names: &'a Names,
+    pub(crate) names: Names,
     /// The token of a plain lock; the entry of a shared one.
-    pub(crate) owner: &'a str,
+    pub(crate) owner: String,
     /// Whether it is a read-write lock's or a semaphore's.
     pub(crate) shared: bool,
     /// The new lease.
     pub(crate) lease_ms: u64,
 }
 
-impl Renewal<'_> {
+impl Renewal {
     /// The script that renews it, and the names that script takes.
-    fn script(self, scripts: &Scripts) -> (&redis::Script, Keys) {
+    fn script<'s>(&self, scripts: &'s Scripts) -> (&'s redis::Script, Keys) {
         if self.shared {
             (&scripts.shared_renew, Keys::Lock)
         } else {
@@ -41,7 +41,7 @@ impl Renewal<'_> {
 /// trip; `true` where its owner still held it. Plain locks go
 /// [`RENEW_BATCH`] to a script call, read-write locks' and semaphores'
 /// one each.
-pub(crate) async fn renew(node: &Node, locks: &[Renewal<'_>]) -> RedisResult<Vec<bool>> {
+pub(crate) async fn renew(node: &Node, locks: &[Renewal]) -> RedisResult<Vec<bool>> {
     if node.cluster {
         return renew_each(node, locks).await;
     }
@@ -66,20 +66,20 @@ pub(crate) async fn renew(node: &Node, locks: &[Renewal<'_>]) -> RedisResult<Vec
         let mut pipe = redis::pipe();
         for call in &calls {
             let mut cmd = redis::cmd("EVALSHA");
-            let first = locks[call[0]];
+            let first = &locks[call[0]];
             if first.shared {
                 let (script, keys) = first.script(of(node));
                 cmd.arg(script.get_hash());
-                keys.write(&mut cmd, first.names);
-                cmd.arg(first.owner).arg(first.lease_ms);
+                keys.write(&mut cmd, &first.names);
+                cmd.arg(&first.owner).arg(first.lease_ms);
             } else {
                 cmd.arg(of(node).renew_many.get_hash()).arg(3 * call.len());
                 for &at in call {
-                    let names = locks[at].names;
+                    let names = &locks[at].names;
                     cmd.arg(&names.lock).arg(names.fence()).arg(names.value());
                 }
                 for &at in call {
-                    cmd.arg(locks[at].owner).arg(locks[at].lease_ms);
+                    cmd.arg(&locks[at].owner).arg(locks[at].lease_ms);
                 }
             }
             pipe.add_command(cmd);
@@ -146,12 +146,12 @@ pub(crate) async fn renew(node: &Node, locks: &[Renewal<'_>]) -> RedisResult<Vec
 /// [`renew`] on a cluster: the locks' keys are in many
 /// slots, so one script per lock, all sent at once on the multiplexed
 /// connection (which routes each to its slot's master).
-async fn renew_each(node: &Node, locks: &[Renewal<'_>]) -> RedisResult<Vec<bool>> {
+async fn renew_each(node: &Node, locks: &[Renewal]) -> RedisResult<Vec<bool>> {
     let renewals = locks.iter().map(|lock| {
         let (script, keys) = lock.script(of(node));
         node.run(script, move |cmd| {
-            keys.write(cmd, lock.names);
-            cmd.arg(lock.owner).arg(lock.lease_ms);
+            keys.write(cmd, &lock.names);
+            cmd.arg(&lock.owner).arg(lock.lease_ms);
         })
     });
     join_all(renewals)
