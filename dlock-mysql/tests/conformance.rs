@@ -5,10 +5,6 @@
 //! with sessions of its own. And once more, in one test, in a database
 //! whose character set is UTF-16.
 
-use std::{sync::Arc, time::Duration};
-
-use dlock_core::backend::DynBackend;
-use dlock_mysql::MySqlBackend;
 use dlock_testkit::{
     fixture::{MariaDbServer, Shared, MARIADB_PASSWORD},
     Harness,
@@ -17,8 +13,9 @@ use dlock_testkit::{
 /// One server for every check, fenced or not: each has keys of its own.
 static MARIADB: Shared<MariaDbServer> = Shared::new(MariaDbServer::start);
 
-/// The session timeout is short, so that crashed clients let others in
-/// quickly (the server's `wait_timeout` is whole seconds).
+/// The session timeout is short (see `dlock_testkit::sql::harness`), so
+/// that crashed clients let others in quickly (the server's `wait_timeout`
+/// is whole seconds).
 fn server(fence: &str) -> Harness {
     harness("mysql", &MARIADB.get().url(), fence)
 }
@@ -45,20 +42,7 @@ fn utf16_database() -> Harness {
 }
 
 fn harness(name: &str, url: &str, fence: &str) -> Harness {
-    let session = Duration::from_secs(2);
-    let url = format!(
-        "{url}?session_timeout={}ms&fence={fence}",
-        session.as_millis()
-    );
-    Harness::new(name, move || {
-        let url = url.clone();
-        async move {
-            let client: Arc<dyn DynBackend> = Arc::new(MySqlBackend::connect(&url).await?);
-            Ok(client)
-        }
-    })
-    .session_timeout(session)
-    .disconnect_releases()
+    dlock_testkit::sql::harness::<MariaDbServer>(name, &format!("{url}?fence={fence}"))
 }
 
 mod unfenced {

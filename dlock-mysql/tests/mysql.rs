@@ -1,17 +1,22 @@
-//! MySQL-specific properties, against a real MariaDB server: an attempt
-//! dropped while the server works on it leaves no lock behind, one
-//! session holds 10,000 locks, names keep keys apart that the server's
+//! MySQL's properties, against a real MariaDB server: the checks every
+//! database backend runs (see `dlock_testkit::sql`: an attempt dropped
+//! while the server works on it leaves no lock behind, one session holds
+//! 10,000 locks, bad input or a bad server is a typed error, in bounded
+//! time), and MySQL's own: names keep keys apart that the server's
 //! case-blind compare or its 64-character limit would merge, the two
-//! fencing sources never mix, and bad input or a bad server is a typed
-//! error, in bounded time.
+//! fencing sources never mix, queue numbers and fences survive an
+//! emptied table, and the stored function is used only where it is safe.
 
 use std::time::Duration;
 
 use dlock_core::{BackendExt, LockError, LockOptions, Locker};
 use dlock_mysql::MySqlBackend;
-use dlock_testkit::database_faults;
-use dlock_testkit::fixture::{MariaDbServer, MARIADB_PASSWORD};
-use tokio::time::Instant;
+use dlock_testkit::{
+    fixture::{MariaDbServer, MARIADB_PASSWORD},
+    sql::check_forcing_a_release_needs_the_right,
+};
+
+dlock_testkit::sql_tests!(MariaDbServer);
 
 async fn locker(url: &str) -> Locker {
     MySqlBackend::connect(url)
@@ -26,202 +31,6 @@ async fn admin(server: &MariaDbServer) -> sqlx::MySqlConnection {
     sqlx::MySqlConnection::connect(&server.admin_url())
         .await
         .expect("an admin's connection")
-}
-
-/// The sessions user `dlock` has open, from an admin's connection.
-async fn dlock_sessions(server: &MariaDbServer) -> Vec<i64> {
-    let mut conn = admin(server).await;
-    sqlx::query_scalar(
-        "SELECT CAST(ID AS SIGNED) FROM information_schema.PROCESSLIST \
-         WHERE USER = 'dlock' ORDER BY ID",
-    )
-    .fetch_all(&mut conn)
-    .await
-    .expect("PROCESSLIST")
-}
-
-/// An uncontended attempt dropped after it was sent, and before the server
-/// answered: the server grants the lock to the holder session once it
-/// reads the statement, and nobody would ever release it. The backend
-/// unlocks it after the answer; the key is free at once for another
-/// client. Made deterministic by pausing the server while the attempt is
-/// in flight.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_try_lock_dropped_in_flight_leaves_no_lock() {
-    let mut server = MariaDbServer::start().expect("start MariaDB");
-    let a = locker(&format!("{}?holder_sessions=1", server.url())).await;
-    // The attempt's statement is prepared on the session once, so that
-    // the one dropped below is sent whole.
-    a.try_lock("warm-up")
-        .await
-        .unwrap()
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
-    // The holder session, and the idle waiter session that connect
-    // opened beside it (to check that connections keep their server
-    // sessions).
-    let sessions = dlock_sessions(&server).await;
-    assert_eq!(
-        sessions.len(),
-        2,
-        "a holder and a waiter session: {sessions:?}"
-    );
-    server.process().pause().unwrap();
-    let attempt = tokio::time::timeout(Duration::from_millis(300), a.try_lock("in-flight")).await;
-    server.process().resume().unwrap();
-    assert!(attempt.is_err(), "the paused server answered: {attempt:?}");
-    let b = locker(&server.url()).await;
-    let started = Instant::now();
-    let taken = b
-        .lock_with("in-flight", LockOptions::new().wait(Duration::from_secs(5)))
-        .await
-        .expect("the dropped attempt's lock was never released");
-    assert!(started.elapsed() < Duration::from_secs(2));
-    taken.release().await.unwrap();
-}
-
-/// A few sessions (4 holder sessions per client) hold 10,000 locks at
-/// once, each exclusive, and give them all back.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_session_holds_ten_thousand_locks() {
-    let server = MariaDbServer::start().expect("start MariaDB");
-    let (a, b) = (locker(&server.url()).await, locker(&server.url()).await);
-    let mut guards = Vec::with_capacity(10_000);
-    for i in 0..10_000 {
-        let guard = a.try_lock(format!("many:{i}")).await.unwrap();
-        guards.push(guard.unwrap_or_else(|| panic!("many:{i} was refused")));
-    }
-    let sessions = dlock_sessions(&server).await.len();
-    assert!(
-        sessions <= 8,
-        "{sessions} sessions: more than 4 holder sessions each"
-    );
-    for i in [0, 4_999, 9_999] {
-        assert!(b.try_lock(format!("many:{i}")).await.unwrap().is_none());
-    }
-    assert!(guards.iter().all(|g| !g.is_lost()));
-    for guard in guards {
-        guard.release().await.unwrap();
-    }
-    for i in [0, 4_999, 9_999] {
-        assert!(b.try_lock(format!("many:{i}")).await.unwrap().is_some());
-    }
-}
-
-/// Wrong password, missing database, nothing listening, and a server that
-/// speaks another protocol: each a typed error, within the connect
-/// timeout, with no panic.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_servers_and_logins_are_typed_errors() {
-    let server = MariaDbServer::start().expect("start MariaDB");
-    let port = server.host_port().rsplit(':').next().unwrap().to_owned();
-    let other_port = database_faults::garbage_speaker().await;
-    let closed = dlock_testkit::fixture::free_port().unwrap();
-    let cases = [
-        (
-            "wrong password",
-            format!("mysql://dlock:wrong@127.0.0.1:{port}/dlock"),
-        ),
-        (
-            "missing database",
-            format!("mysql://dlock:{MARIADB_PASSWORD}@127.0.0.1:{port}/nope"),
-        ),
-        (
-            "nothing listening",
-            format!("mysql://dlock@127.0.0.1:{closed}/dlock"),
-        ),
-        (
-            "another protocol",
-            format!("mysql://dlock@127.0.0.1:{other_port}/dlock"),
-        ),
-    ];
-    database_faults::check_bad_servers_are_typed_errors(
-        |url| async move { MySqlBackend::connect(&url).await },
-        &cases,
-        MARIADB_PASSWORD,
-    )
-    .await;
-}
-
-/// A server restart (SIGKILL, then crash recovery on the same data) ends
-/// every session, and their locks go at once: every guard on them reports
-/// lost at its session's next ping, within a third of the session timeout
-/// (the window in which the server has already let the key go, as after a
-/// Redis restart without persistence), and fencing tokens keep growing (the
-/// counter rows are committed data, kept through crash recovery), so the
-/// next owner's token is above every earlier one.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restart_loses_every_guard_and_keeps_fencing() {
-    let mut server = MariaDbServer::start().expect("start MariaDB");
-    let url = format!("{}?session_timeout=3s", server.url());
-    let (holder, other) = (locker(&url).await, locker(&url).await);
-    database_faults::check_restart_loses_every_guard(
-        &holder,
-        &other,
-        Duration::from_secs(3),
-        || server.restart(),
-    )
-    .await;
-}
-
-/// Ends the session that holds an abandoned token: both guards on it are
-/// lost, the key goes within the session timeout (at once here: the
-/// connection closes), and later locks use a new session.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn abandon_gives_up_the_session() {
-    let server = MariaDbServer::start().expect("start MariaDB");
-    // One holder session, so that both guards are on the session given up.
-    let url = format!("{}?session_timeout=2s&holder_sessions=1", server.url());
-    let backend = MySqlBackend::connect(&url).await.unwrap();
-    let holder = backend.clone().into_locker();
-    let other = locker(&url).await;
-    dlock_testkit::session_faults::check_abandon_gives_up_the_session(
-        &backend,
-        &holder,
-        &other,
-        Duration::from_secs(2),
-    )
-    .await;
-}
-
-/// A connection cut under a held lock (a proxy that resets it, as a
-/// restarted connection pooler or load balancer does): the server ends the
-/// session and gives the key to the next client at once. The cut client's
-/// guard learns it at its session's next ping, within a third of the
-/// session timeout; meanwhile the next owner's fencing token is greater,
-/// so a store that checks tokens refuses the cut client's late writes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cut_connection_hands_the_key_on_and_the_guard_learns_it() {
-    let server = MariaDbServer::start().expect("start MariaDB");
-    let proxy = dlock_testkit::fixture::TcpProxy::start(server.host_port().parse().unwrap())
-        .await
-        .unwrap();
-    let through_proxy = format!(
-        "mysql://dlock:{MARIADB_PASSWORD}@127.0.0.1:{}/dlock?session_timeout=3s",
-        proxy.port()
-    );
-    let cut = locker(&through_proxy).await;
-    let other = locker(&format!("{}?session_timeout=3s", server.url())).await;
-    database_faults::check_cut_connection_hands_the_key_on(
-        &cut,
-        &other,
-        &proxy,
-        Duration::from_secs(3),
-    )
-    .await;
-}
-
-/// A waiter whose wait the server cut short by restarting waits again on
-/// a new session, within its wait limit, and gets the key (its holder's
-/// session went with the restart), with a token above the holder's.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_wait_outlives_a_server_restart() {
-    let mut server = MariaDbServer::start().expect("start MariaDB");
-    let url = format!("{}?session_timeout=3s", server.url());
-    let (holder, waiter) = (locker(&url).await, locker(&url).await);
-    database_faults::check_wait_outlives_a_restart(&holder, waiter, || server.restart()).await;
 }
 
 /// Long keys that share their first 64 characters are distinct locks (a
@@ -295,76 +104,6 @@ async fn a_missing_counter_row_is_a_typed_error_and_leaves_no_lock() {
     again.release().await.unwrap();
 }
 
-/// A backend on the connect options of the application's own pool locks
-/// the same keys as one built from a URL: each excludes the other, and
-/// fencing tokens grow across both.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_backend_from_the_applications_pool_shares_the_locks() {
-    let server = MariaDbServer::start().expect("start MariaDB");
-    let pool = dlock_mysql::sqlx::MySqlPool::connect(&server.url())
-        .await
-        .expect("the application's pool");
-    let own = MySqlBackend::from_pool(&pool)
-        .await
-        .expect("a backend from the pool")
-        .into_locker();
-    let by_url = locker(&server.url()).await;
-    dlock_testkit::assert_locks_are_shared(&own, &by_url).await;
-}
-
-/// Every client session ended by the server (`KILL`) while one client
-/// holds a lock kept in the queue table (a write lock, then a 1-permit
-/// semaphore) and another waits for it: the waiter gets it once the
-/// holder's session is gone, and the key is not wedged for a third client
-/// (see `check_a_queued_wait_outlives_ended_sessions`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_queued_wait_outlives_ended_sessions() {
-    use dlock_core::backend::Mode;
-    let server = MariaDbServer::start().expect("start MariaDB");
-    let url = format!("{}?session_timeout=3s", server.url());
-    for mode in [Mode::Write, Mode::Permits { count: 1, limit: 1 }] {
-        let (holder, waiter, third) = (locker(&url).await, locker(&url).await, locker(&url).await);
-        let admin = server.url();
-        let end_sessions = async move {
-            use sqlx::{Connection, Executor};
-            let mut conn = sqlx::MySqlConnection::connect(&admin)
-                .await
-                .expect("connect");
-            let ids: Vec<i64> = sqlx::query_scalar(
-                "SELECT CAST(ID AS SIGNED) FROM information_schema.PROCESSLIST \
-                 WHERE ID <> CONNECTION_ID() AND USER = SUBSTRING_INDEX(USER(), '@', 1)",
-            )
-            .fetch_all(&mut conn)
-            .await
-            .expect("the process list");
-            assert!(ids.len() >= 3, "only {} sessions to end", ids.len());
-            for id in ids {
-                // A session may end on its own meanwhile.
-                let _ = conn.execute(format!("KILL CONNECTION {id}").as_str()).await;
-            }
-        };
-        database_faults::check_a_queued_wait_outlives_ended_sessions(
-            &holder,
-            waiter,
-            &third,
-            mode,
-            end_sessions,
-        )
-        .await;
-    }
-}
-
-/// A lock won by waiting frees its waiter slot at the grant: with
-/// `max_waiters=1`, a client that holds such a lock can still wait for
-/// another key (see `check_a_lock_won_by_waiting_frees_its_waiter_slot`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lock_won_by_waiting_frees_its_waiter_slot() {
-    let server = MariaDbServer::start().expect("start the server");
-    let waits = locker(&format!("{}?max_waiters=1", server.url())).await;
-    let other = locker(&server.url()).await;
-    database_faults::check_a_lock_won_by_waiting_frees_its_waiter_slot(&waits, &other).await;
-}
-
 /// Queue entries (read-write locks, semaphores) are numbered, and fenced,
 /// by a committed counter row, not by the table's `AUTO_INCREMENT`: after
 /// an operator empties the queue table (`TRUNCATE`, which resets
@@ -419,32 +158,6 @@ async fn queued_fences_survive_an_emptied_table_and_a_restart() {
         last = fence;
         guard.release().await.expect("release");
     }
-}
-
-/// A connection whose traffic is dropped, not refused, under a held lock:
-/// the guard reports lost within the session timeout and before another
-/// client gets the key, and lock calls through it answer in bounded time
-/// (see `check_a_black_holed_connection_is_bounded`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_black_holed_connection_is_bounded() {
-    let server = MariaDbServer::start().expect("start MariaDB");
-    let proxy = dlock_testkit::fixture::TcpProxy::start(server.host_port().parse().unwrap())
-        .await
-        .unwrap();
-    let session = Duration::from_secs(3);
-    let options = "session_timeout=3s&connect_timeout=2s&holder_sessions=1";
-    let holed = locker(&format!(
-        "mysql://dlock:{MARIADB_PASSWORD}@127.0.0.1:{}/dlock?{options}",
-        proxy.port()
-    ))
-    .await;
-    let other = locker(&format!("{}?{options}", server.url())).await;
-    // A ping's wait, the statement's own deadline, and a connect attempt.
-    let bound = 2 * session + Duration::from_secs(3);
-    database_faults::check_a_black_holed_connection_is_bounded(
-        &holed, &other, &proxy, session, bound,
-    )
-    .await;
 }
 
 /// An enqueue held up by the key's enqueue lock (held here from another
@@ -510,41 +223,6 @@ async fn a_held_up_enqueue_waits_and_costs_the_session_nothing() {
     );
     granted.release().await.expect("release");
     bystander.release().await.expect("release the bystander");
-}
-
-/// A queue entry whose session ended stays in the table until the next
-/// enqueue of its key reads it as dead; for a key nobody locks again, the
-/// next connect deletes it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dead_queue_entries_are_reaped_at_connect() {
-    use dlock_core::backend::Mode;
-    use sqlx::Executor;
-    let server = MariaDbServer::start().expect("start MariaDB");
-    let url = format!("{}?session_timeout=3s", server.url());
-    let held = locker(&url)
-        .await
-        .lock_mode("reaped", Mode::Write, LockOptions::new())
-        .await
-        .expect("a write lock");
-    let mut admin = admin(&server).await;
-    async fn count(admin: &mut sqlx::MySqlConnection) -> i64 {
-        sqlx::query_scalar("SELECT COUNT(*) FROM dlock.dlock_queue")
-            .fetch_one(admin)
-            .await
-            .expect("count the queue's entries")
-    }
-    assert_eq!(count(&mut admin).await, 1, "the lock's entry");
-    for id in dlock_sessions(&server).await {
-        let _ = admin
-            .execute(format!("KILL CONNECTION {id}").as_str())
-            .await;
-    }
-    tokio::time::timeout(Duration::from_secs(5), held.lost())
-        .await
-        .expect("the lock's guard learned its session ended");
-    assert_eq!(count(&mut admin).await, 1, "the dead entry stays");
-    let _next = locker(&url).await;
-    assert_eq!(count(&mut admin).await, 0, "the dead entry was not reaped");
 }
 
 /// An enqueue whose request fails half-way (here its insert meets a
@@ -637,64 +315,19 @@ async fn fences_are_committed_whatever_the_servers_autocommit() {
         .expect("autocommit back on");
 }
 
-/// Fixed leases that were released leave no task behind (see
-/// `check_released_fixed_leases_leave_no_tasks`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn released_fixed_leases_leave_no_timer_tasks_behind() {
-    let server = MariaDbServer::start().expect("start the server");
-    let locker = locker(&server.url()).await;
-    dlock_testkit::session_faults::check_released_fixed_leases_leave_no_tasks(&locker).await;
-}
-
-/// `Locker::state` follows the sessions: a cut connection ends the
-/// holder's session with its lock on it (`Lost`), and the next session
-/// opened is `Reconnected`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connection_state_follows_the_sessions() {
-    let server = MariaDbServer::start().expect("start MariaDB");
-    let proxy = dlock_testkit::fixture::TcpProxy::start(server.host_port().parse().unwrap())
-        .await
-        .unwrap();
-    let locker = locker(&format!(
-        "mysql://dlock:{MARIADB_PASSWORD}@127.0.0.1:{}/dlock?session_timeout=3s",
-        proxy.port()
-    ))
-    .await;
-    dlock_testkit::session_faults::check_connection_states(
-        &locker,
-        &proxy,
-        None,
-        Duration::from_secs(10),
-    )
-    .await;
-}
-
 /// `force_release` by a user that may not end the holder's connection
 /// (another user's, without `CONNECTION ADMIN`) is `PermissionDenied`,
 /// naming the right, and the lock stays held. A user with every right
-/// frees it, and the holder's guard is told.
+/// frees it, and the holder's guard is told (see
+/// `check_forcing_a_release_needs_the_right`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forcing_a_release_without_the_right_is_permission_denied() {
     let server = MariaDbServer::start().expect("start MariaDB");
     let admin = locker(&server.admin_url()).await;
-    let guard = admin.lock("stuck").await.unwrap();
     let plain = locker(&server.url()).await;
-    match plain.force_release("stuck").await {
-        Err(e @ LockError::PermissionDenied { .. }) => {
-            assert!(e.to_string().contains("CONNECTION ADMIN"), "{e}")
-        }
-        other => panic!("a user without the right forced the release: {other:?}"),
-    }
-    assert!(!guard.is_lost(), "{:?}", guard.state());
-    assert!(
-        plain.try_lock("stuck").await.unwrap().is_none(),
-        "the refused force freed the lock"
-    );
-    let operator = locker(&server.admin_url()).await;
-    assert!(operator.force_release("stuck").await.unwrap());
-    tokio::time::timeout(Duration::from_secs(10), guard.lost())
-        .await
-        .expect("the holder's guard was not told");
+    let admin_url = server.admin_url();
+    let operator = locker(&admin_url);
+    check_forcing_a_release_needs_the_right(&admin, &plain, "CONNECTION ADMIN", operator).await;
 }
 
 /// Whether the stored function `dlock_take_v1` is in the database.
@@ -826,18 +459,6 @@ async fn check_both_paths_share_keys_and_fences(database: &str, charset: Option<
     for _ in 0..2 {
         last = take_shared("full, its function dropped", &full, &plain, last).await;
     }
-}
-
-/// A lock polled once and then parked (a `&mut` future in a `select!`
-/// loop) holds up none of the client's other locks on its session: its
-/// statement is in flight on the one connection they share, and the next
-/// statement reads its answer (see `check_a_parked_lock_blocks_nothing`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_parked_lock_holds_up_nothing_on_its_session() {
-    let server = MariaDbServer::start().expect("start MariaDB");
-    let client = locker(&format!("{}?holder_sessions=1", server.url())).await;
-    let other = locker(&server.url()).await;
-    dlock_testkit::session_faults::check_a_parked_lock_blocks_nothing(&client, &other).await;
 }
 
 /// A stored function of dlock's name that is not dlock's (another

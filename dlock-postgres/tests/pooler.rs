@@ -5,12 +5,13 @@
 //! at connect. Session pooling keeps a client on one server session, and
 //! the whole conformance suite passes through it.
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
-use dlock_core::{backend::DynBackend, LockError};
+use dlock_core::LockError;
 use dlock_postgres::PgBackend;
 use dlock_testkit::{
     fixture::{PgBouncer, PoolMode, PostgresServer, POSTGRES_PASSWORD},
+    sql::harness,
     Harness,
 };
 
@@ -40,18 +41,8 @@ async fn transaction_pooling_is_refused_at_connect() {
 fn behind_session_pooling() -> Harness {
     let server = PostgresServer::start().expect("start PostgreSQL");
     let pooler = PgBouncer::start(&server, PoolMode::Session).expect("start PgBouncer");
-    let session = Duration::from_secs(2);
-    let url = format!("{}?session_timeout={}ms", pooler.url(), session.as_millis());
-    Harness::new("postgres behind PgBouncer (session)", move || {
-        let url = url.clone();
-        async move {
-            let client: Arc<dyn DynBackend> = Arc::new(PgBackend::connect(&url).await?);
-            Ok(client)
-        }
-    })
-    .session_timeout(session)
-    .disconnect_releases()
-    .keep_alive((pooler, server))
+    let name = "postgres behind PgBouncer (session)";
+    harness::<PostgresServer>(name, &pooler.url()).keep_alive((pooler, server))
 }
 
 dlock_testkit::conformance_tests!(suite whole_suite_behind_session_pooling, behind_session_pooling());

@@ -1,69 +1,16 @@
 //! PostgreSQL over TLS (the `tls` feature, `sslmode=verify-full`), against
 //! a real server that takes TCP connections over TLS only: the whole
 //! conformance suite, and typed errors for a connection without TLS or
-//! with a server the client cannot trust. The certificates are made in
-//! the test.
+//! with a server the client cannot trust (see `dlock_testkit::sql`), and
+//! no process-wide crypto provider set. The certificates are made in the
+//! test.
 #![cfg(feature = "tls")]
 
-use std::sync::Arc;
-
-use dlock_core::{backend::DynBackend, BackendExt};
+use dlock_core::BackendExt;
 use dlock_postgres::PgBackend;
-use dlock_testkit::{
-    fixture::{PostgresServer, TestCerts},
-    Harness,
-};
+use dlock_testkit::fixture::{PostgresServer, TestCerts};
 
-fn tls_harness() -> Harness {
-    let certs = TestCerts::generate().expect("certificates");
-    let server = PostgresServer::start_tls(&certs).expect("start PostgreSQL with TLS");
-    let session = std::time::Duration::from_secs(2);
-    let url = format!(
-        "{}&session_timeout={}ms",
-        server.tls_url(&certs),
-        session.as_millis()
-    );
-    Harness::new("postgres over TLS", move || {
-        let url = url.clone();
-        async move {
-            let client: Arc<dyn DynBackend> = Arc::new(PgBackend::connect(&url).await?);
-            Ok(client)
-        }
-    })
-    .session_timeout(session)
-    .disconnect_releases()
-    .keep_alive((server, certs))
-}
-
-dlock_testkit::conformance_tests!(suite whole_suite_over_tls, tls_harness());
-
-/// Without TLS the server refuses the login, and with a CA that did not
-/// sign the server's certificate the client refuses the server: typed
-/// errors, in bounded time.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn untrusted_or_plain_connections_are_typed_errors() {
-    let certs = TestCerts::generate().expect("certificates");
-    let server = PostgresServer::start_tls(&certs).expect("start PostgreSQL with TLS");
-    let other = TestCerts::generate().expect("a CA the server does not know");
-    let cases = [
-        (
-            "no TLS",
-            format!("{}?sslmode=disable&connect_timeout=5s", server.url()),
-        ),
-        (
-            "a server signed by a CA the client does not trust",
-            format!(
-                "{}?sslmode=verify-full&sslrootcert={}&connect_timeout=5s",
-                server.url(),
-                other.ca().display()
-            ),
-        ),
-    ];
-    dlock_testkit::assert_refused(&cases, |url| async move {
-        Ok(PgBackend::connect(&url).await?.into_locker())
-    })
-    .await;
-}
+dlock_testkit::sql_tests!(tls PostgresServer);
 
 /// A TLS connection leaves the process-wide crypto provider to the
 /// application: dlock installs none (no test in this binary installs one,

@@ -55,6 +55,7 @@ mod hold_log;
 mod metrics;
 mod rng;
 pub mod session_faults;
+pub mod sql;
 
 pub use captured::CapturedLog;
 pub use conformance::Harness;
