@@ -1,9 +1,9 @@
 //! Checks of a dialect's statements on real servers, which every
 //! dialect's tests run.
 
-use std::time::Duration;
+use std::{fmt, time::Duration};
 
-use dlock_core::{backend::Mode, LockKey, Token};
+use dlock_core::{backend::Mode, LockError, LockKey, Token};
 
 use crate::{Dialect, ServerSession};
 
@@ -117,4 +117,53 @@ pub async fn statements_off_their_session_answer_moved<D: Dialect>(
     moved("proclaim", e.unwrap_err());
     let e = dialect.disclaim(session, &plain, &token).await;
     moved("disclaim", e.unwrap_err());
+}
+
+/// The config of `url`, whose user is `app`, host `db` and password
+/// `s3cr@t` (written `s3cr%40t`), and malformed URLs of its scheme with
+/// the password `s3cret`: no config's `Debug`, and no error, shows the
+/// password.
+///
+/// # Panics
+///
+/// If one does.
+pub fn configs_never_show_the_password<D: Dialect>(url: &str)
+where
+    D::Config: fmt::Debug,
+{
+    let shown = format!("{:?}", D::parse_url(url).unwrap());
+    assert!(!shown.contains("s3cr"), "{shown}");
+    assert!(
+        shown.contains("\"app\"") && shown.contains("\"db\""),
+        "{shown}"
+    );
+    let (scheme, _) = url.split_once("://").unwrap();
+    for bad in [
+        "app:s3cret@h:port/d",
+        "app:s3cret@h:1/d?session_timeout=10",
+        "app:s3cret@h:1/d?lock_prefix=Bad",
+        "app:s3cret@h:1/d?unknown_driver_option=1",
+        "app:s3cr%4@h:1/d",
+    ] {
+        let bad = format!("{scheme}://{bad}");
+        let shown = match D::parse_url(&bad) {
+            Ok(config) => vec![format!("{config:?}")],
+            Err(e) => vec![e.to_string(), format!("{e:?}")],
+        };
+        for shown in shown {
+            assert!(!shown.contains("s3cr"), "{bad}: {shown}");
+        }
+    }
+}
+
+/// Each of `urls` is refused with [`LockError::InvalidOptions`].
+///
+/// # Panics
+///
+/// If one is not.
+pub fn urls_are_refused<D: Dialect>(urls: &[&str]) {
+    for url in urls {
+        let refused = matches!(D::parse_url(url), Err(LockError::InvalidOptions { .. }));
+        assert!(refused, "{url}");
+    }
 }

@@ -523,6 +523,39 @@ macro_rules! sql_tests {
     };
 }
 
+/// The [`SqlServer`] methods a fixture has of its own, and the backend's
+/// constructors (`$pool` is the driver's pool, for `from_pool`).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+macro_rules! fixture_and_backend {
+    ($fixture:ident, $backend:ident, $pool:ty) => {
+        fn start() -> Result<Self, FixtureError> {
+            $fixture::start()
+        }
+        fn start_tls(certs: &TestCerts) -> Result<Self, FixtureError> {
+            $fixture::start_tls(certs)
+        }
+        fn tls_url(&self, certs: &TestCerts) -> String {
+            $fixture::tls_url(self, certs)
+        }
+        fn url(&self) -> String {
+            $fixture::url(self)
+        }
+        fn host_port(&self) -> String {
+            $fixture::host_port(self)
+        }
+        fn restart(&mut self) -> Result<(), FixtureError> {
+            $fixture::restart(self)
+        }
+        async fn connect(url: &str) -> Result<$backend, LockError> {
+            $backend::connect(url).await
+        }
+        async fn from_pool(url: &str) -> Result<$backend, LockError> {
+            let pool = <$pool>::connect(url).await.expect("the application's pool");
+            $backend::from_pool(&pool).await
+        }
+    };
+}
+
 #[cfg(feature = "postgres")]
 mod postgres {
     use dlock::postgres::{sqlx, PgBackend};
@@ -554,33 +587,7 @@ mod postgres {
         const NO_TLS: &'static str = "sslmode=disable";
         const VERIFY_WITH_CA: &'static str = "sslmode=verify-full&sslrootcert=";
 
-        fn start() -> Result<Self, FixtureError> {
-            PostgresServer::start()
-        }
-        fn start_tls(certs: &TestCerts) -> Result<Self, FixtureError> {
-            PostgresServer::start_tls(certs)
-        }
-        fn tls_url(&self, certs: &TestCerts) -> String {
-            PostgresServer::tls_url(self, certs)
-        }
-        fn url(&self) -> String {
-            PostgresServer::url(self)
-        }
-        fn host_port(&self) -> String {
-            PostgresServer::host_port(self)
-        }
-        fn restart(&mut self) -> Result<(), FixtureError> {
-            PostgresServer::restart(self)
-        }
-        async fn connect(url: &str) -> Result<PgBackend, LockError> {
-            PgBackend::connect(url).await
-        }
-        async fn from_pool(url: &str) -> Result<PgBackend, LockError> {
-            let pool = sqlx::PgPool::connect(url)
-                .await
-                .expect("the application's pool");
-            PgBackend::from_pool(&pool).await
-        }
+        fixture_and_backend!(PostgresServer, PgBackend, sqlx::PgPool);
         async fn dlock_sessions(&self) -> Vec<i64> {
             let sql = "SELECT pid::bigint FROM pg_stat_activity \
                        WHERE application_name = 'dlock' ORDER BY pid";
@@ -646,33 +653,7 @@ mod mysql {
         const NO_TLS: &'static str = "ssl-mode=DISABLED";
         const VERIFY_WITH_CA: &'static str = "ssl-mode=VERIFY_IDENTITY&ssl-ca=";
 
-        fn start() -> Result<Self, FixtureError> {
-            MariaDbServer::start()
-        }
-        fn start_tls(certs: &TestCerts) -> Result<Self, FixtureError> {
-            MariaDbServer::start_tls(certs)
-        }
-        fn tls_url(&self, certs: &TestCerts) -> String {
-            MariaDbServer::tls_url(self, certs)
-        }
-        fn url(&self) -> String {
-            MariaDbServer::url(self)
-        }
-        fn host_port(&self) -> String {
-            MariaDbServer::host_port(self)
-        }
-        fn restart(&mut self) -> Result<(), FixtureError> {
-            MariaDbServer::restart(self)
-        }
-        async fn connect(url: &str) -> Result<MySqlBackend, LockError> {
-            MySqlBackend::connect(url).await
-        }
-        async fn from_pool(url: &str) -> Result<MySqlBackend, LockError> {
-            let pool = sqlx::MySqlPool::connect(url)
-                .await
-                .expect("the application's pool");
-            MySqlBackend::from_pool(&pool).await
-        }
+        fixture_and_backend!(MariaDbServer, MySqlBackend, sqlx::MySqlPool);
         async fn dlock_sessions(&self) -> Vec<i64> {
             let sql = "SELECT CAST(ID AS SIGNED) FROM information_schema.PROCESSLIST \
                        WHERE USER = 'dlock' ORDER BY ID";
