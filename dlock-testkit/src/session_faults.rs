@@ -1,6 +1,6 @@
 //! Fault checks shared by the backends whose locks live on a client
 //! session (etcd, ZooKeeper): a release cut off by the network, a token
-//! given up with [`Backend::abandon`], and fencing tokens across a server
+//! given up with [`Backend::abandon`](dlock_core::backend::Backend::abandon), and fencing tokens across a server
 //! restart.
 
 use std::time::Duration;
@@ -59,7 +59,7 @@ pub async fn check_release_cut_off_then_back(
 
 /// Releases a lock of `holder` (a locker on `backend`, whose connections
 /// go through `proxy`) with its reply lost, as core's release does: the
-/// guard's token goes to [`Backend::release`]. `proxy` lets the release
+/// guard's token goes to [`Backend::release`](dlock_core::backend::Backend::release). `proxy` lets the release
 /// through and drops the answer until `next`, waiting for the key, is
 /// granted (the release ran); then every connection is cut and new ones
 /// allowed. The release either answers `Released` (the client sent it

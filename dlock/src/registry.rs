@@ -6,7 +6,7 @@ use std::{future::Future, sync::Arc};
 
 use dlock_core::{
     backend::{BoxFuture, DynBackend},
-    InvalidReason, MemoryBackend, Result,
+    MemoryBackend, Result,
 };
 
 /// A backend [`connect`](crate::connect) can reach by URL.
@@ -71,7 +71,7 @@ macro_rules! entry {
                 #[cfg(not(feature = $feature))]
                 fn connect(_url: &str) -> BoxFuture<'_, Result<Arc<dyn DynBackend>>> {
                     Box::pin(std::future::ready(Err(
-                        InvalidReason::FeatureOff { feature: $feature }.into(),
+                        dlock_core::InvalidReason::FeatureOff { feature: $feature }.into(),
                     )))
                 }
                 connect
