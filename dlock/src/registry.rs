@@ -42,7 +42,7 @@ impl Registered {
     ///
     /// # Errors
     ///
-    /// [`InvalidReason::FeatureOff`] where this build leaves the backend
+    /// [`InvalidReason::FeatureOff`](dlock_core::InvalidReason::FeatureOff) where this build leaves the backend
     /// out; the backend's error if the URL is malformed or it cannot
     /// connect.
     pub fn connect<'a>(
