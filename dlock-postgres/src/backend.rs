@@ -74,9 +74,7 @@ pub(super) fn split(id: i64) -> (i32, i32) {
 ///
 /// Then, outside the subquery that holds the `CASE` (`OFFSET 0` keeps it
 /// apart, so its row is made first), how long the server took since it
-/// received the statement (µs). One subquery in place of the three this
-/// statement had: measured with `pgbench` on one CPU, about 15 µs less
-/// per wait.
+/// received the statement (µs).
 ///
 /// Nothing is left to run between the grant and the answer but the token.
 /// A wait that times out fails its statement, which undoes its
