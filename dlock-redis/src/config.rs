@@ -129,28 +129,26 @@ impl RedisConfig {
     pub fn from_url(url: &str) -> Result<RedisConfig, LockError> {
         let mut parts = BackendUrl::parse("Redis", url)?;
         let scheme = parts.scheme().to_owned();
-        let cluster = scheme.ends_with("+cluster");
-        let sentinel = scheme.ends_with("+sentinel");
-        let (redlock, tls) = match scheme.as_str() {
-            "redis" | "redis+cluster" | "redis+sentinel" => (false, false),
-            "redis+redlock" => (true, false),
-            "rediss" | "rediss+sentinel" | "rediss+cluster" if cfg!(feature = "tls") => {
-                (false, true)
-            }
-            "rediss+redlock" if cfg!(feature = "tls") => (true, true),
-            "rediss" | "rediss+redlock" | "rediss+sentinel" | "rediss+cluster" => {
-                return Err(parts.invalid(
-                    "TLS (`rediss://`) needs dlock-redis's `tls` feature (dlock's `tls`)",
-                ))
-            }
-            other => {
+        let (tls, kind) = match scheme.strip_prefix("rediss") {
+            Some(kind) => (true, kind),
+            None => (false, scheme.strip_prefix("redis").unwrap_or(&scheme)),
+        };
+        let (redlock, cluster, sentinel) = match kind {
+            "" => (false, false, false),
+            "+redlock" => (true, false, false),
+            "+cluster" => (false, true, false),
+            "+sentinel" => (false, false, true),
+            _ => {
                 return Err(parts.invalid(&format!(
-                    "unknown scheme `{other}`; expected `redis`, `redis+redlock`, \
-                     `redis+cluster`, `redis+sentinel`, `rediss`, `rediss+redlock`, \
-                     `rediss+cluster` or `rediss+sentinel`"
+                    "unknown scheme `{scheme}`; expected `redis` or `rediss`, alone or with \
+                     `+redlock`, `+cluster` or `+sentinel`"
                 )))
             }
         };
+        if tls && !cfg!(feature = "tls") {
+            return Err(parts
+                .invalid("TLS (`rediss://`) needs dlock-redis's `tls` feature (dlock's `tls`)"));
+        }
         let path = parts.path().trim_matches('/').to_owned();
         // A Sentinel URL's path is the master's name, then the database.
         let (master, db) = match path.split_once('/') {
@@ -225,11 +223,14 @@ impl RedisConfig {
         if wait.is_none() && parts.take("wait_timeout").is_some() {
             return Err(parts.invalid("`wait_timeout` needs `wait_replicas`"));
         }
-        let (sentinel_user, sentinel_password) = if sentinel {
-            (parts.take("sentinel_user"), parts.take("sentinel_password"))
-        } else {
-            (None, None)
-        };
+        let sentinel = sentinel.then(|| Sentinel {
+            master,
+            db: db.parse().unwrap_or(0),
+            user: parts.user().map(str::to_owned),
+            password: parts.password().map(str::to_owned),
+            sentinel_user: parts.take("sentinel_user"),
+            sentinel_password: parts.take("sentinel_password"),
+        });
         let files = parts.take_tls_files(tls, "rediss")?;
         let mut valid = vec![
             "prefix",
@@ -242,18 +243,20 @@ impl RedisConfig {
             "wait_replicas",
             "wait_timeout",
         ];
-        if sentinel {
+        if sentinel.is_some() {
             valid.extend(["sentinel_user", "sentinel_password"]);
         }
         parts.finish(&valid)?;
-        let auth = parts
-            .userinfo()
-            .map(|userinfo| format!("{userinfo}@"))
-            .unwrap_or_default();
-        let db_path = if db.is_empty() {
-            String::new()
-        } else {
-            format!("/{db}")
+        // A Sentinel URL's login and database are the data nodes' (above);
+        // its hosts are the sentinels.
+        let auth = match parts.userinfo() {
+            Some(userinfo) if sentinel.is_none() => format!("{userinfo}@"),
+            _ => String::new(),
+        };
+        let db_path = match db.as_str() {
+            "" => String::new(),
+            _ if sentinel.is_some() => String::new(),
+            db => format!("/{db}"),
         };
         let node_scheme = if tls { "rediss" } else { "redis" };
         let nodes: Vec<String> = parts
@@ -262,8 +265,6 @@ impl RedisConfig {
             .map(|host| format!("{node_scheme}://{auth}{host}{db_path}"))
             .collect();
         let mut distinct = nodes.clone();
-        // A cluster's seeds are one deployment; Redlock's nodes must be
-        // independent ones.
         distinct.sort();
         distinct.dedup();
         if distinct.len() != nodes.len() {
@@ -274,34 +275,18 @@ impl RedisConfig {
         if redlock && nodes.len() < 3 {
             return Err(parts.invalid("Redlock needs at least three independent nodes"));
         }
-        if !redlock && !cluster && !sentinel && nodes.len() != 1 {
+        if !redlock && !cluster && sentinel.is_none() && nodes.len() != 1 {
             return Err(parts.invalid(
                 "several hosts need `redis+redlock://` (independent nodes), \
                  `redis+cluster://` (one cluster's seed nodes) or `redis+sentinel://` \
                  (the sentinels)",
             ));
         }
-        let sentinel = sentinel.then(|| Sentinel {
-            master,
-            db: db.parse().unwrap_or(0),
-            user: parts.user().map(str::to_owned),
-            password: parts.password().map(str::to_owned),
-            sentinel_user,
-            sentinel_password,
-        });
         if cluster && !db.is_empty() && db != "0" {
             return Err(parts.invalid("a Redis Cluster has only database 0"));
         }
         Ok(RedisConfig {
-            nodes: match sentinel {
-                // The sentinels, without the data nodes' login.
-                Some(_) => parts
-                    .hosts()
-                    .iter()
-                    .map(|host| format!("{node_scheme}://{host}"))
-                    .collect(),
-                None => nodes,
-            },
+            nodes,
             redlock,
             cluster,
             sentinel,
@@ -316,22 +301,14 @@ impl RedisConfig {
     }
 
     /// With `?wait_replicas=N[&wait_timeout=100ms]` (one node or
-    /// Sentinel): a grant or a renewal counts only once `N` replicas have
-    /// acknowledged it (`WAIT N timeout`, pipelined with the write, so it
-    /// runs on the connection that made it; a refused attempt carries one
-    /// too).
-    /// An acquisition that `N` replicas do not acknowledge within the
-    /// timeout fails with [`LockError::Backend`] and gives the lock back;
-    /// a renewal that they do not acknowledge counts as unanswered, so the
-    /// guard's lease runs on from the last acknowledged one.
-    ///
-    /// This narrows the window in which a failover to a replica loses a
-    /// grant, as Redisson's `syncSlaves` does; it does not close it (a
-    /// replica that acknowledged may still not be the one promoted, and
-    /// the write is not on its disk). Each `WAIT` holds the backend's
-    /// multiplexed connection until the replicas answer or the timeout
-    /// passes, so keep the timeout short; it must be below
-    /// `response_timeout`.
+    /// Sentinel): a grant or renewal counts only once `N` replicas have
+    /// acknowledged it (`WAIT`, pipelined with the write on its
+    /// connection). An acquisition they do not acknowledge in time fails
+    /// with [`LockError::Backend`] and gives the lock back; such a renewal
+    /// counts as unanswered. This narrows the window in which a failover
+    /// loses a grant, it does not close it (dlock's guide, "Redis
+    /// failover"). Each `WAIT` holds the multiplexed connection: keep the
+    /// timeout short (it must be below `response_timeout`).
     ///
     /// # Examples
     ///
@@ -350,16 +327,12 @@ impl RedisConfig {
     }
 
     /// Whether each lock carries a fencing token (`fence=on`, the default
-    /// but on Redlock, which has none).
-    ///
-    /// Without fences (`fence=off`), an uncontended acquire is one plain
-    /// `SET NX PX` rather than a script that also counts the token.
-    /// [`LockGuard::fencing_token`](dlock_core::LockGuard::fencing_token)
-    /// is then `None`, and so is every read-write lock's and semaphore's
-    /// (whose scripts still count one); elections, `proclaim` and
-    /// `holder`, which order leaders by fence, answer
-    /// [`LockError::Unsupported`]. Everything else is unchanged: the
-    /// waiting line, exclusion, and owner-only release.
+    /// but on Redlock, which has none). With `fence=off` an uncontended
+    /// acquire is one plain `SET NX PX`, every
+    /// [`fencing_token`](dlock_core::LockGuard::fencing_token) is `None`,
+    /// and elections, `proclaim` and `holder` answer
+    /// [`LockError::Unsupported`]; the line, exclusion and owner-only
+    /// release are unchanged.
     ///
     /// # Examples
     ///
@@ -415,13 +388,10 @@ impl RedisConfig {
     }
 
     /// For TLS: the CA and client certificate the URL names, read now;
-    /// `None` without either.
-    ///
-    /// It also makes ring the process's default crypto provider unless the
-    /// application installed one: redis builds its TLS configuration from
-    /// the process default only and cannot be handed a provider (rustls
-    /// cannot pick one itself when the build has more than one). An
-    /// application that wants aws-lc-rs installs it before connecting.
+    /// `None` without either. Installs ring as the process's default
+    /// crypto provider unless the application installed one (redis reads
+    /// only the process default; install aws-lc-rs before connecting to
+    /// use it).
     #[cfg(feature = "tls")]
     fn certificates(&self) -> Result<Option<redis::TlsCertificates>, LockError> {
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -566,18 +536,16 @@ impl RedisConfig {
         self
     }
 
-    /// The longest a waiter sleeps between attempts while it cannot
-    /// subscribe to the key's release notifications (default 1 s; it starts
-    /// at 40 ms and doubles). A waiter that is subscribed is woken by the
-    /// release, and otherwise tries again when the holder's TTL runs out.
+    /// The longest a waiter that cannot subscribe to the key's releases
+    /// sleeps between attempts (default 1 s; it starts at 40 ms and
+    /// doubles); otherwise a release or the holder's TTL wakes it.
     pub fn unwatched_poll(&self) -> Duration {
         self.unwatched_poll
     }
 
-    /// Sets the longest sleep between attempts of a waiter that cannot
-    /// subscribe (see [`unwatched_poll`](RedisConfig::unwatched_poll)).
-    /// Longer means fewer requests while pub/sub is unavailable, and later
-    /// grants then. Anything under 20 ms is taken as 20 ms.
+    /// Sets [`unwatched_poll`](RedisConfig::unwatched_poll): longer means
+    /// fewer requests while pub/sub is down, and later grants. At least
+    /// 20 ms.
     ///
     /// # Examples
     ///

@@ -41,11 +41,21 @@ pub(crate) struct Node {
     /// A cluster: wake-ups on shard channels, and no pipeline across keys.
     pub(crate) cluster: bool,
     /// `wait_replicas`: how many replicas must acknowledge a grant or a
-    /// renewal, and for how long to wait (see [`Node::wait_for_replicas`]).
-    wait: Option<(u32, Duration)>,
+    /// renewal, and for how long to wait (see `replicas`).
+    pub(crate) wait: Option<(u32, Duration)>,
 }
 
 impl Node {
+    fn new(addr: String, conn: Conn, source: Source, timeouts: (Duration, Duration)) -> Node {
+        Node {
+            addr,
+            cluster: matches!(conn, Conn::Cluster(_)),
+            conn,
+            subscriber: Subscriber::new(source, timeouts.0, timeouts.1),
+            wait: None,
+        }
+    }
+
     /// A node through `client`. With `eager`, connects now and fails if
     /// the node is unreachable; otherwise connects on first use.
     pub(crate) async fn from_client(
@@ -68,13 +78,13 @@ impl Node {
             conn
         };
         let addr = client.get_connection_info().addr().to_string();
-        Ok(Node {
+        let timeouts = (connect_timeout, response_timeout);
+        Ok(Node::new(
             addr,
-            subscriber: Subscriber::new(Source::Node(client), connect_timeout, response_timeout),
-            conn: Conn::Node(conn),
-            cluster: false,
-            wait: None,
-        })
+            Conn::Node(conn),
+            Source::Node(client),
+            timeouts,
+        ))
     }
 
     /// The master of a Sentinel deployment, as one node: connects now to
@@ -86,25 +96,14 @@ impl Node {
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> RedisResult<Node> {
-        let master = Master::connect(
-            sentinel,
-            name,
-            manager_config(connect_timeout, response_timeout),
-            connect_timeout,
-        )
-        .await?;
-        let addr = format!("sentinel master `{name}`");
-        Ok(Node {
-            addr,
-            subscriber: Subscriber::new(
-                Source::Sentinel(master.clone()),
-                connect_timeout,
-                response_timeout,
-            ),
-            conn: Conn::Sentinel(Following(master)),
-            cluster: false,
-            wait: None,
-        })
+        let manager = manager_config(connect_timeout, response_timeout);
+        let master = Master::connect(sentinel, name, manager, connect_timeout).await?;
+        Ok(Node::new(
+            format!("sentinel master `{name}`"),
+            Conn::Sentinel(Following(master.clone())),
+            Source::Sentinel(master),
+            (connect_timeout, response_timeout),
+        ))
     }
 
     /// A Redis Cluster through `client`, as one node: connects now, and
@@ -121,46 +120,24 @@ impl Node {
         let conn = tokio::time::timeout(connect_timeout, client.get_async_connection())
             .await
             .map_err(|_| RedisError::from((ErrorKind::Io, "cluster connect timed out")))??;
-        Ok(Node {
+        let timeouts = (connect_timeout, response_timeout);
+        Ok(Node::new(
             addr,
-            subscriber: Subscriber::new(
-                Source::Cluster(subscriber),
-                connect_timeout,
-                response_timeout,
-            ),
-            conn: Conn::Cluster(conn),
-            cluster: true,
-            wait: None,
-        })
+            Conn::Cluster(conn),
+            Source::Cluster(subscriber),
+            timeouts,
+        ))
     }
 
     /// Runs `script` with the keys and arguments `args` writes in one
     /// `EVALSHA`, loading the script first if the node lost it (a restart,
-    /// `SCRIPT FLUSH`). One command buffer, rather than a vector per
-    /// argument.
+    /// `SCRIPT FLUSH`); with `acked`, and `WAIT`'s answer as in
+    /// [`query`](Node::query).
     pub(crate) async fn run<T: redis::FromRedisValue>(
         &self,
         script: &redis::Script,
-        args: impl FnOnce(&mut redis::Cmd),
-    ) -> RedisResult<T> {
-        Ok(self.eval(script, args, false).await?.0)
-    }
-
-    /// [`run`](Node::run), with the script's `WAIT` as in
-    /// [`query`](Node::query).
-    pub(crate) async fn run_acked<T: redis::FromRedisValue>(
-        &self,
-        script: &redis::Script,
-        args: impl FnOnce(&mut redis::Cmd),
-    ) -> RedisResult<(T, Option<i64>)> {
-        self.eval(script, args, true).await
-    }
-
-    async fn eval<T: redis::FromRedisValue>(
-        &self,
-        script: &redis::Script,
-        args: impl FnOnce(&mut redis::Cmd),
         acked: bool,
+        args: impl FnOnce(&mut redis::Cmd),
     ) -> RedisResult<(T, Option<i64>)> {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash());

@@ -1,39 +1,20 @@
 //! The Lua scripts: each runs atomically on the server, so checking the
-//! owner and acting on the key can never be split by another client (the
-//! classic recipes dlock does not use, and why, are in dlock's guide,
-//! "What every backend guarantees").
-//!
-//! Each script's module holds its Lua, the arguments it is sent and the
-//! decoding of its answer: [`lock`] (acquire and release), [`renew`],
-//! [`shared`] (read-write locks and semaphores) and [`election`] (proclaim
-//! and holder). This one holds what they share: the fence's and the
-//! line's Lua, the names a script takes as `KEYS`, and the compiled
-//! scripts.
+//! owner and acting on the key can never be split by another client.
+//! Each script's module holds its Lua, its arguments and the decoding of
+//! its answer; this one, what they share: the fence's and the line's Lua,
+//! the names a script takes as `KEYS`, and the compiled scripts.
 
 use std::sync::OnceLock;
 
 use redis::Script;
 
-/// The fence, shared by the plain lock's and the shared locks' acquire
-/// scripts: a token above every earlier one of the key, even when its
-/// counter (`KEYS[2]`) was set back or lost (the argument is at
-/// `lock::ACQUIRE`).
-///
-/// `fence(lease, keep)` takes `max(last + 1, TIME in µs)`, writes it back
-/// with a TTL of twice `lease` (at least ten minutes), and returns it: two
-/// commands, `TIME` and one `SET ... GET` (Redis 6.2, checked at
-/// connect), and a second `SET` only when the counter is ahead of the
-/// clock (a clock stepped back). With `keep`, the TTL is never shortened
-/// (one `PTTL` more): a read-write lock's or semaphore's holders share
-/// the counter, and one with a short lease must not cut the life a long
-/// one gave it. A plain lock has one holder at a time, whose lease sets
-/// it.
-///
-/// The clock goes to the counter as text, its µs part padded to six
-/// digits, and the TTL as the text `600000` unless the lease is longer
-/// than five minutes: Redis turns a Lua number passed to `redis.call` into
-/// text with a general-purpose conversion (`%.17g` up to Redis 7.0), which
-/// costs server time. The value is the same either way.
+/// The fence of both acquire scripts: `fence(lease, keep)` takes
+/// `max(last + 1, TIME in µs)` from the counter (`KEYS[2]`) with one `SET
+/// ... GET` (Redis 6.2), writes it back with a TTL of twice `lease` (at
+/// least ten minutes; with `keep`, never shorter than it was: shared
+/// holders share the counter), and returns it. Why its tokens only grow:
+/// the crate docs, "How it locks". The clock and TTL go to Redis as text:
+/// a Lua number passed to `redis.call` costs a `%.17g` conversion.
 macro_rules! fence_lua {
     () => {
         r"
@@ -56,12 +37,9 @@ end
     };
 }
 
-/// The waiting line shared by the acquire and release scripts.
-///
-/// `KEYS[3]` orders the tickets (a sorted set scored by place in line) and
-/// `KEYS[4]` holds when each ticket lapses (a sorted set scored by server
-/// time in ms). Both carry the longest ticket's lifetime as their TTL, so a
-/// line whose waiters all went away leaves nothing behind.
+/// The waiting line of the acquire and release scripts: `KEYS[3]` orders
+/// the tickets by place, `KEYS[4]` holds when each lapses (server ms);
+/// both live as long as the longest ticket.
 macro_rules! queue_lua {
     () => {
         r"
@@ -221,8 +199,7 @@ enum Keys {
     Line,
     /// The lock, its fence counter and its proclaimed value.
     Value,
-    /// The lock, its fence counter, its waiting line and its proclaimed
-    /// value.
+    /// The lock, its fence counter, its waiting line and its value.
     LineAndValue,
     /// As `LineAndValue`, and the token of the lock's last release.
     Release,
@@ -230,30 +207,22 @@ enum Keys {
 
 impl Keys {
     fn write(self, cmd: &mut redis::Cmd, names: &Names) {
-        let count = match self {
-            Keys::Lock => 2,
-            Keys::Value => 3,
-            Keys::Line => 4,
-            Keys::LineAndValue => 5,
-            Keys::Release => 6,
+        let all = [
+            names.queue(),
+            names.tickets(),
+            names.value(),
+            names.released_by(),
+        ];
+        let more = match self {
+            Keys::Lock => &all[..0],
+            Keys::Value => &all[2..3],
+            Keys::Line => &all[..2],
+            Keys::LineAndValue => &all[..3],
+            Keys::Release => &all[..],
         };
-        cmd.arg(count).arg(&names.lock).arg(names.fence());
-        match self {
-            Keys::Lock => {}
-            Keys::Value => {
-                cmd.arg(names.value());
-            }
-            Keys::Line => {
-                cmd.arg(names.queue()).arg(names.tickets());
-            }
-            Keys::LineAndValue | Keys::Release => {
-                cmd.arg(names.queue())
-                    .arg(names.tickets())
-                    .arg(names.value());
-                if self == Keys::Release {
-                    cmd.arg(names.released_by());
-                }
-            }
+        cmd.arg(2 + more.len()).arg(&names.lock).arg(names.fence());
+        for name in more {
+            cmd.arg(name);
         }
     }
 }

@@ -180,7 +180,7 @@ impl RedisBackend {
 
     async fn on_nodes(mut nodes: Vec<Node>, config: &RedisConfig) -> Result<RedisBackend> {
         for node in &mut nodes {
-            node.wait_for_replicas(config.wait_replicas());
+            node.wait = config.wait_replicas();
             // Every script in the node's cache in one round trip (in every
             // master's, on a cluster), so that the first calls need no
             // `NOSCRIPT` retry; not fatal: a call loads a missing script

@@ -5,30 +5,11 @@
 //! on another connection (a reconnect, or the next master after a
 //! failover) would count replicas that never had the write.
 
-use std::time::Duration;
-
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult};
 
 use super::Node;
 
-/// The error of a write that fewer than `replicas` replicas acknowledged
-/// (`acked` did) within `timeout`.
-fn unacknowledged(acked: i64, replicas: u32, timeout: Duration) -> RedisError {
-    RedisError::from((
-        ErrorKind::Client,
-        "too few replicas acknowledged the write that `wait_replicas` asks for: a failover could lose it",
-        format!("{acked} of {replicas} within {timeout:?}"),
-    ))
-}
-
 impl Node {
-    /// Makes every grant and renewal wait for `replicas` replicas to
-    /// acknowledge it, for at most the duration (see
-    /// `RedisConfig::wait_replicas`).
-    pub(crate) fn wait_for_replicas(&mut self, wait: Option<(u32, Duration)>) {
-        self.wait = wait;
-    }
-
     /// `WAIT replicas timeout`, if the node waits for replicas.
     pub(crate) fn wait_command(&self) -> Option<Cmd> {
         let (replicas, timeout) = self.wait?;
@@ -50,7 +31,11 @@ impl Node {
     /// The error for a write only `acked` replicas acknowledged.
     pub(crate) fn unacknowledged(&self, acked: i64) -> RedisError {
         let (replicas, timeout) = self.wait.unwrap_or_default();
-        unacknowledged(acked, replicas, timeout)
+        RedisError::from((
+            ErrorKind::Client,
+            "too few replicas acknowledged the write that `wait_replicas` asks for: a failover could lose it",
+            format!("{acked} of {replicas} within {timeout:?}"),
+        ))
     }
 
     /// `cmd`'s answer; with `acked` and `wait_replicas`, and `WAIT`'s

@@ -25,8 +25,8 @@ pub(crate) async fn proclaim(
     token: &str,
     value: &[u8],
 ) -> RedisResult<bool> {
-    let written: i64 = node
-        .run(&of(node).proclaim, |cmd| {
+    let (written, _): (i64, _) = node
+        .run(&of(node).proclaim, false, |cmd| {
             Keys::Value.write(cmd, names);
             cmd.arg(token).arg(value).arg(names.holder_channel());
         })
@@ -37,8 +37,8 @@ pub(crate) async fn proclaim(
 /// The plain lock's holder: its fence, the lease it has left, and
 /// what it proclaimed.
 pub(crate) async fn holder(node: &Node, names: &Names) -> RedisResult<Option<HolderRead>> {
-    let read: Option<Vec<Vec<u8>>> = node
-        .run(&of(node).holder, |cmd| Keys::Value.write(cmd, names))
+    let (read, _): (Option<Vec<Vec<u8>>>, _) = node
+        .run(&of(node).holder, false, |cmd| Keys::Value.write(cmd, names))
         .await?;
     let Some(mut read) = read else {
         return Ok(None);
@@ -66,20 +66,14 @@ pub(crate) async fn holder(node: &Node, names: &Names) -> RedisResult<Option<Hol
     }))
 }
 
-/// Publish what the holder says (`dlock_core::backend::Backend::proclaim`)
-/// if the token holds the lock.
-///
-/// The value key holds the token, `|`, and the value, so a value written
-/// by an earlier holder is never read as the current one's (see
-/// [`HOLDER`]); it lives twice the lock's remaining lease, and every
-/// renewal extends it as it does the fence counter, so it goes away with
+/// Publish what the holder says (`Backend::proclaim`) if the token holds
 /// the lock.
 ///
-/// The lock's value is left as it is: its `+` mark says only that someone
-/// waits in line. Every release deletes the value key with the lock and
-/// tells the holder's watchers if there was one; an empty message on the
-/// holder channel wakes every watcher of the holder
-/// (`Backend::holder_changed`).
+/// The value key holds the token, `|`, and the value, so an earlier
+/// holder's value is never read as the current one's; it lives twice the
+/// lock's remaining lease, renewed with the lock, and every release
+/// deletes it and tells the holder's watchers (an empty message on the
+/// holder channel). The lock's value, and its `+` mark, are left alone.
 ///
 /// KEYS: lock, fence counter, proclaimed value. ARGV: token, value,
 /// holder channel. Returns 1 if written, else 0.
@@ -92,14 +86,10 @@ redis.call('PUBLISH', ARGV[3], '')
 return 1
 ";
 
-/// Who holds the lock (`dlock_core::backend::Backend::holder`): its fence
-/// (the counter, which the holder's acquisition set last) and the value it
-/// proclaimed, if the value key is its own. A lock handed to a waiter that
-/// has not taken it yet is free.
-///
-/// KEYS: lock, fence counter, proclaimed value. Returns nil if nobody
-/// holds it, else `{fence, ms}` or `{fence, ms, value}`, `ms` the lease
-/// left.
+/// Who holds the lock (`Backend::holder`): its fence and the value it
+/// proclaimed, if the value key is its own; a lock handed to a waiter not
+/// yet taken is free. KEYS: as [`PROCLAIM`]. Returns nil if nobody holds
+/// it, else `{fence, ms}` or `{fence, ms, value}`, `ms` the lease left.
 pub(super) const HOLDER: &str = r"
 local holder = redis.call('GET', KEYS[1])
 if not holder or string.sub(holder, 1, 5) == 'next:' then return nil end

@@ -1,6 +1,5 @@
 //! The plain lock's acquire and release: their scripts, arguments and
-//! answers (the fence counter, and why its tokens only grow, is at
-//! [`ACQUIRE`]).
+//! answers.
 
 use redis::RedisResult;
 
@@ -56,11 +55,8 @@ impl redis::ToRedisArgs for Place {
 }
 
 /// One acquire attempt; one that is refused takes (or refreshes) its
-/// ticket at `place`, lapsing after `ticket_ms`.
-///
-/// An attempt that neither queues nor counts a fence (Redlock's first)
-/// is a plain `SET NX PX`: a free key may be taken by anyone (see
-/// the acquire script), and the server spares a script run.
+/// ticket at `place`, lapsing after `ticket_ms`. One that neither queues
+/// nor counts a fence (Redlock's first) is a plain `SET NX PX`.
 pub(crate) async fn acquire(
     node: &Node,
     names: &Names,
@@ -89,7 +85,7 @@ pub(crate) async fn acquire(
         Keys::Line
     };
     let ((status, value), acked): ((i64, i64), _) = node
-        .run_acked(&of(node).acquire, |cmd| {
+        .run(&of(node).acquire, true, |cmd| {
             keys.write(cmd, names);
             cmd.arg(token)
                 .arg(lease_ms)
@@ -115,12 +111,9 @@ fn acknowledged(node: &Node, fence: u64, acked: Option<i64>) -> Attempt {
     }
 }
 
-/// Releases the lock if `token` holds it. With `Place::None` the token
-/// also leaves the line (a release, or a wait given up); otherwise it
-/// stays in line at `place` (a Redlock grant given back). Either way,
-/// a lock left free is handed to the first waiter in line, who is
-/// told. A release sent again after its reply was lost answers `true`
-/// and does nothing.
+/// Releases the lock if `token` holds it (see [`RELEASE`]): with
+/// `Place::None` the token also leaves the line, otherwise it stays at
+/// `place` (a Redlock grant given back).
 pub(crate) async fn release(
     node: &Node,
     names: &Names,
@@ -131,9 +124,8 @@ pub(crate) async fn release(
     release_with(node, Keys::Release, names, token, place, ticket_ms).await
 }
 
-/// [`release`] for `force_release`, which names the
-/// holder's token: it leaves no record that the holder released, so
-/// the holder's own release still answers `false`.
+/// [`release`] for `force_release`, with the holder's token: it leaves no
+/// record of a release, so the holder's own release still answers `false`.
 pub(crate) async fn force_release(node: &Node, names: &Names, token: &str) -> RedisResult<bool> {
     release_with(node, Keys::LineAndValue, names, token, Place::None, 0).await
 }
@@ -146,8 +138,8 @@ async fn release_with(
     place: Place,
     ticket_ms: u64,
 ) -> RedisResult<bool> {
-    let released: i64 = node
-        .run(&of(node).release, |cmd| {
+    let (released, _): (i64, _) = node
+        .run(&of(node).release, false, |cmd| {
             keys.write(cmd, names);
             cmd.arg(token)
                 .arg(names.channel())
@@ -163,72 +155,24 @@ async fn release_with(
 ///
 /// KEYS: lock, fence counter, line, ticket lapses. ARGV: token, lease in
 /// ms, "1" to count a fencing token, and for an attempt that queues if
-/// refused: release channel, place in line ("0" for the server to place it
-/// last, or a score), ticket lifetime in ms. An attempt that does not
-/// queue leaves the last three arguments and the last two keys out: it
-/// never touches the line (its token cannot be in it yet), and the server
-/// takes in less on the common path.
+/// refused: release channel, place in line ("0": last, by the server's
+/// clock; else the score), ticket lifetime in ms. An attempt that does not
+/// queue leaves out those three arguments and the line's two keys.
 ///
-/// Returns `{1, fence}` when the token holds the lock (newly, taken from a
-/// release that handed it over, or again after a reply was lost); `{0,
-/// ms}` when another token holds it, for `ms` more; `{2, ms}` when a
-/// release handed it to another waiter, who has `ms` left to take it. With
-/// fencing asked for, the fence is never 0.
+/// Returns `{1, fence}` when the token holds the lock (newly, handed over
+/// by a release, or again after a lost reply; a fence asked for is never
+/// 0); `{0, ms}` when another token holds it for `ms` more; `{2, ms}` when
+/// a release handed it to another waiter, who has `ms` left to take it.
 ///
-/// A free key goes to whoever asks first: the key is never free while a
-/// live waiter stands in line, because a release hands the lock to the
-/// first waiter (the key then holds `next:` and that waiter's token until
-/// its ticket lapses). Only a crash frees a key with waiters in line: a
-/// holder's lease or a handed waiter's ticket that runs out. The next
-/// attempt then takes it, whoever makes it, and the release after that
-/// serves the line in order again. A waiter that is refused gets (or
-/// refreshes) its ticket in the same run.
-///
-/// The common case, a free key and a live counter, costs three commands
-/// inside the script (`SET NX PX`, `TIME`, and `SET ... GET` on the
-/// counter: see `fence_lua!`), and defines none of the line's functions.
-/// An attempt that counts no fence (Redlock's first, and one node's with
-/// `fence=off`) is a plain `SET NX PX` instead (see [`acquire`]).
-///
-/// # The fence counter, and why its tokens only grow
-///
-/// Every token is `max(counter + 1, TIME in µs)`, written back to the
-/// counter in the same command that reads it (`SET ... GET`). The
-/// counter lives beside the lock with a TTL of twice the lease, but never
-/// less than ten minutes (600 000 ms in the scripts), set at every
-/// acquisition and renewal, so it goes away some time after the lock: a
-/// service that locks `order:{id}` for ever more ids does not grow Redis
-/// for ever. The tokens of one key strictly increase, whatever
-/// happened to the counter:
-///
-/// - While the counter lives and is current, each token is above the last
-///   one: it is at least the last one plus 1, and the clock can only
-///   raise it.
-/// - No token is ahead of the server's clock by more than the number of
-///   acquisitions made within the same microsecond. Each acquisition is a
-///   script run of more than a microsecond of server time, and a server
-///   runs one script at a time, so that number is 0: every token is at
-///   most the clock's reading when it was issued.
-/// - So a counter that is set back (a failover to a replica that had not
-///   seen the last writes, a restart from an older RDB or AOF) or lost
-///   (expired, `FLUSHALL`, a restart without persistence) is overtaken by
-///   the clock: the next token is at least `TIME` now, above every token
-///   issued before, as long as the server's clock did not go backwards
-///   since (the seed comes from the clock, not the data). After a
-///   failover that means the new master's clock is not behind the old
-///   one's by more than the time the failover took: keep the servers'
-///   clocks in sync (NTP), as every clock-seeded counter needs.
-/// - A clock that steps back is covered while the counter lives (the
-///   counter keeps counting from the last token): the TTL floor keeps it
-///   alive for ten minutes after the last use, however short the lease, so
-///   only a key idle that long and a clock stepped back further than that
-///   meet.
+/// A free key goes to whoever asks first: it is never free while a live
+/// waiter stands in line, because a release hands the lock to the first
+/// waiter (`hand_first`); only a crash frees a key with waiters in line.
+/// The common case costs three commands (`SET NX PX`, `TIME`, `SET ...
+/// GET`). Why the fence only grows, whatever befalls its counter: the
+/// crate docs, "How it locks".
 pub(super) const ACQUIRE: &str = concat!(
     fence_lua!(),
-    // The common case first, before the line's functions are defined: a
-    // free key. Nobody is passed over by taking it, because the key is
-    // never free while a live waiter stands in line: a release hands it
-    // to the first waiter (see `hand_first`).
+    // The common case first, before the line's functions are defined.
     r"
 local token = ARGV[1]
 -- `in_line`: the token may have a ticket, to take out; if others still
@@ -312,29 +256,18 @@ return {0, ttl}
 
 /// Release, or give back a grant and stay in line.
 ///
-/// KEYS: as [`ACQUIRE`] (the fence counter is not touched), the
-/// proclaimed value, and the last release's token. ARGV: token, release
-/// channel, place in line ("" to leave the line: a release or a cancelled
-/// wait; otherwise the waiter's place, as in [`ACQUIRE`]), ticket lifetime
-/// in ms, holder channel.
+/// KEYS: as [`ACQUIRE`] (the counter untouched), the proclaimed value, and
+/// the last release's token. ARGV: token, release channel, place in line
+/// ("" to leave the line; else the waiter's place, as in [`ACQUIRE`]),
+/// ticket lifetime in ms, holder channel. Returns 1 if the token held the
+/// lock, else 0.
 ///
-/// A release leaves its token behind for what was left of its lease, so
-/// that the same release sent again (its reply was lost on a cut
-/// connection, and a client retried) answers 1 and changes nothing, even
-/// when the next owner holds the lock by then.
-///
-/// A holder's value is marked (its token and `+`) once someone stands in
-/// line behind it, so a release that finds its token unmarked knows that
-/// nobody waits without reading the line: two commands, `GET` and `DEL`,
-/// as a release without a line. (The mark is set by every queued attempt
-/// that finds it missing, so even a holder that took a key freed by a
-/// crash is marked at the next attempt of a waiter.)
-///
-/// When the lock is free afterwards and someone waits, the lock is handed
-/// to the first waiter in line, and a message carrying its token wakes
-/// that one waiter. A waiter that gives up while the lock is handed to it
-/// passes it on the same way. A give-back (Redlock) does not hand the lock
-/// to its own waiter. Returns 1 if the token held the lock, else 0.
+/// A release leaves its token for what was left of the lease, so the same
+/// release sent again after a lost reply answers 1 and changes nothing. A
+/// holder's value is marked (`+`) once someone stands in line, so an
+/// unmarked release needs no read of the line (`GET` and `DEL`). A lock
+/// left free goes to the first waiter in line, whom a message naming it
+/// wakes; a give-back (Redlock) never hands it to its own waiter.
 pub(super) const RELEASE: &str = concat!(
     // The common case first: a holder's release with nobody in line (its
     // value is unmarked).

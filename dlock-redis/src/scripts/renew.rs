@@ -39,8 +39,7 @@ impl Renewal {
 
 /// Renews every lock in `locks` for its lease, in one pipelined round
 /// trip; `true` where its owner still held it. Plain locks go
-/// [`RENEW_BATCH`] to a script call, read-write locks' and semaphores'
-/// one each.
+/// [`RENEW_BATCH`] to a call, read-write locks' and semaphores' one each.
 pub(crate) async fn renew(node: &Node, locks: &[Renewal]) -> RedisResult<Vec<bool>> {
     if node.cluster {
         return renew_each(node, locks).await;
@@ -143,13 +142,12 @@ pub(crate) async fn renew(node: &Node, locks: &[Renewal]) -> RedisResult<Vec<boo
     Ok(renewed)
 }
 
-/// [`renew`] on a cluster: the locks' keys are in many
-/// slots, so one script per lock, all sent at once on the multiplexed
-/// connection (which routes each to its slot's master).
+/// [`renew`] on a cluster, whose locks are in many slots: one script per
+/// lock, all sent at once (the connection routes each to its master).
 async fn renew_each(node: &Node, locks: &[Renewal]) -> RedisResult<Vec<bool>> {
     let renewals = locks.iter().map(|lock| {
         let (script, keys) = lock.script(of(node));
-        node.run(script, move |cmd| {
+        node.run(script, false, move |cmd| {
             keys.write(cmd, &lock.names);
             cmd.arg(&lock.owner).arg(lock.lease_ms);
         })
@@ -157,19 +155,14 @@ async fn renew_each(node: &Node, locks: &[Renewal]) -> RedisResult<Vec<bool>> {
     join_all(renewals)
         .await
         .into_iter()
-        .map(|answer: RedisResult<i64>| answer.map(|a| a == 1))
+        .map(|answer: RedisResult<(i64, _)>| answer.map(|(a, _)| a == 1))
         .collect()
 }
 
 /// `renew(lock, counter, value, token, lease)`, the body of [`RENEW`] and
-/// [`RENEW_MANY`]: extends the lease if the token holds the lock (its
-/// value marked or not, see [`RELEASE`]), and the fence counter's life
-/// with it (see [`ACQUIRE`]; a key without a counter, as on Redlock, is
-/// left so). Returns 1 if renewed, else 0.
-///
-/// A proclaimed value (see [`PROCLAIM`](super::election::PROCLAIM))
-/// lives twice the lease, and is kept alive with the counter (whose TTL
-/// has a floor, see [`ACQUIRE`]).
+/// [`RENEW_MANY`]: if the token holds the lock (marked or not), extends
+/// its lease, and the life of its fence counter and proclaimed value.
+/// Returns 1 if renewed, else 0.
 macro_rules! renew_lua {
     () => {
         r"
@@ -195,13 +188,9 @@ pub(super) const RENEW: &str = concat!(
     "return renew(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2])\n"
 );
 
-/// Renews many locks of one node in one call (see `renew_lua!`): a
-/// watchdog tick's renewals cost the server one script call per batch
-/// rather than one per lock.
-///
-/// KEYS: each lock's lock, fence counter and proclaimed value, in turn.
-/// ARGV: each lock's token and lease in ms, in the same order. Returns 1
-/// or 0 for each lock, in order.
+/// Renews many locks of one node in one call (see `renew_lua!`). KEYS:
+/// each lock's lock, fence counter and value, in turn. ARGV: each lock's
+/// token and lease in ms, in order. Returns 1 or 0 for each, in order.
 pub(super) const RENEW_MANY: &str = concat!(
     renew_lua!(),
     r"

@@ -36,7 +36,7 @@ pub(crate) async fn acquire(
     queue: bool,
 ) -> RedisResult<SharedAttempt> {
     let ((status, value), acked): ((i64, i64), _) = node
-        .run_acked(&of(node).shared_acquire, |cmd| {
+        .run(&of(node).shared_acquire, true, |cmd| {
             Keys::Line.write(cmd, names);
             cmd.arg(entry)
                 .arg(lease_ms)
@@ -58,8 +58,8 @@ pub(crate) async fn acquire(
 /// Takes `entry` out of a read-write lock's or semaphore's holders and
 /// line, and wakes the waiters that are now admitted; `true` if it held.
 pub(crate) async fn release(node: &Node, names: &Names, entry: &str) -> RedisResult<bool> {
-    let released: i64 = node
-        .run(&of(node).shared_release, |cmd| {
+    let (released, _): (i64, _) = node
+        .run(&of(node).shared_release, false, |cmd| {
             Keys::Line.write(cmd, names);
             cmd.arg(entry).arg(names.channel());
         })
@@ -68,15 +68,10 @@ pub(crate) async fn release(node: &Node, names: &Names, entry: &str) -> RedisRes
 }
 
 /// What read-write locks and semaphores share: an entry's mode, the
-/// admission rule, and the fence counter.
-///
-/// A key's read-write lock and its semaphore are objects of their own
-/// (`…:rw` and `…:sem`, beside the plain lock's names). Each has four
-/// keys: `KEYS[1]` the holders (a sorted set of entries scored by when
-/// their lease ends, in server ms), `KEYS[2]` the fence counter, and
-/// `KEYS[3]` and `KEYS[4]` the waiting line as the plain lock has it. An
-/// entry is the owner's token, `|`, and what it takes: `r`, `w` or
-/// `p{count}/{limit}`.
+/// admission rule, and keeping keys alive. `KEYS[1]` is the holders (a
+/// sorted set of entries scored by when their lease ends, in server ms),
+/// `KEYS[2]` the fence counter, `KEYS[3]` and `KEYS[4]` the waiting line
+/// as the plain lock's; an entry is `keys::entry`.
 macro_rules! shared_lua {
     () => {
         r"
@@ -124,10 +119,8 @@ end
     };
 }
 
-/// How many permits the semaphore's holders whose lease (their score, in
-/// server ms) has not ended by the server's clock take, read with that
-/// clock in one script, routed by the key (on Cluster too); their entries
-/// say their counts.
+/// The permits the semaphore's holders take whose lease has not ended
+/// by the server's clock, read with that clock in one script.
 pub(crate) async fn permits_taken(node: &Node, names: &Names) -> RedisResult<u32> {
     static READ: OnceLock<Script> = OnceLock::new();
     let read = READ.get_or_init(|| {
@@ -155,19 +148,14 @@ pub(crate) async fn permits_taken(node: &Node, names: &Names) -> RedisResult<u32
 
 /// A read-write lock's or a semaphore's acquire, in one round trip.
 ///
-/// KEYS: holders, fence counter, line, ticket lapses (see
-/// `shared_lua!`). ARGV: entry, lease in ms, "1" to stand in line if
-/// refused, the place in line ("0": last, by the server's clock), ticket
-/// lifetime in ms.
-///
-/// An entry holds when it is admitted behind every live holder and every
-/// live waiter ahead of it in line (a newcomer: behind the whole line),
-/// so a waiting writer keeps later readers out and permits go in order.
-/// Returns `{1, fence}` when the entry holds (newly, or again after a
-/// lost reply, with a new fence either way); `{0, ms}` when refused, with
-/// how long until a holder's lease or a ticket ahead runs out (-1 if
-/// none); `{3, limit}` when the semaphore's holders or waiters name
-/// another limit (the entry leaves the line).
+/// KEYS: see `shared_lua!`. ARGV: entry, lease in ms, "1" to stand in line
+/// if refused, the place in line ("0": last), ticket lifetime in ms. An
+/// entry holds when it is admitted behind every live holder and every
+/// live waiter ahead of it, so a waiting writer keeps later readers out.
+/// Returns `{1, fence}` when it holds (again after a lost reply too, with
+/// a new fence); `{0, ms}` when refused, `ms` until a holder's lease or a
+/// ticket ahead runs out (-1 if none); `{3, limit}` when the semaphore's
+/// entries name another limit (the entry leaves the line).
 pub(super) const SHARED_ACQUIRE: &str = concat!(
     fence_lua!(),
     queue_lua!(),
@@ -230,10 +218,8 @@ return {0, retry}
 /// A read-write lock's or a semaphore's release, or a wait given up.
 ///
 /// KEYS: as [`SHARED_ACQUIRE`]. ARGV: entry, release channel. Takes the
-/// entry out of the holders and the line, then wakes, by a message naming
-/// each, the waiters at the head of the line that are now admitted (and
-/// none behind the first that is not). Returns 1 if the entry held,
-/// else 0.
+/// entry out, then wakes by name the waiters at the head of the line that
+/// are now admitted. Returns 1 if the entry held, else 0.
 pub(super) const SHARED_RELEASE: &str = concat!(
     queue_lua!(),
     shared_lua!(),
@@ -262,12 +248,9 @@ return released
 "
 );
 
-/// A read-write lock's or a semaphore's renewal: extends the entry's lease
-/// if it still holds (its lease has not ended), and the fence counter's
-/// life with it.
-///
-/// KEYS: holders, fence counter. ARGV: entry, lease in ms. Returns 1 if
-/// renewed, else 0.
+/// A read-write lock's or a semaphore's renewal, if the entry's lease has
+/// not ended. KEYS: holders, fence counter. ARGV: entry, lease in ms.
+/// Returns 1 if renewed, else 0.
 pub(super) const SHARED_RENEW: &str = concat!(
     queue_lua!(),
     shared_lua!(),
