@@ -25,6 +25,7 @@ use crate::{
 mod election;
 mod leases;
 mod locks;
+mod proc_locks;
 mod steps;
 
 /// Locks on one machine, with no server: `flock(2)` on files in a
@@ -303,7 +304,7 @@ impl Backend for FileBackend {
     /// blocking thread.
     async fn permits_taken(&self, key: &LockKey, limit: u32) -> Result<u32> {
         let names = self.names(key, Mode::Permits { count: 1, limit });
-        blocking(move || locks::slots_taken(&names, limit)).await
+        blocking(move || proc_locks::slots_taken(&names, limit)).await
     }
 
     /// Moves the lease's end, which the lease thread keeps, for a lock

@@ -7,14 +7,17 @@ use std::{io::Read, os::unix::fs::FileExt, path::Path};
 use dlock_core::{backend::Holder, Result};
 use rustix::fs::FlockOperation as Op;
 
-use super::locks::{self, flock};
+use super::{
+    locks::{self, flock},
+    proc_locks,
+};
 use crate::config::{io_error, Names};
 
 /// Who holds the plain lock of `names`: `None` if its file is not
 /// locked (read from `/proc/locks`), else its fence, and its value if
 /// the holder of that fence proclaimed one.
 pub(super) fn holder(names: &Names) -> Result<Option<Holder>> {
-    if !locks::is_locked(&names.main)? {
+    if !proc_locks::is_locked(&names.main)? {
         return Ok(None);
     }
     let fence = locks::last_fence(&names.fence())?;

@@ -410,104 +410,6 @@ fn slots(names: &Names, count: u32, limit: u32) -> Result<Option<Vec<File>>, Loc
     Ok(None)
 }
 
-/// How many of a semaphore's `limit` slot files some process holds an
-/// `flock` on now, read from Linux's `/proc/locks` (every lock, with its
-/// file's device and inode), not by trying them: a try would make an
-/// acquirer that meets it find a free slot taken.
-///
-/// Matched as [`is_among`] matches (the count errs high, never low).
-/// Locks held from another PID namespace are not listed there, so not
-/// counted; nor are the slots an acquirer holds for a moment while it
-/// finds too few free.
-pub(crate) fn slots_taken(names: &Names, limit: u32) -> Result<u32, LockError> {
-    let count = |locked: &Flocked| {
-        (0..limit).try_fold(0, |taken, i| {
-            Ok::<_, LockError>(taken + u32::from(is_among(&names.slot(i), locked)?))
-        })
-    };
-    count(&flocked(|locked| Ok(count(locked)? == limit))?)
-}
-
-/// The files some process holds an `flock` on now, from Linux's
-/// `/proc/locks` (blocked requests left out): device (major, minor) and
-/// inode.
-type Flocked = std::collections::HashSet<(u32, u32, u64)>;
-
-/// How many times a look reads `/proc/locks` at most. The kernel hands the
-/// table out a page per read and resumes each read by position, so a lock
-/// released between two reads shifts the rest and one entry is skipped:
-/// a table longer than one read is read again, and the reads' union taken,
-/// until `enough` says the answer is in (or this many reads).
-const READS: usize = 4;
-
-fn flocked(
-    mut enough: impl FnMut(&Flocked) -> Result<bool, LockError>,
-) -> Result<Flocked, LockError> {
-    let path = Path::new("/proc/locks");
-    let mut locked = Flocked::new();
-    let mut table = Vec::new();
-    for _ in 0..READS {
-        let mut file = File::open(path).map_err(|e| io_error("reading", path, e))?;
-        let mut reads = 0;
-        table.clear();
-        let mut chunk = [0; 8192];
-        loop {
-            let n = file
-                .read(&mut chunk)
-                .map_err(|e| io_error("reading", path, e))?;
-            if n == 0 {
-                break;
-            }
-            reads += 1;
-            table.extend_from_slice(&chunk[..n]);
-        }
-        locked.extend(String::from_utf8_lossy(&table).lines().filter_map(|line| {
-            // `N: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE START END` (the
-            // device in hex); a blocked request has `->` before `FLOCK`.
-            let mut fields = line.split_whitespace().skip(1);
-            if fields.next()? != "FLOCK" {
-                return None;
-            }
-            let mut id = fields.nth(3)?.split(':');
-            let major = u32::from_str_radix(id.next()?, 16).ok()?;
-            let minor = u32::from_str_radix(id.next()?, 16).ok()?;
-            Some((major, minor, id.next()?.parse().ok()?))
-        }));
-        // One read is one snapshot, taken under the kernel's lock.
-        if reads <= 1 || enough(&locked)? {
-            break;
-        }
-    }
-    Ok(locked)
-}
-
-/// Whether the file at `path` is among `locked`: by device and inode. On
-/// btrfs and on overlayfs, whose `stat` reports another device than
-/// `/proc/locks` does, by inode alone (another file of that inode number
-/// on another device then counts too: the answer errs towards held).
-fn is_among(path: &Path, locked: &Flocked) -> Result<bool, LockError> {
-    use std::os::unix::fs::MetadataExt as _;
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(meta) => meta,
-        // Never taken yet.
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(io_error("cannot stat", path, e)),
-    };
-    let (dev, ino) = (meta.dev(), meta.ino());
-    if locked.contains(&(rustix::fs::major(dev), rustix::fs::minor(dev), ino)) {
-        return Ok(true);
-    }
-    if !locked.iter().any(|&(_, _, locked)| locked == ino) {
-        return Ok(false);
-    }
-    const BTRFS: u32 = 0x9123_683E;
-    const OVERLAYFS: u32 = 0x794C_7630;
-    // `f_type`'s integer type differs by architecture.
-    #[allow(clippy::unnecessary_cast)]
-    let magic = rustix::fs::statfs(path).map_or(0, |fs| fs.f_type as u32);
-    Ok(matches!(magic, BTRFS | OVERLAYFS))
-}
-
 /// The semaphore's limit file, held shared, once it records `limit`: the
 /// first holder (nobody holds it shared) writes its limit; later ones
 /// check theirs against it. A limit can only change when the semaphore is
@@ -640,23 +542,6 @@ pub(crate) fn last_fence(path: &Path) -> Result<u64, LockError> {
     read_number(&file, path)
 }
 
-/// Whether some process holds an `flock` on `path` now (this process
-/// included), read from Linux's `/proc/locks` as
-/// [`slots_taken`] reads it: a look that takes no lock, so that it can
-/// never make a client that tries the file at the same moment find it
-/// held. Where `/proc/locks` cannot be read, an error.
-///
-/// Only a plain lock's file is asked about, which only exclusive locks
-/// take.
-pub(crate) fn is_locked(path: &Path) -> Result<bool, LockError> {
-    let mut seen = false;
-    flocked(|locked| {
-        seen = is_among(path, locked)?;
-        Ok(seen)
-    })?;
-    Ok(seen)
-}
-
 #[cfg(test)]
 mod tests {
     /// A FIFO planted where a lock file or a fence counter goes is
@@ -676,61 +561,6 @@ mod tests {
         assert!(super::open(&fifo).is_err());
         assert!(super::open_read(&fifo).is_err());
         assert!(super::last_fence(&fifo).is_err());
-    }
-
-    /// `/proc/locks` comes one page per read, and the kernel resumes each
-    /// read by position: a lock released between two reads shifts the
-    /// rest, and one entry would be skipped. A held file is never missed
-    /// while other files lock and unlock around it.
-    #[test]
-    fn a_held_file_is_seen_while_others_lock_and_unlock() {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        let dir = tempfile::tempdir().unwrap();
-        let held_path = dir.path().join("held");
-        let held = super::open(&held_path).unwrap();
-        rustix::fs::flock(&held, super::Op::NonBlockingLockExclusive).unwrap();
-        // Newer locks are listed first: these put the held file pages deep.
-        let fillers: Vec<_> = (0..400)
-            .map(|i| {
-                let file = super::open(&dir.path().join(format!("f{i}"))).unwrap();
-                rustix::fs::flock(&file, super::Op::NonBlockingLockExclusive).unwrap();
-                file
-            })
-            .collect();
-        let stop = AtomicBool::new(false);
-        std::thread::scope(|scope| {
-            for t in 0..2 {
-                let (dir, stop) = (dir.path(), &stop);
-                scope.spawn(move || {
-                    let files: Vec<_> = (0..50)
-                        .map(|i| super::open(&dir.join(format!("c{t}-{i}"))).unwrap())
-                        .collect();
-                    while !stop.load(Ordering::Relaxed) {
-                        for file in &files {
-                            let _ = rustix::fs::flock(file, super::Op::NonBlockingLockExclusive);
-                        }
-                        for file in &files {
-                            let _ = rustix::fs::flock(file, super::Op::Unlock);
-                        }
-                    }
-                });
-            }
-            let started = std::time::Instant::now();
-            let mut missed = 0;
-            let mut looks = 0;
-            while started.elapsed() < std::time::Duration::from_secs(3) {
-                looks += 1;
-                if !super::is_locked(&held_path).unwrap() {
-                    missed += 1;
-                }
-            }
-            stop.store(true, Ordering::Relaxed);
-            assert_eq!(
-                missed, 0,
-                "the held file was missed in {missed} of {looks} looks"
-            );
-        });
-        drop(fillers);
     }
 
     #[test]
