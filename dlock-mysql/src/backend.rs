@@ -1,6 +1,8 @@
 //! `MySqlBackend`: the `Backend` trait over MySQL's and MariaDB's named
 //! locks (`GET_LOCK`), as a dialect of `dlock-sql`.
 
+use std::time::Duration;
+
 use dlock_core::{Result, Token};
 use dlock_sql::{sqlx, SqlBackend};
 use sqlx::mysql::MySqlConnection;
@@ -11,86 +13,36 @@ mod acquire;
 mod dialect;
 mod version;
 
-/// `GET_LOCK`'s timeout for a wait without limit: a year, after which the
-/// wait starts again (MariaDB answers a negative timeout at once).
-const FOREVER_SECS: u64 = 365 * 24 * 3600;
+/// `GET_LOCK`'s timeout for a wait of `limit`, in seconds; without limit,
+/// a year, after which the wait starts again (MariaDB answers a negative
+/// timeout at once).
+fn lock_timeout(limit: Option<Duration>) -> String {
+    match limit {
+        Some(limit) => format!("{:.6}", limit.as_secs_f64()),
+        None => (365 * 24 * 3600).to_string(),
+    }
+}
 
-/// A MySQL or MariaDB lock server: `GET_LOCK` named locks.
+/// The server's error number of `e`, if it is the server's.
+fn error_number(e: &sqlx::Error) -> Option<u16> {
+    match e {
+        sqlx::Error::Database(e) => e
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .map(|e| e.number()),
+        _ => None,
+    }
+}
+
+/// A MySQL or MariaDB lock server: `GET_LOCK` named locks, through
+/// [`MySqlDialect`]. How it locks (names, holder and waiter sessions,
+/// fencing counter rows, the queue table of read-write locks and
+/// semaphores) is in the crate docs and
+/// [dlock's guide](https://docs.rs/dlock/latest/dlock/guide/backends/index.html#mysql-and-mariadb).
 ///
 /// Build it with [`MySqlBackend::connect`](SqlBackend::connect) (or
 /// [`from_pool`](SqlBackend::from_pool)) and turn it into a
 /// [`Locker`](dlock_core::Locker) with
 /// [`into_locker`](dlock_core::BackendExt::into_locker).
-///
-/// # How it locks
-///
-/// - **Names.** A key's lock is named `{lock_prefix}:` and the key,
-///   escaped to lowercase-safe ASCII (names are compared without case);
-///   a name over MySQL's 64 characters ends in a 64-bit hash of the key
-///   instead (a collision costs a wait, never exclusion).
-/// - **A few sessions hold every uncontended lock** (`holder_sessions`, 4
-///   by default, each key always on the same one). An acquire is one round
-///   trip: `GET_LOCK(name, 0)` and, in the same request, the fencing token
-///   when it is granted. Release is `RELEASE_LOCK` on the session that
-///   holds the lock. One session holds any number of locks (MySQL 5.7 and
-///   MariaDB 10.0.2 and later).
-/// - **Waiting is done by the server, first come, first served.** A
-///   refused attempt takes a waiter session (at most `max_waiters`, reused)
-///   and blocks in `GET_LOCK` with the wait limit as its timeout; nothing
-///   polls. A wait that is dropped ends its session (`KILL CONNECTION`),
-///   so a grant that arrives after the caller left cannot outlive it. Each
-///   session holds a named lock of its own, a marker (`{lock_prefix}%s:…`),
-///   and a session is ended only where its marker is held by that
-///   connection id: a kill that reaches another server (a failover, a
-///   virtual IP), where ids start from 1 too, ends nothing there.
-/// - **Within one process**, tasks that lock the same key queue locally
-///   first: a session's named locks are reentrant on the server.
-/// - **Crashes and pauses.** A killed holder's connection closes and its
-///   locks go at once. A paused one's sessions are ended by the server
-///   after `session_timeout` idle (`wait_timeout`, rounded up to whole
-///   seconds); dlock keeps every session busy with one ping per third of
-///   it, and counts each guard's lease from the last statement its session
-///   answered, so a guard reports lost before the server can grant its
-///   lock to another client.
-/// - **Fencing tokens** come from 64 counter rows in `{lock_prefix}_fence`
-///   (created at connect if missing), a key's always from the same one:
-///   the grant's request also runs `UPDATE … SET v = LAST_INSERT_ID(v +
-///   1)`, so tokens increase per key, and survive a server crash as every
-///   committed write does. Not a sequence: MariaDB's sequences give values
-///   out again after a crash (seen: a sequence answered 1 after 13
-///   values and a SIGKILL). `fence=off` skips the write, and the token
-///   (see [`FenceSource`](crate::FenceSource)).
-/// - **One prepared statement per attempt.** An attempt that does not
-///   wait calls the stored function `{lock_prefix}_take_v1` (made at
-///   connect if missing), which runs `GET_LOCK` and the counter's `UPDATE`
-///   on the server: one prepared `SELECT` where the text request is three
-///   statements (what that saves is in BENCHMARKS.md, "Figures the code's
-///   docs cite"). A login that may not make it (`CREATE ROUTINE`;
-///   with a binary log, `log_bin_trust_function_creators = 1` too, which
-///   MySQL 8 has on by default) or run it (`EXECUTE`), a binary log in
-///   `STATEMENT` or `MIXED` format (a replica would replay the call), or a
-///   function dropped later, falls back to the text request, with the same
-///   counter rows: such clients lock the same keys with the same tokens.
-/// - **One server session per connection.** Every statement that takes or
-///   gives back a lock, and every ping, runs only on the server session
-///   the connection opened (`CONNECTION_ID()`, checked in the same round
-///   trip); on another one it takes nothing, and the session's guards are
-///   lost. `connect` refuses a pooler that moves statements between
-///   sessions
-///   ([`LockError::UnsafeDeployment`](dlock_core::LockError::UnsafeDeployment)):
-///   connect directly, or through a proxy that keeps each client on
-///   one server session.
-/// - **Fixed leases**: the lock is released when the lease ends, by this
-///   process; if the process dies first, its connection closes.
-/// - **Read-write locks and semaphores** live in the queue table
-///   `{lock_prefix}_queue` (created at connect if missing), since
-///   `GET_LOCK` is exclusive only: each entry is live while its owner's
-///   session holds the entry's named lock (`IS_USED_LOCK`), admitted first
-///   come, first served, and numbered by `AUTO_INCREMENT`, which is its
-///   fencing token. A waiter blocks in `GET_LOCK` on the lock of the last
-///   writer ahead (a reader) or the last entry ahead (a writer); a permit
-///   waiter on the oldest entry ahead, reading the queue again at least
-///   every 100 ms (see the README's "The queue table").
 ///
 /// # Examples
 ///
@@ -180,9 +132,7 @@ impl MySqlDialect {
             )),
         }
     }
-}
 
-impl MySqlDialect {
     /// A named lock for `token` in the space `tag` names.
     fn token_lock(&self, tag: char, token: &Token) -> String {
         let prefix = self.config.lock_prefix();

@@ -16,7 +16,7 @@ pub enum FenceSource {
     /// crash (with InnoDB's default `innodb_flush_log_at_trx_commit = 1`).
     /// It costs one durable commit per grant. An attempt that does not wait
     /// runs both in the stored function `{prefix}_take_v1`, where the login
-    /// may (see [`MySqlBackend`](crate::MySqlBackend)).
+    /// may (see the [crate docs](crate)).
     #[default]
     Row,
     /// No fencing tokens: grants write nothing, and guards carry no token
@@ -33,14 +33,10 @@ pub enum FenceSource {
 /// query parameters of dlock's own (every other parameter, such as
 /// `ssl-mode`, goes to the driver):
 ///
-/// - `session_timeout` (default `10s`): how long a holder that stopped
-///   answering keeps its locks. The server ends a session idle for that
-///   long (`wait_timeout`, in whole seconds: rounded up, so the server
-///   keeps a paused holder's locks up to a second longer than its guard
-///   believes it holds them, never shorter); dlock keeps its sessions busy
-///   with one ping per third of it.
-/// - `connect_timeout` (default `5s`), `max_waiters` (default `16`),
-///   `holder_sessions` (default `4`): as for every database, see
+/// - `session_timeout` (default `10s`): the server's `wait_timeout`, in
+///   whole seconds: rounded up, so the server may keep a paused holder's
+///   locks up to a second longer than its guard believes, never shorter.
+/// - `connect_timeout`, `max_waiters`, `holder_sessions`: see
 ///   [`SqlSettings`].
 /// - `lock_prefix` (default `dlock`): the namespace of this application's
 ///   lock names, and the fencing object's name stem (`{prefix}_fence`), at
@@ -64,7 +60,7 @@ pub enum FenceSource {
 /// ```
 ///
 /// Its accessors but [`fence`](MySqlConfig::fence) are those of the
-/// [`SqlConfig`] it derefs to.
+/// [`SqlConfig`] it derefs to, and of its [`SqlSettings`].
 #[derive(Clone)]
 pub struct MySqlConfig {
     sql: SqlConfig<MySqlConnectOptions>,

@@ -10,25 +10,13 @@ use sqlx::postgres::PgConnectOptions;
 /// Where and how to connect.
 ///
 /// Usually made by [`PgConfig::from_url`] from a libpq-style URL,
-/// `postgres://user:password@host:port/database`, with these query
-/// parameters of dlock's own (every other parameter, such as `sslmode`,
-/// goes to the driver):
-///
-/// - `session_timeout` (default `10s`; `ms` or `s`): how long a holder
-///   that stopped answering keeps its locks. The server ends a session idle
-///   for that long (`idle_session_timeout`), and with it every lock it
-///   holds; dlock keeps its sessions busy with one ping per third of it.
-/// - `connect_timeout` (default `5s`): how long opening a session may take.
-/// - `max_waiters` (default `16`): how many sessions may wait on the server
-///   at once (one per key that tasks of this process wait for).
-/// - `holder_sessions` (default `4`): how many sessions take uncontended
-///   locks, each key always on the same one; more let more tasks on
-///   different keys lock at once.
-/// - `lock_prefix` (default `dlock`): the namespace of this application's
-///   locks, hashed into every lock's 64-bit identifier (with the schema
-///   the tables live in, `current_schema()`, unless it is `public`), and
-///   the name of the fencing sequence (`{prefix}_fence`). Letters, digits
-///   and `_`, starting with a letter.
+/// `postgres://user:password@host:port/database`, with dlock's query
+/// parameters ([`SqlSettings`]); every other parameter, such as
+/// `sslmode`, goes to the driver. The server ends a session idle for the
+/// `session_timeout` (`idle_session_timeout`). The `lock_prefix` is hashed
+/// into every lock's 64-bit identifier (with the tables' schema,
+/// `current_schema()`, unless it is `public`), and names the fencing
+/// sequence (`{prefix}_fence`).
 ///
 /// # Examples
 ///
@@ -44,7 +32,8 @@ use sqlx::postgres::PgConnectOptions;
 /// # Ok::<(), dlock_core::LockError>(())
 /// ```
 ///
-/// Its accessors are those of the [`SqlConfig`] it derefs to.
+/// Its accessors are those of the [`SqlConfig`] it derefs to, and of its
+/// [`SqlSettings`].
 #[derive(Clone)]
 pub struct PgConfig(SqlConfig<PgConnectOptions>);
 

@@ -28,52 +28,13 @@ mod session;
 
 use session::{answered_within, EndOnDrop, Session};
 
-/// A database lock server, through dialect `D`: see the backend crates
-/// (`dlock-postgres`, `dlock-mysql`) for how each server locks.
-///
-/// - **A few sessions hold every uncontended lock.** Each key belongs to
-///   one of `holder_sessions` holder sessions, by its identifier, so that
-///   tasks on different keys do not wait for one connection. An acquire is
-///   one round trip on the key's holder session: the attempt, and the
-///   fencing token when it is granted. Release is one statement on the
-///   session that holds the lock.
-/// - **Waiting is done by the server, first come, first served.** An
-///   attempt that is refused (or any wait for a key refused in the last
-///   second, which skips the try) takes a waiter session (at most
-///   `max_waiters`, reused) and blocks on the server there, with the wait
-///   limit as the statement's timeout; nothing polls. The waiter session
-///   then holds the lock until its release (a connection per such lock),
-///   and gives its waiter slot back at the grant: `max_waiters` bounds
-///   waits, not holds. A wait that is dropped ends its
-///   session from another one, so a grant that arrives after the caller
-///   left cannot outlive it; an attempt dropped in flight is unlocked after
-///   it, by the statement itself (which runs to its end, see
-///   `Session::run`) and only if the server granted it.
-/// - **Every undo matches its effect.** A session's holds of one key stack
-///   on the server (readers of one process share a session), so an unlock
-///   for a hold the session was never granted would remove another one's.
-///   An attempt's undo is armed from the server's answer, and a release
-///   takes its lock out of the books right before its statement is sent:
-///   a release cut off after that runs to its end, and the next one finds
-///   nothing to send.
-/// - **A dropped future never cuts a statement half-way** on a session
-///   that holds locks: once sent, the statement runs to its end in a task
-///   of its own, and the next one on the session follows it. A connection
-///   left in the middle of an answer would hand the rest of it to another
-///   lock's statement, or be cut by the server, with every lock on it (a
-///   MariaDB run without this lost a bystander's lock in 2 of 4 runs of
-///   `dropped_futures_cost_the_clients_other_locks_nothing`).
-/// - **Within one process**, tasks that lock the same key queue locally
-///   first: a session's locks are reentrant on the server, and two scopes
-///   must never both hold a key through one session.
-/// - **Crashes and pauses.** A killed holder's connection closes and its
-///   locks go at once. A paused one's sessions are ended by the server
-///   after `session_timeout` idle; every session here is kept busy with one
-///   ping per third of it (any statement counts), and each guard's lease
-///   counts from the last statement its session answered, so a guard
-///   reports lost before the server can grant its lock to another client.
-/// - **Fixed leases** are ended by this process; if it dies first, its
-///   connection closes.
+/// A database lock server, through dialect `D`: a few holder sessions
+/// take every uncontended lock (a key always on the same one), a refused
+/// attempt waits on the server on one of at most `max_waiters` waiter
+/// sessions, and every session is kept busy within the server's idle
+/// timeout. The backend crates (`dlock-postgres`, `dlock-mysql`) say how
+/// each server locks; what a dropped future leaves behind is said where
+/// each statement runs (`try_on_holder`, `Session::run`, `unlock`).
 ///
 /// # Examples
 ///
@@ -222,17 +183,6 @@ impl<D: Dialect> SqlBackend<D> {
     pub async fn from_pool(pool: &sqlx::Pool<D::Database>) -> Result<SqlBackend<D>> {
         Self::connect_with(D::pool_config((*pool.connect_options()).clone())).await
     }
-
-    /// The dialect this backend speaks.
-    pub fn dialect(&self) -> &D {
-        &self.inner.dialect
-    }
-
-    /// Whether holders can be recorded and read: the dialect records them,
-    /// and grants carry fencing tokens.
-    fn records_holders(&self) -> bool {
-        self.inner.dialect.records_holders() && self.inner.dialect.fences()
-    }
 }
 
 impl<D: Dialect> Backend for SqlBackend<D> {
@@ -244,12 +194,8 @@ impl<D: Dialect> Backend for SqlBackend<D> {
         Capabilities::new()
             .forced_release(true)
             .fencing(self.inner.dialect.fences())
-            .read_write(self.inner.dialect.supports(Mode::Read))
-            .semaphores(
-                self.inner
-                    .dialect
-                    .supports(Mode::Permits { count: 1, limit: 1 }),
-            )
+            .read_write(true)
+            .semaphores(true)
             .fifo(true)
             .session_leases(true)
     }
@@ -318,7 +264,8 @@ impl<D: Dialect> Backend for SqlBackend<D> {
     /// as that session holds the entry lock, which its release gives back
     /// (after deleting the record) and the session's end takes.
     async fn proclaim(&self, key: &LockKey, token: &Token, value: &[u8]) -> Result<bool> {
-        if !self.records_holders() {
+        // Holders are recorded with their fencing tokens.
+        if !self.inner.dialect.fences() {
             return Err(unsupported_holder(D::NAME));
         }
         let Some(releasing) = lock(&self.inner.owned)
@@ -373,7 +320,7 @@ impl<D: Dialect> Backend for SqlBackend<D> {
     /// Reads the server's lock table, and the holders' table, on the key's
     /// holder session.
     async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {
-        if !self.records_holders() {
+        if !self.inner.dialect.fences() {
             return Err(unsupported_holder(D::NAME));
         }
         let id = self.inner.dialect.lock_id(key, Mode::Exclusive);

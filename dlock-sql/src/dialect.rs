@@ -70,14 +70,9 @@ impl QueueEntry {
 }
 
 /// A server session as [`Dialect::open`] opened it: the server's
-/// identifier of it, and what tells it from another session of the same
-/// identifier, on another server or on the same one after a restart.
-///
-/// Identifiers repeat: MySQL numbers connections from 1 again after a
-/// restart, and two PostgreSQL servers may give one process id to two
-/// sessions. A session ended by identifier through another connection
-/// (which may reach another server behind a virtual IP or after a
-/// failover) is ended only if its incarnation matches too.
+/// identifier of it, and its incarnation, which tells it from a session
+/// of the same identifier on another server or after a restart (see
+/// [`Dialect::end_session`]).
 ///
 /// # Examples
 ///
@@ -100,11 +95,9 @@ pub struct ServerSession {
 }
 
 /// What a dialect answers (through [`session_moved`]) when a statement ran
-/// on a server session other than the one its connection opened: a
-/// pooler in transaction or statement mode, or a proxy that reconnects in
-/// silence, is between the client and the server. The session's locks sit
-/// on a server session the client no longer talks to, or went with it:
-/// the session counts as ended, and every guard on it is lost.
+/// on a server session other than the one its connection opened (a pooler
+/// in transaction mode, a proxy that reconnects): the session counts as
+/// ended, and every guard on it is lost.
 ///
 /// # Examples
 ///
@@ -173,9 +166,7 @@ pub fn is_session_moved(error: &sqlx::Error) -> bool {
 
 /// What a dialect's [`setup`](Dialect::setup) answers (through
 /// [`unsafe_deployment`]) for a server that cannot hold its locks safely:
-/// connect then fails with
-/// [`LockError::UnsafeDeployment`](dlock_core::LockError::UnsafeDeployment),
-/// and this reason.
+/// connect fails with [`LockError::UnsafeDeployment`] and this reason.
 ///
 /// # Examples
 ///
@@ -211,9 +202,8 @@ pub fn deployment_refused(error: &sqlx::Error) -> Option<&str> {
 }
 
 /// What a dialect answers (through [`busy`]) when a statement could not
-/// do its work for now, and left the session as it was: the caller may
-/// try again, within its wait limit. An answer, not a failure of the
-/// session.
+/// do its work for now and left the session as it was: try again, within
+/// the wait limit.
 ///
 /// # Examples
 ///
@@ -245,21 +235,15 @@ pub fn is_busy(error: &sqlx::Error) -> bool {
 
 /// The statements of one database server's session-level named locks.
 ///
-/// A [`SqlBackend`](crate::SqlBackend) holds locks on a few holder
-/// sessions and waits on bounded waiter sessions; it decides which session
-/// runs what, and keeps them alive. A dialect only runs one statement on
-/// the connection it is given. Every method's future may be dropped at any
-/// point: the backend then undoes what the statement may have done (an
-/// unlock, or ending the session).
-///
-/// The server's locks must be held by a session until it unlocks them or
-/// ends, and a session that is idle for the session timeout must be ended
-/// by the server.
-///
-/// A connection must stay on the server session [`open`](Dialect::open)
-/// identified. Every statement that takes or gives back a lock, and the
-/// ping, checks in the same round trip that it runs on that session, takes
-/// nothing when it does not, and answers [`session_moved`] then.
+/// A [`SqlBackend`](crate::SqlBackend) decides which session runs what,
+/// and keeps them alive; a dialect runs one statement on the connection it
+/// is given. Any method's future may be dropped at any point (the backend
+/// undoes what it may have done). The server must hold a session's locks
+/// until it unlocks them or ends, and end a session idle for the session
+/// timeout. Every statement that takes or gives back a lock, and the ping,
+/// checks in the same round trip that it runs on the server session
+/// [`open`](Dialect::open) identified, and takes nothing and answers
+/// [`session_moved`] when it does not.
 ///
 /// # Examples
 ///
@@ -306,12 +290,6 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// is ignored otherwise).
     fn fences(&self) -> bool {
         true
-    }
-
-    /// Whether the server offers `mode` (plain locks always; the default
-    /// offers nothing else).
-    fn supports(&self, mode: Mode) -> bool {
-        mode == Mode::Exclusive
     }
 
     /// The server's identifier of `key` in `mode`, under the lock prefix:
@@ -394,20 +372,15 @@ pub trait Dialect: Send + Sync + Sized + 'static {
 
     /// Whether `mode` is kept in the dialect's queue table, for a mode the
     /// server has no lock for (a semaphore, or a read-write lock on a
-    /// server with exclusive locks only). The default keeps none there.
+    /// server with exclusive locks only).
     ///
-    /// A queued acquisition takes its *entry lock* (a session lock of its
-    /// own, named for its token) on the key's holder session and adds an
-    /// entry to the table; the entry is live while that session holds the
-    /// entry lock, so a crashed or timed-out owner's entry is dead at once.
-    /// It holds when admitted first come, first served behind the live
-    /// entries ahead of it ([`admitted`](dlock_core::backend::admitted)),
-    /// and waits by blocking on the entry lock of the entry whose leaving
-    /// may admit it ([`watch`](Dialect::watch)).
-    fn queues(&self, mode: Mode) -> bool {
-        let _ = mode;
-        false
-    }
+    /// A queued acquisition takes its *entry lock* (a session lock named
+    /// for its token) on the key's holder session and adds an entry, live
+    /// while that session holds the entry lock. It holds once
+    /// [`admitted`](dlock_core::backend::admitted) behind the live entries
+    /// ahead, and waits by blocking on the entry lock of the entry whose
+    /// leaving may admit it ([`watch`](Dialect::watch)).
+    fn queues(&self, mode: Mode) -> bool;
 
     /// Whether [`enqueue`](Dialect::enqueue) reads the entries ahead
     /// without their liveness, every one as live: cheaper where liveness
@@ -431,10 +404,7 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         id: &Self::Id,
         mode: Mode,
         token: &Token,
-    ) -> impl Future<Output = Result<(i64, Vec<QueueEntry>), sqlx::Error>> + Send {
-        let _ = (conn, id, mode, token);
-        std::future::ready(Err(no_queue()))
-    }
+    ) -> impl Future<Output = Result<(i64, Vec<QueueEntry>), sqlx::Error>> + Send;
 
     /// The entries of `id` numbered below `number`, oldest first, with
     /// whether each is live; and whether entry `number` itself is still in
@@ -449,10 +419,7 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         conn: &mut Self::Conn,
         id: &Self::Id,
         number: i64,
-    ) -> impl Future<Output = Result<(Vec<QueueEntry>, bool), sqlx::Error>> + Send {
-        let _ = (conn, id, number);
-        std::future::ready(Err(no_queue()))
-    }
+    ) -> impl Future<Output = Result<(Vec<QueueEntry>, bool), sqlx::Error>> + Send;
 
     /// Deletes `token`'s entry and releases its entry lock on this
     /// session (after the delete where the server orders them, so a
@@ -462,10 +429,7 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         &self,
         conn: &mut Self::Conn,
         token: &Token,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send {
-        let _ = (conn, token);
-        std::future::ready(Err(no_queue()))
-    }
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
     /// Deletes the dead entries numbered `numbers` (their owners' sessions
     /// ended).
@@ -473,10 +437,7 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         &self,
         conn: &mut Self::Conn,
         numbers: &[i64],
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
-        let _ = (conn, numbers);
-        std::future::ready(Err(no_queue()))
-    }
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// Blocks until the entry lock `owner` (a [`QueueEntry::owner`]) is
     /// free or `limit` passes (`None`: no limit), and leaves it free:
@@ -486,17 +447,7 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         conn: &mut Self::Conn,
         owner: &str,
         limit: Option<Duration>,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send {
-        let _ = (conn, owner, limit);
-        std::future::ready(Err(no_queue()))
-    }
-
-    /// Whether the dialect records who holds a plain lock and what it
-    /// proclaimed ([`proclaim`](Dialect::proclaim),
-    /// [`holder`](Dialect::holder)). The default records nothing.
-    fn records_holders(&self) -> bool {
-        false
-    }
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
 
     /// On the session that holds plain lock `id` for `token`: records the
     /// hold, its `fence` and `value`, in the holders' table, live while
@@ -510,10 +461,7 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         token: &Token,
         fence: i64,
         value: &[u8],
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
-        let _ = (conn, id, token, fence, value);
-        std::future::ready(Err(no_holders()))
-    }
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// On the same session, before the plain lock is released: deletes
     /// the hold's record and releases its entry lock. Harmless when the
@@ -523,10 +471,7 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         conn: &mut Self::Conn,
         id: &Self::Id,
         token: &Token,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
-        let _ = (conn, id, token);
-        std::future::ready(Err(no_holders()))
-    }
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// Whether plain lock `id` is held, on any session: if so, the fence
     /// and value its holder recorded, if the record is the holder's own
@@ -536,11 +481,7 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         &self,
         conn: &mut Self::Conn,
         id: &Self::Id,
-    ) -> impl Future<Output = Result<Option<(Option<i64>, Option<Vec<u8>>)>, sqlx::Error>> + Send
-    {
-        let _ = (conn, id);
-        std::future::ready(Err(no_holders()))
-    }
+    ) -> impl Future<Output = Result<Option<(Option<i64>, Option<Vec<u8>>)>, sqlx::Error>> + Send;
 
     /// Ends the server session that holds plain lock `id`, unless it is
     /// `conn`'s own: the server then frees the lock, and every other lock
@@ -554,10 +495,7 @@ pub trait Dialect: Send + Sync + Sized + 'static {
     /// The right [`end_holder`](Dialect::end_holder) lacked, if `error`
     /// is the server refusing it for want of one: named in
     /// [`LockError::PermissionDenied`](dlock_core::LockError::PermissionDenied).
-    fn missing_right(&self, error: &sqlx::Error) -> Option<&'static str> {
-        let _ = error;
-        None
-    }
+    fn missing_right(&self, error: &sqlx::Error) -> Option<&'static str>;
 
     /// Whether `error` means the session is gone, with every lock it held:
     /// the connection failed, or the server ended the session.
@@ -567,11 +505,3 @@ pub trait Dialect: Send + Sync + Sized + 'static {
 /// The driver's connect options of dialect `D`'s database.
 pub type ConnectOptions<D> =
     <<<D as Dialect>::Database as sqlx::Database>::Connection as sqlx::Connection>::Options;
-
-fn no_holders() -> sqlx::Error {
-    sqlx::Error::Configuration("this dialect records no holders".into())
-}
-
-fn no_queue() -> sqlx::Error {
-    sqlx::Error::Configuration("this dialect keeps no queue table".into())
-}

@@ -155,21 +155,12 @@ impl SqlSettings {
 }
 
 /// What every database backend's config holds: the driver's connect
-/// options `O`, and dlock's [`SqlSettings`]. `PgConfig` and `MySqlConfig`
-/// embed one and deref to it, so these accessors are theirs.
+/// options `O`, and dlock's [`SqlSettings`], whose accessors are its own
+/// through `Deref`. `PgConfig` and `MySqlConfig` embed one and deref to it.
 #[derive(Clone)]
 pub struct SqlConfig<O> {
     options: O,
     settings: SqlSettings,
-}
-
-/// Shows dlock's settings only: the driver's options print the password.
-impl<O> std::fmt::Debug for SqlConfig<O> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqlConfig")
-            .field("settings", &self.settings)
-            .finish_non_exhaustive()
-    }
 }
 
 impl<O> SqlConfig<O> {
@@ -187,26 +178,28 @@ impl<O> SqlConfig<O> {
     pub fn settings(&self) -> &SqlSettings {
         &self.settings
     }
+}
 
-    /// How long a holder that stopped answering keeps its locks.
-    pub fn session_timeout(&self) -> Duration {
-        self.settings.session_timeout()
+/// Shows dlock's settings only: the driver's options print the password.
+impl<O> std::fmt::Debug for SqlConfig<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlConfig")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
     }
+}
 
-    /// How many sessions may wait on the server at once.
-    pub fn max_waiters(&self) -> usize {
-        self.settings.max_waiters()
+impl<O> std::ops::Deref for SqlConfig<O> {
+    type Target = SqlSettings;
+
+    fn deref(&self) -> &SqlSettings {
+        &self.settings
     }
+}
 
-    /// The namespace of this application's locks.
-    pub fn lock_prefix(&self) -> &str {
-        self.settings.lock_prefix()
-    }
-
-    /// Sets how long a holder that stopped answering keeps its locks (at
-    /// least 100 ms).
-    pub fn set_session_timeout(&mut self, timeout: Duration) {
-        self.settings.set_session_timeout(timeout);
+impl<O> std::ops::DerefMut for SqlConfig<O> {
+    fn deref_mut(&mut self) -> &mut SqlSettings {
+        &mut self.settings
     }
 }
 

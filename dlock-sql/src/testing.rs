@@ -7,21 +7,33 @@ use dlock_core::{backend::Mode, LockError, LockKey, Token};
 
 use crate::{Dialect, ServerSession};
 
+/// The dialect of `url`, and a session of it with the dialect's setup done.
+///
+/// # Panics
+///
+/// If the URL is refused, or the session or the setup fails.
+pub async fn set_up<D: Dialect>(url: &str) -> (D, D::Conn) {
+    let dialect = D::new(D::parse_url(url).expect("the URL"));
+    let (mut session, _) = dialect.open().await.expect("open a session");
+    dialect.setup(&mut session).await.expect("set up");
+    (dialect, session)
+}
+
 /// A dropped wait's session is ended by identifier from another
 /// connection, which may reach another server (a failover, a virtual IP)
 /// where that identifier is another client's session. Aimed at server A's
 /// session, an end sent to server B, where a session holding a lock has
 /// the same identifier, ends nothing there; nor does one aimed at an
 /// earlier session of the identifier on B (a restart). Aimed right, it
-/// ends the session. `a` and `b` are the dialect on two servers.
+/// ends the session. `a` and `b` are the URLs of two servers.
 ///
 /// # Panics
 ///
 /// If the dialect fails the check.
-pub async fn ending_a_session_by_id_ends_nothing_on_another_server<D: Dialect>(a: D, b: D) {
+pub async fn ending_a_session_by_id_ends_nothing_on_another_server<D: Dialect>(a: &str, b: &str) {
+    let a = D::new(D::parse_url(a).expect("A's URL"));
     let (mut killer_a, _) = a.open().await.expect("A's session");
-    let (mut killer_b, _) = b.open().await.expect("B's session");
-    b.setup(&mut killer_b).await.expect("set up B");
+    let (b, mut killer_b) = set_up::<D>(b).await;
     let (mut aimed_conn, aimed) = a.open().await.expect("A's waiter session");
     let (mut victim, on_b) = b.open().await.expect("B's session");
     let id = b.lock_id(&LockKey::new("victim").unwrap(), Mode::Exclusive);
@@ -84,8 +96,7 @@ pub async fn statements_off_their_session_answer_moved<D: Dialect>(
         assert!(crate::is_session_moved(&e), "{what}: {e}");
     };
     moved("ping", dialect.ping(session).await.unwrap_err());
-    let modes = [Mode::Exclusive, Mode::Read, Mode::Write];
-    for mode in modes.into_iter().filter(|m| dialect.supports(*m)) {
+    for mode in [Mode::Exclusive, Mode::Read, Mode::Write] {
         let id = dialect.lock_id(&key, mode);
         if dialect.queues(mode) {
             let e = dialect.enqueue(session, &id, mode, &token).await;

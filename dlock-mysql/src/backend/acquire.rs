@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use dlock_sql::{sqlx, Dialect};
 use sqlx::Executor;
 
-use super::{MySqlDialect, MySqlSession, FENCE_ROWS};
+use super::{error_number, MySqlDialect, MySqlSession, FENCE_ROWS};
 use crate::config::FenceSource;
 
 /// The stored function `{prefix}_take_v1(session, name, timeout, shard)`:
@@ -33,16 +33,6 @@ const TAKE_BODY: &str = "(s BIGINT, n VARCHAR(64) CHARACTER SET ascii, t DOUBLE,
      UPDATE {table} SET v = LAST_INSERT_ID(v + 1) WHERE shard = sh; \
      IF ROW_COUNT() <> 1 THEN RETURN -1; END IF; \
      RETURN LAST_INSERT_ID(); END";
-
-/// The server's error number of `e`, if it is the server's.
-fn error_number(e: &sqlx::Error) -> Option<u16> {
-    match e {
-        sqlx::Error::Database(e) => e
-            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-            .map(|e| e.number()),
-        _ => None,
-    }
-}
 
 /// Errors of a call to `{prefix}_take_v1` that ran none of it: the function
 /// is gone (1305), may not be run by this login (1370), has other

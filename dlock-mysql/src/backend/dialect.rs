@@ -8,13 +8,13 @@ use std::{sync::atomic::Ordering, time::Duration};
 use dlock_core::{backend::Mode, LockError, LockKey, Token};
 use dlock_sql::{sqlx, Dialect, Granted, QueueEntry, ServerSession, SqlSettings};
 use sqlx::{
-    mysql::{MySqlConnectOptions, MySqlConnection, MySqlDatabaseError},
+    mysql::{MySqlConnectOptions, MySqlConnection},
     Connection, Executor, Row,
 };
 
 use super::{
-    acquire::take_did_not_run, lock_name_in, on_own_session, version::holds_several_locks,
-    MySqlDialect, MySqlSession, FOREVER_SECS, QUEUE_ROW,
+    acquire::take_did_not_run, error_number, lock_name_in, lock_timeout, on_own_session,
+    version::holds_several_locks, MySqlDialect, MySqlSession, QUEUE_ROW,
 };
 use crate::config::{lock_name, object_name, FenceSource, MySqlConfig};
 
@@ -71,10 +71,6 @@ impl Dialect for MySqlDialect {
             Mode::Permits { .. } => object_name(prefix, "%sem:", key),
             _ => object_name(prefix, "%rw:", key),
         }
-    }
-
-    fn supports(&self, _mode: Mode) -> bool {
-        true
     }
 
     /// Read-write locks and semaphores: `GET_LOCK` is exclusive only.
@@ -210,10 +206,7 @@ impl Dialect for MySqlDialect {
         owner: &str,
         limit: Option<Duration>,
     ) -> Result<bool, sqlx::Error> {
-        let timeout = match limit {
-            Some(limit) => format!("{:.6}", limit.as_secs_f64()),
-            None => FOREVER_SECS.to_string(),
-        };
+        let timeout = lock_timeout(limit);
         let (got, session): (Option<i64>, i64) =
             sqlx::query_as(&on_own_session(&format!("GET_LOCK(?, {timeout})")))
                 .bind(conn.id)
@@ -357,11 +350,7 @@ impl Dialect for MySqlDialect {
         _mode: Mode,
         limit: Option<Duration>,
     ) -> Result<Option<Granted>, sqlx::Error> {
-        let timeout = match limit {
-            Some(limit) => format!("{:.6}", limit.as_secs_f64()),
-            None => FOREVER_SECS.to_string(),
-        };
-        let request = self.get_lock(conn.id, id, &timeout, true);
+        let request = self.get_lock(conn.id, id, &lock_timeout(limit), true);
         let rows = conn.conn.fetch_all(request.as_str()).await?;
         let row = rows.last().ok_or(sqlx::Error::RowNotFound)?;
         conn.check(row.try_get(3)?)?;
@@ -426,12 +415,7 @@ impl Dialect for MySqlDialect {
         {
             Ok(_) => Ok(()),
             // ER_NO_SUCH_THREAD: it ended already.
-            Err(sqlx::Error::Database(e))
-                if e.try_downcast_ref::<MySqlDatabaseError>()
-                    .is_some_and(|e| e.number() == 1094) =>
-            {
-                Ok(())
-            }
+            Err(e) if error_number(&e) == Some(1094) => Ok(()),
             Err(e) => Err(e),
         }
     }
@@ -441,10 +425,6 @@ impl Dialect for MySqlDialect {
             .fetch_one(&mut conn.conn)
             .await?;
         conn.check(session)
-    }
-
-    fn records_holders(&self) -> bool {
-        true
     }
 
     async fn proclaim(
@@ -541,12 +521,7 @@ impl Dialect for MySqlDialect {
         match sqlx::Executor::execute(&mut session.conn, end.as_str()).await {
             Ok(_) => Ok(true),
             // ER_NO_SUCH_THREAD: no holder, or it ended meanwhile.
-            Err(sqlx::Error::Database(e))
-                if e.try_downcast_ref::<MySqlDatabaseError>()
-                    .is_some_and(|e| e.number() == 1094) =>
-            {
-                Ok(false)
-            }
+            Err(e) if error_number(&e) == Some(1094) => Ok(false),
             Err(e) => Err(e),
         }
     }
@@ -581,10 +556,7 @@ impl Dialect for MySqlDialect {
     /// `ER_KILL_DENIED_ERROR` (1095) from `KILL CONNECTION`, or
     /// `ER_SPECIFIC_ACCESS_DENIED_ERROR` (1227).
     fn missing_right(&self, e: &sqlx::Error) -> Option<&'static str> {
-        let denied = matches!(e, sqlx::Error::Database(e)
-            if e.try_downcast_ref::<MySqlDatabaseError>()
-                .is_some_and(|e| matches!(e.number(), 1095 | 1227)));
-        denied.then_some(
+        matches!(error_number(e), Some(1095 | 1227)).then_some(
             "the holder's user, or `CONNECTION ADMIN` (MariaDB) / `CONNECTION_ADMIN` \
              (MySQL) or `SUPER`",
         )
@@ -596,11 +568,10 @@ impl Dialect for MySqlDialect {
     fn ends_the_session(&self, e: &sqlx::Error) -> bool {
         match e {
             sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => true,
-            sqlx::Error::Database(e) => {
-                e.code()
+            sqlx::Error::Database(d) => {
+                d.code()
                     .is_some_and(|code| code.starts_with("08") || code == "70100")
-                    || e.try_downcast_ref::<MySqlDatabaseError>()
-                        .is_some_and(|e| matches!(e.number(), 1053 | 1927 | 4031))
+                    || matches!(error_number(e), Some(1053 | 1927 | 4031))
             }
             _ => false,
         }

@@ -15,9 +15,7 @@ use dlock_testkit::fixture::MariaDbServer;
 #[tokio::test]
 async fn statements_off_their_session_take_nothing() {
     let server = MariaDbServer::start().expect("start MariaDB");
-    let dialect = MySqlDialect::new(MySqlConfig::from_url(&server.url()).unwrap());
-    let (mut session, _) = dialect.open().await.expect("open a session");
-    dialect.setup(&mut session).await.expect("set up");
+    let (dialect, mut session) = dlock_sql::testing::set_up::<MySqlDialect>(&server.url()).await;
     let plain = dialect.lock_id(&LockKey::new("moved").unwrap(), Mode::Exclusive);
     session.id += 1;
     dlock_sql::testing::statements_off_their_session_answer_moved(&dialect, &mut session).await;
@@ -58,11 +56,9 @@ async fn ending_a_session_by_id_ends_nothing_on_another_server() {
         MariaDbServer::start().expect("start MariaDB A"),
         MariaDbServer::start().expect("start MariaDB B"),
     );
-    let dialect =
-        |server: &MariaDbServer| MySqlDialect::new(MySqlConfig::from_url(&server.url()).unwrap());
-    dlock_sql::testing::ending_a_session_by_id_ends_nothing_on_another_server(
-        dialect(&a),
-        dialect(&b),
+    dlock_sql::testing::ending_a_session_by_id_ends_nothing_on_another_server::<MySqlDialect>(
+        &a.url(),
+        &b.url(),
     )
     .await;
 }
@@ -77,9 +73,8 @@ async fn ending_a_session_by_id_ends_nothing_on_another_server() {
 #[tokio::test]
 async fn ending_a_keys_holder_is_one_request() {
     let server = MariaDbServer::start().expect("start MariaDB");
-    let dialect = MySqlDialect::new(MySqlConfig::from_url(&server.admin_url()).unwrap());
-    let (mut operator, _) = dialect.open().await.expect("the operator's session");
-    dialect.setup(&mut operator).await.expect("set up");
+    let (dialect, mut operator) =
+        dlock_sql::testing::set_up::<MySqlDialect>(&server.admin_url()).await;
     let (mut holder, held) = dialect.open().await.expect("the holder's session");
     let id = dialect.lock_id(&LockKey::new("stuck 'key'").unwrap(), Mode::Exclusive);
     let taken = dialect.try_lock(&mut holder, &id, Mode::Exclusive).await;

@@ -19,15 +19,8 @@ fn sql_error(e: sqlx::Error) -> LockError {
 }
 
 /// A lock held by the caller's own transaction
-/// ([`PgDialect::lock_in`]): `pg_advisory_xact_lock`, freed by the
-/// transaction's commit or rollback, and by nothing else.
-///
-/// Taken only at the transaction's top level: PostgreSQL frees a lock
-/// taken inside a savepoint at `ROLLBACK TO SAVEPOINT`, so `lock_in`
-/// refuses a nested transaction (see [`PgDialect::lock_in`]).
-///
-/// It is a receipt, not a guard: it borrows nothing, and dropping it
-/// changes nothing on the server.
+/// ([`PgDialect::lock_in`]), freed by its commit or rollback and by
+/// nothing else: a receipt, not a guard, whose drop changes nothing.
 ///
 /// # Examples
 ///
@@ -90,14 +83,10 @@ impl TxLock {
 }
 
 /// A connection [`PgDialect::lock_on`] can own: a [`PgConnection`], or a
-/// [`PoolConnection`] of the application's pool.
-///
-/// Owning it is what makes a session lock on it safe to drop: a
-/// [`ConnLock`] dropped without [`release`](ConnLock::release), or a
-/// `lock_on` dropped while it waits, closes the connection (a pooled one
-/// is taken out of its pool first), which frees every lock of its
-/// session. A borrowed connection would go back to its pool still
-/// holding the lock, or still waiting for it.
+/// [`PoolConnection`] of the application's pool. Owned, it can be closed
+/// (out of its pool) when its [`ConnLock`], or a waiting `lock_on`, is
+/// dropped, which frees its session's locks; a borrowed one would go
+/// back to its pool still holding the lock, or waiting for it.
 pub trait CallerConnection: Send + private::Sealed {
     /// The connection statements run on.
     fn connection(&mut self) -> &mut PgConnection;
@@ -147,12 +136,9 @@ impl CallerConnection for PoolConnection<Postgres> {
 
 /// A session-level advisory lock on a connection of the caller's
 /// ([`PgDialect::lock_on`]), which it owns until
-/// [`release`](ConnLock::release) hands it back. Statements run on it
-/// through `Deref`: `query.execute(&mut *lock)`.
-///
-/// Dropped without `release`, it closes the connection (a pooled one is
-/// taken out of its pool): that frees the lock with no statement to
-/// await. A commit or rollback on the connection does not free it.
+/// [`release`](ConnLock::release) hands it back; statements run on it
+/// through `Deref` (`query.execute(&mut *lock)`). Dropped without
+/// `release`, it closes the connection, which frees the lock.
 #[must_use = "dropping the lock closes its connection; `release` gives the connection back"]
 pub struct ConnLock<C: CallerConnection> {
     /// `None` once released.
@@ -301,9 +287,8 @@ impl PgDialect {
     /// as `$2`).
     fn caller_lock(&self, key: &str) -> Result<(LockKey, i64, &str)> {
         let key = LockKey::new(key)?;
-        let dialect = self;
-        let id = dialect.lock_id(&key, Mode::Exclusive);
-        let fence = dialect.caller_fence.get().ok_or_else(|| {
+        let id = self.lock_id(&key, Mode::Exclusive);
+        let fence = self.caller_fence.get().ok_or_else(|| {
             LockError::backend(
                 "postgres",
                 std::io::Error::other("the fencing sequence's schema was not read at connect"),
@@ -317,35 +302,22 @@ impl PgDialect {
     /// next fencing token. The transaction's commit or rollback frees it;
     /// the lock and the transaction's writes become visible together.
     ///
-    /// It excludes the backend's own locks of `key` (the same identifier,
-    /// the same fencing sequence) and every other transaction's or
-    /// connection's. Waiters are served first come, first served, by the
-    /// server. Locking a key twice in one transaction is granted at once
-    /// (the server's locks are reentrant per session). A transaction
-    /// lock works through a pooler in transaction mode, as it ends with
-    /// the transaction.
+    /// It excludes the backend's own locks of `key` (the same identifier
+    /// and fencing sequence) and every other session's, first come, first
+    /// served; locking a key twice in one transaction is granted at once.
+    /// It works through a pooler in transaction mode.
     ///
-    /// Only at the transaction's top level. PostgreSQL frees a lock taken
-    /// inside a savepoint when the savepoint is rolled back, while the
-    /// transaction and its [`TxLock`] live on, so a nested transaction
-    /// (`tx.begin()`, a savepoint) is refused with
-    /// [`LockError::Unsupported`]: lock in the outer transaction, before
-    /// the savepoint. A savepoint made by your own SQL (`SAVEPOINT s`)
-    /// cannot be seen by the driver or asked of the server: do not lock
-    /// inside one. A connection lock ([`lock_on`](PgDialect::lock_on)) is
-    /// freed by no rollback.
+    /// Only at the transaction's top level: PostgreSQL frees a lock taken
+    /// inside a savepoint when the savepoint is rolled back, so a nested
+    /// transaction (`tx.begin()`) is refused with
+    /// [`LockError::Unsupported`]. A savepoint made by your own SQL cannot
+    /// be seen: do not lock inside one.
     ///
     /// A wait has no limit of its own: set `lock_timeout` in the
-    /// transaction (`SET LOCAL lock_timeout = '5s'`), which ends it with
-    /// an error that aborts the transaction, or use
-    /// [`try_lock_in`](PgDialect::try_lock_in). Dropping this future while
-    /// it waits does not end the wait: the statement keeps running on the
-    /// transaction's connection, and the transaction's next statement,
-    /// commit or rollback (or the pool's check when it gets the connection
-    /// back) waits until the server grants the lock, or until
-    /// `lock_timeout`. The lock is then the transaction's, and its end
-    /// frees it. So bound a wait with `lock_timeout`, not by dropping the
-    /// future.
+    /// transaction (`SET LOCAL lock_timeout = '5s'`), or use
+    /// [`try_lock_in`](PgDialect::try_lock_in). Dropping this future does
+    /// not end the wait: the transaction's next statement waits for the
+    /// grant (or `lock_timeout`), and the lock is then the transaction's.
     ///
     /// # Errors
     ///
@@ -455,13 +427,9 @@ impl PgDialect {
     /// connection back.
     ///
     /// It excludes the backend's own locks of `key` and every other
-    /// session's, served first come, first served. The lock takes the
-    /// connection: dropped without `release`, or dropped while this future
-    /// waits, it closes the connection, which frees the lock (the server
-    /// may grant it to the closed session first, which gives it back as
-    /// soon as it finds the socket closed). Not through a pooler in
-    /// transaction mode: the session that locked may not be the one that
-    /// unlocks.
+    /// session's, first come, first served. Dropped unreleased, or dropped
+    /// while this future waits, it closes the connection, which frees the
+    /// lock. Not through a pooler in transaction mode.
     ///
     /// # Errors
     ///

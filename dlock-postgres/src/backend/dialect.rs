@@ -12,25 +12,10 @@ use sqlx::{
 };
 
 use super::{
-    ahead, ahead_all_live, on_own_session, one_key_lock, own, split, token_lock, wait_statement,
-    PgDialect, PgSession, LOCK_NOT_AVAILABLE, READ_WRITE_SALT, SEMAPHORE_SALT,
+    ahead, lock_query, on_own_session, one_key_lock, own, split, token_lock, wait_statement,
+    PgDialect, PgSession, LOCK_NOT_AVAILABLE, READ_WRITE_SALT, SEMAPHORE_SALT, THIS_DATABASE,
 };
 use crate::config::{lock_id, PgConfig};
-
-/// Releases a hold, on the session's own server process only (`$2`):
-/// whether it was held, and the process id.
-const UNLOCK: &str = "SELECT CASE WHEN pg_backend_pid() = $2 THEN pg_advisory_unlock($1) END, \
-     pg_backend_pid()";
-
-/// The same for a writer (two-key space; `$3` the process id).
-const UNLOCK_TWO_KEY: &str =
-    "SELECT CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock($1, $2) END, \
-     pg_backend_pid()";
-
-/// The same for a reader.
-const UNLOCK_SHARED: &str =
-    "SELECT CASE WHEN pg_backend_pid() = $3 THEN pg_advisory_unlock_shared($1, $2) END, \
-     pg_backend_pid()";
 
 /// The incarnation of the session of process `pid` (an SQL expression),
 /// as text: the server's system identifier (set by `initdb`, shared by
@@ -75,37 +60,40 @@ impl Dialect for PgDialect {
         let sequence = format!("{}_fence", config.lock_prefix());
         let queue = format!("{}_queue", config.lock_prefix());
         let holders = format!("{}_holder", config.lock_prefix());
+        let try_lock = |lock: &str, pid: &str| {
+            on_own_session(
+                pid,
+                &format!("CASE WHEN {lock} THEN nextval('{sequence}') END"),
+            )
+        };
         PgDialect {
-            try_lock: on_own_session(
-                "$2",
-                &format!("CASE WHEN pg_try_advisory_lock($1) THEN nextval('{sequence}') END"),
-            ),
-            try_read: on_own_session(
-                "$3",
-                &format!(
-                    "CASE WHEN pg_try_advisory_lock_shared($1, $2) THEN nextval('{sequence}') END"
-                ),
-            ),
+            try_lock: [
+                try_lock("pg_try_advisory_lock($1)", "$2"),
+                try_lock("pg_try_advisory_lock_shared($1, $2)", "$3"),
+                try_lock("pg_try_advisory_lock($1, $2)", "$3"),
+            ],
+            wait: [
+                wait_statement("pg_advisory_lock($1)", "$2", "$3", &sequence),
+                wait_statement("pg_advisory_lock_shared($1, $2)", "$3", "$4", &sequence),
+                wait_statement("pg_advisory_lock($1, $2)", "$3", "$4", &sequence),
+            ],
+            unlock: [
+                on_own_session("$2", "pg_advisory_unlock($1)"),
+                on_own_session("$3", "pg_advisory_unlock_shared($1, $2)"),
+                on_own_session("$3", "pg_advisory_unlock($1, $2)"),
+            ],
             try_read_behind_writers: on_own_session(
                 "$3",
                 &format!(
                     "CASE WHEN EXISTS (SELECT 1 FROM pg_locks w \
                      WHERE w.locktype = 'advisory' AND NOT w.granted \
                      AND w.mode = 'ExclusiveLock' AND w.objsubid = 2 \
-                     AND w.database = (SELECT oid FROM pg_database \
-                     WHERE datname = current_database()) \
+                     AND w.database = {THIS_DATABASE} \
                      AND w.classid::bigint = ($1::bigint & 4294967295) \
                      AND w.objid::bigint = ($2::bigint & 4294967295)) THEN NULL \
                      WHEN pg_try_advisory_lock_shared($1, $2) THEN nextval('{sequence}') END"
                 ),
             ),
-            try_write: on_own_session(
-                "$3",
-                &format!("CASE WHEN pg_try_advisory_lock($1, $2) THEN nextval('{sequence}') END"),
-            ),
-            wait_lock: wait_statement("pg_advisory_lock($1)", "$2", "$3", &sequence),
-            wait_read: wait_statement("pg_advisory_lock_shared($1, $2)", "$3", "$4", &sequence),
-            wait_write: wait_statement("pg_advisory_lock($1, $2)", "$3", "$4", &sequence),
             create: format!(
                 "CREATE SEQUENCE IF NOT EXISTS {sequence}; \
                  CREATE TABLE IF NOT EXISTS {queue} (\
@@ -144,8 +132,7 @@ impl Dialect for PgDialect {
             ),
             end_holder: format!(
                 "SELECT count(*) FILTER (WHERE pg_terminate_backend(l.pid)) FROM pg_locks l \
-                 WHERE {held} AND l.pid <> pg_backend_pid() AND l.database = \
-                 (SELECT oid FROM pg_database WHERE datname = current_database())",
+                 WHERE {held} AND l.pid <> pg_backend_pid() AND l.database = {THIS_DATABASE}",
                 held = one_key_lock("l", "$1"),
             ),
             holder: format!(
@@ -153,12 +140,11 @@ impl Dialect for PgDialect {
                  LEFT JOIN {holders} h ON h.lock_id = $1 AND EXISTS (\
                  SELECT 1 FROM pg_locks e WHERE {entry} \
                  AND e.database = l.database AND e.pid = l.pid) \
-                 WHERE {held} AND l.database = \
-                 (SELECT oid FROM pg_database WHERE datname = current_database())",
+                 WHERE {held} AND l.database = {THIS_DATABASE}",
                 entry = one_key_lock("e", "h.owner"),
                 held = one_key_lock("l", "$1"),
             ),
-            ahead: ahead(&queue, "$1", "$2"),
+            ahead: ahead(&queue, "$1", "$2", false),
             dequeue: format!(
                 "WITH d AS (DELETE FROM {queue} WHERE owner = $1 RETURNING n) \
                  SELECT EXISTS (SELECT 1 FROM d), \
@@ -168,8 +154,7 @@ impl Dialect for PgDialect {
             remove: format!("DELETE FROM {queue} WHERE n = ANY($1)"),
             reap: format!(
                 "DELETE FROM {queue} q WHERE NOT EXISTS (SELECT 1 FROM pg_locks l \
-                 WHERE {held} AND l.pid = q.pid AND l.database = \
-                 (SELECT oid FROM pg_database WHERE datname = current_database()))",
+                 WHERE {held} AND l.pid = q.pid AND l.database = {THIS_DATABASE})",
                 held = one_key_lock("l", "q.owner"),
             ),
             queue,
@@ -181,10 +166,6 @@ impl Dialect for PgDialect {
 
     fn settings(&self) -> &SqlSettings {
         self.config.settings()
-    }
-
-    fn supports(&self, _mode: Mode) -> bool {
-        true
     }
 
     /// A plain lock's 64-bit identifier; a read-write lock's is the same
@@ -276,16 +257,10 @@ impl Dialect for PgDialect {
         id: &i64,
         mode: Mode,
     ) -> Result<Option<i64>, sqlx::Error> {
-        let (hi, lo) = split(*id);
-        let pid = session.id;
-        let answer = match mode {
-            Mode::Read => sqlx::query_as(self.try_read.as_str()).bind(hi).bind(lo),
-            Mode::Write => sqlx::query_as(self.try_write.as_str()).bind(hi).bind(lo),
-            _ => sqlx::query_as(self.try_lock.as_str()).bind(*id),
-        }
-        .bind(pid)
-        .fetch_one(&mut session.conn)
-        .await?;
+        let answer = lock_query(&self.try_lock, *id, mode)
+            .bind(session.id)
+            .fetch_one(&mut session.conn)
+            .await?;
         own(session, answer)
     }
 
@@ -315,17 +290,11 @@ impl Dialect for PgDialect {
         limit: Option<Duration>,
     ) -> Result<Option<Granted>, sqlx::Error> {
         let lock_timeout = limit.map_or(0, |l| l.as_millis().max(1)).to_string();
-        let (hi, lo) = split(*id);
-        let pid = session.id;
-        let answer = match mode {
-            Mode::Read => sqlx::query_as(self.wait_read.as_str()).bind(hi).bind(lo),
-            Mode::Write => sqlx::query_as(self.wait_write.as_str()).bind(hi).bind(lo),
-            _ => sqlx::query_as(self.wait_lock.as_str()).bind(*id),
-        }
-        .bind(lock_timeout)
-        .bind(pid)
-        .fetch_one(&mut session.conn)
-        .await;
+        let answer = lock_query(&self.wait, *id, mode)
+            .bind(lock_timeout)
+            .bind(session.id)
+            .fetch_one(&mut session.conn)
+            .await;
         let (ran_on, fence, took_us): (i32, Option<i64>, i64) = match answer {
             Ok(answer) => answer,
             // Not granted, most likely; but the server may grant the lock
@@ -335,12 +304,7 @@ impl Dialect for PgDialect {
             // wait's own grant: then the session is as it was (the failed
             // statement undid its `lock_timeout`).
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(LOCK_NOT_AVAILABLE) => {
-                let unlock = match mode {
-                    Mode::Read => format!("SELECT pg_advisory_unlock_shared({hi}, {lo})"),
-                    Mode::Write => format!("SELECT pg_advisory_unlock({hi}, {lo})"),
-                    _ => format!("SELECT pg_advisory_unlock({id})"),
-                };
-                session.conn.execute(unlock.as_str()).await?;
+                self.unlock(session, id, mode).await?;
                 return Ok(None);
             }
             Err(e) => return Err(e),
@@ -358,16 +322,10 @@ impl Dialect for PgDialect {
         id: &i64,
         mode: Mode,
     ) -> Result<bool, sqlx::Error> {
-        let (hi, lo) = split(*id);
-        let pid = session.id;
-        let answer = match mode {
-            Mode::Read => sqlx::query_as(UNLOCK_SHARED).bind(hi).bind(lo),
-            Mode::Write => sqlx::query_as(UNLOCK_TWO_KEY).bind(hi).bind(lo),
-            _ => sqlx::query_as(UNLOCK).bind(*id),
-        }
-        .bind(pid)
-        .fetch_one(&mut session.conn)
-        .await?;
+        let answer = lock_query(&self.unlock, *id, mode)
+            .bind(session.id)
+            .fetch_one(&mut session.conn)
+            .await?;
         Ok(own(session, answer)?.unwrap_or(false))
     }
 
@@ -433,7 +391,7 @@ impl Dialect for PgDialect {
              THEN pg_try_advisory_lock({owner}) ELSE false END \
              RETURNING n; {ahead}",
             tag = mode.tag(),
-            ahead = ahead_all_live(queue, &id.to_string(), &mine),
+            ahead = ahead(queue, &id.to_string(), &mine, true),
         );
         let rows = session.conn.fetch_all(request.as_str()).await?;
         let ran_on: i32 = rows.first().ok_or(sqlx::Error::RowNotFound)?.try_get(0)?;
@@ -510,10 +468,6 @@ impl Dialect for PgDialect {
             }
             Err(e) => Err(e),
         }
-    }
-
-    fn records_holders(&self) -> bool {
-        true
     }
 
     async fn proclaim(

@@ -7,12 +7,8 @@ use dlock_core::{backend::Mode, LockKey};
 use dlock_sql::Dialect;
 use dlock_testkit::fixture::PostgresServer;
 
-/// The dialect on `server`, and a session of it with dlock's tables made.
 async fn set_up(server: &PostgresServer) -> (PgDialect, PgSession) {
-    let dialect = PgDialect::new(PgConfig::from_url(&server.url()).unwrap());
-    let (mut session, _) = dialect.open().await.expect("open a session");
-    dialect.setup(&mut session).await.expect("set up");
-    (dialect, session)
+    dlock_sql::testing::set_up(&server.url()).await
 }
 
 /// With the session's recorded process id changed, as if a pooler had
@@ -82,11 +78,9 @@ async fn ending_a_session_by_id_ends_nothing_on_another_server() {
         PostgresServer::start().expect("start PostgreSQL A"),
         PostgresServer::start().expect("start PostgreSQL B"),
     );
-    let dialect =
-        |server: &PostgresServer| PgDialect::new(PgConfig::from_url(&server.url()).unwrap());
-    dlock_sql::testing::ending_a_session_by_id_ends_nothing_on_another_server(
-        dialect(&a),
-        dialect(&b),
+    dlock_sql::testing::ending_a_session_by_id_ends_nothing_on_another_server::<PgDialect>(
+        &a.url(),
+        &b.url(),
     )
     .await;
 }

@@ -137,6 +137,20 @@ impl<D: Dialect> Session<D> {
         })
     }
 
+    /// Runs `statement` in the caller's task, through [`Session::live`]:
+    /// for a caller that never leaves half-way (a task of dlock's own).
+    async fn run_here<T>(
+        self: &Arc<Self>,
+        statement: impl for<'c> FnOnce(
+            &'c D,
+            &'c mut D::Conn,
+        ) -> BoxFuture<'c, std::result::Result<T, sqlx::Error>>,
+    ) -> std::result::Result<T, sqlx::Error> {
+        let mut live = self.live().await?;
+        let answer = answered_within(self.timeout, statement(&self.dialect, live.conn())).await;
+        live.done(answer)
+    }
+
     /// The connection, once no statement holds it: a statement in flight
     /// whose caller stopped polling it is driven to its end here.
     async fn connection(&self) -> tokio::sync::OwnedMutexGuard<Option<D::Conn>> {
@@ -232,11 +246,8 @@ impl<D: Dialect> Session<D> {
             return;
         };
         runtime.spawn(async move {
-            if let Ok(mut live) = self.live().await {
-                let answer = answered_within(self.timeout, undo(&self.dialect, live.conn())).await;
-                if live.done(answer).is_err() && self.is_usable() {
-                    self.end();
-                }
+            if self.run_here(undo).await.is_err() && self.is_usable() {
+                self.end();
             }
         });
     }
@@ -315,14 +326,7 @@ async fn keep_alive<D: Dialect>(session: Weak<Session<D>>) {
         if s.holders.renewed_at() > quiet_since {
             continue;
         }
-        let pinged = match s.live().await {
-            Ok(mut live) => {
-                let answer = answered_within(s.timeout, s.dialect.ping(live.conn())).await;
-                live.done(answer)
-            }
-            Err(e) => Err(e),
-        };
-        if let Err(error) = pinged {
+        if let Err(error) = s.run_here(|d, c| Box::pin(d.ping(c))).await {
             tracing::debug!(%error, session = s.server_id, "dlock {} session ended", D::NAME);
             s.end();
             return;
@@ -371,14 +375,7 @@ impl<D: Dialect> SqlBackend<D> {
         };
         let holder = backend.holder_at(0).await?;
         backend.refuse_moving_sessions(&holder).await?;
-        let set_up = match holder.live().await {
-            Ok(mut live) => {
-                let answer =
-                    answered_within(holder.timeout, backend.inner.dialect.setup(live.conn())).await;
-                live.done(answer)
-            }
-            Err(e) => Err(e),
-        };
+        let set_up = holder.run_here(|d, c| Box::pin(d.setup(c))).await;
         set_up.map_err(|e| match crate::deployment_refused(&e) {
             Some(why) => LockError::UnsafeDeployment {
                 backend: D::NAME,
@@ -524,17 +521,10 @@ impl<D: Dialect> Drop for EndOnDrop<D> {
                 incarnation: session.incarnation.clone(),
             };
             let ended = match backend.holder_at(server_id).await {
-                Ok(holder) => match holder.live().await {
-                    Ok(mut live) => {
-                        let answer = answered_within(
-                            holder.timeout,
-                            holder.dialect.end_session(live.conn(), &target),
-                        )
-                        .await;
-                        live.done(answer).map_err(backend_error::<D>)
-                    }
-                    Err(e) => Err(backend_error::<D>(e)),
-                },
+                Ok(holder) => holder
+                    .run_here(move |d, c| Box::pin(async move { d.end_session(c, &target).await }))
+                    .await
+                    .map_err(backend_error::<D>),
                 Err(e) => Err(e),
             };
             if let Err(error) = ended {
