@@ -45,17 +45,13 @@ const REDLOCK_NODE_TIMEOUT_MAX: Duration = Duration::from_secs(1);
 ///
 /// Build it with [`RedisBackend::connect`] (or `from_client`) and turn it
 /// into a [`Locker`](dlock_core::Locker) with
-/// [`into_locker`](dlock_core::BackendExt::into_locker). All lockers and
-/// guards of one backend share its connections: one multiplexed connection
-/// and one pub/sub connection per node. Redlock has no fencing tokens, no
-/// read-write locks and no semaphores. A `redis://` URL must name one
-/// server, not a proxy that spreads keys over cluster slots (the watchdog's
-/// batch would get `CROSSSLOT`): use `redis+cluster://`.
-///
-/// The [crate docs](crate) say how it locks; dlock's guide covers
-/// [Sentinel, Cluster and failover](https://docs.rs/dlock/latest/dlock/guide/backends/index.html#redis)
-/// and what [`Locker::state`](dlock_core::Locker::state)
-/// [reports](https://docs.rs/dlock/latest/dlock/guide/production/index.html#connection-state).
+/// [`into_locker`](dlock_core::BackendExt::into_locker); its lockers and
+/// guards share one multiplexed and one pub/sub connection per node.
+/// Redlock has no fencing tokens, read-write locks or semaphores. A
+/// `redis://` URL names one server, not a proxy over cluster slots (use
+/// `redis+cluster://`). How it locks: the [crate docs](crate); Sentinel,
+/// Cluster and failover: dlock's
+/// [guide](https://docs.rs/dlock/latest/dlock/guide/backends/index.html#redis).
 ///
 /// # Examples
 ///
@@ -188,15 +184,14 @@ impl RedisBackend {
         Err(first_error(answers))
     }
 
-    /// A holder's value and the reads of it need one holder: Redlock has
-    /// none to read (a value on a majority is not one value), and without
-    /// fences (`fence=off`) nothing orders the holders.
+    /// A holder's value and its reads need one holder: Redlock has none
+    /// (a value on a majority is not one value), and without fences
+    /// nothing orders the holders.
     fn holders_known(&self) -> Result<()> {
-        if self.inner.fences {
-            Ok(())
-        } else {
-            Err(unsupported_holder(NAME))
-        }
+        self.inner
+            .fences
+            .then_some(())
+            .ok_or_else(|| unsupported_holder(NAME))
     }
 }
 
@@ -232,9 +227,8 @@ impl Backend for RedisBackend {
         NAME
     }
 
-    /// A `PING` to every node: `Ok` when a quorum answers. Each node gets
-    /// half a second, well inside the Locker's bound, so that one dead
-    /// Redlock node does not turn a quorum's answer into an error.
+    /// A `PING` to every node, half a second each: `Ok` when a quorum
+    /// answers (one dead Redlock node is no error).
     async fn check_servers(&self) -> Result<()> {
         self.ping_quorum(Duration::from_millis(500)).await
     }
@@ -293,10 +287,8 @@ impl Backend for RedisBackend {
                 }
             })
             .collect();
-        // A renewal counts from when it was sent, so a late answer is
-        // still worth having: wait up to a watchdog period (a third of
-        // the lease), not the acquire's per-node bound, which a batch
-        // of thousands of locks on a busy node can take longer than.
+        // A renewal counts from when it was sent: a late answer is still
+        // worth a watchdog period (a third of the lease) on Redlock.
         let timeout = locks
             .iter()
             .map(|r| r.lease)
@@ -317,9 +309,7 @@ impl Backend for RedisBackend {
         in_flight.answered = self.inner.states.get() != dlock_core::ConnectionState::Suspended;
         drop(in_flight);
         if !self.inner.redlock {
-            // One node: its error is the batch's (a batch too few replicas
-            // acknowledged included: unanswered, so the guards' leases run
-            // on from the last renewal that was).
+            // One node: its error (too few replicas included) is the batch's.
             let answers = answers
                 .into_iter()
                 .next()
@@ -434,11 +424,10 @@ impl Backend for RedisBackend {
             .map_err(backend_error)
     }
 
-    /// Reads each node's holder token and releases it there: the release
-    /// script checks the token, so a holder that changed in between is
-    /// left alone, and the first waiter in line is told, as after a
-    /// release. The holder's guard learns at its next renewal, within a
-    /// third of its lease. `true` if a node released.
+    /// Reads each node's holder token and releases it there (the script
+    /// checks the token, so a holder that changed meanwhile stays), and
+    /// the first waiter in line is told. The holder learns at its next
+    /// renewal. `true` if a node released.
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
         let names = &self.names(key);
         let timeout = self.inner.redlock.then_some(REDLOCK_NODE_TIMEOUT_MAX);

@@ -15,22 +15,17 @@ pub(crate) struct Names {
 }
 
 impl Names {
-    /// Counts acquisitions: the fencing token. Lives twice the lease (at
-    /// least ten minutes) past the last acquisition or renewal, and never
-    /// falls behind the server's clock, so that tokens keep growing across
-    /// idle periods, failovers and restarts (see `scripts::lock::ACQUIRE`).
+    /// The fence counter (see `fence_lua!`).
     pub(crate) fn fence(&self) -> Suffixed<'_> {
         Suffixed(&self.lock, ":fence")
     }
 
-    /// Where a release is published: the message is the token of the
-    /// first waiter in line.
+    /// Where a release publishes the token of the first waiter in line.
     pub(crate) fn channel(&self) -> Suffixed<'_> {
         Suffixed(&self.lock, ":released")
     }
 
-    /// Where a proclaim, and the release of a proclaimed hold, are
-    /// published (empty messages: they wake every watcher of the holder).
+    /// Where a proclaim, and the release of a proclaimed hold, publish.
     pub(crate) fn holder_channel(&self) -> Suffixed<'_> {
         Suffixed(&self.lock, ":holder")
     }
@@ -45,9 +40,7 @@ impl Names {
         Suffixed(&self.lock, ":value")
     }
 
-    /// The token of the last release, for what was left of its lease: the
-    /// same release sent again (its reply was lost) then succeeds, and
-    /// does nothing.
+    /// The last release's token, so that the release sent again succeeds.
     pub(crate) fn released_by(&self) -> Suffixed<'_> {
         Suffixed(&self.lock, ":released_by")
     }
@@ -82,16 +75,12 @@ impl ToRedisArgs for Suffixed<'_> {
     }
 }
 
-/// The names of `key` under `prefix`.
-///
-/// The escaped key is the hash tag (`{...}`), so every name shares a
-/// slot on Redis Cluster. Escaping `%`, `{` and `}` keeps the tag intact
-/// whatever the key contains, and is one-to-one, so two keys never share a
-/// lock. Everything else (spaces, unicode, NUL) is stored as it is: Redis
-/// keys are binary-safe.
+/// The names of `key` under `prefix`. The escaped key is the hash tag
+/// (`{...}`), so every name shares a slot on Redis Cluster; escaping `%`,
+/// `{` and `}` keeps the tag intact and is one-to-one. Everything else is
+/// stored as it is: Redis keys are binary-safe.
 pub(crate) fn names(prefix: &str, key: &LockKey) -> Names {
-    // Built by hand, not with `format!`: this runs twice per lock and
-    // release.
+    // By hand, not `format!`: this runs at every lock and release.
     let mut lock = String::with_capacity(prefix.len() + key.as_str().len() + 3);
     lock.push_str(prefix);
     lock.push_str(":{");
@@ -101,10 +90,8 @@ pub(crate) fn names(prefix: &str, key: &LockKey) -> Names {
 }
 
 /// The names of `key`'s read-write lock (`mode` a reader or writer) or
-/// semaphore (`mode` permits) under `prefix`: the plain lock's name with
-/// `:rw` or `:sem`, so the three objects of one key never meet and still
-/// share its hash tag. Their "lock" is the sorted set of holders (see
-/// `shared_lua!`).
+/// semaphore (permits): the plain lock's with `:rw` or `:sem`, in the same
+/// slot. Their "lock" is the sorted set of holders (see `shared_lua!`).
 pub(crate) fn shared_names(prefix: &str, key: &LockKey, mode: Mode) -> Names {
     let mut names = names(prefix, key);
     names.lock.push_str(match mode {

@@ -51,7 +51,7 @@ impl Node {
             addr,
             cluster: matches!(conn, Conn::Cluster(_)),
             conn,
-            subscriber: Subscriber::new(source, timeouts.0, timeouts.1),
+            subscriber: Subscriber::new(source, timeouts),
             wait: None,
         }
     }

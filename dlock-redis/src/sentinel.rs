@@ -1,11 +1,9 @@
-//! Following the master of a Sentinel deployment: the sentinels name it,
-//! and a failover names another. Commands go to the master named last.
-//! Every second one sentinel is asked the master's address (one command
-//! on a kept connection); an error that a failover explains (the
-//! connection refused or dropped, a `READONLY` reply from a demoted
-//! master) asks the sentinels in full, with the named master's `ROLE`
-//! checked. A new master gets a new connection, and the subscriber
-//! follows it (see [`Master::changes`]). One question at a time.
+//! Following the master of a Sentinel deployment. Commands go to the
+//! master named last. Every second one sentinel is asked the master's
+//! address on a kept connection; an error a failover explains (see
+//! [`not_served`]) asks the sentinels in full, with the named master's
+//! `ROLE` checked. A new master gets a new connection, and the subscriber
+//! follows it ([`Master::changes`]). One question at a time.
 
 use std::{
     sync::{
@@ -28,9 +26,8 @@ const CHECK_EVERY: Duration = Duration::from_secs(1);
 /// The least time between two refreshes prompted by errors.
 const REFRESH_GAP: Duration = Duration::from_millis(100);
 
-/// How the sentinels are asked: in full through the client (which
-/// checks the named master's `ROLE`), or for the address alone on a kept
-/// connection to one sentinel.
+/// How the sentinels are asked: in full through the client, or for the
+/// address alone on a kept connection to one sentinel.
 struct Asking {
     client: SentinelClient,
     sentinel: Option<MultiplexedConnection>,
@@ -98,8 +95,7 @@ fn timed_out() -> RedisError {
 }
 
 /// Whether `e` says the server did not serve the command: the connection
-/// failed, or a demoted master (or one a failover is replacing) refused
-/// it. Sentinel asks again who is master after such an error.
+/// failed, or a demoted (or replaced) master refused it.
 pub(crate) fn not_served(e: &RedisError) -> bool {
     e.is_io_error()
         || e.is_connection_refusal()

@@ -1,25 +1,14 @@
-//! One pub/sub connection per node, shared by every waiter of the backend,
-//! with reference-counted subscriptions.
+//! One pub/sub connection per node, shared by every waiter of the backend.
 //!
-//! A release names the first waiter in line (its token is the message), so
-//! a release wakes that one waiter, wherever it runs, and no other. A
-//! waiter registers its token and its own wake-up; a Redlock waiter
-//! registers the same wake-up on every node, so that releases on five nodes
-//! still wake it as one.
-//!
-//! A manager task owns the connection and is the only one to subscribe and
-//! unsubscribe. A channel stays subscribed for a while after its last
-//! waiter left ([`LINGER`]): on a contended key the next waiter comes at
-//! once, and finds the subscription live without a round trip. The manager
-//! unsubscribes an idle channel only after taking it out of the table, so
-//! a waiter either finds it live or asks for it again. If the connection
-//! drops, the task reconnects, subscribes again to every channel still
-//! watched, and wakes all waiters to check again (they may have missed a
-//! release meanwhile). On a cluster, a shard channel the server
-//! unsubscribes (its slot moved to another shard) is subscribed again,
-//! now on the new owner, and its waiters are woken to check at once; a
-//! shard that does not answer a subscription leaves the others' channels
-//! subscribed.
+//! A release names the first waiter in line (its token is the message),
+//! so it wakes that one waiter, wherever it runs; a Redlock waiter
+//! registers one wake-up on every node. A manager task owns the
+//! connection and alone subscribes and unsubscribes; a channel stays
+//! subscribed for [`LINGER`] after its last waiter left, so the next
+//! waiter of a contended key finds it live without a round trip, and is
+//! taken out of the table before it is unsubscribed. After a reconnect,
+//! or a shard channel the server unsubscribed (its slot moved), the
+//! channels are subscribed again and their waiters woken to check again.
 
 use std::{
     collections::HashMap,
@@ -215,20 +204,12 @@ fn lock(channels: &Mutex<Channels>) -> MutexGuard<'_, Channels> {
 }
 
 impl Subscriber {
-    /// A subscriber for `source`; connects on first use. Must be called
-    /// within a Tokio runtime: it spawns the manager task, which ends when
-    /// the subscriber is dropped.
-    pub(crate) fn new(
-        source: Source,
-        connect_timeout: Duration,
-        response_timeout: Duration,
-    ) -> Subscriber {
+    /// A subscriber for `source`, with the connect and response timeouts;
+    /// connects on first use. Spawns the manager task, which ends when the
+    /// subscriber is dropped.
+    pub(crate) fn new(source: Source, timeouts: (Duration, Duration)) -> Subscriber {
         let channels = Arc::new(Mutex::new(Channels::default()));
         let (commands, queue) = mpsc::unbounded_channel();
-        let timeouts = Timeouts {
-            connect: connect_timeout,
-            response: response_timeout,
-        };
         tokio::spawn(manage(source, timeouts, channels.clone(), queue));
         Subscriber { channels, commands }
     }
@@ -309,12 +290,6 @@ impl Drop for Watch {
     }
 }
 
-#[derive(Clone, Copy)]
-struct Timeouts {
-    connect: Duration,
-    response: Duration,
-}
-
 /// How often an idle pub/sub connection is pinged, so that a half-open
 /// connection (a peer gone without a reset) is noticed and replaced.
 const PING_EVERY: Duration = Duration::from_secs(5);
@@ -323,10 +298,11 @@ const PING_EVERY: Duration = Duration::from_secs(5);
 /// routes messages to waiters.
 async fn manage(
     source: Source,
-    timeouts: Timeouts,
+    timeouts: (Duration, Duration),
     channels: Arc<Mutex<Channels>>,
     mut queue: mpsc::UnboundedReceiver<Command>,
 ) {
+    let within = timeouts.1;
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     let mut masters = match &source {
         Source::Sentinel(master) => Some(master.changes()),
@@ -341,7 +317,6 @@ async fn manage(
             backoff.reset();
             // Releases may have been missed while disconnected.
             wake_all(&channels);
-            let within = timeouts.response;
             let mut ping = tokio::time::interval(PING_EVERY);
             ping.tick().await;
             let mut sweep = tokio::time::interval(LINGER);
@@ -398,7 +373,7 @@ async fn manage(
                         // Out of the table first: a waiter that comes now
                         // asks for the subscription again, after this.
                         let unsubscribed = async {
-                            for channel in take_idle(&channels) {
+                            for channel in take(&channels, LINGER) {
                                 let _ = tokio::time::timeout(within, sink.unsubscribe(&channel)).await?;
                             }
                             Ok::<_, tokio::time::error::Elapsed>(())
@@ -457,18 +432,18 @@ async fn new_master(masters: &mut Option<watch::Receiver<u64>>) {
 /// `None` if that failed.
 async fn connect(
     source: &Source,
-    timeouts: Timeouts,
+    (connect_timeout, within): (Duration, Duration),
     channels: &Mutex<Channels>,
 ) -> Option<(Sink, Stream)> {
     let (mut sink, stream) = match source {
-        Source::Node(client) => pubsub(client.clone(), timeouts.connect).await?,
-        Source::Sentinel(master) => pubsub(master.client(), timeouts.connect).await?,
+        Source::Node(client) => pubsub(client.clone(), connect_timeout).await?,
+        Source::Sentinel(master) => pubsub(master.client(), connect_timeout).await?,
         Source::Cluster(client) => {
             let (pushes, received) = mpsc::unbounded_channel();
             let conn = client.get_async_connection_with_config(
                 redis::cluster::ClusterConfig::new().set_push_sender(pushes),
             );
-            let conn = tokio::time::timeout(timeouts.connect, conn)
+            let conn = tokio::time::timeout(connect_timeout, conn)
                 .await
                 .ok()?
                 .ok()?;
@@ -476,15 +451,12 @@ async fn connect(
         }
     };
     // Channels nobody waits on are not worth subscribing again.
-    drop(take(channels, |_| true));
+    drop(take(channels, Duration::ZERO));
     let names: Vec<String> = lock(channels).watched.keys().cloned().collect();
     // One channel per command: the server answers each channel separately,
     // and one answer must confirm exactly one request.
     for name in names {
-        match sink
-            .subscribe_live(channels, &name, timeouts.response)
-            .await
-        {
+        match sink.subscribe_live(channels, &name, within).await {
             Ok(Ok(())) => {}
             // On a cluster, one shard that does not answer leaves the
             // others' channels subscribed: its waiters are told, and fall
@@ -507,24 +479,19 @@ async fn pubsub(client: Client, within: Duration) -> Option<(Sink, Stream)> {
     Some((Sink::Node(sink), Stream::Node(stream)))
 }
 
-/// Takes the channels that nobody has waited on for [`LINGER`] out of the
+/// Takes the channels that nobody has waited on for `linger` out of the
 /// table.
-fn take_idle(channels: &Mutex<Channels>) -> Vec<String> {
+fn take(channels: &Mutex<Channels>, linger: Duration) -> Vec<String> {
     let now = tokio::time::Instant::now();
-    take(channels, |idle_since| {
-        now.duration_since(idle_since) >= LINGER
-    })
-}
-
-fn take(
-    channels: &Mutex<Channels>,
-    lingered: impl Fn(tokio::time::Instant) -> bool,
-) -> Vec<String> {
     let mut channels = lock(channels);
     let idle: Vec<String> = channels
         .watched
         .iter()
-        .filter(|(_, w)| w.waiters.is_empty() && w.idle_since.is_some_and(&lingered))
+        .filter(|(_, w)| w.waiters.is_empty())
+        .filter(|(_, w)| {
+            w.idle_since
+                .is_some_and(|t| now.duration_since(t) >= linger)
+        })
         .map(|(name, _)| name.clone())
         .collect();
     for name in &idle {

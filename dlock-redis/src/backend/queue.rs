@@ -1,10 +1,9 @@
 //! Acquiring: the wait steps core's engine runs
 //! ([`drive`](dlock_core::backend::wait::drive)). A look is one attempt
-//! on every node. A refused waiter stands in the key's line on the
-//! servers (a plain lock's only with this process's turn at the key, so
-//! that a release wakes one contender per process: a herd of local tasks
-//! would split Redlock's votes), subscribed to the key's release channel,
-//! and is woken by the release that names it.
+//! on every node; a refused waiter stands in the key's line on the
+//! servers (a plain lock's with this process's turn at the key, so a
+//! release wakes one contender per process), subscribed to the key's
+//! release channel, and is woken by the release that names it.
 
 use std::{
     sync::{Arc, OnceLock},
@@ -71,12 +70,11 @@ fn refused(retry_in: Duration) -> Look<Waiting> {
 }
 
 impl RedisBackend {
-    /// How long a waiter's ticket (and a lock handed to it, until it takes
-    /// it) lives after its last refresh: its lease, but no more than the
-    /// longer of [`TICKET_LIFE`] and two response timeouts, so that a
-    /// waiter that crashed in line holds it up for seconds whatever its
-    /// lease, while a live one, refreshing every third of it, keeps its
-    /// place through one slow answer.
+    /// How long a waiter's ticket (and a lock handed to it) lives after
+    /// its last refresh: its lease, but at most the longer of
+    /// [`TICKET_LIFE`] and two response timeouts, so a crashed waiter
+    /// holds the line up for seconds while a live one, refreshing every
+    /// third of it, survives one slow answer.
     fn ticket_life(&self, lease: Duration) -> Duration {
         lease.min(TICKET_LIFE.max(self.inner.subscribe_timeout * 2))
     }
@@ -101,8 +99,7 @@ impl RedisBackend {
         })
     }
 
-    /// The error of a grant that only `acked` replicas acknowledged: the
-    /// acquisition fails, and core gives the grant back.
+    /// A grant too few replicas acknowledged fails; core gives it back.
     fn unacknowledged(&self, acked: i64) -> StepError {
         StepError::Fatal(backend_error(self.inner.nodes[0].unacknowledged(acked)))
     }
@@ -164,8 +161,8 @@ impl<'a> Steps<'a> {
     }
 
     /// Registers `wake` for the releases that name our token on every
-    /// node that can be reached; a node whose subscription fails is
-    /// covered by the TTL bound and the ticket refresh.
+    /// node that can be reached (the others are covered by the TTL bound
+    /// and the ticket refresh).
     async fn watch_all(&self, wake: &Arc<Notify>) -> Vec<Watch> {
         let within = self.backend.inner.subscribe_timeout;
         let channel = self.names.channel().to_string();
@@ -212,10 +209,8 @@ impl<'a> Steps<'a> {
                 answers
             }
             nodes => {
-                // Stop listening once a majority granted: the slower nodes'
-                // answers cannot undo a won round. A late grant there is
-                // ours, and a late refusal leaves our ticket; the release
-                // (sent to every node) clears both.
+                // A majority granted: the slower nodes cannot undo it (the
+                // release, sent to every node, clears what they leave).
                 let mut pending: FuturesUnordered<_> = nodes
                     .iter()
                     .enumerate()
@@ -272,12 +267,9 @@ impl<'a> Steps<'a> {
             return Ok(backend.granted(sent, fence_value));
         }
         if !give_back.is_empty() {
-            // A partial grant, or replies that never came: give back what we
-            // may hold there (release is owner-only, so this is safe where
-            // we hold nothing), keeping our place in line. Awaited, not
-            // spawned: the next attempt uses the same token, and a late
-            // release would delete it. Each node's connection runs the
-            // release after the acquire it may still be working on.
+            // A partial grant, or replies that never came: give back what
+            // we may hold (owner-only), keeping our place. Awaited: the
+            // next attempt's same token must not meet a late release.
             let giving = give_back.iter().map(|&i| {
                 bounded(
                     timeout,
@@ -288,8 +280,7 @@ impl<'a> Steps<'a> {
         }
         let answered = won + frees_in.len();
         if answered < quorum {
-            // Without a majority answering, nobody can be granted the lock:
-            // say so, instead of waiting as if someone held it.
+            // Without a majority answering, nobody can be granted: say so.
             let detail = first_error.map_or_else(String::new, |e| e.to_string());
             return Err(StepError::Retry(backend_error(RedisError::from((
                 redis::ErrorKind::Io,
@@ -301,14 +292,12 @@ impl<'a> Steps<'a> {
             )))));
         }
         if won >= quorum || (won > 0 && not_our_turn > 0) {
-            // Too slow a round, or nodes that disagree on who is first in
-            // line (a ticket that has not reached every node yet): the
-            // round that follows finds every ticket on every node. Try
-            // again after a short random delay, as Redlock prescribes.
+            // Too slow a round, or nodes that disagree on who is first (a
+            // ticket not yet on every node): again after a random delay.
             return Ok(refused(jitter()));
         }
-        // The lock frees up when enough holders' TTLs run out for a
-        // majority; a release before that wakes us if we are first in line.
+        // Free when enough holders' TTLs run out for a majority, unless a
+        // release wakes us first.
         frees_in.sort_by_key(|ttl| ttl.unwrap_or(u64::MAX));
         let needed = quorum.saturating_sub(won).max(1);
         let retry_in = frees_in
@@ -469,12 +458,9 @@ impl WaitSteps for Steps<'_> {
     }
 
     /// A plain lock's: this process's waiters take their turn before one
-    /// of them stands in line, first come, first served, and from the
-    /// first attempt when the key is contended here (a task waits for
-    /// its turn, or the key's channel is still watched from a wait a
-    /// moment ago), so that a task that locks again at once queues behind
-    /// the waiters already there. An uncontended attempt goes straight to
-    /// the servers.
+    /// stands in line, from the first attempt when the key is contended
+    /// here (a task waits, or its channel is still watched), so a task
+    /// that locks again at once queues behind the waiters already there.
     fn turn(&self, _req: &AcquireRequest<'_>) -> Option<TurnAt<'_, String>> {
         if self.member.is_some() {
             return None;

@@ -1,12 +1,8 @@
-//! Connecting to the node(s), and the connection state.
-//!
-//! Redis has no session to watch: [`Locker::state`](dlock_core::Locker::state)
-//! follows what the backend's own requests find. A step that a quorum of
-//! nodes cannot answer for a reason of the connection (refused, dropped,
-//! timed out) is `Suspended`; renewals that find no quorum for longer
-//! than their lease are `Lost` (every lease renewed by then has run out);
-//! the next answered step is `Reconnected`. The watchdog's renewals,
-//! acquires, releases and `check_servers` all count.
+//! Connecting to the node(s), and the connection state, which follows
+//! what the backend's own requests find (Redis has no session to watch):
+//! a step a quorum does not serve is `Suspended`, renewals that find no
+//! quorum for longer than their lease `Lost`, the next answered step
+//! `Reconnected`.
 
 use std::{sync::Arc, time::Duration};
 
@@ -20,8 +16,7 @@ use crate::{config::RedisConfig, node::Node, scripts::scripts, sentinel::not_ser
 /// The oldest Redis the scripts run on (`SET … GET`, 6.2).
 const OLDEST_REDIS: (u32, u32) = (6, 2);
 
-/// The version an `INFO server` answer names, if it is older than
-/// [`OLDEST_REDIS`].
+/// The version an `INFO server` answer names, if older than [`OLDEST_REDIS`].
 fn too_old(info: &str) -> Option<&str> {
     let version = info
         .lines()
@@ -62,9 +57,8 @@ impl RedisBackend {
     /// As [`connect`](RedisBackend::connect).
     pub async fn connect_with(config: RedisConfig) -> Result<RedisBackend> {
         if let (Some(sentinel), Some(target)) = (config.sentinel_client()?, config.sentinel()) {
-            // Boxed: the sentinel client's futures nest deep, and inline
-            // they would push the layout of every future that awaits a
-            // `connect` past rustc's recursion limit.
+            // Boxed: inline, its deep futures push callers' layouts past
+            // rustc's recursion limit.
             let node = Box::pin(Node::sentinel(
                 sentinel,
                 &target.master,
@@ -121,10 +115,8 @@ impl RedisBackend {
     }
 
     /// A single-node backend on a client the application already has (its
-    /// node, credentials and TLS), under the key prefix `dlock` and the
-    /// default timeouts. Every guarantee holds as with
-    /// [`connect`](RedisBackend::connect): the backend opens its own
-    /// multiplexed connection and pub/sub connection through the client.
+    /// node, credentials and TLS), with the prefix `dlock` and the default
+    /// timeouts; it opens its own connections through the client.
     ///
     /// # Errors
     ///
@@ -181,10 +173,9 @@ impl RedisBackend {
     async fn on_nodes(mut nodes: Vec<Node>, config: &RedisConfig) -> Result<RedisBackend> {
         for node in &mut nodes {
             node.wait = config.wait_replicas();
-            // Every script in the node's cache in one round trip (in every
-            // master's, on a cluster), so that the first calls need no
-            // `NOSCRIPT` retry; not fatal: a call loads a missing script
-            // itself. Redlock's nodes connect in the background.
+            // Preloaded, so the first calls need no `NOSCRIPT` retry (not
+            // fatal: a call loads a missing script). Redlock's nodes
+            // connect in the background.
             let mut conn = node.connection();
             let scripts = scripts(node.cluster);
             let preload = async move {
@@ -234,10 +225,9 @@ impl RedisBackend {
     }
 
     /// Refuses a node that answers with a Redis older than
-    /// [`OLDEST_REDIS`], with [`LockError::UnsafeDeployment`]: the fence
-    /// is counted with `SET … GET`, which such a server rejects as a
-    /// syntax error at every acquire. A node that does not answer, or does
-    /// not say its version, is not refused here.
+    /// [`OLDEST_REDIS`] (the fence's `SET … GET` is a syntax error there)
+    /// with [`LockError::UnsafeDeployment`]; a node that does not answer,
+    /// or say its version, is not refused here.
     async fn refuse_old_servers(&self, within: Duration) -> Result<()> {
         let answers = self
             .on_every_node(Some(within), |node| {
@@ -266,9 +256,8 @@ impl RedisBackend {
         Ok(())
     }
 
-    /// Feeds the connection state from one step's answers: a quorum that
-    /// answered (even with a script's error) is `answered`; a step that a
-    /// quorum did not serve ([`not_served`]) is `suspended`.
+    /// Feeds the connection state from one step's answers: `answered` if
+    /// a quorum served it (even with a script's error), else `suspended`.
     pub(super) fn observe<T>(&self, answers: &[RedisResult<T>]) {
         let reached = answers
             .iter()
@@ -289,9 +278,8 @@ impl RedisBackend {
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    /// After renewals that a quorum could not answer: `lost` at the end
-    /// of the longest of their leases unless a quorum answers by then
-    /// (every lease renewed at the last answer has run out).
+    /// After renewals a quorum did not answer: `lost` at the end of
+    /// `lease` unless a quorum answers by then.
     fn lost_unless_answered_within(&self, lease: Duration) {
         let answered = *self.answered_at();
         let inner = Arc::downgrade(&self.inner);
@@ -310,9 +298,8 @@ impl RedisBackend {
     }
 }
 
-/// A renewal round in flight: dropped before it is answered (the
-/// watchdog gives a round one period, which a black-holed node outlasts),
-/// it counts as unanswered.
+/// A renewal round in flight: dropped unanswered (the watchdog gives a
+/// round one period, which a black-holed node outlasts), it counts so.
 pub(super) struct RenewalInFlight<'a> {
     pub(super) backend: &'a RedisBackend,
     pub(super) lease: Duration,
