@@ -271,17 +271,13 @@ return 0
 #[cfg(test)]
 mod tests {
     use dlock_testkit::fixture::RedisServer;
+    use redis::AsyncCommands;
 
     use crate::scripts::scripts;
 
-    /// Runs a read-write lock's acquire for `entry` on key `k`, standing
-    /// in line if refused.
-    async fn shared(conn: &mut redis::aio::MultiplexedConnection, entry: &str) -> (i64, i64) {
-        shared_for(conn, entry, 10_000).await
-    }
-
-    /// [`shared`] with a lease of `lease_ms`.
-    async fn shared_for(
+    /// Runs a read-write lock's acquire for `entry` on key `k` with a lease
+    /// of `lease_ms`, standing in line if refused.
+    async fn shared(
         conn: &mut redis::aio::MultiplexedConnection,
         entry: &str,
         lease_ms: u64,
@@ -303,13 +299,9 @@ mod tests {
     async fn a_short_lease_does_not_shorten_the_shared_fence_counter() {
         let server = RedisServer::start().expect("redis-server");
         let mut conn = server.connection().await;
-        assert_eq!(shared_for(&mut conn, "long|r", 3_600_000).await.0, 1);
-        assert_eq!(shared_for(&mut conn, "short|r", 1_000).await.0, 1);
-        let ttl: i64 = redis::cmd("PTTL")
-            .arg("dlock:{k}:rw:fence")
-            .query_async(&mut conn)
-            .await
-            .expect("PTTL");
+        assert_eq!(shared(&mut conn, "long|r", 3_600_000).await.0, 1);
+        assert_eq!(shared(&mut conn, "short|r", 1_000).await.0, 1);
+        let ttl: i64 = conn.pttl("dlock:{k}:rw:fence").await.expect("PTTL");
         assert!(ttl > 7_000_000, "the counter lives {ttl} ms more");
     }
 
@@ -329,10 +321,10 @@ mod tests {
             .subscribe("dlock:{k}:rw:released")
             .await
             .expect("SUBSCRIBE");
-        assert_eq!(shared(&mut conn, "holder|w").await.0, 1);
+        assert_eq!(shared(&mut conn, "holder|w", 10_000).await.0, 1);
         for waiter in ["r1|r", "r2|r", "w2|w", "r3|r"] {
             assert_eq!(
-                shared(&mut conn, waiter).await.0,
+                shared(&mut conn, waiter, 10_000).await.0,
                 0,
                 "{waiter} joined a writer"
             );
@@ -350,10 +342,8 @@ mod tests {
             .expect("shared release script");
         assert_eq!(released, 1);
         // A marker after the release: every message it sent comes first.
-        let _: i64 = redis::cmd("PUBLISH")
-            .arg("dlock:{k}:rw:released")
-            .arg("end")
-            .query_async(&mut conn)
+        let _: i64 = conn
+            .publish("dlock:{k}:rw:released", "end")
             .await
             .expect("PUBLISH");
         let mut messages = pubsub.on_message();
@@ -370,7 +360,11 @@ mod tests {
             woken.push(payload);
         }
         assert_eq!(woken, ["r1", "r2"]);
-        assert_eq!(shared(&mut conn, "r3|r").await.0, 0, "r3 passed w2");
-        assert_eq!(shared(&mut conn, "r2|r").await.0, 1, "a woken reader holds");
+        assert_eq!(shared(&mut conn, "r3|r", 10_000).await.0, 0, "r3 passed w2");
+        assert_eq!(
+            shared(&mut conn, "r2|r", 10_000).await.0,
+            1,
+            "a woken reader holds"
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! The plain lock's scripts, run on a real server.
 
 use dlock_testkit::fixture::RedisServer;
-use redis::Script;
+use redis::{AsyncCommands, Script};
 
 use crate::scripts::scripts;
 
@@ -141,82 +141,31 @@ async fn the_fence_is_the_clock_in_microseconds_digit_for_digit() {
         fence_lua!()
     ));
     let (secs, short, long) = ("1764250000", 30_000, 900_000);
+    // (the counter before and its TTL, TIME's µs, the lease, `keep`, the
+    // fence minus `secs` in µs, the counter's TTL after in s, at most and
+    // less than a second under)
     let cases = [
-        // (the counter before and its TTL, TIME's µs, the lease,
-        // `keep`, the fence, the counter's TTL after, at most and at
-        // least)
-        (
-            None,
-            "42",
-            short,
-            "",
-            1_764_250_000_000_042_i64,
-            (600_000, 599_000),
-        ),
-        (
-            None,
-            "0",
-            short,
-            "",
-            1_764_250_000_000_000,
-            (600_000, 599_000),
-        ),
-        (
-            None,
-            "999999",
-            long,
-            "",
-            1_764_250_000_999_999,
-            (1_800_000, 1_799_000),
-        ),
-        (
-            Some(("1764250000000041", 5_000)),
-            "42",
-            short,
-            "",
-            1_764_250_000_000_042,
-            (600_000, 599_000),
-        ),
+        (None, "42", short, "", 42, 600),
+        (None, "0", short, "", 0, 600),
+        (None, "999999", long, "", 999_999, 1_800),
+        (Some(("1764250000000041", 5_000)), "42", short, "", 42, 600),
         (
             Some(("1764250009000005", 5_000)),
             "42",
             short,
             "",
-            1_764_250_009_000_006,
-            (600_000, 599_000),
+            9_000_006,
+            600,
         ),
-        (
-            Some(("1", 5_000_000)),
-            "42",
-            short,
-            "keep",
-            1_764_250_000_000_042,
-            (5_000_000, 4_999_000),
-        ),
-        (
-            Some(("1", 5_000)),
-            "7",
-            short,
-            "keep",
-            1_764_250_000_000_007,
-            (600_000, 599_000),
-        ),
+        (Some(("1", 5_000_000)), "42", short, "keep", 42, 5_000),
+        (Some(("1", 5_000)), "7", short, "keep", 7, 600),
     ];
-    for (counter, us, lease, keep, expected, (most, least)) in cases {
-        let _: () = redis::cmd("DEL")
-            .arg("c")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+    for (counter, us, lease, keep, fence_past, ttl_s) in cases {
+        let expected = 1_764_250_000_000_000_i64 + fence_past;
+        let (most, least) = (ttl_s * 1000, ttl_s * 1000 - 1000);
+        let () = conn.del("c").await.unwrap();
         if let Some((counter, ttl)) = counter {
-            let _: () = redis::cmd("SET")
-                .arg("c")
-                .arg(counter)
-                .arg("PX")
-                .arg(ttl)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
+            let () = conn.pset_ex("c", counter, ttl).await.unwrap();
         }
         let fence: i64 = script
             .key("lock")
@@ -228,14 +177,10 @@ async fn the_fence_is_the_clock_in_microseconds_digit_for_digit() {
             .invoke_async(&mut conn)
             .await
             .expect("fence");
-        let (kept, ttl): (String, i64) = redis::pipe()
-            .cmd("GET")
-            .arg("c")
-            .cmd("PTTL")
-            .arg("c")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let (kept, ttl): (String, i64) = (
+            get(&mut conn, "c").await.unwrap(),
+            conn.pttl("c").await.unwrap(),
+        );
         let case = format!("counter {counter:?}, µs {us}, lease {lease} {keep}");
         assert_eq!(fence, expected, "{case}");
         assert_eq!(kept, expected.to_string(), "{case}: the counter");
@@ -255,11 +200,7 @@ async fn re_acquiring_without_a_counter_gives_a_greater_fence() {
     let mut conn = server.connection().await;
     let (won, first) = acquire(&mut conn, "t1").await;
     assert_eq!(won, 1);
-    let _: () = redis::cmd("DEL")
-        .arg("dlock:{k}:fence")
-        .query_async(&mut conn)
-        .await
-        .expect("DEL");
+    let () = conn.del("dlock:{k}:fence").await.expect("DEL");
     let (won, again) = acquire(&mut conn, "t1").await;
     assert_eq!(won, 1, "the holder's token re-acquires");
     assert!(again > first, "re-acquired fence {again} after {first}");
@@ -278,37 +219,24 @@ async fn a_release_passes_over_any_number_of_lapsed_tickets() {
     // More than the two prunes before the hand-over drop (the live
     // waiter's refused attempt runs one, the release another).
     for i in 0..300 {
-        let () = redis::pipe()
-            .cmd("ZADD")
-            .arg("dlock:{k}:queue")
-            .arg(i + 1)
-            .arg(format!("dead{i}"))
-            .ignore()
-            .cmd("ZADD")
-            .arg("dlock:{k}:tickets")
-            .arg(1)
-            .arg(format!("dead{i}"))
-            .ignore()
-            .query_async(&mut conn)
+        let dead = format!("dead{i}");
+        let () = conn
+            .zadd("dlock:{k}:queue", &dead, i + 1)
+            .await
+            .expect("ZADD");
+        let () = conn
+            .zadd("dlock:{k}:tickets", &dead, 1)
             .await
             .expect("ZADD");
     }
     assert_eq!(acquire(&mut conn, "live").await.0, 0, "held: live queues");
     assert_eq!(release(&mut conn, "holder").await, 1);
-    let handed: Option<String> = redis::cmd("GET")
-        .arg("dlock:{k}")
-        .query_async(&mut conn)
-        .await
-        .expect("GET");
+    let handed = get(&mut conn, "dlock:{k}").await;
     assert_eq!(handed.as_deref(), Some("next:live"));
 }
 
 async fn get(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> Option<String> {
-    redis::cmd("GET")
-        .arg(key)
-        .query_async(conn)
-        .await
-        .expect("GET")
+    conn.get(key).await.expect("GET")
 }
 
 /// A give-back (Redlock's, of a minority grant) that stays in line
