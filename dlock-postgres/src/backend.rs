@@ -33,7 +33,7 @@ pub(super) fn on_own_session(pid: &str, expr: &str) -> String {
 }
 
 /// The answer of a statement made by [`on_own_session`] on `session`:
-/// `expr`'s value, or [`session_moved`] if it ran on another session.
+/// `expr`'s value, or [`Refusal::SessionMoved`](dlock_sql::Refusal::SessionMoved) if it ran on another session.
 pub(super) fn own<T>(
     session: &PgSession,
     (value, pid): (Option<T>, i32),

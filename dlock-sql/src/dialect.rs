@@ -94,40 +94,6 @@ pub struct ServerSession {
     pub incarnation: String,
 }
 
-/// What a dialect answers (through [`session_moved`]) when a statement ran
-/// on a server session other than the one its connection opened (a pooler
-/// in transaction mode, a proxy that reconnects): the session counts as
-/// ended, and every guard on it is lost.
-///
-/// # Examples
-///
-/// ```
-/// let error = dlock_sql::session_moved(41, 42);
-/// assert!(dlock_sql::is_session_moved(&error));
-/// assert!(error.to_string().contains("server session 42, not 41"));
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SessionMoved {
-    /// The server's identifier of the session the connection opened.
-    pub expected: u64,
-    /// The one the statement ran on.
-    pub found: u64,
-}
-
-impl fmt::Display for SessionMoved {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "a statement ran on server session {}, not {}, the one its connection opened: \
-             a pooler in transaction or statement mode, or a proxy that reconnects, moves \
-             statements between server sessions",
-            self.found, self.expected
-        )
-    }
-}
-
-impl std::error::Error for SessionMoved {}
-
 /// A dialect's connection ([`Dialect::Conn`]) and the server's identifier
 /// of the session it opened (PostgreSQL's process id, MySQL's connection
 /// id): every statement that takes or gives back a lock checks, with
@@ -141,96 +107,89 @@ pub struct SessionConn<C, I> {
 }
 
 impl<C, I: Copy + PartialEq + Into<i64>> SessionConn<C, I> {
-    /// [`session_moved`] unless `found`, the session a statement ran on,
-    /// is this one.
+    /// [`Refusal::SessionMoved`] unless `found`, the session a statement
+    /// ran on, is this one.
     pub fn check(&self, found: I) -> Result<(), sqlx::Error> {
         if found == self.id {
-            Ok(())
-        } else {
-            Err(session_moved(self.id.into() as u64, found.into() as u64))
+            return Ok(());
+        }
+        let (expected, found) = (self.id.into() as u64, found.into() as u64);
+        Err(Refusal::SessionMoved { expected, found }.into())
+    }
+}
+
+/// What a dialect answers besides the driver's own errors, carried in a
+/// [`sqlx::Error`] (`.into()`) and read back with [`Refusal::of`].
+///
+/// # Examples
+///
+/// ```
+/// use dlock_sql::{sqlx, Refusal};
+///
+/// let moved = Refusal::SessionMoved { expected: 41, found: 42 };
+/// let error: sqlx::Error = moved.clone().into();
+/// assert_eq!(Refusal::of(&error), Some(&moved));
+/// assert!(error.to_string().contains("server session 42, not 41"));
+/// let busy: sqlx::Error = Refusal::Busy("the key's enqueue lock".into()).into();
+/// assert!(matches!(Refusal::of(&busy), Some(Refusal::Busy(_))));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// A statement ran on server session `found`, not `expected`, the one
+    /// its connection opened (a pooler in transaction mode, a proxy that
+    /// reconnects): an I/O error, so the session counts as ended and every
+    /// guard on it is lost.
+    SessionMoved {
+        /// The server's identifier of the session the connection opened.
+        expected: u64,
+        /// The one the statement ran on.
+        found: u64,
+    },
+    /// [`setup`](Dialect::setup) found a server that cannot hold its locks
+    /// safely: connect fails with [`LockError::UnsafeDeployment`] and this
+    /// reason.
+    UnsafeDeployment(String),
+    /// A statement could not do its work for now and left the session as
+    /// it was: try again, within the wait limit.
+    Busy(String),
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::SessionMoved { expected, found } => write!(
+                f,
+                "a statement ran on server session {found}, not {expected}, the one its \
+                 connection opened: a pooler in transaction or statement mode, or a proxy \
+                 that reconnects, moves statements between server sessions"
+            ),
+            Refusal::UnsafeDeployment(why) => f.write_str(why),
+            Refusal::Busy(why) => write!(f, "busy, try again: {why}"),
         }
     }
 }
 
-/// The driver error a dialect answers for [`SessionMoved`]: an I/O error,
-/// so the session counts as ended.
-pub fn session_moved(expected: u64, found: u64) -> sqlx::Error {
-    sqlx::Error::Io(std::io::Error::other(SessionMoved { expected, found }))
-}
+impl std::error::Error for Refusal {}
 
-/// Whether `error` is a [`SessionMoved`] (see [`session_moved`]).
-pub fn is_session_moved(error: &sqlx::Error) -> bool {
-    matches!(error, sqlx::Error::Io(e)
-        if e.get_ref().is_some_and(|inner| inner.is::<SessionMoved>()))
-}
-
-/// What a dialect's [`setup`](Dialect::setup) answers (through
-/// [`unsafe_deployment`]) for a server that cannot hold its locks safely:
-/// connect fails with [`LockError::UnsafeDeployment`] and this reason.
-///
-/// # Examples
-///
-/// ```
-/// let error = dlock_sql::unsafe_deployment("MySQL 5.6 holds one named lock per session");
-/// assert_eq!(
-///     dlock_sql::deployment_refused(&error),
-///     Some("MySQL 5.6 holds one named lock per session")
-/// );
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UnsafeDeployment(pub String);
-
-impl fmt::Display for UnsafeDeployment {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+impl From<Refusal> for sqlx::Error {
+    fn from(refusal: Refusal) -> sqlx::Error {
+        match refusal {
+            Refusal::SessionMoved { .. } => sqlx::Error::Io(std::io::Error::other(refusal)),
+            Refusal::UnsafeDeployment(_) => sqlx::Error::Configuration(Box::new(refusal)),
+            Refusal::Busy(_) => sqlx::Error::Decode(Box::new(refusal)),
+        }
     }
 }
 
-impl std::error::Error for UnsafeDeployment {}
-
-/// The driver error a dialect answers for [`UnsafeDeployment`].
-pub fn unsafe_deployment(why: impl Into<String>) -> sqlx::Error {
-    sqlx::Error::Configuration(Box::new(UnsafeDeployment(why.into())))
-}
-
-/// The reason, if `error` is an [`UnsafeDeployment`].
-pub fn deployment_refused(error: &sqlx::Error) -> Option<&str> {
-    match error {
-        sqlx::Error::Configuration(e) => e.downcast_ref::<UnsafeDeployment>().map(|u| u.0.as_str()),
-        _ => None,
+impl Refusal {
+    /// The refusal `error` carries, if it carries one.
+    pub fn of(error: &sqlx::Error) -> Option<&Refusal> {
+        match error {
+            sqlx::Error::Io(e) => e.get_ref()?.downcast_ref::<Refusal>(),
+            sqlx::Error::Configuration(e) | sqlx::Error::Decode(e) => e.downcast_ref::<Refusal>(),
+            _ => None,
+        }
     }
-}
-
-/// What a dialect answers (through [`busy`]) when a statement could not
-/// do its work for now and left the session as it was: try again, within
-/// the wait limit.
-///
-/// # Examples
-///
-/// ```
-/// let error = dlock_sql::busy("the key's enqueue lock is held elsewhere");
-/// assert!(dlock_sql::is_busy(&error));
-/// assert!(!dlock_sql::is_busy(&dlock_sql::session_moved(1, 2)));
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Busy(pub String);
-
-impl fmt::Display for Busy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "busy, try again: {}", self.0)
-    }
-}
-
-impl std::error::Error for Busy {}
-
-/// The driver error a dialect answers for [`Busy`].
-pub fn busy(why: impl Into<String>) -> sqlx::Error {
-    sqlx::Error::Decode(Box::new(Busy(why.into())))
-}
-
-/// Whether `error` is a [`Busy`] (see [`busy`]).
-pub fn is_busy(error: &sqlx::Error) -> bool {
-    matches!(error, sqlx::Error::Decode(e) if e.is::<Busy>())
 }
 
 /// The statements of one database server's session-level named locks.
@@ -243,7 +202,7 @@ pub fn is_busy(error: &sqlx::Error) -> bool {
 /// timeout. Every statement that takes or gives back a lock, and the ping,
 /// checks in the same round trip that it runs on the server session
 /// [`open`](Dialect::open) identified, and takes nothing and answers
-/// [`session_moved`] when it does not.
+/// [`Refusal::SessionMoved`] when it does not.
 ///
 /// # Examples
 ///
@@ -367,7 +326,7 @@ pub trait Dialect: Send + Sync + Sized + 'static {
 
     /// The cheapest statement the server answers, to keep a session busy,
     /// which checks that the connection is still on its server session
-    /// ([`session_moved`] otherwise).
+    /// ([`Refusal::SessionMoved`] otherwise).
     fn ping(&self, conn: &mut Self::Conn) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// Whether `mode` is kept in the dialect's queue table, for a mode the

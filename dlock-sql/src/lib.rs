@@ -8,9 +8,7 @@ pub mod testing;
 
 pub use backend::SqlBackend;
 pub use dialect::{
-    busy, deployment_refused, is_busy, is_session_moved, session_moved, unsafe_deployment, Busy,
-    ConnectOptions, Dialect, Granted, QueueEntry, ServerSession, SessionConn, SessionMoved,
-    UnsafeDeployment,
+    ConnectOptions, Dialect, Granted, QueueEntry, Refusal, ServerSession, SessionConn,
 };
 pub use dlock_core::backend::key_hash;
 pub use settings::{SqlConfig, SqlSettings};

@@ -5,7 +5,7 @@ use std::{fmt, time::Duration};
 
 use dlock_core::{backend::Mode, LockError, LockKey, Token};
 
-use crate::{Dialect, ServerSession};
+use crate::{Dialect, Refusal, ServerSession};
 
 /// The dialect of `url`, and a session of it with the dialect's setup done.
 ///
@@ -79,7 +79,7 @@ pub async fn ending_a_session_by_id_ends_nothing_on_another_server<D: Dialect>(a
 /// Every statement that takes or gives back a lock, and the ping, on
 /// `session`, whose recorded server session the caller changed (as if a
 /// pooler had moved the connection to another server session): each
-/// answers [`SessionMoved`](crate::SessionMoved). The caller then checks
+/// answers [`Refusal::SessionMoved`]. The caller then checks
 /// that they took nothing (no lock, no queue entry, no fencing token, no
 /// holder record).
 ///
@@ -93,7 +93,8 @@ pub async fn statements_off_their_session_answer_moved<D: Dialect>(
     let key = LockKey::new("moved").unwrap();
     let token = Token::generate();
     let moved = |what: &str, e: sqlx::Error| {
-        assert!(crate::is_session_moved(&e), "{what}: {e}");
+        let moved = matches!(Refusal::of(&e), Some(Refusal::SessionMoved { .. }));
+        assert!(moved, "{what}: {e}");
     };
     moved("ping", dialect.ping(session).await.unwrap_err());
     for mode in [Mode::Exclusive, Mode::Read, Mode::Write] {

@@ -6,7 +6,7 @@
 use std::{sync::atomic::Ordering, time::Duration};
 
 use dlock_core::{backend::Mode, LockError, LockKey, Token};
-use dlock_sql::{sqlx, Dialect, Granted, QueueEntry, ServerSession, SqlSettings};
+use dlock_sql::{sqlx, Dialect, Granted, QueueEntry, Refusal, ServerSession, SqlSettings};
 use sqlx::{
     mysql::{MySqlConnectOptions, MySqlConnection},
     Connection, Executor, Row,
@@ -149,9 +149,8 @@ impl Dialect for MySqlDialect {
         if taken == Some(1) && queued == Some(0) {
             // The entry lock stays with the session, for the next try
             // (taken once: held already, it is not taken again).
-            return Err(dlock_sql::busy(
-                "the key's other enqueues held it up for a third of the session timeout",
-            ));
+            let why = "the key's other enqueues held it up for a third of the session timeout";
+            return Err(Refusal::Busy(why.into()).into());
         }
         let Some(number) = status.try_get::<Option<i64>, _>(0)? else {
             return Err(sqlx::Error::Protocol(format!(
@@ -262,7 +261,7 @@ impl Dialect for MySqlDialect {
             .fetch_one(&mut conn.conn)
             .await?;
         if let Err(why) = holds_several_locks(&version) {
-            return Err(dlock_sql::unsafe_deployment(why));
+            return Err(Refusal::UnsafeDeployment(why).into());
         }
         let queue = format!(
             "CREATE TABLE IF NOT EXISTS {} (n BIGINT AUTO_INCREMENT PRIMARY KEY, \

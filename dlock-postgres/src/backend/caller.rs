@@ -5,7 +5,7 @@
 use std::fmt;
 
 use dlock_core::{backend::Mode, LockError, LockKey, LostReason, Result};
-use dlock_sql::{session_moved, sqlx, Dialect};
+use dlock_sql::{sqlx, Dialect, Refusal};
 use sqlx::{
     pool::PoolConnection,
     postgres::{PgConnection, PgTransactionManager},
@@ -237,10 +237,13 @@ impl<C: CallerConnection> ConnLock<C> {
                 key: self.key.clone(),
                 reason: LostReason::NotHeld,
             }),
-            Ok((None, found)) => Err(sql_error(session_moved(
-                u64::try_from(self.pid).unwrap_or_default(),
-                u64::try_from(found).unwrap_or_default(),
-            ))),
+            Ok((None, found)) => Err(sql_error(
+                Refusal::SessionMoved {
+                    expected: u64::try_from(self.pid).unwrap_or_default(),
+                    found: u64::try_from(found).unwrap_or_default(),
+                }
+                .into(),
+            )),
             Err(e) => Err(sql_error(e)),
         }
     }

@@ -30,7 +30,7 @@ use dlock_core::{
 use tokio::time::Instant;
 
 use super::{backend_error, step_error, Answer, Session, SqlBackend};
-use crate::{Dialect, QueueEntry};
+use crate::{Dialect, QueueEntry, Refusal};
 
 /// How long a permit waiter blocks on the oldest entry ahead before it
 /// checks the queue again: another holder may have left first.
@@ -276,7 +276,7 @@ impl<D: Dialect> QueueWait<'_, D> {
             .await;
         let (sent, (number, entries)) = match answer {
             // Not enqueued (`undo` gives back the entry lock).
-            Err(e) if crate::is_busy(&e) => return Ok(None),
+            Err(e) if matches!(Refusal::of(&e), Some(Refusal::Busy(_))) => return Ok(None),
             answer => answer.map_err(|e| step_error(&holder, e))?,
         };
         let entry = Entry {

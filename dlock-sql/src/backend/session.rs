@@ -17,7 +17,7 @@ use futures_util::future::{FutureExt, Shared};
 use tokio::{sync::Semaphore, time::Instant};
 
 use super::{backend_error, lock, Inner, SqlBackend};
-use crate::{Dialect, ServerSession};
+use crate::{Dialect, Refusal, ServerSession};
 
 /// One server session: its connection, the server's identifier of it, and
 /// the guards whose locks it holds.
@@ -376,12 +376,12 @@ impl<D: Dialect> SqlBackend<D> {
         let holder = backend.holder_at(0).await?;
         backend.refuse_moving_sessions(&holder).await?;
         let set_up = holder.run_here(|d, c| Box::pin(d.setup(c))).await;
-        set_up.map_err(|e| match crate::deployment_refused(&e) {
-            Some(why) => LockError::UnsafeDeployment {
+        set_up.map_err(|e| match Refusal::of(&e) {
+            Some(Refusal::UnsafeDeployment(why)) => LockError::UnsafeDeployment {
                 backend: D::NAME,
                 reason: why.to_owned(),
             },
-            None => backend_error::<D>(e),
+            _ => backend_error::<D>(e),
         })?;
         let weak = Arc::downgrade(&backend.inner);
         backend.inner.states.probe_while_disconnected(move || {
@@ -420,7 +420,9 @@ impl<D: Dialect> SqlBackend<D> {
             }
             match session.run(|d, c| Box::pin(d.ping(c))).await {
                 Ok(_) => {}
-                Err(e) if crate::is_session_moved(&e) => moved = Some(e.to_string()),
+                Err(e) if matches!(Refusal::of(&e), Some(Refusal::SessionMoved { .. })) => {
+                    moved = Some(e.to_string())
+                }
                 Err(e) => return Err(backend_error::<D>(e)),
             }
         }
