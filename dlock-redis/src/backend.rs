@@ -97,16 +97,9 @@ struct Inner {
 
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let nodes: Vec<&str> = self.inner.nodes.iter().map(|n| n.addr.as_str()).collect();
         f.debug_struct("RedisBackend")
-            .field(
-                "nodes",
-                &self
-                    .inner
-                    .nodes
-                    .iter()
-                    .map(|n| n.addr.as_str())
-                    .collect::<Vec<_>>(),
-            )
+            .field("nodes", &nodes)
             .field("redlock", &self.inner.redlock)
             .field("fences", &self.inner.fences)
             .field("prefix", &self.inner.prefix)

@@ -27,18 +27,14 @@ use tokio::sync::{mpsc, oneshot, watch, Notify};
 use crate::sentinel::Master;
 
 /// Where the subscriber connects: one node, on classic channels; or a
-/// cluster, on shard channels (`SSUBSCRIBE`, served by the shard that owns
-/// the channel's slot, which the cluster client finds and follows).
+/// cluster, on shard channels (`SSUBSCRIBE`, served by the slot's shard).
 /// One per subscriber, so its size does not matter.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Source {
     Node(Client),
-    /// The master a Sentinel deployment names now: the connection is
-    /// opened anew, to the new master (and every waiter woken), when it
-    /// changes.
+    /// The master a Sentinel deployment names now, followed when it changes.
     Sentinel(Arc<Master>),
-    /// Built for RESP3 and without a push sender of its own: the pushes
-    /// go to a sender whose receiver the manager reads.
+    /// Built for RESP3, without a push sender: the manager gives one.
     Cluster(ClusterClient),
 }
 
@@ -344,10 +340,9 @@ async fn manage(
                             }
                         }
                         Some(Event::Unsubscribed(channel)) => {
-                            // Its slot moved: subscribe again (the client
-                            // routes it to the new owner), and tell its
-                            // waiters at once, as a release may have gone
-                            // unheard meanwhile.
+                            // Its slot moved: subscribe again (on the new
+                            // owner), and wake its waiters, who may have
+                            // missed a release.
                             let watched = lock(&channels)
                                 .watched
                                 .get_mut(&channel)
@@ -399,8 +394,7 @@ async fn manage(
         for watched in lock(&channels).watched.values_mut() {
             watched.live = false;
         }
-        // Serve commands with errors until the next try, so that waiters
-        // fall back to their bounded retries instead of hanging.
+        // Until the next try, commands fail, so waiters fall back to polling.
         let retry = tokio::time::sleep(backoff.next_delay());
         tokio::pin!(retry);
         loop {
@@ -458,9 +452,8 @@ async fn connect(
     for name in names {
         match sink.subscribe_live(channels, &name, within).await {
             Ok(Ok(())) => {}
-            // On a cluster, one shard that does not answer leaves the
-            // others' channels subscribed: its waiters are told, and fall
-            // back to their own checks until a later subscription works.
+            // On a cluster, a shard that does not answer leaves the others
+            // subscribed; its waiters are woken and fall back to polling.
             _ if matches!(source, Source::Cluster(_)) => {
                 if let Some(watched) = lock(channels).watched.get(&name) {
                     watched.wake_all();

@@ -9,6 +9,7 @@ use std::{
 
 use dlock_core::{BackendExt, LockError};
 use dlock_testkit::fixture::RedisSentinels;
+use redis::AsyncCommands;
 use tokio::time::Instant;
 
 use super::{hooks, RedisBackend};
@@ -80,14 +81,13 @@ async fn replicate(new: &str, old: &str) {
     }
 }
 
-/// With `wait_replicas=1`, a grant counts only once a replica has it. Here
-/// the master fails over between the grant's answer and the backend's
-/// next step: the grant was made on the old master while the replica was
-/// paused and cut off (so it never reached it), the replica is promoted, and the old
-/// master comes back as the new master's replica. A `WAIT` sent now, on
-/// the new master's connection, would count a replica that never had the
-/// grant. The acquisition must fail (and the new master not hold the key),
-/// or the new master must hold it for us.
+/// With `wait_replicas=1`, a grant counts only once a replica has it. The
+/// master fails over between the grant's answer and the backend's next
+/// step: the grant never reached the (paused, cut off) replica, which is
+/// promoted, and the old master comes back as its replica, so a `WAIT` on
+/// the new master's connection would count a replica without the grant.
+/// The acquisition must fail (the new master not holding the key), or the
+/// new master must hold it for us.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_between_a_grant_and_its_wait_does_not_count_the_grant() {
     let mut set = RedisSentinels::start().expect("start a master, a replica and 3 sentinels");
@@ -141,11 +141,7 @@ async fn a_failover_between_a_grant_and_its_wait_does_not_count_the_grant() {
     );
     let master = set.lock().unwrap_or_else(|e| e.into_inner()).master().url();
     let mut new_master = connection(&master).await;
-    let on_new_master: Option<String> = redis::cmd("GET")
-        .arg("dlock:{switched}")
-        .query_async(&mut new_master)
-        .await
-        .expect("GET");
+    let on_new_master: Option<String> = new_master.get("dlock:{switched}").await.expect("GET");
     match outcome {
         Err(e @ LockError::Backend { .. }) => {
             assert!(e.to_string().contains("wait_replicas"), "{e}");
