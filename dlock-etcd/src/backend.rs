@@ -10,33 +10,24 @@
 //!   the read of the queue. The key with the lowest create revision holds
 //!   the lock; that revision is the fencing token.
 //! - **Waiting** ([`queue`], driven by core's wait engine) watches only the
-//!   entry that keeps us waiting, for its deletion (no herd): the watch
-//!   starts at the current revision and the entry is read again
-//!   afterwards, so a wake-up is served at once rather than by etcd's
-//!   catch-up loop for old revisions. Each look checks that our key still
-//!   exists (our session may have expired meanwhile: an error, not a
-//!   grant).
+//!   entry that keeps us waiting, for its deletion (no herd), from the
+//!   current revision, then reads it again, so that a wake-up is served at
+//!   once rather than by etcd's catch-up loop. Each look checks that our
+//!   key still exists (a session that expired is an error, not a grant).
 //! - **Read-write locks and semaphores** queue the same way at
 //!   `{prefix}/{key}%rw/` and `{prefix}/{key}%sem/`, each entry's value
-//!   saying what it takes (`r`, `w`, `p{count}/{limit}`). A reader holds
-//!   when no writer is ahead (a waiting writer keeps later readers out),
-//!   a writer when first, permits when those ahead and its own fit the
-//!   limit. A reader watches the last writer ahead, a writer its
-//!   predecessor, permits every entry ahead; a client naming another limit
-//!   than the entries there gets a typed error and leaves no entry.
+//!   saying what it takes (`r`, `w`, `p{count}/{limit}`). A reader watches
+//!   the last writer ahead, a writer its predecessor, permits every entry
+//!   ahead; a client naming another limit than the entries there gets a
+//!   typed error and leaves no entry.
 //! - **Release and cancel** delete our own key, which only we can name. A
 //!   delete that fails is sent again by core until a lease has passed;
 //!   then the session's keepalive stops and its lease is revoked, so the
-//!   key goes within one TTL. A delete sent again after its answer was
-//!   lost, which finds the key gone, says released while the key's lease
-//!   lives, and not held once it ended (etcd does not say who deleted a
-//!   key). A key deleted behind a holder's back is noticed at the next
-//!   keepalive and reported lost.
-//! - **`layout=etcdctl`**: plain locks at `{key}/{lease hex}`, as
-//!   `etcdctl lock` and Go's `concurrency.Mutex` name them (see the
-//!   crate's README): one acquisition of a key per session at a time
-//!   ([`turn`]), and a key left under the name on another lease is waited
-//!   out, never taken over.
+//!   key goes within one TTL. A key deleted behind a holder's back is
+//!   noticed at the next keepalive and reported lost.
+//! - **`layout=etcdctl`** (see the crate's README): one acquisition of a
+//!   key per session at a time ([`turn`]), and a key left under the name
+//!   on another lease is waited out, never taken over.
 
 use std::{
     collections::HashMap,
@@ -53,8 +44,8 @@ use dlock_core::{
     LockError, LockKey, Result, Token,
 };
 use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
-    TxnOp, WatchOptions,
+    Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget,
+    WatchOptions,
 };
 use tokio::time::Instant;
 
@@ -66,7 +57,7 @@ mod requests;
 mod session;
 mod turn;
 
-use requests::{next_event, put_if_created, retried};
+use requests::{delete_if, put_if_created, retried, watched};
 use turn::KeptTurn;
 
 const NAME: &str = "etcd";
@@ -188,19 +179,6 @@ fn escape(key: &LockKey) -> String {
     key.escaped(|c| c == '/' || c.is_control())
 }
 
-/// The queue of `key` in `mode`: a plain lock's at `{prefix}/{key}/`, a
-/// read-write lock's at `{prefix}/{key}%rw/` and a semaphore's at
-/// `{prefix}/{key}%sem/` (an escaped key has `%` only before two hex
-/// digits, so the three never meet, nor another key's).
-fn queue_of(prefix: &str, key: &LockKey, mode: Mode) -> String {
-    let kind = match mode {
-        Mode::Read | Mode::Write => "%rw",
-        Mode::Permits { .. } => "%sem",
-        _ => "",
-    };
-    format!("{prefix}/{}{kind}/", escape(key))
-}
-
 /// Just past every key under `queue` (which ends in `/`).
 fn past(queue: &str) -> Vec<u8> {
     let mut end = queue.as_bytes().to_vec();
@@ -211,30 +189,22 @@ fn past(queue: &str) -> Vec<u8> {
 }
 
 /// What a queue entry's value says it takes: the tag before the value's
-/// first NUL (see [`proclaimed`]).
+/// first NUL (a proclaimed value follows it: see `proclaim`).
 fn mode_of(value: &[u8]) -> Option<Mode> {
     let tag = value.split(|&b| b == 0).next().unwrap_or_default();
     Mode::from_tag(std::str::from_utf8(tag).ok()?)
 }
 
-/// A plain lock's entry with what its holder proclaimed: its mode tag
-/// (empty), a NUL, and the value. The tag never holds a NUL.
-fn with_proclaimed(value: &[u8]) -> Vec<u8> {
-    let mut entry = Mode::Exclusive.tag().into_bytes();
-    entry.push(0);
-    entry.extend_from_slice(value);
-    entry
-}
-
-/// What the holder of an entry proclaimed, if it has.
-fn proclaimed(entry: &[u8]) -> Option<Vec<u8>> {
-    let at = entry.iter().position(|&b| b == 0)?;
-    Some(entry[at + 1..].to_vec())
-}
-
 impl EtcdBackend {
     fn owned(&self) -> MutexGuard<'_, HashMap<Token, Owned>> {
         self.inner.owned.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Changes the record of `token`'s acquisition, if there is one.
+    fn update(&self, token: &Token, change: impl FnOnce(&mut Owned)) {
+        if let Some(owned) = self.owned().get_mut(token) {
+            change(owned);
+        }
     }
 
     /// Whether `mode`'s entries take Go's layout: plain locks with
@@ -283,15 +253,18 @@ impl EtcdBackend {
         Ok((queue, entries))
     }
 
-    /// Where `key`'s entries in `mode` queue: dlock's layout under the
-    /// prefix, or for a plain lock with `layout=etcdctl`, `{key}/` as
-    /// `etcdctl lock` names it.
+    /// Where `key`'s entries in `mode` queue: `{prefix}/{key}/`,
+    /// `{prefix}/{key}%rw/` or `{prefix}/{key}%sem/` (an escaped key has
+    /// `%` only before two hex digits, so these never meet), or for a plain
+    /// lock with `layout=etcdctl`, `{key}/` as `etcdctl lock` names it.
     fn queue(&self, key: &LockKey, mode: Mode) -> String {
-        if self.go_layout(mode) {
-            format!("{}/", key.as_str())
-        } else {
-            queue_of(&self.inner.prefix, key, mode)
-        }
+        let kind = match mode {
+            _ if self.go_layout(mode) => return format!("{}/", key.as_str()),
+            Mode::Read | Mode::Write => "%rw",
+            Mode::Permits { .. } => "%sem",
+            _ => "",
+        };
+        format!("{}/{}{kind}/", self.inner.prefix, escape(key))
     }
 
     /// The name of our entry in `queue` on `lease`: with the etcdctl
@@ -363,50 +336,37 @@ impl Backend for EtcdBackend {
         let Some(owned) = owned else {
             return;
         };
-        let lease = if owned.on_own_lease {
-            owned.own_lease
-        } else {
-            if let Some(own) = owned.own_lease {
-                self.revoke_in_background(own);
-            }
-            Some(owned.session.lease)
-        };
-        if let Some(lease) = lease {
-            self.revoke_in_background(lease);
+        if let Some(own) = owned.own_lease {
+            self.revoke_in_background(own);
+        }
+        if !owned.on_own_lease {
+            self.revoke_in_background(owned.session.lease);
         }
     }
 
     async fn renew(&self, locks: &[RenewRequest]) -> Result<Vec<RenewOutcome>> {
         // Locks live on leases etcd keeps (the session's keepalive, or a
         // fixed lease); renewing one means confirming its key still exists.
-        let names: Vec<Option<(String, Option<i64>)>> = {
-            let owned = self.owned();
-            locks
-                .iter()
-                .map(|r| owned.get(&r.token).map(|o| (o.name.clone(), o.created)))
-                .collect()
-        };
         let mut outcomes = Vec::with_capacity(locks.len());
-        for name in names {
-            let Some((name, created)) = name else {
-                outcomes.push(RenewOutcome::NotHeld);
-                continue;
-            };
-            let found = self
-                .client()
-                .get(name, Some(GetOptions::new().with_keys_only()))
-                .await
-                .map_err(backend_error)?;
-            // Ours only if created when we made it: with
-            // `layout=etcdctl`, a later acquisition may use the name.
-            let ours = found
-                .kvs()
-                .first()
-                .is_some_and(|kv| created.is_none_or(|revision| kv.create_revision() == revision));
-            outcomes.push(if ours {
-                RenewOutcome::Renewed
-            } else {
-                RenewOutcome::NotHeld
+        for lock in locks {
+            let held = self
+                .owned()
+                .get(&lock.token)
+                .map(|o| (o.name.clone(), o.created));
+            let mut ours = false;
+            if let Some((name, created)) = held {
+                let options = GetOptions::new().with_keys_only();
+                let found = self.client().get(name, Some(options)).await;
+                let found = found.map_err(backend_error)?.take_kvs();
+                // Ours only if created when we made it: with
+                // `layout=etcdctl`, a later acquisition may use the name.
+                ours = found
+                    .first()
+                    .is_some_and(|kv| created.is_none_or(|r| kv.create_revision() == r));
+            }
+            outcomes.push(match ours {
+                true => RenewOutcome::Renewed,
+                false => RenewOutcome::NotHeld,
             });
         }
         Ok(outcomes)
@@ -414,8 +374,8 @@ impl Backend for EtcdBackend {
 
     /// One transaction: if our key still has the revision it was granted
     /// with (it was first then, and no key can be created before it
-    /// since, so it holds), its value is rewritten, on the lease it has.
-    /// Only the client that took the lock knows its key.
+    /// since, so it holds), its value becomes its mode tag (empty), a NUL
+    /// and `value`, on the lease it has.
     async fn proclaim(&self, key: &LockKey, token: &Token, value: &[u8]) -> Result<bool> {
         let held = self
             .owned()
@@ -428,7 +388,8 @@ impl Backend for EtcdBackend {
             return Ok(false);
         }
         let options = PutOptions::new().with_ignore_lease();
-        let put = put_if_created(&name, revision, with_proclaimed(value), options);
+        let entry = [Mode::Exclusive.tag().as_bytes(), &[0], value].concat();
+        let put = put_if_created(&name, revision, entry, options);
         Ok(self.txn(put).await?.succeeded())
     }
 
@@ -437,7 +398,8 @@ impl Backend for EtcdBackend {
         let (_, entries) = self.read_queue(key, Mode::Exclusive).await?;
         Ok(entries.first().map(|kv| {
             let fence = u64::try_from(kv.create_revision()).unwrap_or(0);
-            Holder::new(Some(fence), proclaimed(kv.value()))
+            let at = kv.value().iter().position(|&b| b == 0);
+            Holder::new(Some(fence), at.map(|at| kv.value()[at + 1..].to_vec()))
         }))
     }
 
@@ -451,7 +413,7 @@ impl Backend for EtcdBackend {
         if self.holder(key).await?.as_ref() != seen {
             return Ok(());
         }
-        next_event(&mut watch, |_| true).await
+        watched(&mut watch, |r| !r.events().is_empty()).await
     }
 
     fn connection_state(&self) -> tokio::sync::watch::Receiver<dlock_core::ConnectionState> {
@@ -537,16 +499,9 @@ impl Backend for EtcdBackend {
         };
         // Only the entry read: if it went meanwhile, a later key of that
         // name (its session's next acquisition) is not the holder asked.
-        let name = first.key().to_vec();
-        let revision = first.create_revision();
-        let delete = Txn::new()
-            .when([Compare::create_revision(
-                name.clone(),
-                CompareOp::Equal,
-                revision,
-            )])
-            .and_then([TxnOp::delete(name, None)]);
-        Ok(self.txn(delete).await?.succeeded())
+        let name = first.key();
+        let created = Compare::create_revision(name, CompareOp::Equal, first.create_revision());
+        Ok(self.txn(delete_if(name, created)).await?.succeeded())
     }
 }
 

@@ -115,24 +115,20 @@ impl EtcdConfig {
             (None, Some(_)) => return Err(parts.invalid("the user name is empty")),
             (None, None) => None,
         };
-        let mut endpoints = Vec::new();
-        for host in parts.hosts() {
-            if host.port.is_none() {
-                return Err(parts.invalid(&format!("`{host}` is not host:port")));
-            }
-            endpoints.push(if tls {
-                format!("https://{host}")
-            } else {
-                host.to_string()
-            });
+        if let Some(host) = parts.hosts().iter().find(|h| h.port.is_none()) {
+            return Err(parts.invalid(&format!("`{host}` is not host:port")));
         }
+        let scheme = if tls { "https://" } else { "" };
         let prefix = parts.path().trim_end_matches('/');
         Ok(EtcdConfig {
-            endpoints,
-            prefix: if prefix.is_empty() {
-                "dlock".to_owned()
-            } else {
-                prefix.to_owned()
+            endpoints: parts
+                .hosts()
+                .iter()
+                .map(|h| format!("{scheme}{h}"))
+                .collect(),
+            prefix: match prefix {
+                "" => "dlock".to_owned(),
+                prefix => prefix.to_owned(),
             },
             user,
             connect_timeout,

@@ -8,8 +8,8 @@ use std::{
 };
 
 use dlock_core::{
-    backend::{ConnectionStates, LossReporter, SessionHolders},
-    LostReason, Token,
+    backend::{ConnectionStates, SessionHolders},
+    LostReason,
 };
 use etcd_client::{Client, TxnOp};
 use tokio::time::Instant;
@@ -22,8 +22,9 @@ const CHECKS_PER_TXN: usize = 64;
 pub(crate) struct Session {
     pub(crate) lease: i64,
     pub(crate) ttl: Duration,
-    /// The guards on this lease, by token, with their key names.
-    holders: SessionHolders<String>,
+    /// The guards on this lease, by token, with their key names: its
+    /// `expired()` completes once the session expired or was abandoned.
+    pub(crate) holders: SessionHolders<String>,
 }
 
 impl Session {
@@ -52,12 +53,6 @@ impl Session {
         !self.holders.is_expired() && self.holders.renewed_at().elapsed() < self.ttl / 2
     }
 
-    /// Tracks a lock held on this session, and returns when the lease was
-    /// last renewed (see [`SessionHolders::hold`]).
-    pub(crate) fn hold(&self, token: Token, name: String, loss: LossReporter) -> Option<Instant> {
-        self.holders.hold(token, loss, None, name)
-    }
-
     /// Gives the session up: no more keepalives, so its lease (and every key
     /// on it) expires within one TTL; every guard on it is lost now.
     pub(crate) fn abandon(&self) {
@@ -67,16 +62,6 @@ impl Session {
                 "dlock etcd session abandoned; its lease will expire"
             );
         }
-    }
-
-    /// Completes once the session has expired or was abandoned.
-    pub(crate) async fn ended(&self) {
-        self.holders.expired().await;
-    }
-
-    /// Stops tracking a lock that is being released.
-    pub(crate) fn forget(&self, token: &Token) {
-        self.holders.forget(token, LostReason::NotHeld);
     }
 
     /// Reports holders whose key was deleted behind their back.

@@ -2,20 +2,17 @@
 //! container parent, each watching its predecessor), fixed where it is weak.
 //!
 //! - **Nodes**: each key has a CONTAINER parent (the server removes it once
-//!   empty); each acquisition creates an EPHEMERAL_SEQUENTIAL child named
-//!   `lock-{token}-` and the sequence ("protected": after a connection loss
-//!   during the create, the node is found by its token, not created twice);
-//!   with `layout=curator`, a plain lock's is `_c_{token as a UUID}-lock-`,
-//!   as Curator's `InterProcessMutex` names its own. The create and the
-//!   read of the children are sent back to back (a session's requests run
-//!   in order). The lowest sequence holds; keys are escaped (`%XX` for
-//!   every byte but ASCII letters, digits, `-`, `_` and `:`).
+//!   empty), created in one transaction with the first child (the server
+//!   reaps a container only once it had one). Each acquisition creates an
+//!   EPHEMERAL_SEQUENTIAL child named `lock-{token}-` and the sequence
+//!   ("protected": after a connection loss during the create, the node is
+//!   found by its token, not created twice; [`ZkBackend::own_prefix`] for
+//!   `layout=curator`), sent back to back with the read of the children (a
+//!   session's requests run in order). The lowest sequence holds.
 //! - **Read-write locks and semaphores** queue the same way under
 //!   `{path}/{key}%rw` and `{path}/{key}%sem`, each node's name saying what
-//!   it takes (`r-`, `w-`, `p{count}_{limit}-`): a reader holds when no
-//!   writer is ahead, a writer when first, permits when those ahead and
-//!   its own fit the limit. A client naming another limit than the nodes
-//!   there gets a typed error and leaves no node.
+//!   it takes (`r-`, `w-`, `p{count}_{limit}-`). A client naming another
+//!   limit than the nodes there gets a typed error and leaves no node.
 //! - **Waiting** ([`queue`], driven by core's wait engine) watches the node
 //!   that keeps us waiting (a reader the last writer ahead, a writer its
 //!   predecessor, permits the children), no herd. A node of ours gone by
@@ -25,23 +22,17 @@
 //! - **Release and cancel** delete our node; a create still in flight is
 //!   found by its token and deleted after it. A failed delete is sent
 //!   again by core until a session timeout passed; then the session is
-//!   given up, and its other guards report lost. A delete sent again that
-//!   finds no node on the live session says released (ZooKeeper does not
-//!   say who deleted a node).
+//!   given up, and its other guards report lost.
 //! - **Stray nodes**: a create whose answer was lost may have made a node
 //!   the search for it missed; every node with our token but the one kept
 //!   is deleted before waiting and on release, and never waited on.
-//! - **Parents** are created in one transaction with the first child: the
-//!   server reaps a container only once it had one.
 //! - **Session**: confirmed every third of its timeout by a `sync`
 //!   (through the leader: a follower cut off from it cannot vouch). A
 //!   grant's lease counts from the last `sync` or our create, never from a
-//!   listing. A node deleted behind its holder's back (an operator, a
-//!   forced release) loses its guard: a lock held past
-//!   [`session::WATCH_AFTER`] watches its own node.
+//!   listing. A node deleted behind its holder's back loses its guard (see
+//!   [`session::watch_our_node`]).
 //! - **Fixed leases** (ephemeral nodes have no TTL): this process deletes
-//!   the node when the lease ends, the session's expiry if it dies first;
-//!   the guard ends with the lease or the session, whichever is first.
+//!   the node when the lease ends, the session's expiry if it dies first.
 
 use std::{
     collections::HashMap,
@@ -310,6 +301,13 @@ impl ZkBackend {
         self.inner.owned.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Changes the record of `token`'s acquisition, if there is one.
+    fn update(&self, token: &Token, change: impl FnOnce(&mut Owned)) {
+        if let Some(owned) = self.owned().get_mut(token) {
+            change(owned);
+        }
+    }
+
     /// The live session's client, its view of `path` brought up to date
     /// with the leader's (see [`election::synced`]).
     async fn synced_client(&self, path: &str) -> Result<zookeeper_client::Client> {
@@ -375,11 +373,7 @@ impl Backend for ZkBackend {
                 .and_then(|o| Some((o.path.clone()?, o.session.clone())));
             let outcome = match found {
                 Some((path, session)) => {
-                    let checked = match session.client() {
-                        Ok(client) => client.check_stat(&path).await,
-                        Err(e) => Err(e),
-                    };
-                    match checked {
+                    match async { session.client()?.check_stat(&path).await }.await {
                         Ok(Some(_)) => RenewOutcome::Renewed,
                         Ok(None) | Err(ZkError::SessionExpired) => RenewOutcome::NotHeld,
                         Err(e) => return Err(backend_error(e)),
@@ -405,12 +399,8 @@ impl Backend for ZkBackend {
             return Ok(false);
         };
         let data = election::with_proclaimed(value);
-        let written = match session.client() {
-            Ok(client) => client.set_data(&path, &data, None).await.map(drop),
-            Err(e) => Err(e),
-        };
-        match written {
-            Ok(()) => Ok(true),
+        match async { session.client()?.set_data(&path, &data, None).await }.await {
+            Ok(_) => Ok(true),
             Err(ZkError::NoNode | ZkError::SessionExpired) => Ok(false),
             Err(e) => Err(backend_error(e)),
         }
@@ -514,7 +504,12 @@ impl Backend for ZkBackend {
         let client = session.client().map_err(backend_error)?;
         election::synced(&client, &path).await?;
         match client.check_stat(&path).await {
-            Ok(Some(_)) => Ok(session.extend_fixed(token, lease, &self.inner.lease_ends)),
+            Ok(Some(_)) => Ok(session.holders.extend_fixed(
+                token,
+                lease,
+                session.timeout,
+                &self.inner.lease_ends,
+            )),
             Ok(None) => Ok(None),
             Err(e) => Err(backend_error(e)),
         }

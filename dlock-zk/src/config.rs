@@ -19,34 +19,20 @@ use dlock_core::{
 ///
 /// # Credentials and ACLs
 ///
-/// With `user:password@`, every session authenticates with ZooKeeper's
-/// `digest` scheme as that user, and every node dlock creates (the lock
-/// path's components, each key's parent, each lock node) carries the ACL
-/// `creator_all`: only sessions authenticated as the same user may read,
-/// delete or create under it. Another client, anonymous or with other
-/// credentials, can neither delete a held lock node nor queue behind it.
-/// Without credentials nodes are open to anyone (`world:anyone`), as
-/// ZooKeeper's own tools create them.
+/// With `user:password@`, sessions authenticate with the `digest` scheme
+/// and every node dlock creates (the lock path's components, each key's
+/// parent, each lock node) carries `creator_all` (see the [crate
+/// docs](crate)). `acl=creator` asks for that with a
+/// [connector](crate::ZkBackend::from_connector) that authenticates
+/// itself, `acl=open` keeps nodes open. Nodes that exist already keep their
+/// ACLs; the lock path's components that dlock creates are creator-only
+/// too, the default `/dlock` included: on an ensemble that applications
+/// share, give each its own path (`zk://app:pw@h:2181/app/locks`), or the
+/// first one with credentials keeps the others out of it. The password is
+/// never printed.
 ///
-/// `acl=creator` or `acl=open` says it outright: `creator` for a backend
-/// made [from a connector](crate::ZkBackend::from_connector) that
-/// authenticates itself, `open` to keep nodes open while authenticating.
-/// Nodes that exist already keep their ACLs: a lock path created open
-/// stays open to new children of others. Every component of the lock
-/// path that dlock creates is creator-only too, the default `/dlock`
-/// included: on an ensemble that applications share, give each its own
-/// path (`zk://app:pw@h:2181/app/locks`), or the first one with
-/// credentials keeps the others out of it.
-///
-/// The password is never printed: `Debug` shows the user only.
-///
-/// # Layout
-///
-/// `layout=curator` names plain locks' nodes as Apache Curator's
-/// `InterProcessMutex` does (`_c_{uuid}-lock-{sequence}`), so that a dlock
-/// holder and a Curator holder of one lock path exclude each other (see
-/// [`ZkConfig::curator_layout`]). The default, `layout=dlock`, is dlock's
-/// own (`lock-{token}-{sequence}`).
+/// `layout=curator` names plain locks' nodes as Apache Curator does (see
+/// [`ZkConfig::curator_layout`]).
 ///
 /// # Examples
 ///
@@ -151,13 +137,10 @@ impl ZkConfig {
                 )
             }
         };
-        let mut servers = Vec::new();
-        for host in parts.hosts() {
-            if host.port.is_none() {
-                return Err(parts.invalid(&format!("`{host}` is not host:port")));
-            }
-            servers.push(host.to_string());
+        if let Some(host) = parts.hosts().iter().find(|h| h.port.is_none()) {
+            return Err(parts.invalid(&format!("`{host}` is not host:port")));
         }
+        let servers: Vec<String> = parts.hosts().iter().map(ToString::to_string).collect();
         let path = parts.path().trim_end_matches('/').to_owned();
         if path.split('/').any(str::is_empty) && !path.is_empty() {
             return Err(parts.invalid("the path has an empty component"));
@@ -184,11 +167,7 @@ impl ZkConfig {
             creator_acls,
             curator_layout,
             tls: tls.then_some(files),
-            path: if path.is_empty() {
-                "/dlock".to_owned()
-            } else {
-                format!("/{path}")
-            },
+            path: format!("/{}", if path.is_empty() { "dlock" } else { &path }),
             session_timeout,
             connect_timeout,
         })

@@ -8,7 +8,7 @@ use std::{
 };
 
 use dlock_core::{
-    backend::{ConnectionStates, LossReporter, SessionHolders},
+    backend::{ConnectionStates, SessionHolders},
     LostReason, Token,
 };
 use tokio::time::Instant;
@@ -21,8 +21,9 @@ pub(crate) struct Session {
     pub(crate) id: i64,
     pub(crate) timeout: Duration,
     /// The guards on this session; "renewed" is when the server last
-    /// answered a request of it, so it lives until `timeout` later.
-    holders: SessionHolders<()>,
+    /// answered a request of it, so it lives until `timeout` later. Its
+    /// `expired()` completes once the session expired or was given up.
+    pub(crate) holders: SessionHolders<()>,
 }
 
 impl Session {
@@ -72,43 +73,10 @@ impl Session {
         self.slot().take();
     }
 
-    /// Completes once the session has expired or was given up.
-    pub(crate) async fn ended(&self) {
-        self.holders.expired().await;
-    }
-
     /// Usable for new locks: not expired, and confirmed recently enough
     /// that a new lock would not be lost at once.
     pub(crate) fn is_usable(&self) -> bool {
         !self.holders.is_expired() && self.holders.renewed_at().elapsed() < self.timeout * 2 / 3
-    }
-
-    /// Tracks a held lock (with a fixed lease, ending at `ends`), and
-    /// returns when the session was last confirmed (see
-    /// [`SessionHolders::hold`]).
-    pub(crate) fn hold(
-        &self,
-        token: Token,
-        loss: LossReporter,
-        ends: Option<Instant>,
-    ) -> Option<Instant> {
-        self.holders.hold(token, loss, ends, ())
-    }
-
-    /// Whether the lock `token` holds is still tracked on this session.
-    pub(crate) fn holds(&self, token: &Token) -> bool {
-        self.holders.holds(token)
-    }
-
-    /// Moves a fixed lease's end (see [`SessionHolders::extend_fixed`]).
-    pub(crate) fn extend_fixed(
-        &self,
-        token: &Token,
-        lease: Duration,
-        timers: &dlock_core::backend::LeaseTimers,
-    ) -> Option<(Instant, Duration)> {
-        self.holders
-            .extend_fixed(token, lease, self.timeout, timers)
     }
 
     /// Stops tracking a lock that is being released.

@@ -16,7 +16,9 @@ use etcd_client::{
 };
 use tokio::time::Instant;
 
-use super::{mode_of, next_event, past, turn::KeptTurn, vanished, EtcdBackend, NameGuard, Owned};
+use super::{
+    delete_if, mode_of, past, turn::KeptTurn, vanished, watched, EtcdBackend, NameGuard, Owned,
+};
 use crate::session::Session;
 
 /// The session TTL for queue keys of fixed-lease acquisitions while they
@@ -62,6 +64,14 @@ fn admitted(queue: &[KeyValue], mine: i64, mode: Mode) -> bool {
     dlock_core::backend::admitted(mode, ahead)
 }
 
+/// A look's answer: the grant, or a refusal that keeps `entry`.
+fn judged(granted: Option<Acquired>, entry: Option<Entry>) -> Look<Entry> {
+    match granted {
+        Some(acquired) => Look::Granted(acquired),
+        None => Look::Refused { entry, again: None },
+    }
+}
+
 fn get_responses(response: &TxnResponse) -> Vec<GetResponse> {
     response
         .op_responses()
@@ -98,13 +108,8 @@ impl WaitSteps for Steps<'_> {
                     again: Some(Duration::ZERO),
                 });
             };
-            return Ok(match backend.judge(req, &entry, &queue, sent).await? {
-                Some(acquired) => Look::Granted(acquired),
-                None => Look::Refused {
-                    entry: Some(entry),
-                    again: None,
-                },
-            });
+            let granted = backend.judge(req, &entry, &queue, sent).await?;
+            return Ok(judged(granted, Some(entry)));
         };
         let checked = Instant::now();
         let check = Txn::new().and_then([
@@ -117,7 +122,7 @@ impl WaitSteps for Steps<'_> {
         let answer = tokio::select! {
             answer = backend.txn(check) => answer.map_err(StepError::Retry)?,
             // Given up (or expired): our key goes with its lease.
-            () = entry.session.ended() => return Err(StepError::Fatal(vanished())),
+            () = entry.session.holders.expired() => return Err(StepError::Fatal(vanished())),
         };
         let mut gets = get_responses(&answer);
         if gets.first().is_none_or(|g| g.count() == 0) {
@@ -125,13 +130,10 @@ impl WaitSteps for Steps<'_> {
         }
         let kvs = gets.pop().map(|mut g| g.take_kvs()).unwrap_or_default();
         let queue = backend.direct(&entry.queue, req.mode, kvs);
-        Ok(match backend.judge(req, entry, &queue, checked).await? {
-            Some(acquired) => Look::Granted(acquired),
-            None => Look::Refused {
-                entry: None,
-                again: None,
-            },
-        })
+        Ok(judged(
+            backend.judge(req, entry, &queue, checked).await?,
+            None,
+        ))
     }
 
     /// Watches the entry that keeps us waiting (a writer's predecessor,
@@ -181,16 +183,18 @@ impl WaitSteps for Steps<'_> {
         let Some(Wake { mut watch, ahead }) = wake.take() else {
             return Ok(Woken::LookAgain);
         };
-        let deleted = next_event(&mut watch, |e| {
-            e.event_type() == EventType::Delete
-                && e.kv().is_some_and(|kv| ahead.iter().any(|k| k == kv.key()))
+        let deleted = watched(&mut watch, |r| {
+            r.events().iter().any(|e| {
+                e.event_type() == EventType::Delete
+                    && e.kv().is_some_and(|kv| ahead.iter().any(|k| k == kv.key()))
+            })
         });
         tokio::select! {
             deleted = deleted => deleted.map(|()| Woken::LookAgain).map_err(StepError::Retry),
             () = tokio::time::sleep_until(until) => Ok(Woken::LookAgain),
             // In line: our key goes with the session's lease. Waiting for
             // the name: the next look enters on a new session.
-            () = entry.session.ended() => match entry.revision {
+            () = entry.session.holders.expired() => match entry.revision {
                 Some(_) => Err(StepError::Fatal(vanished())),
                 None => Ok(Woken::LookAgain),
             },
@@ -230,12 +234,12 @@ impl WaitSteps for Steps<'_> {
     /// Kept with the hold, until its session or its fixed lease ends (see
     /// [`KeptTurn`]).
     fn keep_turn(&self, req: &AcquireRequest<'_>, turn: LocalTurn<String>) {
-        if let Some(owned) = self.0.owned().get_mut(req.token) {
+        self.0.update(req.token, |owned| {
             owned.turn = Some(match req.lease_kind {
                 LeaseKind::Watchdog => KeptTurn::start(turn, Some(owned.session.clone()), None),
                 LeaseKind::Fixed => KeptTurn::start(turn, None, Some(Instant::now() + req.lease)),
             });
-        }
+        });
     }
 }
 
@@ -326,9 +330,7 @@ impl EtcdBackend {
             }
             found.create_revision()
         };
-        if let Some(owned) = self.owned().get_mut(req.token) {
-            owned.created = Some(revision);
-        }
+        self.update(req.token, |owned| owned.created = Some(revision));
         let kvs = gets.pop().map(|mut g| g.take_kvs()).unwrap_or_default();
         let read = self.direct(&entry.queue, mode, kvs);
         if let Mode::Permits { limit, .. } = mode {
@@ -365,10 +367,8 @@ impl EtcdBackend {
             if abandoned.get() {
                 // Nobody will use the key. Only a key on our lease is ours
                 // (see `enter`).
-                let delete = Txn::new()
-                    .when([Compare::lease(name.as_str(), CompareOp::Equal, lease)])
-                    .and_then([TxnOp::delete(name.as_str(), None)]);
-                let _ = backend.txn(delete).await;
+                let ours = Compare::lease(name.as_str(), CompareOp::Equal, lease);
+                let _ = backend.txn(delete_if(name, ours)).await;
             }
             answer
         })
@@ -411,17 +411,13 @@ impl EtcdBackend {
             let read = self.get(&entry.name, options).await;
             return Ok(keys(read.map_err(StepError::Retry)?.kvs()));
         };
-        let permits = matches!(mode, Mode::Permits { .. });
+        let order = match mode {
+            Mode::Permits { .. } => SortOrder::Ascend,
+            _ => SortOrder::Descend,
+        };
         let ahead = GetOptions::new()
             .with_prefix()
-            .with_sort(
-                SortTarget::Create,
-                if permits {
-                    SortOrder::Ascend
-                } else {
-                    SortOrder::Descend
-                },
-            )
+            .with_sort(SortTarget::Create, order)
             .with_max_create_revision(mine - 1);
         // Readers and permits need the modes ahead (etcd counts a range
         // before its revision filters: the kvs it returns are what
@@ -470,21 +466,16 @@ impl EtcdBackend {
         at: Instant,
     ) -> Result<Acquired> {
         let acquired = Acquired::new(at).with_fence(u64::try_from(revision).unwrap_or(0));
-        if let Some(owned) = self.owned().get_mut(req.token) {
-            owned.granted = Some(revision);
-        }
+        self.update(req.token, |owned| owned.granted = Some(revision));
         // Held: the name is this hold's, and with `layout=etcdctl` its
         // turn's (a grant that fails keeps the guard until its release).
-        let held = || {
-            if let Some(owned) = self.owned().get_mut(req.token) {
-                owned.guard = None;
-            }
-        };
+        let held = || self.update(req.token, |owned| owned.guard = None);
         if req.lease_kind == LeaseKind::Watchdog {
             // The lease end is read with the guard's registration, so
             // that no keepalive can fall between the two.
             let renewed_at = session
-                .hold(*req.token, name.to_owned(), req.loss.clone())
+                .holders
+                .hold(*req.token, req.loss.clone(), None, name.to_owned())
                 .ok_or_else(vanished)?;
             held();
             return Ok(acquired
@@ -495,9 +486,7 @@ impl EtcdBackend {
         // its create revision (our place and fencing token).
         let from = Instant::now();
         let lease = self.grant_lease(req.lease).await?;
-        if let Some(owned) = self.owned().get_mut(req.token) {
-            owned.own_lease = Some(lease);
-        }
+        self.update(req.token, |owned| owned.own_lease = Some(lease));
         let put = super::put_if_created(
             name,
             revision,
@@ -507,9 +496,7 @@ impl EtcdBackend {
         if !self.txn(put).await?.succeeded() {
             return Err(vanished());
         }
-        if let Some(owned) = self.owned().get_mut(req.token) {
-            owned.on_own_lease = true;
-        }
+        self.update(req.token, |owned| owned.on_own_lease = true);
         held();
         Ok(acquired.with_lease_from(from, req.lease))
     }

@@ -1,9 +1,9 @@
 //! Releasing: deleting our key, and revoking a fixed lease of its own.
 
-use dlock_core::{backend::ReleaseOutcome, Result, Token};
-use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
+use dlock_core::{backend::ReleaseOutcome, LostReason, Result, Token};
+use etcd_client::{Compare, CompareOp, TxnOpResponse};
 
-use super::{retried, EtcdBackend};
+use super::{delete_if, retried, EtcdBackend};
 
 impl EtcdBackend {
     /// Revokes `lease` once, without waiting: if etcd does not answer, the
@@ -38,7 +38,7 @@ impl EtcdBackend {
                 std::mem::replace(&mut owned.release_sent, true),
             )
         };
-        session.forget(token);
+        session.holders.forget(token, LostReason::NotHeld);
         // Sent more than once (here, or by an earlier call that failed):
         // the answer of one that ran may have been lost.
         let mut sends = u32::from(sent_before);
@@ -52,9 +52,8 @@ impl EtcdBackend {
             // caller has gone then, and the enqueue deletes it itself. An
             // extend or a proclaim checks the create revision, so neither
             // makes it again.) So a plain delete removes only ours, and
-            // etcd applies it faster than a transaction with a comparison:
-            // measured, 64 tasks on 64 keys made about 1.18x as many locks
-            // a second (BENCHMARKS.md, "What this round changed").
+            // etcd applies it faster than a transaction with a comparison
+            // (BENCHMARKS.md).
             let answer = retried(|| {
                 sends += 1;
                 let (mut client, name) = (self.client(), name.clone());
@@ -73,9 +72,7 @@ impl EtcdBackend {
                 }
                 None => Compare::lease(name.as_str(), CompareOp::Equal, session.lease),
             };
-            let delete = Txn::new()
-                .when([ours])
-                .and_then([TxnOp::delete(name.as_str(), None)]);
+            let delete = delete_if(name.as_str(), ours);
             let answer = retried(|| {
                 sends += 1;
                 let (mut client, delete) = (self.client(), delete.clone());

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use dlock_core::{backend::Backoff, LockError, Result};
 use etcd_client::{
-    Client, Compare, CompareOp, Event, GetOptions, GetResponse, PutOptions, Txn, TxnOp,
-    TxnResponse, WatchOptions, WatchStream,
+    Client, Compare, CompareOp, GetOptions, GetResponse, PutOptions, Txn, TxnOp, TxnResponse,
+    WatchOptions, WatchResponse, WatchStream,
 };
 
 use super::{backend_error, EtcdBackend, NAME};
@@ -23,6 +23,13 @@ pub(super) fn put_if_created(
     Txn::new()
         .when([Compare::create_revision(name, CompareOp::Equal, revision)])
         .and_then([TxnOp::put(name, value, Some(options))])
+}
+
+/// A transaction that deletes `name` only if `ours` holds.
+pub(super) fn delete_if(name: impl Into<Vec<u8>>, ours: Compare) -> Txn {
+    Txn::new()
+        .when([ours])
+        .and_then([TxnOp::delete(name, None)])
 }
 
 /// gRPC's `UNAVAILABLE`: the request reached no live member.
@@ -57,24 +64,24 @@ where
     request().await.map_err(backend_error)
 }
 
-/// Waits on `watch` for an event that `wanted` picks: an error if the
+/// Waits on `watch` for a response that `wanted` picks: an error if the
 /// watch ends first.
-pub(super) async fn next_event(
+pub(super) async fn watched(
     watch: &mut WatchStream,
-    wanted: impl Fn(&Event) -> bool,
+    wanted: impl Fn(&WatchResponse) -> bool,
 ) -> Result<()> {
     loop {
         match watch.message().await.map_err(backend_error)? {
-            Some(response) if response.canceled() => return Err(watch_ended()),
-            Some(response) if response.events().iter().any(&wanted) => return Ok(()),
+            Some(response) if response.canceled() => break,
+            Some(response) if wanted(&response) => return Ok(()),
             Some(_) => {}
-            None => return Err(watch_ended()),
+            None => break,
         }
     }
-}
-
-fn watch_ended() -> LockError {
-    LockError::backend(NAME, std::io::Error::other("the watch ended"))
+    Err(LockError::backend(
+        NAME,
+        std::io::Error::other("the watch ended"),
+    ))
 }
 
 impl EtcdBackend {
@@ -107,19 +114,10 @@ impl EtcdBackend {
         key: impl Into<Vec<u8>>,
         options: Option<WatchOptions>,
     ) -> Result<WatchStream> {
-        let mut watch = self
-            .client()
-            .watch(key, options)
-            .await
-            .map_err(backend_error)?;
-        loop {
-            match watch.message().await.map_err(backend_error)? {
-                Some(response) if response.canceled() => return Err(watch_ended()),
-                Some(response) if response.created() => return Ok(watch),
-                Some(_) => {}
-                None => return Err(watch_ended()),
-            }
-        }
+        let watch = self.client().watch(key, options).await;
+        let mut watch = watch.map_err(backend_error)?;
+        watched(&mut watch, WatchResponse::created).await?;
+        Ok(watch)
     }
 
     /// A new etcd lease of `lease`, rounded up to whole seconds as etcd

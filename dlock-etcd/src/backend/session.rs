@@ -32,6 +32,13 @@ fn tls_options(files: &dlock_core::backend::TlsFiles) -> Result<etcd_client::Tls
     Ok(options)
 }
 
+fn timed_out(what: &str) -> LockError {
+    LockError::backend(
+        NAME,
+        std::io::Error::new(std::io::ErrorKind::TimedOut, what),
+    )
+}
+
 impl EtcdBackend {
     /// Connects to the endpoints of an `etcd://` URL (see [`EtcdConfig`]).
     ///
@@ -67,12 +74,7 @@ impl EtcdBackend {
         let connecting = Client::connect(config.endpoints(), Some(options));
         let client = tokio::time::timeout(config.connect_timeout(), connecting)
             .await
-            .map_err(|_| {
-                LockError::backend(
-                    NAME,
-                    std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"),
-                )
-            })?
+            .map_err(|_| timed_out("connect timed out"))?
             .map_err(backend_error)?;
         Self::from_client_with(client, &config).await
     }
@@ -120,12 +122,7 @@ impl EtcdBackend {
         // The channel connects lazily; make sure a server answers now.
         tokio::time::timeout(config.connect_timeout(), client.status())
             .await
-            .map_err(|_| {
-                LockError::backend(
-                    NAME,
-                    std::io::Error::new(std::io::ErrorKind::TimedOut, "no endpoint answered"),
-                )
-            })?
+            .map_err(|_| timed_out("no endpoint answered"))?
             .map_err(backend_error)?;
         let backend = EtcdBackend {
             inner: Arc::new(Inner {

@@ -41,7 +41,7 @@ impl KeptTurn {
                 };
                 let session_ends = async {
                     match &session {
-                        Some(session) => session.ended().await,
+                        Some(session) => session.holders.expired().await,
                         None => std::future::pending().await,
                     }
                 };

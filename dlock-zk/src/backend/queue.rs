@@ -69,6 +69,14 @@ fn step_error(e: ZkError) -> StepError {
     }
 }
 
+/// A look's answer: the grant, or a refusal that keeps `entry`.
+fn judged(granted: Option<Acquired>, entry: Option<Entry>) -> Look<Entry> {
+    match granted {
+        Some(acquired) => Look::Granted(acquired),
+        None => Look::Refused { entry, again: None },
+    }
+}
+
 impl WaitSteps for Steps<'_> {
     type TurnKey = ();
     type Entry = Entry;
@@ -90,30 +98,15 @@ impl WaitSteps for Steps<'_> {
                 let listed = tokio::select! {
                     listed = entry.client.list_children(&entry.parent) => listed,
                     // Given up: the wait ends with the session.
-                    () = entry.session.ended() => Err(ZkError::SessionExpired),
+                    () = entry.session.holders.expired() => Err(ZkError::SessionExpired),
                 };
                 entry.node.children = listed.map_err(step_error)?;
                 entry.listed_at = asked;
-                backend
-                    .judge(req, entry)
-                    .await
-                    .map(|granted| match granted {
-                        Some(acquired) => Look::Granted(acquired),
-                        None => Look::Refused {
-                            entry: None,
-                            again: None,
-                        },
-                    })
+                Ok(judged(backend.judge(req, entry).await?, None))
             }
             None => {
                 let mut entry = backend.enter(req).await.map_err(StepError::Fatal)?;
-                Ok(match backend.judge(req, &mut entry).await? {
-                    Some(acquired) => Look::Granted(acquired),
-                    None => Look::Refused {
-                        entry: Some(entry),
-                        again: None,
-                    },
-                })
+                Ok(judged(backend.judge(req, &mut entry).await?, Some(entry)))
             }
         }
     }
@@ -192,7 +185,7 @@ impl WaitSteps for Steps<'_> {
         tokio::select! {
             _ = watcher.changed() => Ok(Woken::LookAgain),
             () = tokio::time::sleep_until(until) => Ok(Woken::LookAgain),
-            () = entry.session.ended() => Err(StepError::Fatal(vanished())),
+            () = entry.session.holders.expired() => Err(StepError::Fatal(vanished())),
         }
     }
 
@@ -240,14 +233,11 @@ impl ZkBackend {
             },
         );
         let enqueued = self.enqueue(&client, &parent, &mine, &tag).await;
-        if let Some(owned) = self.owned().get_mut(&token) {
-            owned.strays = enqueued.as_ref().map_or(true, |e| e.strays);
-        }
+        let strays = enqueued.as_ref().map_or(true, |e| e.strays);
+        self.update(&token, |owned| owned.strays = strays);
         let node = enqueued?;
         let path = format!("{parent}/{}", node.name);
-        if let Some(owned) = self.owned().get_mut(&token) {
-            owned.path = Some(path.clone());
-        }
+        self.update(&token, |owned| owned.path = Some(path.clone()));
         sequence(&node.name).ok_or_else(vanished)?;
         if let Mode::Permits { limit, .. } = mode {
             let theirs = node.children.iter().find_map(|c| match mode_of(c) {
@@ -437,16 +427,15 @@ impl ZkBackend {
         let granted_at = entry.listed_at;
         let fence = u64::try_from(entry.node.stat.czxid).unwrap_or(0);
         let acquired = Acquired::new(sent).with_fence(fence);
-        if let Some(owned) = self.owned().get_mut(req.token) {
-            owned.granted = true;
-        }
+        self.update(req.token, |owned| owned.granted = true);
         // A fixed lease counts from the grant, as on every backend: a lock
         // won after a long wait gets its whole lease.
         let fixed_end = (req.lease_kind == LeaseKind::Fixed).then(|| granted_at + req.lease);
         // Registered with the session either way: its expiry ends the lock
         // whatever the lease.
         let confirmed_at = session
-            .hold(*req.token, req.loss.clone(), fixed_end)
+            .holders
+            .hold(*req.token, req.loss.clone(), fixed_end, ())
             .ok_or_else(vanished)?;
         watch_our_node(session, *req.token, path.to_owned());
         // Only what the leader saw proves the session alive: the last

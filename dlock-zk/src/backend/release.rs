@@ -107,11 +107,8 @@ impl ZkBackend {
             )
         };
         session.forget(token);
-        let outcome = match session.client() {
-            Ok(client) => delete_ours(&client, &parent, path, &mine).await,
-            Err(e) => Err(e),
-        };
-        let outcome = match outcome {
+        let outcome = async { delete_ours(&session.client()?, &parent, path, &mine).await };
+        let outcome = match outcome.await {
             // Answered on the node's own session, which still lives.
             Ok(ReleaseOutcome::NotHeld) if resent => ReleaseOutcome::Released,
             Ok(outcome) => outcome,

@@ -59,22 +59,18 @@ async fn open_session(
     }
 }
 
-/// The application's crypto provider if it installed one as the process
-/// default; otherwise ring, installed as the default, because zookeeper-client
-/// builds its TLS configuration from the process default only and cannot
-/// be handed a provider (rustls cannot pick one itself when the build has
-/// more than one). An application that wants aws-lc-rs installs it before
-/// connecting.
-#[cfg(feature = "tls")]
-pub(crate) fn use_ring_unless_chosen() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
 /// The TLS settings of a `zks://` URL's files, read now.
+///
+/// The crypto provider is the application's if it installed one as the
+/// process default; otherwise ring, installed as the default, because
+/// zookeeper-client builds its TLS configuration from the process default
+/// only and cannot be handed a provider (rustls cannot pick one itself when
+/// the build has more than one). An application that wants aws-lc-rs
+/// installs it before connecting.
 #[cfg(feature = "tls")]
 fn tls_options(files: &dlock_core::backend::TlsFiles) -> Result<zookeeper_client::TlsOptions> {
     use dlock_core::backend::TlsFiles;
-    use_ring_unless_chosen();
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let read = |path: &std::path::PathBuf| {
         TlsFiles::read(path).map(|pem| String::from_utf8_lossy(&pem).into_owned())
     };
@@ -119,7 +115,7 @@ pub(super) fn watch_our_node(session: &Arc<Session>, token: Token, path: String)
         loop {
             let Some(client) = session
                 .upgrade()
-                .filter(|s| s.holds(&token))
+                .filter(|s| s.holders.holds(&token))
                 .and_then(|s| s.client().ok())
             else {
                 return;
