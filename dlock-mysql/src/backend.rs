@@ -133,7 +133,9 @@ impl MySqlDialect {
         }
     }
 
-    /// A named lock for `token` in the space `tag` names.
+    /// A named lock for `token` in the space `tag` names (`e` a queue
+    /// entry's, `h` a proclaimed hold's, `s` a session's marker), under
+    /// the first 26 characters of the prefix, within the server's 64.
     fn token_lock(&self, tag: char, token: &Token) -> String {
         let prefix = self.config.lock_prefix();
         format!("{}%{tag}:{token}", &prefix[..prefix.len().min(26)])
@@ -150,17 +152,6 @@ impl MySqlDialect {
             lock_name_in("owner"),
             self.queue
         )
-    }
-
-    /// A queue entry's lock: a named lock for its token, under (the first
-    /// 26 characters of) the prefix, within the server's 64.
-    fn entry_lock(&self, token: &Token) -> String {
-        self.token_lock('e', token)
-    }
-
-    /// A proclaimed hold's entry lock, named as a queue entry's is.
-    fn holder_lock(&self, token: &Token) -> String {
-        self.token_lock('h', token)
     }
 }
 

@@ -194,23 +194,15 @@ impl MySqlConfig {
     }
 }
 
-/// A key's `GET_LOCK` name: `{prefix}:` and the key, with every character
-/// but lowercase ASCII letters, digits and `-_.:/` escaped (so that names,
-/// which the server compares without case, keep keys apart that differ
-/// only in case). A name longer than MySQL's 64 characters keeps its first
-/// part and ends in `#` and 16 hex digits of truncated SHA-256 over the prefix and
-/// the key: such keys share a lock only if their hashes collide, which
-/// costs a wait, never exclusion (`#` is always escaped in whole names, so
-/// the two forms never meet).
-pub(crate) fn lock_name(prefix: &str, key: &LockKey) -> String {
-    object_name(prefix, "", key)
-}
-
-/// The name of `key`'s read-write lock (`object` `%rw:`) or semaphore
-/// (`%sem:`) in the queue table: as [`lock_name`], with the object after
-/// the prefix (a `%` an escaped key never has before two hex digits), and
-/// a hashed tail over the object and the key, so the three objects of one
-/// key never share a name.
+/// The `GET_LOCK` name of `key`'s `object`: `{prefix}:`, the object (`""`
+/// for a plain lock, `%rw:` a read-write lock's, `%sem:` a semaphore's: a
+/// `%` an escaped key never has before two hex digits), and the key, with
+/// every character but lowercase ASCII letters, digits and `-_.:/`
+/// escaped (names are compared without case). A name longer than MySQL's
+/// 64 characters keeps its first part and ends in `#` and 16 hex digits of
+/// truncated SHA-256 over the prefix, the object and the key: such keys
+/// share a lock only if their hashes collide, which costs a wait, never
+/// exclusion (`#` is always escaped in whole names).
 pub(crate) fn object_name(prefix: &str, object: &str, key: &LockKey) -> String {
     let mut name = String::with_capacity(MAX_NAME);
     name.push_str(prefix);
@@ -222,11 +214,7 @@ pub(crate) fn object_name(prefix: &str, object: &str, key: &LockKey) -> String {
     if name.len() > MAX_NAME {
         // The escaped name is ASCII: every byte is a character boundary.
         name.truncate(MAX_NAME - HASH_TAIL);
-        let hash = if object.is_empty() {
-            key_hash(prefix, key.as_str())
-        } else {
-            key_hash(prefix, &format!("{object}{}", key.as_str()))
-        };
+        let hash = key_hash(prefix, &format!("{object}{}", key.as_str()));
         name.push_str(&format!("#{hash:016x}"));
     }
     name
@@ -281,7 +269,7 @@ mod tests {
     }
 
     fn name(key: &str) -> String {
-        lock_name("dlock", &LockKey::new(key).unwrap())
+        object_name("dlock", "", &LockKey::new(key).unwrap())
     }
 
     #[test]
@@ -304,7 +292,7 @@ mod tests {
         );
         let exact = name(&"k".repeat(58));
         assert_eq!((exact.len(), exact.contains('#')), (64, false));
-        let widest = lock_name(&"p".repeat(MAX_PREFIX), &LockKey::new(&long).unwrap());
+        let widest = object_name(&"p".repeat(MAX_PREFIX), "", &LockKey::new(&long).unwrap());
         let prefix = "p".repeat(MAX_PREFIX);
         let key = LockKey::new(&long).unwrap();
         let (rw, sem) = (

@@ -268,22 +268,16 @@ impl<D: Dialect> Backend for SqlBackend<D> {
         if !self.inner.dialect.fences() {
             return Err(unsupported_holder(D::NAME));
         }
-        let Some(releasing) = lock(&self.inner.owned)
+        let Some((releasing, session)) = lock(&self.inner.owned)
             .get(token)
-            .map(|o| o.releasing.clone())
+            .map(|o| (o.releasing.clone(), o.session.clone()))
         else {
             return Ok(false);
         };
         // Not while its release runs: that would leave a record the
-        // release did not delete.
+        // release did not delete (one that ran leaves no lock to check).
         let _not_releasing = releasing.lock().await;
         let id = self.inner.dialect.lock_id(key, Mode::Exclusive);
-        let Some(session) = lock(&self.inner.owned)
-            .get(token)
-            .map(|o| o.session.clone())
-        else {
-            return Ok(false);
-        };
         let (backend, token, value) = (self.clone(), *token, value.to_vec());
         let written = session
             .run(move |d, c| {

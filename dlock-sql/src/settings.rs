@@ -80,9 +80,8 @@ impl SqlSettings {
         Ok(())
     }
 
-    /// Takes one parameter: `Ok(true)` if it is dlock's, `Ok(false)` if it
-    /// is the driver's.
-    fn take_param(&mut self, name: &str, value: &str) -> Result<bool, String> {
+    /// Takes one of [`PARAMS`](SqlSettings::PARAMS).
+    fn take_param(&mut self, name: &str, value: &str) -> Result<(), String> {
         let duration =
             || parse_url_duration(value).map_err(|why| format!("`{name}={value}`: {why}"));
         let count = |range: std::ops::RangeInclusive<usize>| {
@@ -99,7 +98,7 @@ impl SqlSettings {
                 })
         };
         match name {
-            "session_timeout" => self.session_timeout = duration()?.max(Duration::from_millis(100)),
+            "session_timeout" => self.set_session_timeout(duration()?),
             "connect_timeout" => self.connect_timeout = duration()?,
             "max_waiters" => self.max_waiters = count(1..=1000)?,
             "holder_sessions" => self.holder_sessions = count(1..=64)?,
@@ -117,9 +116,9 @@ impl SqlSettings {
                 }
                 self.lock_prefix = value.to_owned();
             }
-            _ => return Ok(false),
+            _ => unreachable!("{name} is not one of SqlSettings::PARAMS"),
         }
-        Ok(true)
+        Ok(())
     }
 
     /// How long a holder that stopped answering keeps its locks.

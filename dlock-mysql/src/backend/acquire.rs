@@ -1,10 +1,10 @@
 //! Acquiring a named lock: the uncontended attempt on a holder session,
 //! and the wait on the server on a waiter session.
 
-use std::sync::atomic::Ordering;
+use std::{sync::atomic::Ordering, time::Duration};
 
-use dlock_sql::{sqlx, Dialect};
-use sqlx::Executor;
+use dlock_sql::{sqlx, Dialect, Granted};
+use sqlx::{Executor, Row};
 
 use super::{error_number, MySqlDialect, MySqlSession, FENCE_ROWS};
 use crate::config::FenceSource;
@@ -139,14 +139,19 @@ impl MySqlDialect {
         }
     }
 
-    /// One request: `GET_LOCK(name, timeout)` (only on the server session
-    /// `session`) then, if granted, the token from the name's counter row
-    /// (`-1` if the row is missing); answers the lock's state (1 granted,
-    /// 0 timed out, `NULL` interrupted, -1 on another session), the
-    /// token, and the server's time on it in µs (0 unless `timed`: an
-    /// attempt that does not wait has no use for it). Names are ASCII letters,
-    /// digits and `-_.:/%#` only: safe inside quotes.
-    pub(super) fn get_lock(&self, session: i64, name: &str, timeout: &str, timed: bool) -> String {
+    /// One text request on `conn`'s own server session: `GET_LOCK(name,
+    /// timeout)` then, if granted, the token from the name's counter row.
+    /// Answers the lock's state (1 granted, 0 timed out, `NULL`
+    /// interrupted) and a grant, its server's time measured only if
+    /// `timed`. Names are ASCII letters, digits and `-_.:/%#` only: safe
+    /// inside quotes.
+    pub(super) async fn get_lock(
+        &self,
+        conn: &mut MySqlSession,
+        name: &str,
+        timeout: &str,
+        timed: bool,
+    ) -> Result<(Option<i64>, Option<Granted>), sqlx::Error> {
         let (take, token) = match self.config.fence() {
             FenceSource::Row => (
                 format!(
@@ -168,11 +173,25 @@ impl MySqlDialect {
         } else {
             ("", "0")
         };
-        format!(
+        let request = format!(
             "{start}\
              SET @dlock_g = IF(CONNECTION_ID() = {session}, GET_LOCK('{name}', {timeout}), -1); \
              {take}\
-             SELECT @dlock_g, {token}, {took}, CAST(CONNECTION_ID() AS SIGNED)"
-        )
+             SELECT @dlock_g, {token}, {took}, CAST(CONNECTION_ID() AS SIGNED)",
+            session = conn.id,
+        );
+        let rows = conn.conn.fetch_all(request.as_str()).await?;
+        let row = rows.last().ok_or(sqlx::Error::RowNotFound)?;
+        conn.check(row.try_get(3)?)?;
+        let state: Option<i64> = row.try_get(0)?;
+        if state != Some(1) {
+            return Ok((state, None));
+        }
+        let took: i64 = row.try_get(2)?;
+        let granted = Granted {
+            fence: self.token(row.try_get(1)?)?,
+            took: Duration::from_micros(u64::try_from(took).unwrap_or(0)),
+        };
+        Ok((state, Some(granted)))
     }
 }

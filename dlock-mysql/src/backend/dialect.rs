@@ -16,7 +16,7 @@ use super::{
     acquire::take_did_not_run, error_number, lock_name_in, lock_timeout, on_own_session,
     version::holds_several_locks, MySqlDialect, MySqlSession, QUEUE_ROW,
 };
-use crate::config::{lock_name, object_name, FenceSource, MySqlConfig};
+use crate::config::{object_name, FenceSource, MySqlConfig};
 
 /// How long an enqueue waits at most for the key's other enqueues (each
 /// one insert long) before it answers busy (and is tried again, within the
@@ -67,7 +67,7 @@ impl Dialect for MySqlDialect {
     fn lock_id(&self, key: &LockKey, mode: Mode) -> String {
         let prefix = self.config.lock_prefix();
         match mode {
-            Mode::Exclusive => lock_name(prefix, key),
+            Mode::Exclusive => object_name(prefix, "", key),
             Mode::Permits { .. } => object_name(prefix, "%sem:", key),
             _ => object_name(prefix, "%rw:", key),
         }
@@ -92,7 +92,7 @@ impl Dialect for MySqlDialect {
         // one are read in the same round trip. With fencing, the
         // number is taken from the queue's counter row first (a
         // committed write), else it is the table's `AUTO_INCREMENT`.
-        let entry = self.entry_lock(token);
+        let entry = self.token_lock('e', token);
         let (take, number) = match self.config.fence() {
             FenceSource::Row => (
                 format!(
@@ -180,7 +180,7 @@ impl Dialect for MySqlDialect {
     }
 
     async fn dequeue(&self, conn: &mut MySqlSession, token: &Token) -> Result<bool, sqlx::Error> {
-        let entry = self.entry_lock(token);
+        let entry = self.token_lock('e', token);
         let request = format!(
             "DELETE FROM {} WHERE owner = '{entry}'; SET @dlock_d = ROW_COUNT(); \
              DO IF(CONNECTION_ID() = {}, RELEASE_LOCK('{entry}'), NULL); \
@@ -332,14 +332,8 @@ impl Dialect for MySqlDialect {
                 answer => return answer,
             }
         }
-        let request = self.get_lock(conn.id, id, "0", false);
-        let rows = conn.conn.fetch_all(request.as_str()).await?;
-        let row = rows.last().ok_or(sqlx::Error::RowNotFound)?;
-        conn.check(row.try_get(3)?)?;
-        match row.try_get::<Option<i64>, _>(0)? {
-            Some(1) => self.token(row.try_get(1)?).map(Some),
-            _ => Ok(None),
-        }
+        let (_, granted) = self.get_lock(conn, id, "0", false).await?;
+        Ok(granted.map(|g| g.fence))
     }
 
     async fn wait(
@@ -349,20 +343,10 @@ impl Dialect for MySqlDialect {
         _mode: Mode,
         limit: Option<Duration>,
     ) -> Result<Option<Granted>, sqlx::Error> {
-        let request = self.get_lock(conn.id, id, &lock_timeout(limit), true);
-        let rows = conn.conn.fetch_all(request.as_str()).await?;
-        let row = rows.last().ok_or(sqlx::Error::RowNotFound)?;
-        conn.check(row.try_get(3)?)?;
-        match row.try_get::<Option<i64>, _>(0)? {
-            Some(1) => {
-                let took_us: i64 = row.try_get(2)?;
-                Ok(Some(Granted {
-                    fence: self.token(row.try_get(1)?)?,
-                    took: Duration::from_micros(u64::try_from(took_us).unwrap_or(0)),
-                }))
-            }
+        match self.get_lock(conn, id, &lock_timeout(limit), true).await? {
+            (_, Some(granted)) => Ok(Some(granted)),
             // Not granted within the limit: the session is as it was.
-            Some(0) => Ok(None),
+            (Some(0), None) => Ok(None),
             // `NULL`: the wait was interrupted (`KILL QUERY`); treated
             // as the end of the session, which gives up whatever it
             // might hold.
@@ -434,7 +418,7 @@ impl Dialect for MySqlDialect {
         fence: i64,
         value: &[u8],
     ) -> Result<(), sqlx::Error> {
-        let owner = self.holder_lock(token);
+        let owner = self.token_lock('h', token);
         // Taken once: a second GET_LOCK of a name this session holds
         // would stack, and the release gives it back once.
         let (taken, session): (Option<i64>, i64) = sqlx::query_as(
@@ -475,7 +459,7 @@ impl Dialect for MySqlDialect {
         id: &String,
         token: &Token,
     ) -> Result<(), sqlx::Error> {
-        let owner = self.holder_lock(token);
+        let owner = self.token_lock('h', token);
         let delete = format!(
             "DELETE FROM {} WHERE lock_id = ? AND owner = ?",
             self.holders

@@ -29,17 +29,6 @@ fn incarnation(pid: &str) -> String {
     )
 }
 
-/// A permit entry's lock: a one-key advisory lock named for its token.
-fn entry_lock(token: &Token) -> i64 {
-    token_lock("dlock-entry", token)
-}
-
-/// A proclaimed hold's entry lock: a one-key advisory lock named for its
-/// token, held by the holder's session while its record is its own.
-fn holder_lock(token: &Token) -> i64 {
-    token_lock("dlock-holder", token)
-}
-
 impl Dialect for PgDialect {
     type Config = PgConfig;
     type Database = sqlx::Postgres;
@@ -381,7 +370,7 @@ impl Dialect for PgDialect {
         mode: Mode,
         token: &Token,
     ) -> Result<(i64, Vec<QueueEntry>), sqlx::Error> {
-        let (owner, queue, pid) = (entry_lock(token), &self.queue, session.id);
+        let (owner, queue, pid) = (token_lock("dlock-entry", token), &self.queue, session.id);
         let mine = format!("currval(pg_get_serial_sequence('{queue}', 'n'))");
         let request = format!(
             "SELECT pg_backend_pid(), pg_advisory_xact_lock({id}); \
@@ -425,7 +414,7 @@ impl Dialect for PgDialect {
 
     async fn dequeue(&self, session: &mut PgSession, token: &Token) -> Result<bool, sqlx::Error> {
         let (deleted, _, pid): (bool, Option<bool>, i32) = sqlx::query_as(self.dequeue.as_str())
-            .bind(entry_lock(token))
+            .bind(token_lock("dlock-entry", token))
             .bind(session.id)
             .fetch_one(&mut session.conn)
             .await?;
@@ -480,7 +469,7 @@ impl Dialect for PgDialect {
     ) -> Result<(), sqlx::Error> {
         let (written, pid): (i64, i32) = sqlx::query_as(self.proclaim.as_str())
             .bind(*id)
-            .bind(holder_lock(token))
+            .bind(token_lock("dlock-holder", token))
             .bind(fence)
             .bind(value)
             .bind(session.id)
@@ -504,7 +493,7 @@ impl Dialect for PgDialect {
     ) -> Result<(), sqlx::Error> {
         let answer: (Option<bool>, i32) = sqlx::query_as(self.disclaim.as_str())
             .bind(*id)
-            .bind(holder_lock(token))
+            .bind(token_lock("dlock-holder", token))
             .bind(session.id)
             .fetch_one(&mut session.conn)
             .await?;
