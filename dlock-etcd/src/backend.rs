@@ -179,15 +179,6 @@ fn escape(key: &LockKey) -> String {
     key.escaped(|c| c == '/' || c.is_control())
 }
 
-/// Just past every key under `queue` (which ends in `/`).
-fn past(queue: &str) -> Vec<u8> {
-    let mut end = queue.as_bytes().to_vec();
-    if let Some(last) = end.last_mut() {
-        *last += 1;
-    }
-    end
-}
-
 /// What a queue entry's value says it takes: the tag before the value's
 /// first NUL (a proclaimed value follows it: see `proclaim`).
 fn mode_of(value: &[u8]) -> Option<Mode> {
@@ -408,7 +399,7 @@ impl Backend for EtcdBackend {
     /// expired, a proclaim; a waiter joining wakes it for nothing).
     async fn holder_changed(&self, key: &LockKey, seen: Option<&Holder>) -> Result<()> {
         let queue = self.queue(key, Mode::Exclusive);
-        let range = WatchOptions::new().with_range(past(&queue));
+        let range = WatchOptions::new().with_prefix();
         let mut watch = self.watch_from_now(queue, Some(range)).await?;
         if self.holder(key).await?.as_ref() != seen {
             return Ok(());

@@ -412,7 +412,6 @@ impl Backend for ZkBackend {
     async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {
         let parent = parent_of(self.inner.config.path(), key, Mode::Exclusive);
         let client = self.synced_client(&parent).await?;
-        let mut last = ZkError::NoNode;
         for _ in 0..5 {
             let children = election::children(&client, &parent).await?;
             let Some(first) = children.and_then(election::holding) else {
@@ -420,11 +419,11 @@ impl Backend for ZkBackend {
             };
             match client.get_data(&format!("{parent}/{first}")).await {
                 Ok((data, stat)) => return Ok(Some(election::holder_of(&data, &stat))),
-                Err(e @ ZkError::NoNode) => last = e,
+                Err(ZkError::NoNode) => {}
                 Err(e) => return Err(backend_error(e)),
             }
         }
-        Err(backend_error(last))
+        Err(backend_error(ZkError::NoNode))
     }
 
     /// Watches armed by the reads that compare: the parent's children (a

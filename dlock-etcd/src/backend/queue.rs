@@ -16,9 +16,7 @@ use etcd_client::{
 };
 use tokio::time::Instant;
 
-use super::{
-    delete_if, mode_of, past, turn::KeptTurn, vanished, watched, EtcdBackend, NameGuard, Owned,
-};
+use super::{delete_if, mode_of, turn::KeptTurn, vanished, watched, EtcdBackend, NameGuard, Owned};
 use crate::session::Session;
 
 /// The session TTL for queue keys of fixed-lease acquisitions while they
@@ -157,7 +155,7 @@ impl WaitSteps for Steps<'_> {
         let (watched, range) = if matches!(req.mode, Mode::Permits { .. }) {
             (
                 entry.queue.as_bytes().to_vec(),
-                Some(WatchOptions::new().with_range(past(&entry.queue))),
+                Some(WatchOptions::new().with_prefix()),
             )
         } else {
             (first.clone(), None)
@@ -246,17 +244,15 @@ impl WaitSteps for Steps<'_> {
 impl EtcdBackend {
     /// Puts our entry into `req`'s queue, on the session's lease, and
     /// reads the queue in the same transaction: `None` if the entry's name
-    /// was not free to use (see below) in time.
+    /// was not free to use in time.
     ///
-    /// With `layout=etcdctl`, an entry's name is the session's lease alone,
-    /// so it may already be taken by an earlier acquisition of this
-    /// session on a fixed lease of its own: one whose release failed until
-    /// it was given up (see `abandon`), or a kept guard whose lease ended
-    /// by its count while etcd's, in whole seconds, still runs. Such a key
-    /// is not ours to take over (its fence would be given twice) nor to
-    /// delete: the entry then waits for it to go. And an acquisition of
-    /// this process cancelled mid-enqueue may still make or delete a key
-    /// of the name: its [`NameGuard`] is waited for.
+    /// With `layout=etcdctl`, the name (the session's lease alone) may hold
+    /// an earlier acquisition's key on a fixed lease of its own (a release
+    /// given up, or a lease ended by the guard's count but not yet by
+    /// etcd's whole seconds): not ours to take over (its fence would be
+    /// given twice) nor to delete, so the entry waits for it to go. A
+    /// request cancelled mid-enqueue may still make or delete a key of the
+    /// name: its [`NameGuard`] is waited for.
     async fn enter(&self, req: &AcquireRequest<'_>) -> Result<Option<(Entry, Vec<KeyValue>)>> {
         let mode = req.mode;
         let queue = self.queue(req.key, mode);
