@@ -155,12 +155,22 @@ impl MySqlDialect {
     }
 }
 
-/// A statement that runs `expr` (an integer, its parameters after the
-/// first) only on the server session whose connection id is the first
-/// parameter: answers `expr` (-1 on another session) and the session's
-/// connection id, for [`MySqlSession::check`].
-fn on_own_session(expr: &str) -> String {
-    format!("SELECT IF(CONNECTION_ID() = ?, {expr}, -1), CAST(CONNECTION_ID() AS SIGNED)")
+/// Runs `expr`, an integer of one parameter, `arg`, only on `conn`'s own
+/// server session, checked in the same statement: its value.
+async fn on_own_session(
+    conn: &mut MySqlSession,
+    expr: &str,
+    arg: &str,
+) -> Result<Option<i64>, sqlx::Error> {
+    let statement =
+        format!("SELECT IF(CONNECTION_ID() = ?, {expr}, -1), CAST(CONNECTION_ID() AS SIGNED)");
+    let (value, session): (Option<i64>, i64) = sqlx::query_as(&statement)
+        .bind(conn.id)
+        .bind(arg)
+        .fetch_one(&mut conn.conn)
+        .await?;
+    conn.check(session)?;
+    Ok(value)
 }
 
 /// A lock name that one of dlock's tables keeps in `column`, as the

@@ -1,11 +1,8 @@
 //! `SqlSettings`: dlock's own URL parameters, the same on every database.
 
-use std::time::Duration;
+use std::{ops::RangeInclusive, time::Duration};
 
-use dlock_core::{
-    backend::{parse_url_duration, BackendUrl},
-    LockError,
-};
+use dlock_core::{backend::BackendUrl, LockError};
 
 /// The settings every database backend shares, read from its URL's query.
 ///
@@ -71,52 +68,31 @@ impl SqlSettings {
     /// [`LockError::InvalidOptions`] saying why a parameter of dlock's is
     /// malformed.
     pub fn take_from(&mut self, url: &mut BackendUrl) -> Result<(), LockError> {
-        for name in Self::PARAMS {
-            if let Some(value) = url.take(name) {
-                self.take_param(name, &value)
-                    .map_err(|why| url.invalid(&why))?;
-            }
+        if let Some(timeout) = url.take_duration("session_timeout")? {
+            self.set_session_timeout(timeout);
         }
-        Ok(())
-    }
-
-    /// Takes one of [`PARAMS`](SqlSettings::PARAMS).
-    fn take_param(&mut self, name: &str, value: &str) -> Result<(), String> {
-        let duration =
-            || parse_url_duration(value).map_err(|why| format!("`{name}={value}`: {why}"));
-        let count = |range: std::ops::RangeInclusive<usize>| {
-            value
-                .parse()
-                .ok()
-                .filter(|n| range.contains(n))
-                .ok_or_else(|| {
-                    format!(
-                        "`{name}={value}` is not {} to {}",
-                        range.start(),
-                        range.end()
-                    )
-                })
-        };
-        match name {
-            "session_timeout" => self.set_session_timeout(duration()?),
-            "connect_timeout" => self.connect_timeout = duration()?,
-            "max_waiters" => self.max_waiters = count(1..=1000)?,
-            "holder_sessions" => self.holder_sessions = count(1..=64)?,
-            "lock_prefix" => {
-                let valid = value.len() <= 50
-                    && value.starts_with(|c: char| c.is_ascii_lowercase())
-                    && value
-                        .chars()
-                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-                if !valid {
-                    return Err(format!(
-                        "`lock_prefix={value}` must be lowercase letters, digits and `_`, \
-                         starting with a letter, at most 50 long"
-                    ));
-                }
-                self.lock_prefix = value.to_owned();
+        if let Some(timeout) = url.take_duration("connect_timeout")? {
+            self.connect_timeout = timeout;
+        }
+        if let Some(n) = take_count(url, "max_waiters", 1..=1000)? {
+            self.max_waiters = n;
+        }
+        if let Some(n) = take_count(url, "holder_sessions", 1..=64)? {
+            self.holder_sessions = n;
+        }
+        if let Some(prefix) = url.take("lock_prefix") {
+            let valid = prefix.len() <= 50
+                && prefix.starts_with(|c: char| c.is_ascii_lowercase())
+                && prefix
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            if !valid {
+                return Err(url.invalid(&format!(
+                    "`lock_prefix={prefix}` must be lowercase letters, digits and `_`, \
+                     starting with a letter, at most 50 long"
+                )));
             }
-            _ => unreachable!("{name} is not one of SqlSettings::PARAMS"),
+            self.lock_prefix = prefix;
         }
         Ok(())
     }
@@ -150,6 +126,25 @@ impl SqlSettings {
     /// least 100 ms).
     pub fn set_session_timeout(&mut self, timeout: Duration) {
         self.session_timeout = timeout.max(Duration::from_millis(100));
+    }
+}
+
+/// Takes parameter `name`, a count within `range`.
+fn take_count(
+    url: &mut BackendUrl,
+    name: &str,
+    range: RangeInclusive<usize>,
+) -> Result<Option<usize>, LockError> {
+    let Some(value) = url.take(name) else {
+        return Ok(None);
+    };
+    match value.parse() {
+        Ok(n) if range.contains(&n) => Ok(Some(n)),
+        _ => Err(url.invalid(&format!(
+            "`{name}={value}` is not {} to {}",
+            range.start(),
+            range.end()
+        ))),
     }
 }
 

@@ -205,15 +205,8 @@ impl Dialect for MySqlDialect {
         owner: &str,
         limit: Option<Duration>,
     ) -> Result<bool, sqlx::Error> {
-        let timeout = lock_timeout(limit);
-        let (got, session): (Option<i64>, i64) =
-            sqlx::query_as(&on_own_session(&format!("GET_LOCK(?, {timeout})")))
-                .bind(conn.id)
-                .bind(owner)
-                .fetch_one(&mut conn.conn)
-                .await?;
-        conn.check(session)?;
-        if got != Some(1) {
+        let get_lock = format!("GET_LOCK(?, {})", lock_timeout(limit));
+        if on_own_session(conn, &get_lock, owner).await? != Some(1) {
             return Ok(false);
         }
         // Its owner left: give it back at once.
@@ -309,13 +302,7 @@ impl Dialect for MySqlDialect {
         _mode: Mode,
     ) -> Result<Option<i64>, sqlx::Error> {
         if self.config.fence() == FenceSource::Off {
-            let (granted, session): (Option<i64>, i64) =
-                sqlx::query_as(&on_own_session("GET_LOCK(?, 0)"))
-                    .bind(conn.id)
-                    .bind(id)
-                    .fetch_one(&mut conn.conn)
-                    .await?;
-            conn.check(session)?;
+            let granted = on_own_session(conn, "GET_LOCK(?, 0)", id).await?;
             return Ok((granted == Some(1)).then_some(0));
         }
         if self.take_ready.load(Ordering::Relaxed) {
@@ -362,14 +349,7 @@ impl Dialect for MySqlDialect {
         id: &String,
         _mode: Mode,
     ) -> Result<bool, sqlx::Error> {
-        let (released, session): (Option<i64>, i64) =
-            sqlx::query_as(&on_own_session("RELEASE_LOCK(?)"))
-                .bind(conn.id)
-                .bind(id)
-                .fetch_one(&mut conn.conn)
-                .await?;
-        conn.check(session)?;
-        Ok(released == Some(1))
+        Ok(on_own_session(conn, "RELEASE_LOCK(?)", id).await? == Some(1))
     }
 
     async fn end_session(
@@ -469,12 +449,9 @@ impl Dialect for MySqlDialect {
             .bind(&owner)
             .execute(&mut conn.conn)
             .await?;
-        let (_, session): (Option<i64>, i64) = sqlx::query_as(&on_own_session("RELEASE_LOCK(?)"))
-            .bind(conn.id)
-            .bind(&owner)
-            .fetch_one(&mut conn.conn)
-            .await?;
-        conn.check(session)
+        on_own_session(conn, "RELEASE_LOCK(?)", &owner)
+            .await
+            .map(drop)
     }
 
     /// The connection that holds the named lock (`IS_USED_LOCK`), unless

@@ -27,10 +27,8 @@ pub(super) struct Session<D: Dialect> {
     /// server has released (or, if it cannot be reached, will release at
     /// its idle timeout) every lock it held.
     pub(super) conn: Arc<tokio::sync::Mutex<Option<D::Conn>>>,
-    pub(super) server_id: u64,
-    /// What tells this session from another of the same `server_id` (see
-    /// [`ServerSession`]).
-    incarnation: String,
+    /// The server's identifier of the session, and its incarnation.
+    server: ServerSession,
     pub(super) timeout: Duration,
     pub(super) holders: SessionHolders<()>,
     /// The statement [`Session::run`] runs now, for whoever waits for the
@@ -85,31 +83,25 @@ impl<D: Dialect> Session<D> {
     async fn open(dialect: &Arc<D>, states: &ConnectionStates) -> Result<Arc<Session<D>>> {
         let settings = dialect.settings();
         let timeout = settings.session_timeout();
-        let (
-            conn,
-            ServerSession {
-                id: server_id,
-                incarnation,
-            },
-        ) = match tokio::time::timeout(settings.connect_timeout(), dialect.open()).await {
-            Ok(Ok(opened)) => opened,
-            Ok(Err(e)) => return Err(backend_error::<D>(e)),
-            Err(_) => {
-                return Err(backend_error::<D>(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!(
-                        "no {} session within the connect timeout ({:?})",
-                        D::NAME,
-                        settings.connect_timeout()
-                    ),
-                )))
-            }
-        };
+        let (conn, server) =
+            match tokio::time::timeout(settings.connect_timeout(), dialect.open()).await {
+                Ok(Ok(opened)) => opened,
+                Ok(Err(e)) => return Err(backend_error::<D>(e)),
+                Err(_) => {
+                    return Err(backend_error::<D>(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "no {} session within the connect timeout ({:?})",
+                            D::NAME,
+                            settings.connect_timeout()
+                        ),
+                    )))
+                }
+            };
         let session = Arc::new(Session {
             dialect: dialect.clone(),
             conn: Arc::new(tokio::sync::Mutex::new(Some(conn))),
-            server_id,
-            incarnation,
+            server,
             timeout,
             holders: SessionHolders::reporting_to(Instant::now(), states.clone()),
             in_flight: Mutex::new(None),
@@ -327,7 +319,7 @@ async fn keep_alive<D: Dialect>(session: Weak<Session<D>>) {
             continue;
         }
         if let Err(error) = s.run_here(|d, c| Box::pin(d.ping(c))).await {
-            tracing::debug!(%error, session = s.server_id, "dlock {} session ended", D::NAME);
+            tracing::debug!(%error, session = s.server.id, "dlock {} session ended", D::NAME);
             s.end();
             return;
         }
@@ -408,10 +400,10 @@ impl<D: Dialect> SqlBackend<D> {
     /// second connection's first statement gets the first one's.
     async fn refuse_moving_sessions(&self, first: &Arc<Session<D>>) -> Result<()> {
         let second = Session::open(&self.inner.dialect, &self.inner.states).await?;
-        let mut moved = (second.server_id == first.server_id).then(|| {
+        let mut moved = (second.server.id == first.server.id).then(|| {
             format!(
                 "two connections were given one server session ({})",
-                first.server_id
+                first.server.id
             )
         });
         for session in [first, &second] {
@@ -513,15 +505,11 @@ impl<D: Dialect> Drop for EndOnDrop<D> {
         session.holders.expire();
         let backend = self.backend.clone();
         runtime.spawn(async move {
-            let server_id = session.server_id;
             // The holder session may be a new one, on another server (a
             // failover, a virtual IP): the incarnation, checked in the
             // statement that ends the session, keeps it from ending
             // another client's session of the same identifier there.
-            let target = ServerSession {
-                id: server_id,
-                incarnation: session.incarnation.clone(),
-            };
+            let (server_id, target) = (session.server.id, session.server.clone());
             let ended = match backend.holder_at(server_id).await {
                 Ok(holder) => holder
                     .run_here(move |d, c| Box::pin(async move { d.end_session(c, &target).await }))
