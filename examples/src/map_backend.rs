@@ -5,7 +5,9 @@
 //! (`dlock-testkit/README.md`): it uses only the public API of
 //! `dlock-core`, and `tests/map_backend_conformance.rs` runs the whole
 //! conformance suite against it. Read it top to bottom: each trait method
-//! starts with the contract it keeps.
+//! starts with the contract it keeps. It writes no wait loop: core's wait
+//! engine ([`dlock_core::backend::wait`]) runs its two steps, a look at
+//! the map and a wait for the map's bell.
 //!
 //! What it offers: plain (exclusive) locks, fixed and watchdog leases,
 //! fencing tokens, and a holder's published value (so leader elections
@@ -24,12 +26,13 @@ use std::{
 
 use dlock_core::{
     backend::{
+        wait::{drive, Look, StepError, WaitSteps, Woken},
         AcquireRequest, Acquired, Backend, Capabilities, Holder, LossReporter, Mode,
-        ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
+        ReleaseOutcome, RenewOutcome, RenewRequest,
     },
     LockError, LockKey, LostReason, Result, Token,
 };
-use tokio::{sync::Notify, time::Instant};
+use tokio::{sync::watch, time::Instant};
 
 /// A lock server that is one in-process map, and a client of it.
 ///
@@ -68,12 +71,13 @@ pub struct MapBackend {
 #[derive(Debug, Default)]
 struct Server {
     state: Mutex<State>,
-    /// Rung (`notify_waiters`) whenever a lock is released or granted, or
-    /// its holder publishes a value. Waiters of every key listen to it: a
-    /// waiter woken for another key looks, finds its key still held, and
-    /// waits again. One bell keeps the example short; a real server would
-    /// notify per key.
-    changed: Notify,
+    /// Rung whenever a lock is released or granted, or its holder
+    /// publishes a value. Waiters of every key listen to it: a waiter woken
+    /// for another key looks, finds its key still held, and waits again.
+    /// One bell keeps the example short; a real server would notify per
+    /// key. A listener made while the map is locked hears every ring after
+    /// what it read.
+    bell: watch::Sender<()>,
 }
 
 #[derive(Debug, Default)]
@@ -161,48 +165,65 @@ impl MapBackend {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Acquires, waiting until `req.wait`'s deadline. Cancel safe: while
-    /// it waits, nothing of it is in the map (only a `Notified` future,
-    /// which is dropped with it), and a grant happens inside one poll that
-    /// then returns it, so a dropped future never leaves a hold behind.
-    async fn acquire_waiting(&self, req: AcquireRequest<'_>) -> Result<Option<Acquired>> {
-        let deadline = req.wait.deadline();
-        loop {
-            // Listen for the bell *before* looking at the map: a release
-            // between the look and the wait then still wakes us.
-            let rung = self.server.changed.notified();
-            tokio::pin!(rung);
-            rung.as_mut().enable();
+    fn ring(&self) {
+        self.server.bell.send_replace(());
+    }
+}
 
-            let now = Instant::now();
-            let holder_deadline = {
-                let mut state = self.state();
-                if let Some(granted) = state.try_grant(&req, now) {
-                    drop(state);
-                    self.server.changed.notify_waiters();
-                    return Ok(Some(granted));
-                }
-                if deadline.is_some_and(|d| now >= d) {
-                    return Ok(None);
-                }
-                state.live(req.key, now).map(|hold| hold.deadline)
-            };
-            // Nobody rings when a lease runs out: wake at the holder's
-            // deadline too, or at our own wait limit, whichever is first.
-            let wake_at = match (holder_deadline, deadline) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            match wake_at {
-                Some(at) => {
-                    tokio::select! {
-                        () = rung => {}
-                        () = tokio::time::sleep_until(at) => {}
-                    }
-                }
-                None => rung.await,
-            }
+/// The wait, as core's engine runs it: a refused look that may wait
+/// leaves a listener to the bell (its "entry" in the line, which holds no
+/// place on the server), and the engine waits for a ring or for the
+/// holder's deadline, then looks again. Cancel safe: a grant happens inside
+/// one look, and a dropped listener leaves nothing behind.
+impl WaitSteps for MapBackend {
+    type TurnKey = ();
+    type Entry = watch::Receiver<()>;
+    type Wake = ();
+
+    /// One attempt; refused, it says when the holder's lease ends (nobody
+    /// rings for that), and listens for the bell from this very moment.
+    async fn look(
+        &self,
+        req: &AcquireRequest<'_>,
+        entry: Option<&mut watch::Receiver<()>>,
+        join: bool,
+    ) -> std::result::Result<Look<watch::Receiver<()>>, StepError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        if let Some(granted) = state.try_grant(req, now) {
+            drop(state);
+            self.ring();
+            return Ok(Look::Granted(granted));
         }
+        let again = state
+            .live(req.key, now)
+            .map(|hold| hold.deadline.saturating_duration_since(now));
+        let listener = (join && entry.is_none()).then(|| self.server.bell.subscribe());
+        Ok(Look::Refused {
+            entry: listener,
+            again,
+        })
+    }
+
+    // `arm` keeps its default (nothing to arm: the listener has heard
+    // every ring since the look), and so does `withdraw` (dropping the
+    // listener).
+
+    async fn changed(
+        &self,
+        _req: &AcquireRequest<'_>,
+        entry: &mut watch::Receiver<()>,
+        _wake: &mut Option<()>,
+        until: Instant,
+    ) -> std::result::Result<Woken, StepError> {
+        // The sender lives as long as the server, so `changed` cannot fail.
+        let _ = tokio::time::timeout_at(until, entry.changed()).await;
+        Ok(Woken::LookAgain)
+    }
+
+    /// A map never fails for a while and then recovers.
+    fn unreachable_after(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
     }
 }
 
@@ -233,21 +254,14 @@ impl Backend for MapBackend {
 
     /// Contract: with `Wait::No`, one attempt; otherwise wait (woken by the
     /// server, not by polling) until granted or the deadline passes.
-    /// `Ok(None)` when not acquired. `sent_at` is taken just before the
-    /// request that won, since the holder's lease clock starts there.
-    /// Cancel safe: a dropped future leaves nothing that blocks others.
+    /// `Ok(None)` when not acquired. Cancel safe: a dropped future leaves
+    /// nothing that blocks others. Core's [`drive`] does all of that with
+    /// this backend's [`WaitSteps`].
     async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Acquired>> {
         if req.mode != Mode::Exclusive {
             return Err(unsupported());
         }
-        if req.wait == Wait::No {
-            let granted = self.state().try_grant(&req, Instant::now());
-            if granted.is_some() {
-                self.server.changed.notify_waiters();
-            }
-            return Ok(granted);
-        }
-        self.acquire_waiting(req).await
+        drive(self, &req).await
     }
 
     /// Contract: release `key` if, and only if, `token` holds it, in one
@@ -270,7 +284,7 @@ impl Backend for MapBackend {
             return Ok(ReleaseOutcome::NotHeld);
         }
         // Wake the waiters: one of them takes the lock now.
-        self.server.changed.notify_waiters();
+        self.ring();
         Ok(ReleaseOutcome::Released)
     }
 
@@ -333,7 +347,7 @@ impl Backend for MapBackend {
             }
         };
         if written {
-            self.server.changed.notify_waiters();
+            self.ring();
         }
         Ok(written)
     }
@@ -352,11 +366,9 @@ impl Backend for MapBackend {
     /// the holder is read, and a lease that runs out (which nobody rings
     /// for) ends the wait at its deadline.
     async fn holder_changed(&self, key: &LockKey, seen: Option<&Holder>) -> Result<()> {
-        let rung = self.server.changed.notified();
-        tokio::pin!(rung);
-        rung.as_mut().enable();
-        let ends = {
+        let (mut bell, ends) = {
             let mut state = self.state();
+            let bell = self.server.bell.subscribe();
             let hold = state.live(key, Instant::now());
             let now = hold
                 .as_ref()
@@ -364,16 +376,15 @@ impl Backend for MapBackend {
             if now.as_ref() != seen {
                 return Ok(());
             }
-            hold.map(|hold| hold.deadline)
+            (bell, hold.map(|hold| hold.deadline))
         };
         match ends {
             Some(ends) => {
-                tokio::select! {
-                    () = rung => {}
-                    () = tokio::time::sleep_until(ends) => {}
-                }
+                let _ = tokio::time::timeout_at(ends, bell.changed()).await;
             }
-            None => rung.await,
+            None => {
+                let _ = bell.changed().await;
+            }
         }
         Ok(())
     }

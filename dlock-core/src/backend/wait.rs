@@ -148,12 +148,19 @@ pub trait WaitSteps: Send + Sync {
     /// the last arm left (`None` before the first, and after each
     /// [`changed`](WaitSteps::changed) that used it up): keep it, replace
     /// it, or set it.
+    ///
+    /// The default arms nothing and answers [`Armed::Wait`]: for an entry
+    /// that hears every change since the look that made it or last
+    /// looked (a listener made atomically with the look).
     fn arm(
         &self,
         req: &AcquireRequest<'_>,
         entry: &mut Self::Entry,
         wake: &mut Option<Self::Wake>,
-    ) -> impl Future<Output = Result<Armed, StepError>> + Send;
+    ) -> impl Future<Output = Result<Armed, StepError>> + Send {
+        let _ = (req, entry, wake);
+        std::future::ready(Ok(Armed::Wait))
+    }
 
     /// Waits for the change `wake` was armed for, until `until` at the
     /// latest. Set `*wake` to `None` if it was used up (a one-shot watch).
@@ -165,12 +172,18 @@ pub trait WaitSteps: Send + Sync {
         until: Instant,
     ) -> impl Future<Output = Result<Woken, StepError>> + Send;
 
-    /// Leaves the line, at the wait limit.
+    /// Leaves the line, at the wait limit. The default drops the entry,
+    /// for an entry whose `Drop` leaves the line (or that holds no place
+    /// on the server).
     fn withdraw(
         &self,
         req: &AcquireRequest<'_>,
         entry: Self::Entry,
-    ) -> impl Future<Output = Result<(), StepError>> + Send;
+    ) -> impl Future<Output = Result<(), StepError>> + Send {
+        let _ = req;
+        drop(entry);
+        std::future::ready(Ok(()))
+    }
 
     /// How long failures may go on, with no wait limit, before the
     /// acquire gives up with the last one.

@@ -7,7 +7,7 @@ use tokio::{sync::Notify, time::Instant};
 use super::{Entry, MemoryBackend, Waiter};
 use crate::{
     backend::{
-        wait::{Armed, Look, StepError, WaitSteps, Woken},
+        wait::{Look, StepError, WaitSteps, Woken},
         AcquireRequest, Mode,
     },
     key::LockKey,
@@ -87,16 +87,8 @@ impl WaitSteps for Steps<'_> {
         Ok(Look::Refused { entry: None, again })
     }
 
-    /// Nothing to arm: a wake-up that comes before the wait is kept by
-    /// the waiter's `Notify` (`notify_one` stores it).
-    async fn arm(
-        &self,
-        _req: &AcquireRequest<'_>,
-        _entry: &mut QueuePlace,
-        _wake: &mut Option<()>,
-    ) -> std::result::Result<Armed, StepError> {
-        Ok(Armed::Wait)
-    }
+    // `arm` keeps its default: a wake-up that comes before the wait is
+    // kept by the waiter's `Notify` (`notify_one` stores it).
 
     async fn changed(
         &self,
@@ -109,14 +101,7 @@ impl WaitSteps for Steps<'_> {
         Ok(Woken::LookAgain)
     }
 
-    async fn withdraw(
-        &self,
-        _req: &AcquireRequest<'_>,
-        entry: QueuePlace,
-    ) -> std::result::Result<(), StepError> {
-        drop(entry);
-        Ok(())
-    }
+    // `withdraw` keeps its default: the place's `Drop` leaves the line.
 
     fn unreachable_after(&self) -> Duration {
         // Nothing here fails for a while and then recovers.
