@@ -331,13 +331,8 @@ impl<D: Dialect> Backend for SqlBackend<D> {
     }
 
     /// Fed by the sessions: an answered statement is `Connected` (or
-    /// `Reconnected`), a session that ends with guards on it `Lost`. A
-    /// session is one connection, so there is no `Suspended`: a statement
-    /// is answered, or its session ends (a cut connection at its next
-    /// statement or ping, within a third of the session timeout; one whose
-    /// traffic is dropped after the session timeout). While `Lost`, a
-    /// statement on a holder session every second finds when the server
-    /// answers again.
+    /// `Reconnected`), a session that ends with guards on it `Lost`; no
+    /// `Suspended`, as a session is one connection.
     fn connection_state(&self) -> tokio::sync::watch::Receiver<dlock_core::ConnectionState> {
         self.inner.states.subscribe()
     }
@@ -400,12 +395,9 @@ impl<D: Dialect> Backend for SqlBackend<D> {
         Ok(until)
     }
 
-    /// Ends the server session that holds the lock (a lock can only be
-    /// taken from its session by ending it): that frees it, and every
-    /// other lock of that session, whose guards learn it at their
-    /// session's next statement or ping, within a third of the session
-    /// timeout. A lock this backend holds itself is released on the
-    /// session that holds it instead, and its guard is told at once.
+    /// Ends the server session that holds the lock, with every other lock
+    /// of that session; a lock this backend holds itself is released on
+    /// its session instead, and its guard told at once.
     async fn force_release(&self, key: &LockKey) -> Result<bool> {
         let id = self.inner.dialect.lock_id(key, Mode::Exclusive);
         let own = lock(&self.inner.owned)

@@ -455,14 +455,9 @@ impl Dialect for MySqlDialect {
     }
 
     /// The connection that holds the named lock (`IS_USED_LOCK`), unless
-    /// it is this one, killed (`KILL CONNECTION`), in one request: the
-    /// read and the kill run on one server session, with no round trip
-    /// between them.
-    ///
-    /// `KILL` takes no condition, so a holder that lets go in the
-    /// instant between the two statements is ended all the same, as if
-    /// the operator had come a moment earlier; its locks go with it, and
-    /// a session that took the key meanwhile keeps it.
+    /// it is this one, killed (`KILL CONNECTION`), in one request on one
+    /// server session. `KILL` takes no condition: a holder that lets go
+    /// in between is ended all the same, as if the operator came earlier.
     async fn end_holder(
         &self,
         session: &mut MySqlSession,

@@ -18,6 +18,11 @@ fn sql_error(e: sqlx::Error) -> LockError {
     LockError::backend("postgres", e)
 }
 
+/// A failure of this module's own, saying `why`.
+fn failed(why: &str) -> LockError {
+    LockError::backend("postgres", std::io::Error::other(why.to_owned()))
+}
+
 /// A lock held by the caller's own transaction
 /// ([`PgDialect::lock_in`]), freed by its commit or rollback and by
 /// nothing else: a receipt, not a guard, whose drop changes nothing.
@@ -230,9 +235,7 @@ impl<C: CallerConnection> ConnLock<C> {
         .fetch_one(&mut *self)
         .await;
         match unlocked {
-            Ok((Some(true), _)) => self.conn.take().ok_or_else(|| {
-                LockError::backend("postgres", std::io::Error::other("released twice"))
-            }),
+            Ok((Some(true), _)) => self.conn.take().ok_or_else(|| failed("released twice")),
             Ok((Some(false), _)) => Err(LockError::Lost {
                 key: self.key.clone(),
                 reason: LostReason::NotHeld,
@@ -291,12 +294,10 @@ impl PgDialect {
     fn caller_lock(&self, key: &str) -> Result<(LockKey, i64, &str)> {
         let key = LockKey::new(key)?;
         let id = self.lock_id(&key, Mode::Exclusive);
-        let fence = self.caller_fence.get().ok_or_else(|| {
-            LockError::backend(
-                "postgres",
-                std::io::Error::other("the fencing sequence's schema was not read at connect"),
-            )
-        })?;
+        let fence = self
+            .caller_fence
+            .get()
+            .ok_or_else(|| failed("the fencing sequence's schema was not read at connect"))?;
         Ok((key, id, fence.as_str()))
     }
 
@@ -354,7 +355,7 @@ impl PgDialect {
     ) -> Result<TxLock> {
         self.take_in(tx, key.as_ref(), true)
             .await?
-            .ok_or_else(|| LockError::backend("postgres", std::io::Error::other("no grant")))
+            .ok_or_else(|| failed("no grant"))
     }
 
     /// Locks `key` in the caller's transaction if it is free now
@@ -463,10 +464,7 @@ impl PgDialect {
             Ok(lock) => Ok(lock),
             Err(conn) => {
                 conn.discard();
-                Err(LockError::backend(
-                    "postgres",
-                    std::io::Error::other("no grant"),
-                ))
+                Err(failed("no grant"))
             }
         }
     }
@@ -538,10 +536,7 @@ impl PgDialect {
                 Ok(Ok(lock))
             }
             (None, Some(conn)) => Ok(Err(conn)),
-            (_, None) => Err(LockError::backend(
-                "postgres",
-                std::io::Error::other("the connection went missing"),
-            )),
+            (_, None) => Err(failed("the connection went missing")),
         }
     }
 }
