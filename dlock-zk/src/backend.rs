@@ -186,21 +186,6 @@ fn mode_tag(mode: Mode) -> String {
     }
 }
 
-/// The start of a node's name as Curator's `InterProcessMutex` creates it
-/// ("protected"): `_c_`, a UUID (here our token), `-lock-`; the sequence
-/// follows.
-fn curator_prefix(token: &Token) -> String {
-    let hex = token.to_string();
-    format!(
-        "_c_{}-{}-{}-{}-{}-lock-",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    )
-}
-
 /// Whether `name` is a Curator mutex's node (`_c_{uuid}-lock-{seq}`).
 fn is_curator(name: &str) -> bool {
     name.starts_with("_c_") && name.contains("-lock-")
@@ -276,15 +261,17 @@ impl ZkBackend {
     }
 
     /// How the name of `token`'s node in `mode`'s queue starts, before its
-    /// mode tag and sequence: `lock-{token}-`, or with `layout=curator`,
-    /// a plain lock's `_c_{token as a UUID}-lock-` (see
+    /// mode tag and sequence: `lock-{token}-`, or with `layout=curator`, a
+    /// plain lock's as Curator's `InterProcessMutex` creates it
+    /// ("protected"): `_c_{token as a UUID}-lock-` (see
     /// [`ZkConfig::curator_layout`]). A lost create's node is found by it.
     fn own_prefix(&self, token: &Token, mode: Mode) -> String {
-        if self.inner.config.curator_layout() && mode == Mode::Exclusive {
-            curator_prefix(token)
-        } else {
-            format!("lock-{token}-")
+        if !self.inner.config.curator_layout() || mode != Mode::Exclusive {
+            return format!("lock-{token}-");
         }
+        let hex = token.to_string();
+        let (a, b, c, d) = (&hex[..8], &hex[8..12], &hex[12..16], &hex[16..20]);
+        format!("_c_{a}-{b}-{c}-{d}-{}-lock-", &hex[20..])
     }
 
     /// The ACL of every node dlock creates: only its authenticated
@@ -622,16 +609,11 @@ mod tests {
             assert_eq!(mode_of(&name), Some(mode), "{name}");
             assert_eq!(sequence(&name), Some(12), "{name}");
         }
+        assert_eq!(sequence("junk"), None);
         assert_eq!(
             mode_tag(Mode::Exclusive),
             "",
             "a plain lock's names stay as before"
         );
-    }
-
-    #[test]
-    fn sequences_sort_lock_nodes() {
-        assert_eq!(sequence("lock-00ab-0000000012"), Some(12));
-        assert_eq!(sequence("junk"), None);
     }
 }

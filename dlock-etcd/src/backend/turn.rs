@@ -33,27 +33,23 @@ impl KeptTurn {
             let _turn = turn;
             loop {
                 let until = *moved.borrow_and_update();
-                let lease_ends = async {
-                    match until {
-                        Some(at) => tokio::time::sleep_until(at).await,
-                        None => std::future::pending().await,
-                    }
-                };
+                let lease_ends = tokio::time::sleep_until(until.unwrap_or_else(Instant::now));
                 let session_ends = async {
-                    match &session {
-                        Some(session) => session.holders.expired().await,
-                        None => std::future::pending().await,
+                    if let Some(session) = &session {
+                        session.holders.expired().await;
                     }
                 };
                 tokio::select! {
                     // Ended, unless moved meanwhile.
-                    () = lease_ends => if !moved.has_changed().unwrap_or(false) {
-                        return;
-                    },
+                    () = lease_ends, if until.is_some() => {
+                        if !moved.has_changed().unwrap_or(false) {
+                            return;
+                        }
+                    }
                     changed = moved.changed() => if changed.is_err() {
                         return;
                     },
-                    () = session_ends => return,
+                    () = session_ends, if session.is_some() => return,
                 }
             }
         });
