@@ -73,11 +73,9 @@ fn vanished() -> LockError {
     )
 }
 
-/// An etcd v3 lock server: etcd's own lock recipe (a queue of keys under
-/// the lock's prefix, ordered by create revision, each waiter watching the
-/// entry ahead of it), with read-write locks, semaphores and fencing
-/// tokens (the key's create revision); see the [crate docs](crate) and
-/// [dlock's guide](https://docs.rs/dlock/latest/dlock/guide/backends/index.html).
+/// An etcd v3 lock server, with read-write locks, semaphores and fencing
+/// tokens: how it locks is in the [crate docs](crate), what it guarantees
+/// in [dlock's guide](https://docs.rs/dlock/latest/dlock/guide/backends/index.html).
 ///
 /// Locks under the watchdog live on one session lease per backend (per
 /// TTL), kept alive by one task: its TTL is how long a crashed holder

@@ -139,10 +139,8 @@ impl EtcdConfig {
     }
 
     /// Whether plain locks use the key layout of `etcdctl lock NAME` and
-    /// Go's `concurrency.Mutex` (`layout=etcdctl`): the key `NAME/{lease
-    /// id in hex}`, without the prefix, so that a dlock holder and an
-    /// `etcdctl lock` holder of one name exclude each other. Read-write
-    /// locks and semaphores keep dlock's layout under the prefix.
+    /// Go's `concurrency.Mutex` (`layout=etcdctl`), so that dlock and
+    /// `etcdctl lock` exclude each other: see the [crate docs](crate).
     ///
     /// # Examples
     ///

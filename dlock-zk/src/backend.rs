@@ -81,9 +81,9 @@ fn vanished() -> LockError {
     )
 }
 
-/// A ZooKeeper lock server: Curator's lock recipe, with read-write locks,
-/// semaphores and fencing tokens (the node's czxid). How it locks is in
-/// this module's source docs; what it guarantees is on
+/// A ZooKeeper lock server: Curator's lock recipe (ephemeral sequential
+/// nodes, each watching the one ahead), with read-write locks, semaphores
+/// and fencing tokens (the node's czxid); what it guarantees is on
 /// [dlock's guide](https://docs.rs/dlock/latest/dlock/guide/backends/index.html).
 ///
 /// Locks live on one session per backend: its timeout is how long a

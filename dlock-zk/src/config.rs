@@ -198,12 +198,8 @@ impl ZkConfig {
     }
 
     /// Whether plain locks name their nodes as Apache Curator's
-    /// `InterProcessMutex` does (`layout=curator`): `_c_{uuid}-lock-`
-    /// and the sequence, in the lock's own node. A Curator mutex on the
-    /// path `{path}/{key}` (the key escaped as dlock escapes it: `/` is
-    /// `%2F`) and dlock's lock on `key` then queue in one line, in
-    /// sequence order, and exclude each other. Read-write locks and
-    /// semaphores keep dlock's layout.
+    /// `InterProcessMutex` does (`layout=curator`), so that Curator and
+    /// dlock exclude each other: see the [crate docs](crate).
     ///
     /// # Examples
     ///
