@@ -131,6 +131,11 @@ pub enum LockError {
     /// A lock was requested outside a Tokio runtime.
     #[error("dlock locks must be taken from within a Tokio runtime")]
     NoRuntime,
+    /// dlock's blocking API was called from within a Tokio runtime, where
+    /// blocking the thread would stall the runtime's other tasks: use the
+    /// async API there.
+    #[error("dlock's blocking API was called from within a Tokio runtime; use the async API there")]
+    InsideRuntime,
 }
 
 impl LockError {

@@ -28,6 +28,9 @@
 
 use std::sync::Arc;
 
+#[cfg(feature = "blocking")]
+#[cfg_attr(docsrs, doc(cfg(feature = "blocking")))]
+pub mod blocking;
 pub mod guide;
 pub mod registry;
 
