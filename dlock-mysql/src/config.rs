@@ -292,10 +292,9 @@ mod tests {
         );
         let exact = name(&"k".repeat(58));
         assert_eq!((exact.len(), exact.contains('#')), (64, false));
-        let widest = object_name(&"p".repeat(MAX_PREFIX), "", &LockKey::new(&long).unwrap());
-        let prefix = "p".repeat(MAX_PREFIX);
-        let key = LockKey::new(&long).unwrap();
-        let (rw, sem) = (
+        let (prefix, key) = ("p".repeat(MAX_PREFIX), LockKey::new(&long).unwrap());
+        let (widest, rw, sem) = (
+            object_name(&prefix, "", &key),
             object_name(&prefix, "%rw:", &key),
             object_name(&prefix, "%sem:", &key),
         );

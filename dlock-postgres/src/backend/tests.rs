@@ -4,12 +4,8 @@ use super::*;
 use std::time::Duration;
 
 use dlock_core::{backend::Mode, LockKey};
-use dlock_sql::Dialect;
+use dlock_sql::{testing::set_up, Dialect};
 use dlock_testkit::fixture::PostgresServer;
-
-async fn set_up(server: &PostgresServer) -> (PgDialect, PgSession) {
-    dlock_sql::testing::set_up(&server.url()).await
-}
 
 /// With the session's recorded process id changed, as if a pooler had
 /// moved the connection to another server session, the ping and every
@@ -19,7 +15,7 @@ async fn set_up(server: &PostgresServer) -> (PgDialect, PgSession) {
 #[tokio::test]
 async fn statements_off_their_session_take_nothing() {
     let server = PostgresServer::start().expect("start PostgreSQL");
-    let (dialect, mut session) = set_up(&server).await;
+    let (dialect, mut session) = set_up::<PgDialect>(&server.url()).await;
     session.id += 1;
     dlock_sql::testing::statements_off_their_session_answer_moved(&dialect, &mut session).await;
     let (locks, entries, fenced, records): (i64, i64, bool, i64) = sqlx::query_as(
@@ -47,7 +43,7 @@ async fn lock_timeout(conn: &mut sqlx::PgConnection) -> String {
 #[tokio::test]
 async fn a_wait_limits_only_itself() {
     let server = PostgresServer::start().expect("start PostgreSQL");
-    let (dialect, mut holder) = set_up(&server).await;
+    let (dialect, mut holder) = set_up::<PgDialect>(&server.url()).await;
     let (mut waiter, _) = dialect.open().await.expect("open a session");
     let id = dialect.lock_id(&LockKey::new("limited").unwrap(), Mode::Exclusive);
     let held = dialect.try_lock(&mut holder, &id, Mode::Exclusive).await;

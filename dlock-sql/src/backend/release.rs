@@ -24,12 +24,15 @@ impl<D: Dialect> SqlBackend<D> {
             return Ok(ReleaseOutcome::NotHeld);
         };
         let _one_at_a_time = releasing.lock().await;
-        if !session.is_usable() {
-            // The session ended, and its locks with it; its guards were told.
+        // The session ended, and its locks with it; its guards were told.
+        let ended = || {
             if let Some(owned) = self.take_owned(token) {
                 self.forget(owned, token, false);
             }
-            return Ok(ReleaseOutcome::NotHeld);
+            Ok(ReleaseOutcome::NotHeld)
+        };
+        if !session.is_usable() {
+            return ended();
         }
         let (backend, token) = (self.clone(), *token);
         let unlocked = session
@@ -68,13 +71,7 @@ impl<D: Dialect> SqlBackend<D> {
         match unlocked {
             Ok((_, true)) => Ok(ReleaseOutcome::Released),
             Ok((_, false)) => Ok(ReleaseOutcome::NotHeld),
-            // The session ended meanwhile: its locks went with it.
-            Err(_) if !session.is_usable() => {
-                if let Some(owned) = self.take_owned(&token) {
-                    self.forget(owned, &token, false);
-                }
-                Ok(ReleaseOutcome::NotHeld)
-            }
+            Err(_) if !session.is_usable() => ended(),
             Err(e) => Err(backend_error::<D>(e)),
         }
     }
