@@ -289,6 +289,18 @@ pub enum InvalidReason {
         /// The longest lease allowed.
         max: std::time::Duration,
     },
+    /// A [`hold_at_least`](crate::LockOptions::hold_at_least) longer than
+    /// the fixed lease (or than [`MAX_LEASE`](crate::MAX_LEASE)).
+    #[error("hold_at_least {at_least:?} is longer than {}", match lease {
+        Some(lease) => format!("the fixed lease ({lease:?})"),
+        None => format!("the longest lease ({:?})", crate::MAX_LEASE),
+    })]
+    HoldAtLeast {
+        /// The hold asked for.
+        at_least: std::time::Duration,
+        /// The fixed lease, if the lock has one.
+        lease: Option<std::time::Duration>,
+    },
     /// A permit count outside 1 to the limit, or a limit of 0.
     #[error(
         "a semaphore acquire takes 1 to `limit` permits of at least 1: got {count} of {limit}"

@@ -236,6 +236,7 @@ impl Backend for RedisBackend {
             .fifo(true)
             .read_write(one_node)
             .semaphores(one_node)
+            .server_leases(true)
     }
 
     async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Acquired>> {

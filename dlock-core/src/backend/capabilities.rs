@@ -20,6 +20,7 @@ pub struct Capabilities {
     read_write: bool,
     semaphores: bool,
     forced_release: bool,
+    server_leases: bool,
 }
 
 impl Capabilities {
@@ -32,6 +33,7 @@ impl Capabilities {
             read_write: false,
             semaphores: false,
             forced_release: false,
+            server_leases: false,
         }
     }
 
@@ -74,6 +76,22 @@ impl Capabilities {
     pub const fn forced_release(mut self, yes: bool) -> Self {
         self.forced_release = yes;
         self
+    }
+
+    /// A lock ends when its lease ends by the server's clock, whatever
+    /// becomes of the client that took it (a key with a TTL), and
+    /// [`Backend::extend`](super::Backend::extend) moves that end for any
+    /// lock: a release can then leave the lock held until a later time
+    /// ([`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least)).
+    pub const fn server_leases(mut self, yes: bool) -> Self {
+        self.server_leases = yes;
+        self
+    }
+
+    /// Whether a lock's end is the server's lease alone (see
+    /// [`server_leases`](Capabilities::server_leases)).
+    pub const fn has_server_leases(&self) -> bool {
+        self.server_leases
     }
 
     /// Whether [`Backend::force_release`](super::Backend::force_release)

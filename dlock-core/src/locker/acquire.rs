@@ -14,7 +14,7 @@ use crate::{
     key::LockKey,
     locker::guard::{Hold, LockGuard},
     locker::lease::LeaseState,
-    locker::options::{validate_lease, wait_deadline, Lease, LockOptions, MIN_LEASE},
+    locker::options::{validate_lease, wait_deadline, Lease, LockOptions, MAX_LEASE, MIN_LEASE},
     locker::release::{Release, ReleaseOnDrop},
     locker::scope::Scope,
     metrics::{self, AcquireOutcome},
@@ -81,6 +81,22 @@ impl Locker {
                 (lease, LeaseKind::Fixed)
             }
         };
+        let hold_at_least = options.get_hold_at_least();
+        if let Some(at_least) = hold_at_least {
+            if !self.shared.backend.capabilities().has_server_leases() {
+                return Err(LockError::Unsupported {
+                    backend: self.shared.backend.name(),
+                    what: "hold_at_least (its locks end with the client's session or process)",
+                });
+            }
+            if at_least > MAX_LEASE || (lease_kind == LeaseKind::Fixed && at_least > lease) {
+                return Err(crate::InvalidReason::HoldAtLeast {
+                    at_least,
+                    lease: (lease_kind == LeaseKind::Fixed).then_some(lease),
+                }
+                .into());
+            }
+        }
         if mode == Mode::Exclusive {
             if let Some(hold) = Scope::find(&self.shared, &key) {
                 return LockGuard::reentered(hold).map(Some);
@@ -138,6 +154,7 @@ impl Locker {
                     mode,
                     token,
                     lease,
+                    until: None,
                 },
                 armed: true,
             };
@@ -192,6 +209,9 @@ impl Locker {
                 lease_state,
                 renewed,
                 lease_kind == LeaseKind::Fixed,
+                // Counted from the answer, which comes after the server's
+                // grant: the server then holds at least that long.
+                hold_at_least.map(|at_least| Instant::now() + at_least),
                 runtime.clone(),
             );
             LockGuard::fresh(hold).map(Some)

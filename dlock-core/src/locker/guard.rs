@@ -41,6 +41,9 @@ pub(crate) struct Hold {
     watchdog_id: Option<u64>,
     /// Whether the lease is fixed (see [`LockGuard::extend`]).
     fixed: bool,
+    /// Until when a release leaves the lock held
+    /// ([`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least)).
+    until: Option<Instant>,
     /// One extension at a time: their answers then arrive in the order
     /// the server applied them, and the last one sets the lease.
     extending: tokio::sync::Mutex<()>,
@@ -61,6 +64,7 @@ impl Hold {
         lease: Arc<LeaseState>,
         renewed_by_watchdog: bool,
         fixed: bool,
+        until: Option<Instant>,
         runtime: Handle,
     ) -> Arc<Hold> {
         let watchdog_id = renewed_by_watchdog.then(|| {
@@ -86,6 +90,7 @@ impl Hold {
             lease,
             watchdog_id,
             fixed,
+            until,
             extending: tokio::sync::Mutex::new(()),
             runtime,
             span,
@@ -99,6 +104,7 @@ impl Hold {
             mode: self.mode,
             token: self.token,
             lease: self.lease.length(),
+            until: self.until,
         }
     }
 
@@ -435,7 +441,7 @@ impl LockGuard {
             release: release.clone(),
             armed: true,
         };
-        let outcome = release_traced(&*backend, &key, release.mode, &release.token)
+        let outcome = release_traced(&*backend, &release)
             .instrument(span.clone())
             .await;
         pending.armed = false;

@@ -63,6 +63,7 @@ pub enum Lease {
 pub struct LockOptions {
     wait: Option<Option<Duration>>,
     lease: Option<Lease>,
+    hold_at_least: Option<Duration>,
 }
 
 impl LockOptions {
@@ -109,6 +110,43 @@ impl LockOptions {
         self
     }
 
+    /// Keeps the key held until `at_least` after the grant, whenever the
+    /// guard is released: a release before then leaves the lock on the
+    /// server until that time (by the server's lease, so the releasing
+    /// process may exit), with its fence and holder unchanged. A job that
+    /// runs once per period takes it with `hold_at_least` a little under
+    /// the period, so that a fast run on one machine and a late tick on
+    /// another do not both run the same period. A lock lost before then
+    /// (a crash, with a lease shorter than `at_least`) frees as usual.
+    ///
+    /// Backends whose locks end with the client's session or process
+    /// refuse it with [`LockError::Unsupported`](crate::LockError::Unsupported)
+    /// (see [`Capabilities::has_server_leases`](crate::backend::Capabilities::has_server_leases)).
+    /// With a fixed lease it may not exceed the lease. A re-entered guard
+    /// keeps the first acquisition's.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{Locker, LockOptions, MemoryBackend};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let once_a_minute = LockOptions::new().hold_at_least(Duration::from_secs(55));
+    /// let guard = locker.lock_with("report:hourly", once_a_minute).await?;
+    /// // ... the job, done in a second ...
+    /// guard.release().await?;
+    /// assert!(locker.try_lock("report:hourly").await?.is_none()); // until 55 s after the grant
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn hold_at_least(mut self, at_least: Duration) -> Self {
+        self.hold_at_least = Some(at_least);
+        self
+    }
+
     /// The wait limit set here: `None` if unset, `Some(None)` for no limit.
     pub fn get_wait(&self) -> Option<Option<Duration>> {
         self.wait
@@ -119,11 +157,17 @@ impl LockOptions {
         self.lease
     }
 
+    /// The [`hold_at_least`](LockOptions::hold_at_least) set here, if any.
+    pub fn get_hold_at_least(&self) -> Option<Duration> {
+        self.hold_at_least
+    }
+
     /// Fills unset options from `defaults`.
     pub(crate) fn or(self, defaults: LockOptions) -> LockOptions {
         LockOptions {
             wait: self.wait.or(defaults.wait),
             lease: self.lease.or(defaults.lease),
+            hold_at_least: self.hold_at_least.or(defaults.hold_at_least),
         }
     }
 }

@@ -26,15 +26,35 @@ use crate::{
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
-/// Releases `key` for `token` once, tracing the outcome.
+/// Releases `release`'s lock once, tracing the outcome. Before its
+/// [`until`](Release::until), the release leaves the lock held until then
+/// instead: the server's lease is set to end at that time, and nothing
+/// renews it.
 pub(crate) async fn release_traced(
     backend: &dyn DynBackend,
-    key: &LockKey,
-    mode: Mode,
-    token: &Token,
+    release: &Release,
 ) -> Result<ReleaseOutcome> {
-    let outcome = backend.release(key, mode, token).await;
+    let Release {
+        key, mode, token, ..
+    } = release;
+    let left = release
+        .until
+        .map(|until| until.saturating_duration_since(Instant::now()))
+        .filter(|left| !left.is_zero());
+    let outcome = match left {
+        Some(left) => backend
+            .extend(key, *mode, token, left)
+            .await
+            .map(|held| match held {
+                Some(_) => ReleaseOutcome::Released,
+                None => ReleaseOutcome::NotHeld,
+            }),
+        None => backend.release(key, *mode, token).await,
+    };
     match &outcome {
+        Ok(ReleaseOutcome::Released) if left.is_some() => {
+            tracing::debug!(?left, "dlock lock left held until hold_at_least has passed")
+        }
         Ok(ReleaseOutcome::Released) => tracing::debug!("dlock lock released"),
         Ok(ReleaseOutcome::NotHeld) => {
             tracing::debug!("dlock release found the lock no longer held")
@@ -46,14 +66,15 @@ pub(crate) async fn release_traced(
 
 /// Sends the release again, with backoff, until it is answered or `lease`
 /// has passed; then abandons the token.
-async fn retry_release(
-    backend: &dyn DynBackend,
-    key: &LockKey,
-    mode: Mode,
-    token: &Token,
-    lease: Duration,
-) {
-    let give_up = Instant::now() + lease;
+async fn retry_release(backend: &dyn DynBackend, release: &Release) {
+    let Release {
+        key,
+        mode,
+        token,
+        lease,
+        ..
+    } = release;
+    let give_up = Instant::now() + *lease;
     let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
     loop {
         let now = Instant::now();
@@ -62,11 +83,11 @@ async fn retry_release(
                 ?lease,
                 "dlock release still failing after a lease; abandoning the token, the lock expires"
             );
-            backend.abandon(key, mode, token).await;
+            backend.abandon(key, *mode, token).await;
             return;
         }
         tokio::time::sleep_until((now + backoff.next_delay()).min(give_up)).await;
-        if release_traced(backend, key, mode, token).await.is_ok() {
+        if release_traced(backend, release).await.is_ok() {
             return;
         }
     }
@@ -98,15 +119,9 @@ pub(crate) fn spawn_release(
     let pending = shared.start_release();
     let task = async move {
         let _pending = pending;
-        let Release {
-            key,
-            mode,
-            token,
-            lease,
-        } = release;
         let backend = &*shared.backend;
-        if sent == Sent::Failed || release_traced(backend, &key, mode, &token).await.is_err() {
-            retry_release(backend, &key, mode, &token, lease).await;
+        if sent == Sent::Failed || release_traced(backend, &release).await.is_err() {
+            retry_release(backend, &release).await;
         }
     };
     drop(runtime.spawn(task.instrument(span)));
@@ -120,6 +135,9 @@ pub(crate) struct Release {
     pub(crate) mode: Mode,
     pub(crate) token: Token,
     pub(crate) lease: Duration,
+    /// Until when the lock stays held whenever it is released
+    /// ([`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least)).
+    pub(crate) until: Option<Instant>,
 }
 
 /// Releases a token when dropped while armed: for a step whose outcome on

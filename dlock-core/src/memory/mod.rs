@@ -355,6 +355,7 @@ impl Backend for MemoryBackend {
             .fifo(true)
             .read_write(true)
             .semaphores(true)
+            .server_leases(true)
     }
 
     async fn acquire(&self, req: AcquireRequest<'_>) -> Result<Option<Acquired>> {

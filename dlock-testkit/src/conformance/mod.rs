@@ -25,6 +25,7 @@ mod leases;
 mod multi;
 mod operators;
 mod ownership;
+mod periods;
 mod primitives;
 mod scope;
 mod undo;
@@ -37,6 +38,7 @@ pub use leases::*;
 pub use multi::*;
 pub use operators::*;
 pub use ownership::*;
+pub use periods::*;
 pub use primitives::*;
 pub use scope::*;
 pub use undo::*;
@@ -356,6 +358,9 @@ macro_rules! conformance_tests {
             a_renewal_of_many_locks_answers_each_in_its_place,
             extend_moves_a_fixed_lease_and_checks_the_owner,
             abort_on_lost_drops_the_body_the_server_took_the_lock_from,
+            // periods.rs
+            hold_at_least_keeps_a_released_lock_until_its_time,
+            hold_at_least_runs_each_tick_once,
             // input.rs
             invalid_input_gives_typed_errors,
             awkward_keys_are_distinct_locks,
