@@ -11,7 +11,9 @@ use std::{
     time::Duration,
 };
 
-use dlock_core::{distributed_lock, BackendExt, LockError, Locker, LostReason, MemoryBackend};
+use dlock_core::{
+    distributed_lock, BackendExt, LockError, LockOptions, Locker, LostReason, MemoryBackend,
+};
 use dlock_testkit::{CountingBackend, OverlapDetector};
 use tokio::time::Instant;
 
@@ -578,4 +580,32 @@ async fn keys_take_every_lock_in_one_order() {
         "account:3 kept"
     );
     drop(held);
+}
+
+#[distributed_lock(key = "period", locker = locker, hold_at_least = "500ms")]
+async fn once_a_period(locker: &Locker) -> Result<(), AppError> {
+    Ok(())
+}
+
+/// `hold_at_least` keeps the key after a body that ended at once, until
+/// that long after the grant.
+#[tokio::test]
+async fn hold_at_least_keeps_the_key_after_a_quick_body() {
+    let locker = MemoryBackend::new().into_locker();
+    let start = Instant::now();
+    once_a_period(&locker).await.unwrap();
+    assert!(
+        locker.try_lock("period").await.unwrap().is_none(),
+        "the key was free at once"
+    );
+    let next = locker
+        .lock_with("period", LockOptions::new().wait(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let freed = start.elapsed();
+    assert!(freed >= Duration::from_millis(500), "freed after {freed:?}");
+    // A waiter hears of the earlier end: it is not left waiting for the
+    // watchdog lease's.
+    assert!(freed < Duration::from_secs(2), "freed after {freed:?}");
+    drop(next);
 }

@@ -10,7 +10,7 @@ use syn::{
 use crate::duration::parse_millis;
 
 const EXPECTED: &str =
-    "`key`, `keys`, `locker`, `wait`, `lease`, `guard`, `abort_on_lost`, `crate`";
+    "`key`, `keys`, `locker`, `wait`, `lease`, `hold_at_least`, `guard`, `abort_on_lost`, `crate`";
 
 /// The shortest and longest fixed lease dlock-core accepts
 /// (`dlock_core::MIN_LEASE`, `MAX_LEASE`; a test keeps them equal), checked
@@ -39,6 +39,8 @@ pub(crate) struct Args {
     pub(crate) locker: Option<Expr>,
     pub(crate) wait: Option<Wait>,
     pub(crate) lease: Option<u64>,
+    /// `hold_at_least = "5m"`, in milliseconds.
+    pub(crate) hold_at_least: Option<u64>,
     /// The name the body sees the lock's guard by (`&LockGuard`).
     pub(crate) guard: Option<Ident>,
     pub(crate) abort_on_lost: bool,
@@ -73,6 +75,14 @@ impl Parse for Args {
                 // Past a malformed argument nothing more can be read safely.
                 args.report(e);
                 break;
+            }
+        }
+        if let (Some(lease), Some(at_least)) = (args.lease, args.hold_at_least) {
+            if at_least > lease {
+                args.report(syn::Error::new(
+                    Span::call_site(),
+                    "`hold_at_least` is longer than the fixed `lease`: the lock would expire first",
+                ));
             }
         }
         Ok(args)
@@ -167,6 +177,18 @@ impl Args {
                     ));
                 }
                 self.lease = Some(millis);
+            }
+            "hold_at_least" => {
+                let lit = string_value(input, name, "hold_at_least = \"5m\"")?;
+                let millis =
+                    parse_millis(&lit.value()).map_err(|e| syn::Error::new(lit.span(), e))?;
+                if millis > MAX_LEASE_MILLIS {
+                    return Err(syn::Error::new(
+                        lit.span(),
+                        "`hold_at_least` must be at most 30 days (\"720h\")",
+                    ));
+                }
+                self.hold_at_least = Some(millis);
             }
             "guard" => {
                 equals(input, name, "guard = lock")?;

@@ -160,6 +160,9 @@ fn expand(mut args: Args, func: ItemFn) -> syn::Result<TokenStream> {
     if let Some(ms) = args.lease {
         options.extend(quote!(.lease(#private::Duration::from_millis(#ms))));
     }
+    if let Some(ms) = args.hold_at_least {
+        options.extend(quote!(.hold_at_least(#private::Duration::from_millis(#ms))));
+    }
 
     // Local names the body cannot see or shadow.
     let guard = Ident::new("__dlock_guard", Span::mixed_site());

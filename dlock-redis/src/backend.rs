@@ -394,7 +394,10 @@ impl Backend for RedisBackend {
     }
 
     /// A renewal: the script sets the key's TTL (or the share's end) once
-    /// the token is checked; on Redlock, on a majority of the nodes.
+    /// the token is checked; on Redlock, on a majority of the nodes. A
+    /// plain lock's first waiter is then woken, since the end may have
+    /// moved earlier than it was told (best effort: its ticket refresh
+    /// looks again anyway).
     async fn extend(
         &self,
         key: &LockKey,
@@ -402,7 +405,15 @@ impl Backend for RedisBackend {
         token: &Token,
         lease: Duration,
     ) -> Result<Option<(tokio::time::Instant, Duration)>> {
-        dlock_core::backend::extend_by_renewal(self, key, mode, token, lease).await
+        let extended =
+            dlock_core::backend::extend_by_renewal(self, key, mode, token, lease).await?;
+        if extended.is_some() && mode == Mode::Exclusive {
+            let names = &self.names(key);
+            let timeout = self.inner.redlock.then_some(REDLOCK_NODE_TIMEOUT_MAX);
+            self.on_every_node(timeout, |node| lock::wake_first(node, names))
+                .await;
+        }
+        Ok(extended)
     }
 
     /// The semaphore's holders whose lease has not ended by the server's

@@ -115,7 +115,7 @@ pub(crate) mod renew;
 pub(crate) mod shared;
 
 use election::{HOLDER, PROCLAIM};
-use lock::{ACQUIRE, RELEASE};
+use lock::{ACQUIRE, RELEASE, WAKE_FIRST};
 use renew::{RENEW, RENEW_MANY};
 use shared::{SHARED_ACQUIRE, SHARED_RELEASE, SHARED_RENEW};
 
@@ -125,6 +125,7 @@ use crate::{keys::Names, node::Node};
 pub(crate) struct Scripts {
     acquire: Script,
     release: Script,
+    wake_first: Script,
     renew: Script,
     renew_many: Script,
     shared_acquire: Script,
@@ -152,6 +153,7 @@ impl Scripts {
         Scripts {
             acquire: script(ACQUIRE),
             release: script(RELEASE),
+            wake_first: script(WAKE_FIRST),
             renew: script(RENEW),
             renew_many: script(RENEW_MANY),
             shared_acquire: script(SHARED_ACQUIRE),

@@ -392,7 +392,14 @@ impl Backend for MemoryBackend {
                         entry.expire(now);
                         match entry.holders.iter_mut().find(|h| h.token == r.token) {
                             Some(h) => {
-                                h.expires = now + r.lease.min(MAX_LEASE);
+                                let expires = now + r.lease.min(MAX_LEASE);
+                                let sooner = expires < h.expires;
+                                h.expires = expires;
+                                if sooner {
+                                    // The head of the line waits for the
+                                    // old end: tell it of the new one.
+                                    entry.wake();
+                                }
                                 RenewOutcome::Renewed
                             }
                             None => RenewOutcome::NotHeld,

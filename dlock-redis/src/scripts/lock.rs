@@ -254,6 +254,33 @@ return {0, ttl}
 "
 );
 
+/// Wakes the first waiter in line (if any) without handing it the lock:
+/// for a lease moved earlier ([`Backend::extend`](dlock_core::backend::Backend::extend),
+/// a release before `hold_at_least`), which frees the key sooner than the
+/// line was told. Woken, it looks again and learns the new end.
+pub(crate) async fn wake_first(node: &Node, names: &Names) -> RedisResult<()> {
+    let (_, _): (i64, _) = node
+        .run(&of(node).wake_first, false, |cmd| {
+            Keys::Line.write(cmd, names);
+            cmd.arg(names.channel());
+        })
+        .await?;
+    Ok(())
+}
+
+/// KEYS: as [`ACQUIRE`]'s that queue. ARGV: release channel. Returns 1 if
+/// a waiter was told, else 0.
+pub(super) const WAKE_FIRST: &str = concat!(
+    queue_lua!(),
+    r"
+local _, now = clock()
+local first = first_in_line(now)
+if not first then return 0 end
+redis.call('PUBLISH', ARGV[1], first)
+return 1
+"
+);
+
 /// Release, or give back a grant and stay in line.
 ///
 /// KEYS: as [`ACQUIRE`] (the counter untouched), the proclaimed value, and
