@@ -18,6 +18,10 @@ Examples:
   # Skip this run if another is still going (exit 75):
   DLOCK_URL=etcd://10.0.0.5:2379/locks dlock run --key backup --no-wait -- ./backup.sh
 
+  # A cron job on three machines, run once per 5-minute tick (the first to
+  # fire runs it; the lock outlives a quick run until the tick is over):
+  dlock run --url redis://10.0.0.5:6379 --key report --no-wait --hold-at-least 4m -- ./report.sh
+
   # At most 4 encoders at once:
   dlock run --url zk://10.0.0.5:2181/locks --key encoders --permits 4 -- ffmpeg -i in.mp4 out.webm
 
@@ -61,6 +65,13 @@ pub(crate) struct RunArgs {
     /// as long as the command runs.
     #[arg(long, value_parser = duration)]
     lease: Option<Duration>,
+    /// Keep the lock at least this long after it is granted, even if the
+    /// command ends sooner (by the server's lease: dlock exits at once), so
+    /// that a job fired on several machines runs once per period. Only
+    /// where locks end by the server's lease alone (Redis, in every mode);
+    /// elsewhere exit 64.
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    hold_at_least: Option<Duration>,
     /// Take a read share of a read-write lock: readers run together.
     #[arg(long, group = "mode")]
     read: bool,
@@ -115,6 +126,9 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
     let mut options = LockOptions::new();
     if let Some(lease) = args.lease {
         options = options.lease(lease);
+    }
+    if let Some(at_least) = args.hold_at_least {
+        options = options.hold_at_least(at_least);
     }
     let acquired = tokio::select! {
         acquired = async {

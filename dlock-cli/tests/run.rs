@@ -752,3 +752,78 @@ async fn leftovers_past_their_timeout_are_stopped_with_exit_79() {
     assert!(!runs(job.trim()), "the job outlived dlock");
     assert_eq!(try_run(&key.0, &[]).await, 0);
 }
+
+/// Three machines' cron fires `dlock run --no-wait --hold-at-least 1500ms`
+/// at each of three ticks 2 s apart, each up to 300 ms early or late, with
+/// a 50 ms job: every tick's job runs exactly once, and dlock exits as
+/// soon as its job does, not after the hold. (Margins of 500 ms or more
+/// each way, for processes that start slowly on a loaded machine.) On the file backend (the default), whose
+/// locks end with the process, it is refused with the usage code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_at_least_runs_each_tick_once_across_processes() {
+    let server = RedisServer::start().expect("start redis");
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    let start = tokio::time::Instant::now() + Duration::from_millis(500);
+    let mut all = Vec::new();
+    for tick in 0..3_u64 {
+        for skew in [-300_i64, 0, 300] {
+            let at = start + Duration::from_secs(2 * tick);
+            let at = if skew < 0 {
+                at - Duration::from_millis(skew.unsigned_abs())
+            } else {
+                at + Duration::from_millis(skew.unsigned_abs())
+            };
+            let mut command = dlock(&url);
+            command
+                .args([
+                    "run",
+                    "--key",
+                    "tick",
+                    "--no-wait",
+                    "--hold-at-least",
+                    "1500ms",
+                ])
+                .args(["--", "sh", "-c", "echo $0 >> \"$1\"; sleep 0.05"])
+                .arg(tick.to_string())
+                .arg(&runs);
+            all.push(tokio::spawn(async move {
+                tokio::time::sleep_until(at).await;
+                let fired = tokio::time::Instant::now();
+                let output = finish(&mut command, Duration::from_secs(30)).await;
+                (output, fired.elapsed())
+            }));
+        }
+    }
+    for run in all {
+        let (output, took) = run.await.unwrap();
+        assert!(matches!(code(&output), 0 | 75), "{output:?}");
+        assert!(
+            took < Duration::from_millis(1500),
+            "dlock stayed {took:?} for the hold"
+        );
+    }
+    let ran = std::fs::read_to_string(&runs).unwrap();
+    let mut ran: Vec<&str> = ran.lines().collect();
+    ran.sort_unstable();
+    assert_eq!(ran, ["0", "1", "2"], "the ticks' jobs ran {ran:?}");
+
+    let key = DefaultKey::new("hold-at-least");
+    let mut on_file = dlock_default();
+    on_file.args([
+        "run",
+        "--key",
+        &key.0,
+        "--hold-at-least",
+        "1s",
+        "--",
+        "true",
+    ]);
+    let refused = finish(&mut on_file, Duration::from_secs(30)).await;
+    assert_eq!(code(&refused), 64, "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("hold_at_least"),
+        "{refused:?}"
+    );
+}

@@ -515,3 +515,40 @@ async fn a_release_that_fails_for_a_whole_lease_abandons_its_token() {
     );
     assert_eq!(*backend.abandoned.lock().unwrap(), vec![token]);
 }
+
+/// A release that keeps the lock until `hold_at_least` waits for a
+/// watchdog renewal already on its way: landing after it, that renewal
+/// would set the lease back to a whole watchdog lease, here shorter than
+/// the hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_on_its_way_does_not_undo_hold_at_least() {
+    let server = MemoryBackend::new();
+    let slow = Arc::new(
+        dlock_testkit::CountingBackend::new(Arc::new(server.clone()))
+            .renew_delay(Duration::from_millis(60)),
+    );
+    let locker = Locker::builder(slow.clone())
+        .watchdog_lease(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let other = server.into_locker();
+    let hold = Duration::from_secs(1);
+    let guard = locker
+        .lock_with("k", LockOptions::new().hold_at_least(hold))
+        .await
+        .unwrap();
+    let granted = Instant::now();
+    // Release while a renewal waits out its delay.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while slow.renewals() == slow.renewals_answered() {
+        assert!(Instant::now() < deadline, "no renewal started");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    guard.release().await.unwrap();
+    tokio::time::sleep_until(granted + hold - Duration::from_millis(200)).await;
+    assert!(
+        other.try_lock("k").await.unwrap().is_none(),
+        "the key freed {:?} after the grant, before hold_at_least",
+        granted.elapsed()
+    );
+}

@@ -49,6 +49,8 @@ pub struct CountingBackend {
     release_at_proclaim: AtomicBool,
     /// Whether a proclaim did.
     released_at_proclaim: AtomicBool,
+    /// How long each renewal waits before it is passed on.
+    renew_delay: std::time::Duration,
 }
 
 impl CountingBackend {
@@ -64,7 +66,27 @@ impl CountingBackend {
             max_in_flight: Arc::default(),
             release_at_proclaim: AtomicBool::new(false),
             released_at_proclaim: AtomicBool::new(false),
+            renew_delay: std::time::Duration::ZERO,
         }
+    }
+
+    /// Holds each renewal back for `delay` before it is passed on: a
+    /// renewal on its way while its lock is released.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::MemoryBackend;
+    /// use dlock_testkit::CountingBackend;
+    /// use std::{sync::Arc, time::Duration};
+    ///
+    /// let slow = CountingBackend::new(Arc::new(MemoryBackend::new()))
+    ///     .renew_delay(Duration::from_millis(50));
+    /// # drop(slow);
+    /// ```
+    pub fn renew_delay(mut self, delay: std::time::Duration) -> Self {
+        self.renew_delay = delay;
+        self
     }
 
     /// Arms the one fault: the first proclaim from now on releases the
@@ -154,10 +176,10 @@ impl Backend for CountingBackend {
 
     async fn renew(&self, locks: &[RenewRequest]) -> Result<Vec<RenewOutcome>> {
         self.renewals.fetch_add(1, Ordering::SeqCst);
-        let renew = self.inner.renew(locks);
         let answered = Answered(&self.renewals_answered);
         let _answered = answered;
-        renew.await
+        tokio::time::sleep(self.renew_delay).await;
+        self.inner.renew(locks).await
     }
 
     async fn check_servers(&self) -> Result<()> {

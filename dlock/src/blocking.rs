@@ -17,7 +17,8 @@
 //!
 //! Calling it from within a Tokio runtime is refused with
 //! [`LockError::InsideRuntime`] rather than stalling that runtime: async
-//! code uses the async API.
+//! code uses the async API (so do `spawn_blocking` threads, which count as
+//! inside theirs).
 //!
 //! # Examples
 //!
@@ -100,12 +101,37 @@ impl Drop for Shared {
         let Some(runtime) = self.runtime.take() else {
             return;
         };
+        // Releases still on their way (a guard dropped inside another
+        // runtime sends its release from a task on this one) get their
+        // chance before the runtime stops.
+        let locker = self.locker.clone();
+        let finish = move |runtime: Runtime| {
+            within(&runtime, DROP_WAIT, locker.wait_for_releases());
+            runtime.shutdown_background();
+        };
         if outside_runtime().is_ok() {
-            within(&runtime, DROP_WAIT, self.locker.wait_for_releases());
+            finish(runtime);
+            return;
         }
-        // Never blocks, so it may run anywhere (a runtime may not be dropped
-        // from within another).
-        runtime.shutdown_background();
+        // Here no thread may block, nor a runtime be dropped: a thread of
+        // its own finishes it (or, if none can start, the runtime stops at
+        // once, and the leases end what it was releasing).
+        let slot = Arc::new(std::sync::Mutex::new(Some(runtime)));
+        let theirs = slot.clone();
+        let spawned = std::thread::Builder::new()
+            .name("dlock-blocking-drop".to_owned())
+            .spawn(move || {
+                let runtime = theirs.lock().ok().and_then(|mut slot| slot.take());
+                if let Some(runtime) = runtime {
+                    finish(runtime);
+                }
+            });
+        if spawned.is_err() {
+            let runtime = slot.lock().ok().and_then(|mut slot| slot.take());
+            if let Some(runtime) = runtime {
+                runtime.shutdown_background();
+            }
+        }
     }
 }
 

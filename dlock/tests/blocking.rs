@@ -146,3 +146,27 @@ fn inside_a_runtime_calls_are_refused_and_drops_do_not_block() {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// A guard that outlives its locker and is dropped inside another runtime
+/// takes the private runtime down with it: the release it leaves on that
+/// runtime is still sent.
+#[test]
+fn the_last_guard_dropped_inside_a_runtime_still_releases() {
+    let server = MemoryBackend::new();
+    let make = |server: MemoryBackend| {
+        blocking::Locker::build(move || async move { Ok(Locker::new(server)) }).unwrap()
+    };
+    let (holder, other) = (make(server.clone()), make(server));
+    let guard = holder.lock("k").unwrap();
+    drop(holder);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async move { drop(guard) });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while other.try_lock("k").unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the release was lost with the runtime"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

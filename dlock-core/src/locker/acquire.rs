@@ -52,6 +52,33 @@ impl Locker {
         }
     }
 
+    /// Refuses a [`hold_at_least`](LockOptions::hold_at_least) (of
+    /// `options`, merged with the defaults) that the backend cannot keep,
+    /// or that is longer than a fixed lease.
+    pub(crate) fn check_hold_at_least(&self, options: LockOptions) -> Result<()> {
+        let Some(at_least) = options.get_hold_at_least() else {
+            return Ok(());
+        };
+        if !self.shared.backend.capabilities().has_server_leases() {
+            return Err(LockError::Unsupported {
+                backend: self.shared.backend.name(),
+                what: "hold_at_least (its locks end with the client's session or process)",
+            });
+        }
+        let fixed = match options.get_lease() {
+            Some(Lease::Fixed(lease)) => Some(lease),
+            _ => None,
+        };
+        if at_least > MAX_LEASE || fixed.is_some_and(|lease| at_least > lease) {
+            return Err(crate::InvalidReason::HoldAtLeast {
+                at_least,
+                lease: fixed,
+            }
+            .into());
+        }
+        Ok(())
+    }
+
     pub(super) async fn acquire(
         &self,
         key: &str,
@@ -81,22 +108,8 @@ impl Locker {
                 (lease, LeaseKind::Fixed)
             }
         };
+        self.check_hold_at_least(options)?;
         let hold_at_least = options.get_hold_at_least();
-        if let Some(at_least) = hold_at_least {
-            if !self.shared.backend.capabilities().has_server_leases() {
-                return Err(LockError::Unsupported {
-                    backend: self.shared.backend.name(),
-                    what: "hold_at_least (its locks end with the client's session or process)",
-                });
-            }
-            if at_least > MAX_LEASE || (lease_kind == LeaseKind::Fixed && at_least > lease) {
-                return Err(crate::InvalidReason::HoldAtLeast {
-                    at_least,
-                    lease: (lease_kind == LeaseKind::Fixed).then_some(lease),
-                }
-                .into());
-            }
-        }
         if mode == Mode::Exclusive {
             if let Some(hold) = Scope::find(&self.shared, &key) {
                 return LockGuard::reentered(hold).map(Some);
@@ -155,6 +168,7 @@ impl Locker {
                     token,
                     lease,
                     until: None,
+                    renewed_by: None,
                 },
                 armed: true,
             };
@@ -209,12 +223,13 @@ impl Locker {
                 lease_state,
                 renewed,
                 lease_kind == LeaseKind::Fixed,
-                // Counted from the answer, which comes after the server's
-                // grant: the server then holds at least that long.
-                hold_at_least.map(|at_least| Instant::now() + at_least),
                 runtime.clone(),
             );
-            LockGuard::fresh(hold).map(Some)
+            let guard = LockGuard::fresh(hold)?;
+            if let Some(at_least) = hold_at_least {
+                guard.hold().hold_at_least(at_least);
+            }
+            Ok(Some(guard))
         };
         let result = acquire.instrument(span).await;
         timer.finish(match &result {

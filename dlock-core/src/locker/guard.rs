@@ -11,7 +11,7 @@ use crate::{
     error::{LockError, LostReason, Result},
     key::LockKey,
     locker::lease::LeaseState,
-    locker::release::{release_traced, spawn_release, Release, ReleaseOnDrop, Sent},
+    locker::release::{release_traced, settle, spawn_release, Release, ReleaseOnDrop, Sent},
     locker::shared::Shared,
     token::Token,
 };
@@ -41,9 +41,14 @@ pub(crate) struct Hold {
     watchdog_id: Option<u64>,
     /// Whether the lease is fixed (see [`LockGuard::extend`]).
     fixed: bool,
+    /// When the backend answered with the grant.
+    answered: Instant,
     /// Until when a release leaves the lock held
-    /// ([`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least)).
-    until: Option<Instant>,
+    /// ([`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least)):
+    /// set once the guard is the caller's, so that a grant given back
+    /// unused (a dropped `lock_all`, a lease over before the answer) is
+    /// released at once.
+    until: std::sync::OnceLock<Instant>,
     /// One extension at a time: their answers then arrive in the order
     /// the server applied them, and the last one sets the lease.
     extending: tokio::sync::Mutex<()>,
@@ -64,7 +69,6 @@ impl Hold {
         lease: Arc<LeaseState>,
         renewed_by_watchdog: bool,
         fixed: bool,
-        until: Option<Instant>,
         runtime: Handle,
     ) -> Arc<Hold> {
         let watchdog_id = renewed_by_watchdog.then(|| {
@@ -90,7 +94,8 @@ impl Hold {
             lease,
             watchdog_id,
             fixed,
-            until,
+            answered: Instant::now(),
+            until: std::sync::OnceLock::new(),
             extending: tokio::sync::Mutex::new(()),
             runtime,
             span,
@@ -104,8 +109,16 @@ impl Hold {
             mode: self.mode,
             token: self.token,
             lease: self.lease.length(),
-            until: self.until,
+            until: self.until.get().copied(),
+            renewed_by: self.watchdog_id,
         }
+    }
+
+    /// Keeps the lock, whenever it is released, until `at_least` after the
+    /// backend's answer (which came after the server's grant); a hold's
+    /// first setting stays.
+    pub(crate) fn hold_at_least(&self, at_least: std::time::Duration) {
+        let _ = self.until.set(self.answered + at_least);
     }
 
     /// Whether this is a plain (exclusive) hold of `key` taken through
@@ -441,6 +454,7 @@ impl LockGuard {
             release: release.clone(),
             armed: true,
         };
+        settle(&shared, &release).await;
         let outcome = release_traced(&*backend, &release)
             .instrument(span.clone())
             .await;

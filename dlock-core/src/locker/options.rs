@@ -118,6 +118,12 @@ impl LockOptions {
     /// the period, so that a fast run on one machine and a late tick on
     /// another do not both run the same period. A lock lost before then
     /// (a crash, with a lease shorter than `at_least`) frees as usual.
+    /// When the hold ends, the key goes to whoever asks first: a waiter
+    /// already in line is woken (on Redis, a read-write lock's or
+    /// semaphore's waiter at its next look instead), but not served first.
+    /// Only a grant the caller got is held on: a key that
+    /// [`lock_all`](crate::Locker::lock_all) gives back unused is released
+    /// at once.
     ///
     /// Backends whose locks end with the client's session or process
     /// refuse it with [`LockError::Unsupported`](crate::LockError::Unsupported)
@@ -160,6 +166,12 @@ impl LockOptions {
     /// The [`hold_at_least`](LockOptions::hold_at_least) set here, if any.
     pub fn get_hold_at_least(&self) -> Option<Duration> {
         self.hold_at_least
+    }
+
+    /// These options without their `hold_at_least`, and it.
+    pub(crate) fn take_hold_at_least(mut self) -> (LockOptions, Option<Duration>) {
+        let at_least = self.hold_at_least.take();
+        (self, at_least)
     }
 
     /// Fills unset options from `defaults`.

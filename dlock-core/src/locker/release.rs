@@ -119,6 +119,7 @@ pub(crate) fn spawn_release(
     let pending = shared.start_release();
     let task = async move {
         let _pending = pending;
+        settle(&shared, &release).await;
         let backend = &*shared.backend;
         if sent == Sent::Failed || release_traced(backend, &release).await.is_err() {
             retry_release(backend, &release).await;
@@ -138,6 +139,18 @@ pub(crate) struct Release {
     /// Until when the lock stays held whenever it is released
     /// ([`LockOptions::hold_at_least`](crate::LockOptions::hold_at_least)).
     pub(crate) until: Option<Instant>,
+    /// The watchdog's id for the lock, if the watchdog renewed it.
+    pub(crate) renewed_by: Option<u64>,
+}
+
+/// Before a release that leaves the lock held until a set time: waits for
+/// a watchdog renewal of it already on its way (the watchdog no longer
+/// renews it), which would otherwise set the lease back to a whole one
+/// after the release set its end.
+pub(crate) async fn settle(shared: &Shared, release: &Release) {
+    if let (Some(_), Some(id)) = (release.until, release.renewed_by) {
+        shared.watchdog.renewal_settled(id).await;
+    }
 }
 
 /// Releases a token when dropped while armed: for a step whose outcome on

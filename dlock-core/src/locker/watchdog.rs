@@ -41,6 +41,8 @@ struct Inner {
     lease: Duration,
     backend: Arc<dyn DynBackend>,
     state: Mutex<State>,
+    /// Told when a renewal has been answered (or has timed out).
+    settled: tokio::sync::Notify,
 }
 
 #[derive(Debug, Default)]
@@ -51,6 +53,9 @@ struct State {
     /// reason (no locks left, its runtime shut down, a panic) removes
     /// itself, so the next registration on that runtime starts a new one.
     timers: HashMap<runtime::Id, TimerState>,
+    /// The entries of the renewals on their way, by id (an entry may be
+    /// in two, from two timers).
+    renewing: HashMap<u64, u32>,
 }
 
 #[derive(Debug)]
@@ -75,6 +80,7 @@ impl Watchdog {
                 lease,
                 backend,
                 state: Mutex::default(),
+                settled: tokio::sync::Notify::new(),
             }),
         }
     }
@@ -131,6 +137,21 @@ impl Watchdog {
     pub(crate) fn unregister(&self, id: u64) {
         self.inner.state().entries.remove(&id);
     }
+
+    /// Completes once no renewal of entry `id` is on its way: at once if
+    /// none is, else when it has been answered or has timed out (a renewal
+    /// period at most).
+    pub(crate) async fn renewal_settled(&self, id: u64) {
+        loop {
+            let settled = self.inner.settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            if !self.inner.state().renewing.contains_key(&id) {
+                return;
+            }
+            settled.await;
+        }
+    }
 }
 
 impl Inner {
@@ -143,7 +164,11 @@ impl Inner {
     /// gone): a renewal then still comes before the lease (three periods)
     /// runs out.
     /// `None` when there are none, and the timer task should stop.
-    fn due(&self, timer: &Timer, period: Duration) -> Option<Vec<(RenewRequest, Arc<LeaseState>)>> {
+    fn due(
+        &self,
+        timer: &Timer,
+        period: Duration,
+    ) -> Option<Vec<(u64, RenewRequest, Arc<LeaseState>)>> {
         let now = Instant::now();
         let mut state = self.state();
         if let Some(mine) = state.timers.get_mut(&timer.runtime) {
@@ -160,14 +185,17 @@ impl Inner {
         };
         let mut serves_any = false;
         let mut due = Vec::new();
-        for entry in state.entries.values() {
+        for (&id, entry) in &state.entries {
             if entry.runtime != timer.runtime && !stalled(&entry.runtime) {
                 continue;
             }
             serves_any = true;
             if !entry.lease.is_lost() {
-                due.push((entry.request.clone(), entry.lease.clone()));
+                due.push((id, entry.request.clone(), entry.lease.clone()));
             }
+        }
+        for (id, _, _) in &due {
+            *state.renewing.entry(*id).or_default() += 1;
         }
         if !serves_any {
             if state
@@ -220,7 +248,12 @@ async fn run(timer: Timer, period: Duration) {
         if batch.is_empty() {
             continue;
         }
-        let requests: Vec<RenewRequest> = batch.iter().map(|(r, _)| r.clone()).collect();
+        let requests: Vec<RenewRequest> = batch.iter().map(|(_, r, _)| r.clone()).collect();
+        // Marked in `due`, unmarked however this renewal ends.
+        let _settles = Settles {
+            watchdog: &watchdog,
+            ids: batch.iter().map(|(id, _, _)| *id).collect(),
+        };
         let backend = &watchdog.backend;
         let sent = Instant::now();
         // A renewal slower than a period is as good as failed: the next tick
@@ -234,7 +267,7 @@ async fn run(timer: Timer, period: Duration) {
         crate::metrics::renewal(backend.name(), outcome, sent.elapsed());
         match answer {
             Ok(Ok(outcomes)) if outcomes.len() == batch.len() => {
-                for ((request, lease), outcome) in batch.iter().zip(outcomes) {
+                for ((_, request, lease), outcome) in batch.iter().zip(outcomes) {
                     match outcome {
                         RenewOutcome::Renewed => lease.extend(sent, request.lease),
                         RenewOutcome::NotHeld => {
@@ -266,8 +299,32 @@ async fn run(timer: Timer, period: Duration) {
         }
         // Fire the loss of every lease that ran out without a renewal.
         let now = Instant::now();
-        for (_, lease) in &batch {
+        for (_, _, lease) in &batch {
             lease.check(now);
         }
+    }
+}
+
+/// A renewal's entries, marked as on their way until it is dropped.
+struct Settles<'a> {
+    watchdog: &'a Inner,
+    ids: Vec<u64>,
+}
+
+impl Drop for Settles<'_> {
+    fn drop(&mut self) {
+        let mut state = self.watchdog.state();
+        for id in &self.ids {
+            if let std::collections::hash_map::Entry::Occupied(mut count) =
+                state.renewing.entry(*id)
+            {
+                *count.get_mut() -= 1;
+                if *count.get() == 0 {
+                    count.remove();
+                }
+            }
+        }
+        drop(state);
+        self.watchdog.settled.notify_waiters();
     }
 }

@@ -83,6 +83,10 @@ impl Locker {
             return Err(crate::InvalidReason::NoKeys.into());
         }
         let options = options.or(self.defaults());
+        // Kept only once every key is the caller's: a key given back
+        // unused is released at once.
+        self.check_hold_at_least(options)?;
+        let (options, hold_at_least) = options.take_hold_at_least();
         // A limit too large for the clock (`Duration::MAX`) waits forever.
         let deadline = wait_deadline(Instant::now(), options.get_wait().flatten());
         let mut attempt = 1;
@@ -91,6 +95,11 @@ impl Locker {
             // A key taken first can lapse while a later one is awaited
             // (a fixed lease shorter than the wait): never handed out.
             let Some(lost) = guards.iter().find(|guard| guard.is_lost()) else {
+                if let Some(at_least) = hold_at_least {
+                    for guard in &guards {
+                        guard.hold().hold_at_least(at_least);
+                    }
+                }
                 return Ok(MultiGuard { guards });
             };
             let key = lost.key().to_owned();

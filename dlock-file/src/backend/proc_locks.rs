@@ -17,7 +17,9 @@ use crate::config::{io_error, Names};
 /// file's device and inode), not by trying them: a try would make an
 /// acquirer that meets it find a free slot taken.
 ///
-/// Matched as [`is_among`] matches (the count errs high, never low).
+/// Matched as [`is_among`] matches. The count errs high: a slot released
+/// while the table is read again still counts; a held one is missed only
+/// if every read skips it (see [`READS`]).
 /// Locks held from another PID namespace are not listed there, so not
 /// counted; nor are the slots an acquirer holds for a moment while it
 /// finds too few free.

@@ -361,6 +361,7 @@ macro_rules! conformance_tests {
             // periods.rs
             hold_at_least_keeps_a_released_lock_until_its_time,
             hold_at_least_runs_each_tick_once,
+            hold_at_least_never_keeps_a_key_given_back_unused,
             // input.rs
             invalid_input_gives_typed_errors,
             awkward_keys_are_distinct_locks,

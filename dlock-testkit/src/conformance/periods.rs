@@ -186,3 +186,35 @@ pub async fn hold_at_least_runs_each_tick_once(h: &Harness) {
         h.name
     );
 }
+
+/// A key that `lock_all` took and gave back unused (a later key was held)
+/// is free at once, whatever `hold_at_least` asked: only a grant the
+/// caller got is kept past its release.
+pub async fn hold_at_least_never_keeps_a_key_given_back_unused(h: &Harness) {
+    let (first, second) = (h.key("given-back-a"), h.key("given-back-b"));
+    if !offered(h, &first).await {
+        return;
+    }
+    let (a, b) = (h.locker().await, h.locker().await);
+    let held = must(
+        h,
+        "lock the second key",
+        b.lock_with(&second, patient()).await,
+    );
+    let once = LockOptions::new()
+        .wait(Duration::from_millis(200))
+        .hold_at_least(Duration::from_secs(60));
+    let refused = a.lock_all([&first, &second], once).await;
+    assert!(refused.is_err(), "[{}] lock_all got a held key", h.name);
+    drop(
+        free(
+            h,
+            "try_lock the key given back",
+            &b,
+            &first,
+            "a key given back unused was kept for hold_at_least",
+        )
+        .await,
+    );
+    drop(held);
+}
