@@ -134,7 +134,9 @@ pub enum LockError {
     /// dlock's blocking API was called from within a Tokio runtime, where
     /// blocking the thread would stall the runtime's other tasks: use the
     /// async API there.
-    #[error("dlock's blocking API was called from within a Tokio runtime; use the async API there")]
+    #[error(
+        "dlock's blocking API was called from within a Tokio runtime; use the async API there"
+    )]
     InsideRuntime,
 }
 
