@@ -199,6 +199,34 @@ pub(crate) struct Limits {
     /// --leftovers-timeout.
     #[arg(long, value_name = "CODE", default_value_t = exit::STRAGGLERS)]
     pub(crate) leftovers_exit_code: u8,
+    /// The signal the command gets when someone asks this holder (or
+    /// leader) to let go (`dlock release --ask`, a deploy tool): TERM,
+    /// INT, HUP, QUIT, USR1, USR2, or `none` to ignore requests. The
+    /// command decides; the lock is released when it has exited. (On
+    /// PostgreSQL, MySQL and files, listening reads the request key twice
+    /// a second; `none` spares that.)
+    #[arg(long, value_name = "SIGNAL", value_parser = on_request, default_value = "TERM")]
+    pub(crate) on_release_request: OnRequest,
+}
+
+/// What `--on-release-request` sends: a signal, or nothing.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OnRequest(Option<Signal>);
+
+fn on_request(text: &str) -> Result<OnRequest, String> {
+    let name = text.to_ascii_uppercase();
+    Ok(OnRequest(Some(
+        match name.strip_prefix("SIG").unwrap_or(&name) {
+            "NONE" => return Ok(OnRequest(None)),
+            "TERM" => Signal::TERM,
+            "INT" => Signal::INT,
+            "HUP" => Signal::HUP,
+            "QUIT" => Signal::QUIT,
+            "USR1" => Signal::USR1,
+            "USR2" => Signal::USR2,
+            _ => return Err("expected TERM, INT, HUP, QUIT, USR1, USR2 or none".to_owned()),
+        },
+    )))
 }
 
 /// Waits until the command and every process it started have exited,
@@ -208,15 +236,19 @@ pub(crate) struct Limits {
 /// own process exits keep what it runs under until they exit, or until
 /// `limits.leftovers`, when they are stopped the same way. A process that
 /// SIGKILL does not end (stuck in the kernel) is waited for still: the
-/// lock outlives no process of the command.
+/// lock outlives no process of the command. When `asked` completes (a
+/// request to let go), the command gets `--on-release-request`'s signal.
 pub(crate) async fn supervise<R: Display>(
     child: &mut Child,
     signals: &mut Signals,
     lost: impl Future<Output = R>,
+    asked: impl Future<Output = dlock::Result<()>>,
     what: &str,
     limits: Limits,
 ) -> Ended {
     let mut lost = std::pin::pin!(lost);
+    let mut asked = std::pin::pin!(asked);
+    let mut was_asked = limits.on_release_request.0.is_none();
     let mut was_lost = false;
     let mut stragglers = false;
     let mut kill_at: Option<Instant> = None;
@@ -246,6 +278,17 @@ pub(crate) async fn supervise<R: Display>(
                 }
             },
             signal = signals.recv() => child.forward(signal).await,
+            heard = &mut asked, if !was_asked => {
+                was_asked = true;
+                match (heard, limits.on_release_request.0) {
+                    (Ok(()), Some(signal)) => {
+                        say!("dlock: asked to let go of {what}: passing it on to the command");
+                        child.forward(signal).await;
+                    }
+                    (Ok(()), None) | (Err(dlock::LockError::Unsupported { .. }), _) => {}
+                    (Err(e), _) => say!("dlock: not listening for release requests: {e}"),
+                }
+            }
             reason = &mut lost, if !was_lost => {
                 say!("dlock: {what} was lost ({reason}) while the command ran: stopping it");
                 child.signal(Signal::TERM).await;

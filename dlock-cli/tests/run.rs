@@ -827,3 +827,113 @@ async fn hold_at_least_runs_each_tick_once_across_processes() {
         "{refused:?}"
     );
 }
+
+/// `dlock release --force KEY` takes a held key from the `dlock run` that
+/// holds it, which then stops its command (exit 76); on a free key it says
+/// so (exit 1); without `--force` it frees nothing (exit 64).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_force_frees_a_held_key() {
+    let server = RedisServer::start().expect("start redis");
+    let url = server.url();
+    let limit = Duration::from_secs(30);
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let mut holder = dlock(&url);
+    holder
+        .args(["run", "--watchdog-lease", "600ms", "--key", "stuck", "--"])
+        .args(["sh", "-c", "echo up > \"$1\"; sleep 60", "sh"])
+        .arg(&started);
+    let holding = tokio::spawn(async move { finish(&mut holder, limit).await });
+    read_when_written(&started).await;
+    let release = |args: &[&str]| {
+        let mut command = dlock(&url);
+        command.arg("release").args(args);
+        command
+    };
+    let bare = finish(&mut release(&["stuck"]), limit).await;
+    assert_eq!(code(&bare), 64, "{bare:?}");
+    let freed = finish(&mut release(&["--force", "stuck"]), limit).await;
+    assert_eq!(code(&freed), 0, "{freed:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&freed.stdout).trim(),
+        "stuck: freed"
+    );
+    let stopped = holding.await.unwrap();
+    assert_eq!(code(&stopped), 76, "{stopped:?}");
+    let free = finish(&mut release(&["--force", "--json", "stuck"]), limit).await;
+    assert_eq!(code(&free), 1, "{free:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&free.stdout).trim(),
+        r#"{"freed":false,"key":"stuck"}"#
+    );
+}
+
+/// A command that exits on SIGTERM, saying so in `$1`, and says it runs
+/// in `$2`.
+const ASKABLE: &str = "trap 'echo asked >> \"$1\"; exit 0' TERM; echo up >> \"$2\"; \
+                       while :; do sleep 0.05; done";
+
+/// `dlock release --ask KEY` reaches `dlock run`'s command as SIGTERM, and
+/// with `--election` an elected command, which exits: its `dlock elect`
+/// resigns, and the other candidate's command runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_ask_reaches_the_command_and_a_leader_hands_over() {
+    let server = RedisServer::start().expect("start redis");
+    let url = server.url();
+    let limit = Duration::from_secs(30);
+    let dir = tempfile::tempdir().unwrap();
+    let (asked, up) = (dir.path().join("asked"), dir.path().join("up"));
+    let mut holder = dlock(&url);
+    holder
+        .args(["run", "--key", "asked", "--", "sh", "-c", ASKABLE, "sh"])
+        .arg(&asked)
+        .arg(&up);
+    let holding = tokio::spawn(async move { finish(&mut holder, limit).await });
+    read_when_written(&up).await;
+    let mut ask = dlock(&url);
+    ask.args(["release", "--ask", "asked"]);
+    let answer = finish(&mut ask, limit).await;
+    assert_eq!(code(&answer), 0, "{answer:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&answer.stdout).trim(),
+        "asked: asked"
+    );
+    let held = holding.await.unwrap();
+    assert_eq!(
+        code(&held),
+        0,
+        "the command did not exit on the request: {held:?}"
+    );
+    assert_eq!(read_when_written(&asked).await, "asked");
+
+    let (first_up, second_up) = (dir.path().join("first"), dir.path().join("second"));
+    let candidate = |up: &Path| {
+        let mut command = dlock(&url);
+        command
+            .args(["elect", "--key", "sched", "--", "sh", "-c", ASKABLE, "sh"])
+            .arg(dir.path().join("stepped-down"))
+            .arg(up);
+        command
+    };
+    let mut first = candidate(&first_up);
+    let leading = tokio::spawn(async move { finish(&mut first, limit).await });
+    read_when_written(&first_up).await;
+    let mut second = candidate(&second_up);
+    let standing_by = tokio::spawn(async move { finish(&mut second, limit).await });
+    let mut step_down = dlock(&url);
+    step_down.args(["release", "--ask", "--election", "sched"]);
+    let answer = finish(&mut step_down, limit).await;
+    assert_eq!(code(&answer), 0, "{answer:?}");
+    let stepped = leading.await.unwrap();
+    assert_eq!(
+        code(&stepped),
+        0,
+        "the leader did not step down: {stepped:?}"
+    );
+    assert_eq!(
+        read_when_written(&second_up).await,
+        "up",
+        "no candidate led next"
+    );
+    standing_by.abort();
+}

@@ -32,8 +32,8 @@ pub enum HoldState {
 /// One acquisition: shared by the guard that took it and every guard that
 /// re-entered it. Dropping the last of them releases the lock.
 pub(crate) struct Hold {
-    shared: Arc<Shared>,
-    key: LockKey,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) key: LockKey,
     mode: Mode,
     token: Token,
     fence: Option<u64>,

@@ -25,6 +25,7 @@ pub(crate) mod lease;
 mod operators;
 pub(crate) mod options;
 pub(crate) mod release;
+pub(crate) mod requests;
 pub(crate) mod scope;
 pub(crate) mod shared;
 pub(crate) mod watchdog;

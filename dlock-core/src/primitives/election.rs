@@ -13,12 +13,10 @@ use tokio::{
 };
 
 use crate::{
-    backend::{Backoff, Holder},
+    backend::{Backoff, DynBackend, Holder},
     error::{LockError, Result},
     key::LockKey,
-    locker::guard::LockGuard,
-    locker::options::LockOptions,
-    locker::Locker,
+    locker::{guard::LockGuard, options::LockOptions, Locker},
     LostReason,
 };
 
@@ -328,7 +326,7 @@ async fn follow(
 }
 
 /// The lock an election is held on.
-fn election_key(name: &str) -> Result<LockKey> {
+pub(crate) fn election_key(name: &str) -> Result<LockKey> {
     LockKey::new(format!("election:{name}"))
 }
 
@@ -461,6 +459,11 @@ impl Leadership {
             .filter(|guard| !guard.is_lost())
             .and_then(LockGuard::fencing_token)
             == Some(self.term)
+    }
+
+    /// The election's lock, and the backend it is held on.
+    pub(crate) fn held_on(&self) -> (&LockKey, Arc<dyn DynBackend>) {
+        (&self.shared.key, self.shared.locker.backend().clone())
     }
 
     /// Completes when this leadership ends: why it was lost, or `None` if

@@ -27,6 +27,7 @@ mod operators;
 mod ownership;
 mod periods;
 mod primitives;
+mod requests;
 mod scope;
 mod undo;
 
@@ -40,6 +41,7 @@ pub use operators::*;
 pub use ownership::*;
 pub use periods::*;
 pub use primitives::*;
+pub use requests::*;
 pub use scope::*;
 pub use undo::*;
 
@@ -396,6 +398,9 @@ macro_rules! conformance_tests {
             a_deposed_leader_is_told,
             holder_and_is_locked_read_without_locking,
             force_release_frees_the_key_and_tells_the_holder,
+            // requests.rs
+            a_release_request_reaches_its_holder_who_decides,
+            a_leader_asked_to_step_down_hands_over,
         );
     };
     (@run [each $harness:expr] $($check:ident),* $(,)?) => {
