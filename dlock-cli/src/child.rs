@@ -202,9 +202,11 @@ pub(crate) struct Limits {
     /// The signal the command gets when someone asks this holder (or
     /// leader) to let go (`dlock release --ask`, a deploy tool): TERM,
     /// INT, HUP, QUIT, USR1, USR2, or `none` to ignore requests. The
-    /// command decides; the lock is released when it has exited. (On
-    /// PostgreSQL, MySQL and files, listening reads the request key twice
-    /// a second; `none` spares that.)
+    /// command decides; the lock is released when it has exited, and dlock
+    /// exits with its code (`dlock elect` too, rather than campaign again;
+    /// a command that does not trap TERM exits 143). On PostgreSQL, MySQL
+    /// and files, listening reads the request key twice a second; `none`
+    /// spares that.
     #[arg(long, value_name = "SIGNAL", value_parser = on_request, default_value = "TERM")]
     pub(crate) on_release_request: OnRequest,
 }
@@ -238,17 +240,23 @@ fn on_request(text: &str) -> Result<OnRequest, String> {
 /// SIGKILL does not end (stuck in the kernel) is waited for still: the
 /// lock outlives no process of the command. When `asked` completes (a
 /// request to let go), the command gets `--on-release-request`'s signal.
-pub(crate) async fn supervise<R: Display>(
+pub(crate) async fn supervise<'a, R: Display, F>(
     child: &mut Child,
     signals: &mut Signals,
     lost: impl Future<Output = R>,
-    asked: impl Future<Output = dlock::Result<()>>,
+    asked: impl Fn() -> F,
     what: &str,
     limits: Limits,
-) -> Ended {
+) -> Ended
+where
+    F: Future<Output = dlock::Result<()>> + 'a,
+{
     let mut lost = std::pin::pin!(lost);
-    let mut asked = std::pin::pin!(asked);
-    let mut was_asked = limits.on_release_request.0.is_none();
+    // Listening for a request to let go, unless told not to; after an
+    // error, again a second later.
+    let listen = || Some(Box::pin(asked()));
+    let mut listening = limits.on_release_request.0.and_then(|_| listen());
+    let mut listen_again: Option<Instant> = None;
     let mut was_lost = false;
     let mut stragglers = false;
     let mut kill_at: Option<Instant> = None;
@@ -278,16 +286,24 @@ pub(crate) async fn supervise<R: Display>(
                 }
             },
             signal = signals.recv() => child.forward(signal).await,
-            heard = &mut asked, if !was_asked => {
-                was_asked = true;
+            heard = async { listening.as_mut().expect("listening").await }, if listening.is_some() => {
+                listening = None;
                 match (heard, limits.on_release_request.0) {
                     (Ok(()), Some(signal)) => {
                         say!("dlock: asked to let go of {what}: passing it on to the command");
-                        child.forward(signal).await;
+                        child.signal(signal).await;
                     }
-                    (Ok(()), None) | (Err(dlock::LockError::Unsupported { .. }), _) => {}
-                    (Err(e), _) => say!("dlock: not listening for release requests: {e}"),
+                    (Ok(()), None)
+                    | (Err(dlock::LockError::Unsupported { .. } | dlock::LockError::InvalidKey { .. }), _) => {}
+                    (Err(e), _) => {
+                        say!("dlock: listening for release requests: {e}; again in a second");
+                        listen_again = Some(Instant::now() + Duration::from_secs(1));
+                    }
                 }
+            }
+            () = sleep_until(listen_again), if listen_again.is_some() => {
+                listen_again = None;
+                listening = listen();
             }
             reason = &mut lost, if !was_lost => {
                 say!("dlock: {what} was lost ({reason}) while the command ran: stopping it");

@@ -128,7 +128,7 @@ pub(crate) async fn elect(args: ElectArgs) -> ExitCode {
                 .map_or_else(|| "resigned".to_owned(), |reason| reason.to_string())
         };
         let what = format!("the leadership of `{key}`");
-        let asked = leadership.release_requested();
+        let asked = || leadership.release_requested();
         match supervise(&mut child, &mut signals, lost, asked, &what, args.limits).await {
             Ended { lost: true, .. } if args.once => return ExitCode::from(args.lost_exit_code),
             Ended { lost: true, .. } => {

@@ -195,7 +195,7 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
         &mut child,
         &mut signals,
         guard.lost(),
-        guard.release_requested(),
+        || guard.release_requested(),
         &format!("lock `{key}`"),
         args.limits,
     )

@@ -840,7 +840,7 @@ async fn release_force_frees_a_held_key() {
     let started = dir.path().join("started");
     let mut holder = dlock(&url);
     holder
-        .args(["run", "--watchdog-lease", "600ms", "--key", "stuck", "--"])
+        .args(["run", "--watchdog-lease", "3s", "--key", "stuck", "--"])
         .args(["sh", "-c", "echo up > \"$1\"; sleep 60", "sh"])
         .arg(&started);
     let holding = tokio::spawn(async move { finish(&mut holder, limit).await });
@@ -896,7 +896,7 @@ async fn release_ask_reaches_the_command_and_a_leader_hands_over() {
     assert_eq!(code(&answer), 0, "{answer:?}");
     assert_eq!(
         String::from_utf8_lossy(&answer.stdout).trim(),
-        "asked: asked"
+        "asked: let go"
     );
     let held = holding.await.unwrap();
     assert_eq!(

@@ -84,7 +84,7 @@ pub use locker::connection::ConnectionState;
 pub use locker::default_locker::{default_locker, set_default_locker};
 pub use locker::guard::{HoldState, LockGuard};
 pub use locker::options::{Lease, LockOptions, MAX_LEASE, MIN_LEASE, MIN_WATCHDOG_LEASE};
-pub use locker::requests::RELEASE_REQUEST_LIFE;
+pub use locker::requests::{ReleaseRequest, RELEASE_REQUEST_LIFE};
 pub use locker::scope::Scoped;
 pub use locker::{Locker, DEFAULT_WATCHDOG_LEASE};
 pub use memory::MemoryBackend;
