@@ -10,10 +10,10 @@
 //! background, and the lease covers the rest).
 //!
 //! What it costs: one thread per [`connect`], and a hand-off to that thread
-//! and back for each call (a few microseconds; a lock's round trip to its
-//! server dwarfs it). Locks are not re-entrant here: the task-local scope
-//! of the async API has no counterpart, so a thread that locks a key it
-//! already holds waits for itself, as with [`std::sync::Mutex`].
+//! and back for each call, on top of the lock's round trip to its server.
+//! Locks are not re-entrant here: the task-local scope of the async API
+//! has no counterpart, so a thread that locks a key it already holds waits
+//! for itself, as with [`std::sync::Mutex`].
 //!
 //! Calling it from within a Tokio runtime is refused with
 //! [`LockError::InsideRuntime`] rather than stalling that runtime: async
