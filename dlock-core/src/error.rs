@@ -303,6 +303,13 @@ pub enum InvalidReason {
         /// The fixed lease, if the lock has one.
         lease: Option<std::time::Duration>,
     },
+    /// A [`lock_delay`](crate::LockOptions::lock_delay) over
+    /// [`MAX_LOCK_DELAY`](crate::MAX_LOCK_DELAY).
+    #[error("lock_delay {delay:?} is longer than {:?}", crate::MAX_LOCK_DELAY)]
+    LockDelay {
+        /// The delay asked for.
+        delay: std::time::Duration,
+    },
     /// A permit count outside 1 to the limit, or a limit of 0.
     #[error(
         "a semaphore acquire takes 1 to `limit` permits of at least 1: got {count} of {limit}"

@@ -83,7 +83,9 @@ pub use locker::builder::{BackendExt, LockerBuilder};
 pub use locker::connection::ConnectionState;
 pub use locker::default_locker::{default_locker, set_default_locker};
 pub use locker::guard::{HoldState, LockGuard};
-pub use locker::options::{Lease, LockOptions, MAX_LEASE, MIN_LEASE, MIN_WATCHDOG_LEASE};
+pub use locker::options::{
+    Lease, LockOptions, MAX_LEASE, MAX_LOCK_DELAY, MIN_LEASE, MIN_WATCHDOG_LEASE,
+};
 pub use locker::requests::{ReleaseRequest, RELEASE_REQUEST_LIFE};
 pub use locker::scope::Scoped;
 pub use locker::{Locker, DEFAULT_WATCHDOG_LEASE};

@@ -62,6 +62,11 @@ pub struct AcquireRequest<'a> {
     pub wait: Wait,
     /// Where to report a loss the server tells the backend about.
     pub loss: LossReporter,
+    /// Whether waiters must be served in the order they came:
+    /// [`LockOptions::fair`](crate::LockOptions::fair), `None` where the
+    /// caller left it to the backend's default. A backend without a
+    /// cheaper unfair way ignores it.
+    pub fair: Option<bool>,
 }
 
 /// A granted lock, as the backend reports it.

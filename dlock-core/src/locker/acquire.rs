@@ -14,7 +14,9 @@ use crate::{
     key::LockKey,
     locker::guard::{Hold, LockGuard},
     locker::lease::LeaseState,
-    locker::options::{validate_lease, wait_deadline, Lease, LockOptions, MAX_LEASE, MIN_LEASE},
+    locker::options::{
+        validate_lease, wait_deadline, Lease, LockOptions, MAX_LEASE, MAX_LOCK_DELAY, MIN_LEASE,
+    },
     locker::release::{Release, ReleaseOnDrop},
     locker::scope::Scope,
     metrics::{self, AcquireOutcome},
@@ -52,18 +54,35 @@ impl Locker {
         }
     }
 
-    /// Refuses a [`hold_at_least`](LockOptions::hold_at_least) (of
-    /// `options`, merged with the defaults) that the backend cannot keep,
-    /// or that is longer than a fixed lease.
-    pub(crate) fn check_hold_at_least(&self, options: LockOptions) -> Result<()> {
-        let Some(at_least) = options.get_hold_at_least() else {
-            return Ok(());
+    /// Refuses what `options` (merged with the defaults) ask the server to
+    /// keep past a release or a loss, where the backend cannot:
+    /// a [`hold_at_least`](LockOptions::hold_at_least) or a
+    /// [`lock_delay`](LockOptions::lock_delay) on a backend whose locks end
+    /// with the client's session, a hold longer than a fixed lease, a delay
+    /// over [`MAX_LOCK_DELAY`]. Answers the delay.
+    pub(crate) fn check_server_lease_options(&self, options: LockOptions) -> Result<Duration> {
+        let delay = options.get_lock_delay().unwrap_or(Duration::ZERO);
+        let at_least = options.get_hold_at_least();
+        let unsupported = |what| LockError::Unsupported {
+            backend: self.shared.backend.name(),
+            what,
         };
-        if !self.shared.backend.capabilities().has_server_leases() {
-            return Err(LockError::Unsupported {
-                backend: self.shared.backend.name(),
-                what: "hold_at_least (its locks end with the client's session or process)",
-            });
+        let server_leases = self.shared.backend.capabilities().has_server_leases();
+        if !delay.is_zero() && !server_leases {
+            return Err(unsupported(
+                "lock_delay (its locks end with the client's session or process)",
+            ));
+        }
+        if delay > MAX_LOCK_DELAY {
+            return Err(crate::InvalidReason::LockDelay { delay }.into());
+        }
+        let Some(at_least) = at_least else {
+            return Ok(delay);
+        };
+        if !server_leases {
+            return Err(unsupported(
+                "hold_at_least (its locks end with the client's session or process)",
+            ));
         }
         let fixed = match options.get_lease() {
             Some(Lease::Fixed(lease)) => Some(lease),
@@ -76,7 +95,7 @@ impl Locker {
             }
             .into());
         }
-        Ok(())
+        Ok(delay)
     }
 
     pub(super) async fn acquire(
@@ -108,7 +127,7 @@ impl Locker {
                 (lease, LeaseKind::Fixed)
             }
         };
-        self.check_hold_at_least(options)?;
+        let delay = self.check_server_lease_options(options)?;
         let hold_at_least = options.get_hold_at_least();
         if mode == Mode::Exclusive {
             if let Some(hold) = Scope::find(&self.shared, &key) {
@@ -141,11 +160,12 @@ impl Locker {
         );
         let acquire = async {
             let token = Token::generate();
-            let lease_state = Arc::new(LeaseState::new(
-                key.clone(),
-                backend_name,
-                self.shared.trace_keys,
-            ));
+            let lease_state = Arc::new(
+                LeaseState::new(key.clone(), backend_name, self.shared.trace_keys)
+                    .with_delay(delay),
+            );
+            // The server keeps the lock `delay` past the holder's lease.
+            let lease = lease + delay;
             let request = AcquireRequest {
                 key: &key,
                 mode,
@@ -154,6 +174,7 @@ impl Locker {
                 lease_kind,
                 wait,
                 loss: LossReporter(lease_state.clone()),
+                fair: options.get_fair(),
             };
             // Until the backend has answered for itself, the attempt may have
             // won on the server: if it is cut short (by the wait limit, by

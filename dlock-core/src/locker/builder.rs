@@ -85,6 +85,20 @@ impl LockerBuilder {
         self
     }
 
+    /// Keeps a key from everyone `delay` past a loss without a release, by
+    /// default (see [`LockOptions::lock_delay`](crate::LockOptions::lock_delay)).
+    pub fn lock_delay(mut self, delay: Duration) -> Self {
+        self.defaults = self.defaults.lock_delay(delay);
+        self
+    }
+
+    /// Serves waiters in order (`true`) or lets whoever asks first win
+    /// (`false`), by default (see [`LockOptions::fair`](crate::LockOptions::fair)).
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.defaults = self.defaults.fair(fair);
+        self
+    }
+
     /// The lease the watchdog renews (default [`DEFAULT_WATCHDOG_LEASE`]),
     /// renewed every third of it: how long a crashed holder keeps the lock.
     pub fn watchdog_lease(mut self, lease: Duration) -> Self {

@@ -383,6 +383,7 @@ impl LockGuard {
         }
         // A shorter lease may take effect on the server though its answer
         // is lost: the guard counts with it from now on.
+        let lease = lease + hold.lease.delay();
         hold.lease.cap(Instant::now(), lease);
         let backend = &hold.shared.backend;
         let until = backend

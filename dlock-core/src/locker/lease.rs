@@ -22,6 +22,11 @@ pub(crate) struct LeaseState {
     trace_key: bool,
     inner: Mutex<Inner>,
     notify: Notify,
+    /// How much longer than the holder's lease the server keeps the lock
+    /// ([`LockOptions::lock_delay`](crate::LockOptions::lock_delay)):
+    /// every lease this state is given is the server's, and the holder's
+    /// ends this much earlier.
+    delay: Duration,
 }
 
 #[derive(Debug)]
@@ -53,7 +58,25 @@ impl LeaseState {
                 length: Duration::ZERO,
             }),
             notify: Notify::new(),
+            delay: Duration::ZERO,
         }
+    }
+
+    /// This state, for a lock the server keeps `delay` past the holder's
+    /// lease.
+    pub(crate) fn with_delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
+    /// How much longer than the holder's lease the server keeps the lock.
+    pub(crate) fn delay(&self) -> Duration {
+        self.delay
+    }
+
+    /// When a server lease asked for at `sent` ends by the holder's clock.
+    fn end(&self, sent: Instant, lease: Duration) -> Instant {
+        lease_end(sent, lease, self.delay)
     }
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
@@ -65,13 +88,14 @@ impl LeaseState {
     /// Starts the holder's clock: the lease was asked for at `sent`.
     pub(crate) fn start(&self, sent: Instant, lease: Duration) {
         let mut inner = self.inner();
-        inner.length = lease;
-        let end = lease_end(sent, lease);
+        inner.length = lease.saturating_sub(self.delay);
+        let end = self.end(sent, lease);
         // A renewal the backend reported before the guard was made counts.
         inner.deadline = Some(inner.deadline.map_or(end, |d| d.max(end)));
     }
 
-    /// How long the lease lasts from a renewal, as given to `start`.
+    /// How long the holder's lease lasts from a renewal (the server's, as
+    /// given to `start`, less the delay).
     pub(crate) fn length(&self) -> Duration {
         self.inner().length
     }
@@ -136,9 +160,9 @@ impl LeaseState {
         }
         match inner.deadline {
             Some(d) if now >= d => self.set_lost(&mut inner, LostReason::LeaseExpired),
-            Some(d) => inner.deadline = Some(d.max(lease_end(sent, lease))),
+            Some(d) => inner.deadline = Some(d.max(self.end(sent, lease))),
             // Not started yet: `start` keeps whichever end is later.
-            None => inner.deadline = Some(lease_end(sent, lease)),
+            None => inner.deadline = Some(self.end(sent, lease)),
         }
     }
 
@@ -147,7 +171,7 @@ impl LeaseState {
     /// ends.
     pub(crate) fn cap(&self, sent: Instant, lease: Duration) {
         let mut inner = self.inner();
-        let end = lease_end(sent, lease);
+        let end = self.end(sent, lease);
         if inner.deadline.is_some_and(|d| end < d) {
             inner.deadline = Some(end);
             self.notify.notify_waiters();
@@ -168,8 +192,8 @@ impl LeaseState {
             self.set_lost(&mut inner, LostReason::LeaseExpired);
             return false;
         }
-        inner.deadline = Some(lease_end(sent, lease));
-        inner.length = lease;
+        inner.deadline = Some(self.end(sent, lease));
+        inner.length = lease.saturating_sub(self.delay);
         // An earlier end: `lost` sleeps until the old one.
         self.notify.notify_waiters();
         true
@@ -208,10 +232,13 @@ impl LeaseState {
     }
 }
 
-/// The instant a lease asked for at `sent` ends by the holder's clock, less
-/// the drift margin. Saturates instead of overflowing.
-fn lease_end(sent: Instant, lease: Duration) -> Instant {
-    let usable = lease.saturating_sub(clock_drift(lease));
+/// The instant a server lease asked for at `sent` ends by the holder's
+/// clock: `delay` earlier, less the drift margin. Saturates instead of
+/// overflowing.
+fn lease_end(sent: Instant, lease: Duration, delay: Duration) -> Instant {
+    let usable = lease
+        .saturating_sub(delay)
+        .saturating_sub(clock_drift(lease));
     sent.checked_add(usable).unwrap_or(sent)
 }
 

@@ -13,6 +13,10 @@ pub const MIN_LEASE: Duration = Duration::from_millis(10);
 /// The longest lease accepted (30 days). A longer lease keeps a crashed
 /// holder's lock longer than any operator would wait.
 pub const MAX_LEASE: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// The longest [`lock_delay`](LockOptions::lock_delay): a minute, as
+/// Chubby allows.
+pub const MAX_LOCK_DELAY: Duration = Duration::from_secs(60);
 /// The shortest watchdog lease accepted: the watchdog renews at a third of
 /// it, and a shorter period would renew faster than a round trip.
 pub const MIN_WATCHDOG_LEASE: Duration = Duration::from_millis(30);
@@ -64,6 +68,8 @@ pub struct LockOptions {
     wait: Option<Option<Duration>>,
     lease: Option<Lease>,
     hold_at_least: Option<Duration>,
+    lock_delay: Option<Duration>,
+    fair: Option<bool>,
 }
 
 impl LockOptions {
@@ -153,6 +159,70 @@ impl LockOptions {
         self
     }
 
+    /// After a loss without a release, keeps the key from everyone for
+    /// `delay` more: a holder whose lease ran out, whose renewals stopped
+    /// reaching the server, or whose process died, is past its lease by
+    /// its own clock while the server still refuses the key for `delay`.
+    /// A store that cannot check fencing tokens gets that long for the
+    /// lost holder's last writes to land or fail. A release frees the key
+    /// at once, as always. At most [`MAX_LOCK_DELAY`].
+    ///
+    /// The server's lease is the lock's lease plus `delay`; the guard
+    /// counts the lease alone, so it reports
+    /// [`lost`](crate::LockGuard::lost) before anyone else can be granted
+    /// the key. Backends whose locks end with the client's session or
+    /// process refuse it with
+    /// [`LockError::Unsupported`](crate::LockError::Unsupported) (see
+    /// [`Capabilities::has_server_leases`](crate::backend::Capabilities::has_server_leases)).
+    /// A re-entered guard keeps the first acquisition's.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{Locker, LockOptions, MemoryBackend};
+    /// use std::time::Duration;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let options = LockOptions::new()
+    ///     .lease(Duration::from_millis(100))
+    ///     .lock_delay(Duration::from_millis(200));
+    /// let guard = locker.lock_with("ledger", options).await?;
+    /// guard.lost().await; // the lease ran out: no release
+    /// assert!(locker.try_lock("ledger").await?.is_none()); // for 200 ms more
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn lock_delay(mut self, delay: Duration) -> Self {
+        self.lock_delay = Some(delay);
+        self
+    }
+
+    /// Whether waiters are served in the order they came (`true`, the
+    /// default) or whoever asks first after a release wins (`false`).
+    ///
+    /// Unfair locking takes the key the way most Redis lock libraries do:
+    /// a plain attempt, and a wait for the server's word that the key was
+    /// released, with no line. It needs fewer requests per lock and hands
+    /// a key over faster under contention, but a waiter may be passed over
+    /// again and again (starvation). The owner token, the lost signal,
+    /// fencing and cancel safety are kept. Backends without a cheaper
+    /// unfair way (every one but Redis) lock fairly either way.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::LockOptions;
+    ///
+    /// let fast = LockOptions::new().fair(false);
+    /// assert_eq!(fast.get_fair(), Some(false));
+    /// ```
+    pub fn fair(mut self, fair: bool) -> Self {
+        self.fair = Some(fair);
+        self
+    }
+
     /// The wait limit set here: `None` if unset, `Some(None)` for no limit.
     pub fn get_wait(&self) -> Option<Option<Duration>> {
         self.wait
@@ -168,6 +238,16 @@ impl LockOptions {
         self.hold_at_least
     }
 
+    /// The [`lock_delay`](LockOptions::lock_delay) set here, if any.
+    pub fn get_lock_delay(&self) -> Option<Duration> {
+        self.lock_delay
+    }
+
+    /// The [`fair`](LockOptions::fair) choice set here, if any.
+    pub fn get_fair(&self) -> Option<bool> {
+        self.fair
+    }
+
     /// These options without their `hold_at_least`, and it.
     pub(crate) fn take_hold_at_least(mut self) -> (LockOptions, Option<Duration>) {
         let at_least = self.hold_at_least.take();
@@ -180,6 +260,8 @@ impl LockOptions {
             wait: self.wait.or(defaults.wait),
             lease: self.lease.or(defaults.lease),
             hold_at_least: self.hold_at_least.or(defaults.hold_at_least),
+            lock_delay: self.lock_delay.or(defaults.lock_delay),
+            fair: self.fair.or(defaults.fair),
         }
     }
 }

@@ -108,7 +108,8 @@ impl Watchdog {
             key,
             mode,
             token,
-            lease: inner.lease,
+            // The server keeps the lock the delay past the holder's lease.
+            lease: inner.lease + lease.delay(),
         };
         let runtime_id = runtime.id();
         state.entries.insert(

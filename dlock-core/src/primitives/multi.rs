@@ -85,7 +85,7 @@ impl Locker {
         let options = options.or(self.defaults());
         // Kept only once every key is the caller's: a key given back
         // unused is released at once.
-        self.check_hold_at_least(options)?;
+        self.check_server_lease_options(options)?;
         let (options, hold_at_least) = options.take_hold_at_least();
         // A limit too large for the clock (`Duration::MAX`) waits forever.
         let deadline = wait_deadline(Instant::now(), options.get_wait().flatten());
