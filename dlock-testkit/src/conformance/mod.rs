@@ -18,6 +18,7 @@ use dlock_core::{
 };
 
 mod cancel;
+mod delay;
 mod election;
 mod exclusion;
 mod input;
@@ -32,6 +33,7 @@ mod scope;
 mod undo;
 
 pub use cancel::*;
+pub use delay::*;
 pub use election::*;
 pub use exclusion::*;
 pub use input::*;
@@ -364,6 +366,8 @@ macro_rules! conformance_tests {
             hold_at_least_keeps_a_released_lock_until_its_time,
             hold_at_least_runs_each_tick_once,
             hold_at_least_never_keeps_a_key_given_back_unused,
+            // delay.rs
+            lock_delay_keeps_a_lost_key_and_not_a_released_one,
             // input.rs
             invalid_input_gives_typed_errors,
             awkward_keys_are_distinct_locks,
