@@ -72,6 +72,13 @@ pub(crate) struct RunArgs {
     /// elsewhere exit 64.
     #[arg(long, value_parser = duration, value_name = "DURATION")]
     hold_at_least: Option<Duration>,
+    /// If dlock dies or loses the lock without releasing it, keep the key
+    /// from everyone this long after its lease (at most 1m), so that a
+    /// store the command writes to sees its last writes land or fail
+    /// first. A normal exit frees the key at once. Only where locks end by
+    /// the server's lease alone (Redis, in every mode); elsewhere exit 64.
+    #[arg(long, value_parser = duration, value_name = "DURATION")]
+    lock_delay: Option<Duration>,
     /// Take a read share of a read-write lock: readers run together.
     #[arg(long, group = "mode")]
     read: bool,
@@ -129,6 +136,9 @@ pub(crate) async fn run(args: RunArgs) -> ExitCode {
     }
     if let Some(at_least) = args.hold_at_least {
         options = options.hold_at_least(at_least);
+    }
+    if let Some(delay) = args.lock_delay {
+        options = options.lock_delay(delay);
     }
     let acquired = tokio::select! {
         acquired = async {
