@@ -10,13 +10,15 @@ use syn::{
 use crate::duration::parse_millis;
 
 const EXPECTED: &str =
-    "`key`, `keys`, `locker`, `wait`, `lease`, `hold_at_least`, `guard`, `abort_on_lost`, `crate`";
+    "`key`, `keys`, `locker`, `wait`, `lease`, `hold_at_least`, `lock_delay`, `fair`, `guard`, `abort_on_lost`, `crate`";
 
 /// The shortest and longest fixed lease dlock-core accepts
 /// (`dlock_core::MIN_LEASE`, `MAX_LEASE`; a test keeps them equal), checked
 /// here so that the mistake is a compile error.
 pub(crate) const MIN_LEASE_MILLIS: u64 = 10;
 pub(crate) const MAX_LEASE_MILLIS: u64 = 30 * 24 * 3_600_000;
+/// The longest lock delay (`dlock_core::MAX_LOCK_DELAY`).
+pub(crate) const MAX_LOCK_DELAY_MILLIS: u64 = 60_000;
 
 /// How long to wait for the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +43,10 @@ pub(crate) struct Args {
     pub(crate) lease: Option<u64>,
     /// `hold_at_least = "5m"`, in milliseconds.
     pub(crate) hold_at_least: Option<u64>,
+    /// `lock_delay = "15s"`, in milliseconds.
+    pub(crate) lock_delay: Option<u64>,
+    /// `fair = false`.
+    pub(crate) fair: Option<bool>,
     /// The name the body sees the lock's guard by (`&LockGuard`).
     pub(crate) guard: Option<Ident>,
     pub(crate) abort_on_lost: bool,
@@ -189,6 +195,28 @@ impl Args {
                     ));
                 }
                 self.hold_at_least = Some(millis);
+            }
+            "lock_delay" => {
+                let lit = string_value(input, name, "lock_delay = \"15s\"")?;
+                let millis =
+                    parse_millis(&lit.value()).map_err(|e| syn::Error::new(lit.span(), e))?;
+                if millis > MAX_LOCK_DELAY_MILLIS {
+                    return Err(syn::Error::new(
+                        lit.span(),
+                        "`lock_delay` must be at most a minute (\"1m\")",
+                    ));
+                }
+                self.lock_delay = Some(millis);
+            }
+            "fair" => {
+                equals(input, name, "fair = false")?;
+                let fair = input.parse::<syn::LitBool>().map_err(|e| {
+                    syn::Error::new(
+                        e.span(),
+                        "`fair` takes `true` or `false`: write `fair = false`",
+                    )
+                })?;
+                self.fair = Some(fair.value);
             }
             "guard" => {
                 equals(input, name, "guard = lock")?;

@@ -163,6 +163,12 @@ fn expand(mut args: Args, func: ItemFn) -> syn::Result<TokenStream> {
     if let Some(ms) = args.hold_at_least {
         options.extend(quote!(.hold_at_least(#private::Duration::from_millis(#ms))));
     }
+    if let Some(ms) = args.lock_delay {
+        options.extend(quote!(.lock_delay(#private::Duration::from_millis(#ms))));
+    }
+    if let Some(fair) = args.fair {
+        options.extend(quote!(.fair(#fair)));
+    }
 
     // Local names the body cannot see or shadow.
     let guard = Ident::new("__dlock_guard", Span::mixed_site());
@@ -406,7 +412,7 @@ mod tests {
 
     #[test]
     fn lease_bounds_match_dlock_core() {
-        use crate::args::{MAX_LEASE_MILLIS, MIN_LEASE_MILLIS};
+        use crate::args::{MAX_LEASE_MILLIS, MAX_LOCK_DELAY_MILLIS, MIN_LEASE_MILLIS};
         assert_eq!(
             u128::from(MIN_LEASE_MILLIS),
             dlock_core::MIN_LEASE.as_millis()
@@ -414,6 +420,10 @@ mod tests {
         assert_eq!(
             u128::from(MAX_LEASE_MILLIS),
             dlock_core::MAX_LEASE.as_millis()
+        );
+        assert_eq!(
+            u128::from(MAX_LOCK_DELAY_MILLIS),
+            dlock_core::MAX_LOCK_DELAY.as_millis()
         );
     }
 }

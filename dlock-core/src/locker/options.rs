@@ -165,7 +165,8 @@ impl LockOptions {
     /// its own clock while the server still refuses the key for `delay`.
     /// A store that cannot check fencing tokens gets that long for the
     /// lost holder's last writes to land or fail. A release frees the key
-    /// at once, as always. At most [`MAX_LOCK_DELAY`].
+    /// at once, as always, even that of a guard already lost: its holder
+    /// is alive and done. At most [`MAX_LOCK_DELAY`].
     ///
     /// The server's lease is the lock's lease plus `delay`; the guard
     /// counts the lease alone, so it reports
@@ -187,10 +188,11 @@ impl LockOptions {
     /// let locker = Locker::new(MemoryBackend::new());
     /// let options = LockOptions::new()
     ///     .lease(Duration::from_millis(100))
-    ///     .lock_delay(Duration::from_millis(200));
+    ///     .lock_delay(Duration::from_millis(500));
     /// let guard = locker.lock_with("ledger", options).await?;
-    /// guard.lost().await; // the lease ran out: no release
-    /// assert!(locker.try_lock("ledger").await?.is_none()); // for 200 ms more
+    /// guard.lost().await; // the lease ran out, and the guard is kept
+    /// tokio::time::sleep(Duration::from_millis(100)).await;
+    /// assert!(locker.try_lock("ledger").await?.is_none()); // until the delay is over
     /// # Ok(())
     /// # }
     /// ```

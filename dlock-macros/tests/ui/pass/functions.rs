@@ -54,9 +54,19 @@ async fn generic<T: std::fmt::Display + Send>(locker: Locker, item: T) -> Result
     Ok(item.to_string())
 }
 
+#[distributed_lock(key = "ledger", locker = locker, lease = "100ms", lock_delay = "1m", fair = false, guard = lock)]
+async fn ledger(locker: &Locker, other: &Locker) -> Result<(), LockError> {
+    // Past the lease, with no release: the key stays taken for the delay.
+    lock.lost().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(other.try_lock("ledger").await?.is_none());
+    Ok(())
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let locker = MemoryBackend::new().into_locker();
+    let backend = MemoryBackend::new();
+    let locker = backend.clone().into_locker();
     set_default_locker(locker.clone());
     assert_eq!(pay(1, 3).await.unwrap(), 7);
     assert!(matches!(pay(1, 0).await, Err(AppError::Invalid)));
@@ -64,6 +74,8 @@ async fn main() {
     assert_eq!(job(&locker, "x".into()).await.unwrap(), "x");
     assert_eq!(countdown(&locker, 3).await.unwrap(), 3);
     assert_eq!(generic(locker.clone(), 9).await.unwrap(), "9");
+    let other = Locker::new(backend);
+    assert!(matches!(ledger(&locker, &other).await, Err(LockError::Lost { .. })));
     if let Err(AppError::Lock(e)) = pay(2, 1).await {
         panic!("{e}");
     }
