@@ -310,6 +310,15 @@ pub enum InvalidReason {
         /// The delay asked for.
         delay: std::time::Duration,
     },
+    /// A [`holder_note`](crate::LockOptions::holder_note) longer than
+    /// [`MAX_HOLDER_NOTE`](crate::backend::MAX_HOLDER_NOTE) bytes.
+    #[error("a holder note is at most {max} bytes: got {len}")]
+    HolderNote {
+        /// The note's length, in bytes.
+        len: usize,
+        /// The longest note.
+        max: usize,
+    },
     /// A permit count outside 1 to the limit, or a limit of 0.
     #[error(
         "a semaphore acquire takes 1 to `limit` permits of at least 1: got {count} of {limit}"

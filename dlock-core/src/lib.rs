@@ -83,6 +83,7 @@ pub use locker::builder::{BackendExt, LockerBuilder};
 pub use locker::connection::ConnectionState;
 pub use locker::default_locker::{default_locker, set_default_locker};
 pub use locker::guard::{HoldState, LockGuard};
+pub use locker::list::Listing;
 pub use locker::options::{
     Lease, LockOptions, MAX_LEASE, MAX_LOCK_DELAY, MIN_LEASE, MIN_WATCHDOG_LEASE,
 };

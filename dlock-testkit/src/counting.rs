@@ -7,8 +7,8 @@ use std::sync::{
 
 use dlock_core::{
     backend::{
-        AcquireRequest, Acquired, Backend, Capabilities, DynBackend, Holder, Mode, ReleaseOutcome,
-        RenewOutcome, RenewRequest,
+        AcquireRequest, Acquired, Backend, Capabilities, DynBackend, Holder, ListPage, ListRequest,
+        Mode, ReleaseOutcome, RenewOutcome, RenewRequest,
     },
     LockKey, Result, Token,
 };
@@ -197,6 +197,9 @@ impl Backend for CountingBackend {
     }
     async fn holder_changed(&self, key: &LockKey, seen: Option<&Holder>) -> Result<()> {
         self.inner.holder_changed(key, seen).await
+    }
+    async fn list(&self, req: ListRequest<'_>) -> Result<ListPage> {
+        self.inner.list(req).await
     }
     fn connection_state(&self) -> tokio::sync::watch::Receiver<dlock_core::ConnectionState> {
         self.inner.connection_state()

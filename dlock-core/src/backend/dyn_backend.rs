@@ -6,8 +6,8 @@ use std::{fmt, sync::Arc, time::Duration};
 use tokio::time::Instant;
 
 use super::{
-    AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, Mode, ReleaseOutcome,
-    RenewOutcome, RenewRequest,
+    AcquireRequest, Acquired, Backend, BoxFuture, Capabilities, Holder, ListPage, ListRequest,
+    Mode, ReleaseOutcome, RenewOutcome, RenewRequest,
 };
 use crate::{error::Result, key::LockKey, token::Token};
 
@@ -67,6 +67,8 @@ pub trait DynBackend: Send + Sync + fmt::Debug + 'static {
     ) -> BoxFuture<'a, Result<bool>>;
     #[doc(hidden)]
     fn dyn_holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>>;
+    #[doc(hidden)]
+    fn dyn_list<'a>(&'a self, req: ListRequest<'a>) -> BoxFuture<'a, Result<ListPage>>;
     #[doc(hidden)]
     fn dyn_holder_changed<'a>(
         &'a self,
@@ -137,6 +139,9 @@ impl<B: Backend + 'static> DynBackend for B {
     }
     fn dyn_holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
         Box::pin(self.holder(key))
+    }
+    fn dyn_list<'a>(&'a self, req: ListRequest<'a>) -> BoxFuture<'a, Result<ListPage>> {
+        Box::pin(self.list(req))
     }
     fn dyn_holder_changed<'a>(
         &'a self,
@@ -225,6 +230,10 @@ impl dyn DynBackend + '_ {
     pub fn holder<'a>(&'a self, key: &'a LockKey) -> BoxFuture<'a, Result<Option<Holder>>> {
         self.dyn_holder(key)
     }
+    /// See [`Backend::list`].
+    pub fn list<'a>(&'a self, req: ListRequest<'a>) -> BoxFuture<'a, Result<ListPage>> {
+        self.dyn_list(req)
+    }
     /// See [`Backend::holder_changed`].
     pub fn holder_changed<'a>(
         &'a self,
@@ -287,6 +296,9 @@ impl Backend for dyn DynBackend + '_ {
     async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {
         self.dyn_holder(key).await
     }
+    async fn list(&self, req: ListRequest<'_>) -> Result<ListPage> {
+        self.dyn_list(req).await
+    }
     async fn holder_changed(&self, key: &LockKey, seen: Option<&Holder>) -> Result<()> {
         self.dyn_holder_changed(key, seen).await
     }
@@ -338,6 +350,9 @@ impl<B: Backend + ?Sized> Backend for Arc<B> {
     }
     async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {
         (**self).holder(key).await
+    }
+    async fn list(&self, req: ListRequest<'_>) -> Result<ListPage> {
+        (**self).list(req).await
     }
     async fn holder_changed(&self, key: &LockKey, seen: Option<&Holder>) -> Result<()> {
         (**self).holder_changed(key, seen).await

@@ -21,6 +21,7 @@ mod dyn_backend;
 mod finish;
 mod holder;
 mod keyhash;
+mod list;
 mod mode;
 mod request;
 mod session;
@@ -34,8 +35,12 @@ pub use backoff::Backoff;
 pub use capabilities::Capabilities;
 pub use dyn_backend::DynBackend;
 pub use finish::{Abandoned, FinishOnDrop};
-pub use holder::{unsupported_holder, Holder, HOLDER_POLL};
+pub use holder::{unsupported_holder, Holder, HolderNote, HOLDER_POLL, MAX_HOLDER_NOTE};
 pub use keyhash::key_hash;
+pub use list::{
+    unsupported_list, HeldLock, ListCursor, ListPage, ListRequest, ListedKey, DEFAULT_LIST_PAGE,
+    MAX_LIST_PAGE,
+};
 pub use mode::{admitted, permits_taken, Mode};
 pub use request::{
     AcquireRequest, Acquired, LeaseKind, ReleaseOutcome, RenewOutcome, RenewRequest, Wait,
@@ -251,6 +256,39 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn holder(&self, key: &LockKey) -> impl Future<Output = Result<Option<Holder>>> + Send {
         let _ = key;
         std::future::ready(Err(unsupported_holder(self.name())))
+    }
+
+    /// One page of the locks held now whose key starts with
+    /// `req.prefix`, after `req.after`, at most `req.limit` of them: each
+    /// with its holders (mode, fence, note, age and lease left where the
+    /// server records them) and its waiters where the server counts them.
+    /// Every key is answered once across the pages of one listing, in the
+    /// backend's order; a lock taken or released while the pages are read
+    /// may or may not be on them. Reads only; takes no lock.
+    ///
+    /// A page must not cost the server more than the keys it covers (no
+    /// load of every key): a listing works at any number of held locks.
+    ///
+    /// The default answers [`LockError::Unsupported`](crate::LockError::Unsupported).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// use dlock_core::{backend::{Backend, ListRequest}, BackendExt, MemoryBackend};
+    ///
+    /// let server = MemoryBackend::new();
+    /// let _guard = server.clone().into_locker().lock("jobs/7").await?;
+    /// let page = server.list(ListRequest::new("jobs/", 100)).await?;
+    /// assert_eq!(page.locks[0].key().name(), Some("jobs/7"));
+    /// assert!(page.next.is_none());
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn list(&self, req: ListRequest<'_>) -> impl Future<Output = Result<ListPage>> + Send {
+        let _ = req;
+        std::future::ready(Err(unsupported_list(self.name(), "listing held locks")))
     }
 
     /// Completes when `key`'s holder, or what it proclaimed, may no longer

@@ -67,6 +67,11 @@ pub struct AcquireRequest<'a> {
     /// caller left it to the backend's default. A backend without a
     /// cheaper unfair way ignores it.
     pub fair: Option<bool>,
+    /// The note to store with the grant, in the same request (see
+    /// [`HolderNote`](super::HolderNote)), for
+    /// [`Backend::holder`](super::Backend::holder) and
+    /// [`Backend::list`](super::Backend::list) to show.
+    pub note: &'a str,
 }
 
 /// A granted lock, as the backend reports it.

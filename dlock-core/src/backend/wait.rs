@@ -549,6 +549,8 @@ mod tests {
             lease_kind: super::super::LeaseKind::Watchdog,
             wait,
             loss: crate::locker::lease::LossReporter(std::sync::Arc::new(lease)),
+            fair: None,
+            note: "",
         };
         drive(steps, &req).await
     }

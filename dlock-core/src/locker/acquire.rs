@@ -9,7 +9,7 @@ use tracing::Instrument;
 
 use super::Locker;
 use crate::{
-    backend::{AcquireRequest, Backend, LeaseKind, LossReporter, Mode, Wait},
+    backend::{AcquireRequest, Backend, HolderNote, LeaseKind, LossReporter, Mode, Wait},
     error::{LockError, Result},
     key::LockKey,
     locker::guard::{Hold, LockGuard},
@@ -128,6 +128,9 @@ impl Locker {
             }
         };
         let delay = self.check_server_lease_options(options)?;
+        let note = options
+            .get_holder_note()?
+            .unwrap_or_else(HolderNote::process);
         let hold_at_least = options.get_hold_at_least();
         if mode == Mode::Exclusive {
             if let Some(hold) = Scope::find(&self.shared, &key) {
@@ -175,6 +178,7 @@ impl Locker {
                 wait,
                 loss: LossReporter(lease_state.clone()),
                 fair: options.get_fair(),
+                note: note.as_str(),
             };
             // Until the backend has answered for itself, the attempt may have
             // won on the server: if it is cut short (by the wait limit, by

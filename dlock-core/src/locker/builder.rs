@@ -99,6 +99,13 @@ impl LockerBuilder {
         self
     }
 
+    /// The note every lock of this locker carries unless its options say
+    /// another (see [`LockOptions::holder_note`](crate::LockOptions::holder_note)).
+    pub fn holder_note(mut self, note: impl AsRef<str>) -> Self {
+        self.defaults = self.defaults.holder_note(note);
+        self
+    }
+
     /// The lease the watchdog renews (default [`DEFAULT_WATCHDOG_LEASE`]),
     /// renewed every third of it: how long a crashed holder keeps the lock.
     pub fn watchdog_lease(mut self, lease: Duration) -> Self {
@@ -113,6 +120,7 @@ impl LockerBuilder {
     /// [`LockError::InvalidOptions`](crate::LockError::InvalidOptions) if a lease is out of range.
     pub fn build(self) -> Result<Locker> {
         validate_lease(self.watchdog_lease, MIN_WATCHDOG_LEASE)?;
+        self.defaults.get_holder_note()?;
         if let Some(Lease::Fixed(lease)) = self.defaults.get_lease() {
             validate_lease(lease, MIN_LEASE)?;
         }

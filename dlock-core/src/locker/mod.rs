@@ -22,6 +22,7 @@ pub(crate) mod connection;
 pub(crate) mod default_locker;
 pub(crate) mod guard;
 pub(crate) mod lease;
+pub(crate) mod list;
 mod operators;
 pub(crate) mod options;
 pub(crate) mod release;

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::error::Result;
+use crate::{backend::HolderNote, error::Result};
 
 /// The shortest fixed lease accepted. The holder counts its lease 1 % + 2 ms
 /// short, to absorb clock drift, so a shorter lease would be over almost
@@ -70,6 +70,15 @@ pub struct LockOptions {
     hold_at_least: Option<Duration>,
     lock_delay: Option<Duration>,
     fair: Option<bool>,
+    note: Option<NoteSetting>,
+}
+
+/// A [`LockOptions::holder_note`] as given: checked at the acquire, so
+/// that the builder stays infallible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NoteSetting {
+    Note(HolderNote),
+    TooLong(usize),
 }
 
 impl LockOptions {
@@ -225,6 +234,60 @@ impl LockOptions {
         self
     }
 
+    /// The note stored with the grant, for operators who read the key's
+    /// [`holder`](crate::Locker::holder) or [`list`](crate::Locker::list)
+    /// the held locks: what job, request or deploy holds it. Without one,
+    /// a lock carries `HOSTNAME:PID` ([`HolderNote::process`]). It travels
+    /// with the acquire request: no extra round trip.
+    ///
+    /// At most [`MAX_HOLDER_NOTE`](crate::backend::MAX_HOLDER_NOTE) bytes:
+    /// a longer note makes the acquire fail with
+    /// [`InvalidReason::HolderNote`](crate::InvalidReason::HolderNote),
+    /// before anything is sent. Backends that store no note (see the
+    /// README's table) ignore it.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{Locker, LockOptions, MemoryBackend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_core::LockError> {
+    /// let locker = Locker::new(MemoryBackend::new());
+    /// let noted = LockOptions::new().holder_note("nightly-report, run 812");
+    /// let _guard = locker.lock_with("report", noted).await?;
+    /// let holder = locker.holder("report").await?.expect("held");
+    /// assert_eq!(holder.note(), Some("nightly-report, run 812"));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn holder_note(mut self, note: impl AsRef<str>) -> Self {
+        let note = note.as_ref();
+        self.note = Some(match HolderNote::new(note) {
+            Ok(note) => NoteSetting::Note(note),
+            Err(_) => NoteSetting::TooLong(note.len()),
+        });
+        self
+    }
+
+    /// The [`holder_note`](LockOptions::holder_note) set here, if any.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidReason::HolderNote`](crate::InvalidReason::HolderNote) for
+    /// a note set too long.
+    pub fn get_holder_note(&self) -> Result<Option<HolderNote>> {
+        match self.note {
+            None => Ok(None),
+            Some(NoteSetting::Note(note)) => Ok(Some(note)),
+            Some(NoteSetting::TooLong(len)) => Err(crate::InvalidReason::HolderNote {
+                len,
+                max: crate::backend::MAX_HOLDER_NOTE,
+            }
+            .into()),
+        }
+    }
+
     /// The wait limit set here: `None` if unset, `Some(None)` for no limit.
     pub fn get_wait(&self) -> Option<Option<Duration>> {
         self.wait
@@ -264,6 +327,7 @@ impl LockOptions {
             hold_at_least: self.hold_at_least.or(defaults.hold_at_least),
             lock_delay: self.lock_delay.or(defaults.lock_delay),
             fair: self.fair.or(defaults.fair),
+            note: self.note.or(defaults.note),
         }
     }
 }

@@ -12,13 +12,14 @@ use std::{
 
 use tokio::{sync::Notify, time::Instant};
 
+mod list;
 mod steps;
 
 use steps::Steps;
 
 use crate::backend::{
-    wait, AcquireRequest, Acquired, Backend, Capabilities, Holder, LossReporter, Mode,
-    ReleaseOutcome, RenewOutcome, RenewRequest,
+    wait, AcquireRequest, Acquired, Backend, Capabilities, Holder, ListPage, ListRequest,
+    LossReporter, Mode, ReleaseOutcome, RenewOutcome, RenewRequest,
 };
 use crate::{
     error::{LockError, LostReason, Result},
@@ -84,7 +85,7 @@ struct State {
 }
 
 /// The three objects a key names (see [`Mode`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Kind {
     Lock,
     ReadWrite,
@@ -117,6 +118,20 @@ struct Hold {
     fence: u64,
     /// What the holder proclaimed (see [`Backend::proclaim`]).
     value: Option<Vec<u8>>,
+    /// The note stored with the grant.
+    note: Box<str>,
+    granted: Instant,
+}
+
+impl Hold {
+    /// The holder as [`Backend::holder`] and [`Backend::list`] show it.
+    fn shown(&self, now: Instant) -> Holder {
+        Holder::new(Some(self.fence), self.value.clone())
+            .with_note(&*self.note)
+            .with_mode(self.mode)
+            .with_age(now.saturating_duration_since(self.granted))
+            .with_lease_left(self.expires.saturating_duration_since(now))
+    }
 }
 
 struct Waiter {
@@ -261,6 +276,8 @@ impl State {
             loss: req.loss.clone(),
             fence,
             value: None,
+            note: req.note.into(),
+            granted: now,
         });
         Acquired::new(now).with_fence(fence)
     }
@@ -289,12 +306,10 @@ impl MemoryBackend {
     /// The plain lock's holder of `key` now, and when its lease ends.
     fn current_holder(state: &mut State, key: &LockKey) -> Option<(Holder, Instant)> {
         let entry = state.keys.get_mut(&(Kind::Lock, key.clone()))?;
-        entry.expire(Instant::now());
+        let now = Instant::now();
+        entry.expire(now);
         let hold = entry.holders.first()?;
-        Some((
-            Holder::new(Some(hold.fence), hold.value.clone()),
-            hold.expires,
-        ))
+        Some((hold.shown(now), hold.expires))
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -474,6 +489,13 @@ impl Backend for MemoryBackend {
         }
         state.forget_if_idle(key, Mode::Exclusive);
         Ok(!removed.is_empty())
+    }
+
+    /// Every key's plain lock, read-write lock and semaphore, in the
+    /// order of their keys, with their waiters.
+    async fn list(&self, req: ListRequest<'_>) -> Result<ListPage> {
+        let mut state = self.state();
+        Ok(list::page(&mut state, &req))
     }
 
     async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {

@@ -23,6 +23,7 @@ mod election;
 mod exclusion;
 mod input;
 mod leases;
+mod listing;
 mod multi;
 mod operators;
 mod ownership;
@@ -38,6 +39,7 @@ pub use election::*;
 pub use exclusion::*;
 pub use input::*;
 pub use leases::*;
+pub use listing::*;
 pub use multi::*;
 pub use operators::*;
 pub use ownership::*;
@@ -405,6 +407,10 @@ macro_rules! conformance_tests {
             // requests.rs
             a_release_request_reaches_its_holder_who_decides,
             a_leader_asked_to_step_down_hands_over,
+            // listing.rs
+            a_note_shows_in_holder_and_list,
+            list_pages_through_more_locks_than_one_page,
+            a_released_lock_leaves_the_list,
         );
     };
     (@run [each $harness:expr] $($check:ident),* $(,)?) => {
