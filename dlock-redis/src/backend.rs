@@ -80,6 +80,9 @@ struct Inner {
     redlock: bool,
     /// Whether locks carry fencing tokens (see `RedisConfig::fences`).
     fences: bool,
+    /// Whether plain locks are fair unless a lock asks (see
+    /// `RedisConfig::fair`).
+    fair: bool,
     /// How long a subscription may take before the waiter does without it.
     subscribe_timeout: Duration,
     /// Without a wait limit, how long the server may stay unreachable before
@@ -233,7 +236,7 @@ impl Backend for RedisBackend {
         Capabilities::new()
             .forced_release(true)
             .fencing(self.inner.fences)
-            .fifo(true)
+            .fifo(self.inner.fair)
             .read_write(one_node)
             .semaphores(one_node)
             .server_leases(true)

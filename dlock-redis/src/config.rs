@@ -44,6 +44,8 @@ pub struct RedisConfig {
     response_timeout: Duration,
     unwatched_poll: Duration,
     fences: bool,
+    /// `fair=false`: plain locks are taken unfairly unless a lock asks.
+    fair: bool,
     /// `wait_replicas` and `wait_timeout`: see
     /// [`wait_replicas`](RedisConfig::wait_replicas).
     wait: Option<(u32, Duration)>,
@@ -68,6 +70,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("response_timeout", &self.response_timeout)
             .field("unwatched_poll", &self.unwatched_poll)
             .field("fences", &self.fences)
+            .field("fair", &self.fair)
             .field("wait", &self.wait)
             .finish()
     }
@@ -194,6 +197,13 @@ impl RedisConfig {
             Some("off") => false,
             Some(other) => return Err(parts.invalid(&format!("`fence={other}` is not on or off"))),
         };
+        let fair = match parts.take("fair").as_deref() {
+            None | Some("true") => true,
+            Some("false") => false,
+            Some(other) => {
+                return Err(parts.invalid(&format!("`fair={other}` is not true or false")))
+            }
+        };
         let wait = match parts.take("wait_replicas") {
             None => None,
             Some(n) => {
@@ -240,6 +250,7 @@ impl RedisConfig {
             "tls_cert",
             "tls_key",
             "fence",
+            "fair",
             "wait_replicas",
             "wait_timeout",
         ];
@@ -296,6 +307,7 @@ impl RedisConfig {
             response_timeout,
             unwatched_poll: Duration::from_secs(1),
             fences,
+            fair,
             wait,
         })
     }
@@ -363,6 +375,50 @@ impl RedisConfig {
     #[must_use]
     pub fn with_fences(mut self, fences: bool) -> Self {
         self.fences = fences && !self.redlock;
+        self
+    }
+
+    /// Whether plain locks wait in line by default (`fair=true`, the
+    /// default) or are taken unfairly (`?fair=false`; see
+    /// [`LockOptions::fair`](dlock_core::LockOptions::fair), which a lock
+    /// may set either way). Unfair, a lock is one plain attempt (the same
+    /// `SET NX PX` or fenced script as an uncontended fair one), and a
+    /// waiter takes no place in the key's line: it marks the holder's
+    /// value, so that the release tells every waiter at once, and tries
+    /// again; it also tries again when the holder's lease runs out. Fences,
+    /// the owner token and the lost signal are kept, and on Redlock the
+    /// rules are the same on a majority. A waiter may be passed over again
+    /// and again. Read-write locks and semaphores are fair either way.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_redis::RedisConfig;
+    ///
+    /// assert!(RedisConfig::from_url("redis://127.0.0.1:6379/")?.fair());
+    /// assert!(!RedisConfig::from_url("redis://127.0.0.1:6379/?fair=false")?.fair());
+    /// assert!(RedisConfig::from_url("redis://127.0.0.1:6379/?fair=no").is_err());
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    pub fn fair(&self) -> bool {
+        self.fair
+    }
+
+    /// The same config with plain locks fair or not by default (see
+    /// [`fair`](RedisConfig::fair)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_redis::RedisConfig;
+    ///
+    /// let config = RedisConfig::from_url("redis://127.0.0.1:6379/")?.with_fair(false);
+    /// assert!(!config.fair());
+    /// # Ok::<(), dlock_core::LockError>(())
+    /// ```
+    #[must_use]
+    pub fn with_fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
         self
     }
 

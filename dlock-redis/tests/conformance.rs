@@ -2,7 +2,9 @@
 //! node (with fencing tokens, and without: `fence=off`), and Redlock over
 //! five; and on one Sentinel deployment (a master, its replica and three
 //! sentinels), in one test, every check but those of a crashed client's
-//! lease, which run on one node above through the same code. One test per
+//! lease, which run on one node above through the same code; and with
+//! `fair=false`, the whole suite on one node and the plain locks' checks
+//! on Redlock, one test each. One test per
 //! check on one node and on Redlock, each with keys of its own on servers
 //! the binary's tests share. Every client is a new `RedisBackend` with
 //! connections of its own, as another process would have.
@@ -26,6 +28,19 @@ fn single_node() -> Harness {
 fn single_node_unfenced() -> Harness {
     let url = format!("{}?fence=off", REDIS.get().url());
     Harness::redis("redis-unfenced", url, ())
+}
+
+/// One node with `fair=false`: every plain lock is taken unfairly (no
+/// line, no turn, the holder's value marked by its waiters).
+fn single_node_unfair() -> Harness {
+    let url = format!("{}?fair=false", REDIS.get().url());
+    Harness::redis("redis-unfair", url, ())
+}
+
+/// Redlock with `fair=false`: unfair on a majority.
+fn redlock_unfair() -> Harness {
+    let url = format!("{}?fair=false", RedisServer::redlock_url(REDLOCK.get()));
+    Harness::redis("redlock-unfair", url, ())
 }
 
 fn redlock_of_five() -> Harness {
@@ -71,6 +86,12 @@ dlock_testkit::conformance_tests!(suite sentinel_deployment, sentinel(), [
     holder_and_is_locked_read_without_locking,
     force_release_frees_the_key_and_tells_the_holder,
 ]);
+
+// Unfair locking: the whole suite in one test on one node, and the plain
+// locks' checks in one test on Redlock (its read-write locks and
+// semaphores are refused either way).
+dlock_testkit::conformance_tests!(suite unfair_single_node, single_node_unfair());
+dlock_testkit::conformance_tests!(plain_locks unfair_redlock, redlock_unfair());
 
 mod single {
     dlock_testkit::conformance_tests!(super::single_node());

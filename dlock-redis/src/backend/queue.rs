@@ -120,6 +120,9 @@ pub(super) struct Steps<'a> {
     /// when it first stood in line (one node places a waiter by its own
     /// clock).
     place: OnceLock<Place>,
+    /// A plain lock taken unfairly (see `RedisConfig::fair`): no line, no
+    /// turn; a waiter marks the holder's value and waits for its release.
+    unfair: bool,
 }
 
 /// A waiter in the key's line: its wake-up and subscriptions.
@@ -152,6 +155,7 @@ impl<'a> Steps<'a> {
         };
         Steps {
             backend,
+            unfair: member.is_none() && !req.fair.unwrap_or(backend.inner.fair),
             names,
             token: req.token.to_string(),
             member,
@@ -356,21 +360,42 @@ impl WaitSteps for Steps<'_> {
 
     /// One attempt. One that stands in line for a plain lock subscribes
     /// first: then the attempt itself is the look after the subscription,
-    /// and a contended acquire costs no extra round trip.
+    /// and a contended acquire costs no extra round trip. Unfair, the
+    /// first attempt is a plain one, and a refused waiter's entry holds
+    /// nothing on the server: its arm subscribes, and its next attempts
+    /// mark the holder's value instead of standing in line.
     async fn look(
         &self,
         req: &AcquireRequest<'_>,
         waiting: Option<&mut Waiting>,
         join: bool,
     ) -> Result<Look<Waiting>, StepError> {
+        let new = || Waiting {
+            wake: Arc::new(Notify::new()),
+            watches: Vec::new(),
+            subscribed_now: false,
+            poll: Backoff::new(Duration::from_millis(40), self.backend.inner.unwatched_poll),
+        };
+        if self.unfair {
+            let place = if waiting.is_some() {
+                Place::Mark
+            } else {
+                Place::None
+            };
+            let look = self.attempt(req.lease, place).await?;
+            let Look::Refused { again, .. } = look else {
+                return Ok(look);
+            };
+            let mut made = (waiting.is_none() && join).then(new);
+            let again = again.map(|again| match waiting.or(made.as_mut()) {
+                Some(w) if w.watches.is_empty() => again.min(w.poll.next_delay()),
+                _ => again,
+            });
+            return Ok(Look::Refused { entry: made, again });
+        }
         let mut made = None;
         if waiting.is_none() && join {
-            let mut new = Waiting {
-                wake: Arc::new(Notify::new()),
-                watches: Vec::new(),
-                subscribed_now: false,
-                poll: Backoff::new(Duration::from_millis(40), self.backend.inner.unwatched_poll),
-            };
+            let mut new = new();
             if self.member.is_none() {
                 new.watches = self.watch_all(&new.wake).await;
                 new.subscribed_now = true;
@@ -435,9 +460,10 @@ impl WaitSteps for Steps<'_> {
 
     /// Out of line, so that nobody waits for our turn. If no node
     /// answers, the error has core release the token again (a grant in
-    /// the last instant included).
+    /// the last instant included). Unfair, there is no line to leave.
     async fn withdraw(&self, req: &AcquireRequest<'_>, _: Waiting) -> Result<(), StepError> {
         let left = match &self.member {
+            None if self.unfair => Ok(()),
             None => {
                 let timeout = self.backend.node_timeout(req.lease);
                 self.backend
@@ -457,12 +483,12 @@ impl WaitSteps for Steps<'_> {
         self.backend.inner.unreachable_after
     }
 
-    /// A plain lock's: this process's waiters take their turn before one
+    /// A fair plain lock's: this process's waiters take their turn before one
     /// stands in line, from the first attempt when the key is contended
     /// here (a task waits, or its channel is still watched), so a task
     /// that locks again at once queues behind the waiters already there.
     fn turn(&self, _req: &AcquireRequest<'_>) -> Option<TurnAt<'_, String>> {
-        if self.member.is_some() {
+        if self.member.is_some() || self.unfair {
             return None;
         }
         let inner = &self.backend.inner;

@@ -196,6 +196,7 @@ impl RedisBackend {
                 prefix: config.prefix().to_owned(),
                 redlock: config.is_redlock(),
                 fences: config.fences(),
+                fair: config.fair(),
                 subscribe_timeout: config.response_timeout(),
                 unreachable_after: config.connect_timeout() + config.response_timeout(),
                 unwatched_poll: config.unwatched_poll(),

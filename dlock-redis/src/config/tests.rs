@@ -122,6 +122,27 @@ fn fences_are_on_but_on_redlock_and_can_be_turned_off() {
 }
 
 #[test]
+fn fair_is_the_default_and_a_bad_value_is_refused_typed() {
+    assert!(RedisConfig::from_url("redis://h:1").unwrap().fair());
+    assert!(RedisConfig::from_url("redis://h:1?fair=true")
+        .unwrap()
+        .fair());
+    for url in [
+        "redis://h:1?fair=false",
+        "redis+redlock://a:1,b:2,c:3?fair=false",
+        "redis+cluster://h:1,i:2?fair=false&fence=off",
+    ] {
+        assert!(!RedisConfig::from_url(url).unwrap().fair(), "{url}");
+    }
+    let e = RedisConfig::from_url("redis://h:1?fair=off").unwrap_err();
+    assert!(
+        matches!(e, dlock_core::LockError::InvalidOptions { .. })
+            && e.to_string().contains("`fair=off` is not true or false"),
+        "{e}"
+    );
+}
+
+#[test]
 fn never_prints_a_password() {
     let c = RedisConfig::from_url("redis+redlock://app:s3cr%40t@a:1,b:2,c:3/1").unwrap();
     let shown = format!("{c:?}");

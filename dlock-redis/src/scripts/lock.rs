@@ -32,6 +32,9 @@ pub(crate) enum Attempt {
 pub(crate) enum Place {
     /// A single attempt: it does not queue.
     None,
+    /// An unfair waiter's attempt: it does not queue, and a refused one
+    /// marks the holder's value, so that its release tells the waiters.
+    Mark,
     /// Last in line, placed by the server's clock (one node).
     Last,
     /// At this score, the same on every node (Redlock: the waiter's clock
@@ -47,7 +50,8 @@ impl redis::ToRedisArgs for Place {
         W: ?Sized + redis::RedisWrite,
     {
         match *self {
-            Place::None => out.write_arg(b""),
+            // A release with it leaves no line: it has no place in one.
+            Place::None | Place::Mark => out.write_arg(b""),
             Place::Last => out.write_arg(b"0"),
             Place::At(score) => out.write_arg_fmt(score.max(1)),
         }
@@ -55,8 +59,9 @@ impl redis::ToRedisArgs for Place {
 }
 
 /// One acquire attempt; one that is refused takes (or refreshes) its
-/// ticket at `place`, lapsing after `ticket_ms`. One that neither queues
-/// nor counts a fence (Redlock's first) is a plain `SET NX PX`.
+/// ticket at `place`, lapsing after `ticket_ms` (or, [`Place::Mark`],
+/// marks the holder's value). One that neither queues, marks nor counts a
+/// fence (Redlock's first, an unfair one's first) is a plain `SET NX PX`.
 pub(crate) async fn acquire(
     node: &Node,
     names: &Names,
@@ -79,11 +84,8 @@ pub(crate) async fn acquire(
             None => Attempt::Held(None),
         });
     }
-    let keys = if place == Place::None {
-        Keys::Lock
-    } else {
-        Keys::Line
-    };
+    let in_line = !matches!(place, Place::None | Place::Mark);
+    let keys = if in_line { Keys::Line } else { Keys::Lock };
     let ((status, value), acked): ((i64, i64), _) = node
         .run(&of(node).acquire, true, |cmd| {
             keys.write(cmd, names);
@@ -91,7 +93,10 @@ pub(crate) async fn acquire(
                 .arg(lease_ms)
                 .arg(if fence { "1" } else { "0" });
             if place != Place::None {
-                cmd.arg(names.channel()).arg(place).arg(ticket_ms);
+                cmd.arg(names.channel());
+            }
+            if in_line {
+                cmd.arg(place).arg(ticket_ms);
             }
         })
         .await?;
@@ -124,9 +129,11 @@ pub(crate) async fn release(
     release_with(node, Keys::Release, names, token, place, ticket_ms).await
 }
 
-/// [`release`] for `force_release`, with the holder's token: it leaves no
-/// record of a release, so the holder's own release still answers `false`.
-pub(crate) async fn force_release(node: &Node, names: &Names, token: &str) -> RedisResult<bool> {
+/// [`release`] for `force_release`, with the holder's value (its token,
+/// marked or not): it leaves no record of a release, so the holder's own
+/// release still answers `false`.
+pub(crate) async fn force_release(node: &Node, names: &Names, holder: &str) -> RedisResult<bool> {
+    let token = holder.strip_suffix('+').unwrap_or(holder);
     release_with(node, Keys::LineAndValue, names, token, Place::None, 0).await
 }
 
@@ -157,7 +164,10 @@ async fn release_with(
 /// ms, "1" to count a fencing token, and for an attempt that queues if
 /// refused: release channel, place in line ("0": last, by the server's
 /// clock; else the score), ticket lifetime in ms. An attempt that does not
-/// queue leaves out those three arguments and the line's two keys.
+/// queue leaves out those three arguments and the line's two keys; an
+/// unfair waiter's passes the release channel alone, and if refused marks
+/// the holder's value as a waiter in line does, so that its release
+/// publishes (see [`RELEASE`]).
 ///
 /// Returns `{1, fence}` when the token holds the lock (newly, handed over
 /// by a release, or again after a lost reply; a fence asked for is never
@@ -224,6 +234,10 @@ if not ARGV[5] then
   -- An attempt that does not queue: it names the lock and the counter
   -- only, and never touches the line.
   if string.sub(holder, 1, 5) == 'next:' then return {2, math.max(ttl, 0)} end
+  if ARGV[4] and string.sub(holder, -1) ~= '+' then
+    -- An unfair waiter: the holder's release must tell it.
+    redis.call('SET', KEYS[1], holder .. '+', 'KEEPTTL')
+  end
   return {0, ttl}
 end
 local now_us, now = clock()
@@ -269,13 +283,17 @@ pub(crate) async fn wake_first(node: &Node, names: &Names) -> RedisResult<()> {
 }
 
 /// KEYS: as [`ACQUIRE`]'s that queue. ARGV: release channel. Returns 1 if
-/// a waiter was told, else 0.
+/// a waiter was told, else 0. With nobody in line, every waiter is told
+/// (an empty message): unfair waiters stand in no line.
 pub(super) const WAKE_FIRST: &str = concat!(
     queue_lua!(),
     r"
 local _, now = clock()
 local first = first_in_line(now)
-if not first then return 0 end
+if not first then
+  redis.call('PUBLISH', ARGV[1], '')
+  return 0
+end
 redis.call('PUBLISH', ARGV[1], first)
 return 1
 "
@@ -335,7 +353,12 @@ end
 if ARGV[3] == '' then
   redis.call('ZREM', KEYS[3], ARGV[1])
   redis.call('ZREM', KEYS[4], ARGV[1])
-  if redis.call('EXISTS', KEYS[1]) == 0 then hand_first(ARGV[2], nil) end
+  -- Free, with nobody in line to hand it to: a marked hold may have had
+  -- unfair waiters, whom an empty message wakes.
+  if redis.call('EXISTS', KEYS[1]) == 0 and not hand_first(ARGV[2], nil)
+      and string.sub(holder or '', -1) == '+' then
+    redis.call('PUBLISH', ARGV[2], '')
+  end
   -- Sent again after a lost reply: released already.
   if released == 0 and KEYS[6] and redis.call('GET', KEYS[6]) == ARGV[1] then
     released = 1
