@@ -11,8 +11,8 @@ use std::{
 
 use dlock_core::{
     backend::{
-        wait, AcquireRequest, Acquired, Backend, Capabilities, Holder, LossReporter, Mode,
-        ReleaseOutcome, RenewOutcome, RenewRequest,
+        wait, AcquireRequest, Acquired, Backend, Capabilities, Holder, ListPage, ListRequest,
+        LossReporter, Mode, ReleaseOutcome, RenewOutcome, RenewRequest,
     },
     LockError, LockKey, LostReason, Result, Token, MAX_LEASE,
 };
@@ -24,6 +24,7 @@ use crate::{
 
 mod election;
 mod leases;
+mod list;
 mod locks;
 mod proc_locks;
 mod steps;
@@ -340,6 +341,23 @@ impl Backend for FileBackend {
         let path = self.names(key, Mode::Exclusive).holder();
         let value = value.to_vec();
         blocking(move || election::write_holder(&path, fence, &value)).await
+    }
+
+    /// The plain locks held now under the prefix, with the fence, note and
+    /// age of each grant, found by their files' names and `/proc/locks`
+    /// (on a blocking thread). Read-write locks and semaphores are not
+    /// listed.
+    async fn list(&self, req: ListRequest<'_>) -> Result<ListPage> {
+        let (dir, prefix) = (self.inner.dir.clone(), self.inner.prefix.clone());
+        let (keys, after, limit) = (req.prefix.to_owned(), req.after.cloned(), req.limit);
+        blocking(move || {
+            let mut req = ListRequest::new(&keys, limit);
+            if let Some(after) = &after {
+                req = req.after(after);
+            }
+            list::page(&dir, &prefix, &req)
+        })
+        .await
     }
 
     /// Whether `key`'s plain lock is held (read from `/proc/locks`, which

@@ -163,7 +163,7 @@ const KEPT: usize = 180;
 /// `.` or `..`), and a long one cut and ended with `#` and a 64-bit hash
 /// of the whole key (`#` is escaped in every other name).
 pub(crate) fn stem(key: &LockKey) -> String {
-    let mut name = key.escaped(|c| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'));
+    let mut name = escaped(key);
     if name.len() > MAX_NAME {
         // Escaped names are ASCII: any byte index is a char boundary.
         name.truncate(KEPT);
@@ -175,6 +175,12 @@ pub(crate) fn stem(key: &LockKey) -> String {
     name
 }
 
+/// `key` escaped as a stem is, never cut: what the stems of the keys
+/// that start with `key` start with (unless cut and hashed).
+pub(crate) fn escaped(key: &LockKey) -> String {
+    key.escaped(|c| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+}
+
 /// The files of one of a key's three objects (see
 /// [`Mode`](dlock_core::backend::Mode)): `{stem}.lock`, `{stem}.rw`, `{stem}.sem`
 /// and the files beside each.
@@ -182,6 +188,9 @@ pub(crate) fn stem(key: &LockKey) -> String {
 pub(crate) struct Names {
     /// The object's lock file (for a semaphore: its limit file).
     pub(crate) main: PathBuf,
+    /// The note a grant of a plain lock writes after its fence (empty for
+    /// the other objects, whose several holders one counter cannot name).
+    pub(crate) note: std::sync::Arc<str>,
 }
 
 impl Names {
@@ -189,6 +198,7 @@ impl Names {
     pub(crate) fn new(dir: &Path, prefix: &str, key: &LockKey, object: &str) -> Names {
         Names {
             main: dir.join(format!("{prefix}{}.{object}", stem(key))),
+            note: std::sync::Arc::from(""),
         }
     }
 

@@ -288,7 +288,7 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// ```
     fn list(&self, req: ListRequest<'_>) -> impl Future<Output = Result<ListPage>> + Send {
         let _ = req;
-        std::future::ready(Err(unsupported_list(self.name(), "listing held locks")))
+        std::future::ready(Err(unsupported_list(self.name(), "listing of held locks")))
     }
 
     /// Completes when `key`'s holder, or what it proclaimed, may no longer

@@ -20,11 +20,27 @@ pub(super) fn holder(names: &Names) -> Result<Option<Holder>> {
     if !proc_locks::is_locked(&names.main)? {
         return Ok(None);
     }
-    let fence = locks::last_fence(&names.fence())?;
+    let grant = locks::last_grant(&names.fence())?;
+    let fence = grant.as_ref().map_or(0, |g| g.fence);
     let value = read_holder(&names.holder())?
         .filter(|(by, _)| *by == fence)
         .map(|(_, value)| value);
-    Ok(Some(Holder::new(Some(fence), value)))
+    Ok(Some(shown(Holder::new(Some(fence), value), grant)))
+}
+
+/// `holder` with what the counter's last grant says: its note, and its
+/// age (from the counter's modification time).
+pub(super) fn shown(holder: Holder, grant: Option<locks::LastGrant>) -> Holder {
+    let mut holder = holder.with_mode(dlock_core::backend::Mode::Exclusive);
+    if let Some(grant) = grant {
+        if let Some(note) = grant.note {
+            holder = holder.with_note(note);
+        }
+        if let Some(age) = grant.at.and_then(|at| at.elapsed().ok()) {
+            holder = holder.with_age(age);
+        }
+    }
+    holder
 }
 
 /// Writes `{fence}\n{value}`, unless the file already holds a later

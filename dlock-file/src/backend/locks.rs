@@ -369,7 +369,7 @@ fn grant(plan: &Plan, taken: Option<Vec<File>>) -> Result<Option<Held>, LockErro
     if !held.still_named() {
         return Ok(None);
     }
-    held.fence = next_fence(&plan.names().fence())?;
+    held.fence = next_fence(&plan.names().fence(), &plan.names().note)?;
     Ok(Some(held))
 }
 
@@ -473,13 +473,19 @@ fn read_number_or_garbage(mut file: &File, path: &Path) -> Result<Option<u64>, L
     if bytes.is_empty() {
         return Ok(Some(0));
     }
-    Ok(std::str::from_utf8(&bytes)
-        .ok()
-        .and_then(|text| text.trim_end().parse().ok()))
+    Ok(record(&bytes).map(|(number, _)| number))
 }
 
-/// Width of a fencing counter's record: every write replaces the same 21
-/// bytes (one sector), so a crash mid-write cannot leave a shorter number.
+/// A counter's record: its number, and the note after it (empty if none).
+fn record(bytes: &[u8]) -> Option<(u64, &str)> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let (number, note) = text.split_once('\n').unwrap_or((text, ""));
+    Some((number.trim_end().parse().ok()?, note))
+}
+
+/// Width of a fencing counter's number: every write replaces the same 21
+/// bytes first (one sector), so a crash mid-write cannot leave a shorter
+/// number; the grant's note follows them.
 const FENCE_WIDTH: usize = 20;
 
 /// The next fence of the counter at `path`: `max(last + 1, the wall
@@ -499,7 +505,10 @@ const FENCE_WIDTH: usize = 20;
 /// A counter that holds no number (a power cut can leave a new file's
 /// blocks unwritten: zeros, on some filesystems) counts as lost: the
 /// clock gives the fence, and the counter is written again.
-fn next_fence(path: &Path) -> Result<u64, LockError> {
+///
+/// The grant's `note` is written after the number in the same write (see
+/// [`last_grant`]).
+fn next_fence(path: &Path, note: &str) -> Result<u64, LockError> {
     let file = open(path)?;
     flock(&file, Op::LockExclusive, path)?;
     let read = read_number_or_garbage(&file, path)?;
@@ -514,13 +523,11 @@ fn next_fence(path: &Path) -> Result<u64, LockError> {
         .checked_add(1)
         .ok_or_else(|| corrupt(path))?
         .max(unix_micros());
-    let record = format!("{next:0FENCE_WIDTH$}\n");
+    let record = format!("{next:0FENCE_WIDTH$}\n{note}");
     file.write_all_at(record.as_bytes(), 0)
-        // Whatever followed the garbage goes: the file is the record.
-        .and_then(|()| match read {
-            None => file.set_len(record.len() as u64),
-            Some(_) => Ok(()),
-        })
+        // Whatever followed (garbage, a longer note) goes: the file is
+        // the record.
+        .and_then(|()| file.set_len(record.len() as u64))
         .map_err(|e| io_error("cannot write the fencing counter", path, e))?;
     drop(unlocked(file));
     Ok(next)
@@ -533,13 +540,34 @@ fn unix_micros() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
-/// The last fence the counter at `path` gave; 0 if none.
-pub(crate) fn last_fence(path: &Path) -> Result<u64, LockError> {
-    let Some(file) = open_read(path)? else {
-        return Ok(0);
+/// The last grant a counter records: its fence, the note written with it
+/// (a plain lock's), and when (the counter's modification time).
+#[derive(Debug)]
+pub(crate) struct LastGrant {
+    pub(crate) fence: u64,
+    pub(crate) note: Option<String>,
+    pub(crate) at: Option<std::time::SystemTime>,
+}
+
+/// The counter at `path`'s last grant; `None` if it gave none.
+pub(crate) fn last_grant(path: &Path) -> Result<Option<LastGrant>, LockError> {
+    let Some(mut file) = open_read(path)? else {
+        return Ok(None);
     };
     flock(&file, Op::LockShared, path)?;
-    read_number(&file, path)
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)
+        .map_err(|e| io_error("cannot read", path, e))?;
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    let (fence, note) = record(&bytes).ok_or_else(|| corrupt(path))?;
+    let at = file.metadata().and_then(|m| m.modified()).ok();
+    Ok(Some(LastGrant {
+        fence,
+        note: (!note.is_empty()).then(|| note.to_owned()),
+        at,
+    }))
 }
 
 #[cfg(test)]
@@ -560,7 +588,7 @@ mod tests {
         .unwrap();
         assert!(super::open(&fifo).is_err());
         assert!(super::open_read(&fifo).is_err());
-        assert!(super::last_fence(&fifo).is_err());
+        assert!(super::last_grant(&fifo).is_err());
     }
 
     #[test]

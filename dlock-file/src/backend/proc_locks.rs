@@ -35,7 +35,7 @@ pub(crate) fn slots_taken(names: &Names, limit: u32) -> Result<u32, LockError> {
 /// The files some process holds an `flock` on now, from Linux's
 /// `/proc/locks` (blocked requests left out): device (major, minor) and
 /// inode.
-type Flocked = std::collections::HashSet<(u32, u32, u64)>;
+pub(crate) type Flocked = std::collections::HashSet<(u32, u32, u64)>;
 
 /// How many times a look reads `/proc/locks` at most. The kernel hands the
 /// table out a page per read and resumes each read by position, so a lock
@@ -44,7 +44,7 @@ type Flocked = std::collections::HashSet<(u32, u32, u64)>;
 /// until `enough` says the answer is in (or this many reads).
 const READS: usize = 4;
 
-fn flocked(
+pub(crate) fn flocked(
     mut enough: impl FnMut(&Flocked) -> Result<bool, LockError>,
 ) -> Result<Flocked, LockError> {
     let path = Path::new("/proc/locks");
@@ -89,7 +89,7 @@ fn flocked(
 /// btrfs and on overlayfs, whose `stat` reports another device than
 /// `/proc/locks` does, by inode alone (another file of that inode number
 /// on another device then counts too: the answer errs towards held).
-fn is_among(path: &Path, locked: &Flocked) -> Result<bool, LockError> {
+pub(crate) fn is_among(path: &Path, locked: &Flocked) -> Result<bool, LockError> {
     use std::os::unix::fs::MetadataExt as _;
     let meta = match std::fs::symlink_metadata(path) {
         Ok(meta) => meta,

@@ -93,7 +93,10 @@ impl WaitSteps for Steps<'_> {
     ) -> std::result::Result<Look<Entry>, StepError> {
         let held = match entry {
             None => {
-                let plan = self.0.plan(req.key, req.mode).map_err(StepError::Fatal)?;
+                let plan = self
+                    .0
+                    .plan(req.key, req.mode, req.note)
+                    .map_err(StepError::Fatal)?;
                 let (held, gate) = attempt(&plan, req.key, None, join, 25).await?;
                 if held.is_none() && join {
                     let polls = Backoff::new(Duration::from_millis(2), Duration::from_millis(100));
@@ -239,8 +242,8 @@ async fn attempt(
 }
 
 impl FileBackend {
-    fn plan(&self, key: &LockKey, mode: Mode) -> Result<Plan> {
-        let names = self.names(key, mode);
+    fn plan(&self, key: &LockKey, mode: Mode, note: &str) -> Result<Plan> {
+        let mut names = self.names(key, mode);
         Ok(match mode {
             Mode::Read => Plan::Read(names),
             Mode::Write => Plan::Write(names),
@@ -257,7 +260,10 @@ impl FileBackend {
                     limit,
                 }
             }
-            Mode::Exclusive => Plan::Exclusive(names),
+            Mode::Exclusive => {
+                names.note = note.into();
+                Plan::Exclusive(names)
+            }
             _ => {
                 return Err(LockError::Unsupported {
                     backend: NAME,
