@@ -33,6 +33,7 @@ mod child;
 mod elect;
 mod exit;
 mod guard;
+mod list;
 mod release;
 mod run;
 mod status;
@@ -53,6 +54,7 @@ enum Command {
     Run(run::RunArgs),
     Elect(elect::ElectArgs),
     Status(status::StatusArgs),
+    List(list::ListArgs),
     Release(release::ReleaseArgs),
     Verify(verify::VerifyArgs),
     /// One worker of `dlock verify` (started by it, not by hand).
@@ -187,6 +189,7 @@ fn main() -> ExitCode {
             Command::Run(args) => run::run(args).await,
             Command::Elect(args) => elect::elect(args).await,
             Command::Status(args) => status::status(args).await,
+            Command::List(args) => list::list(args).await,
             Command::Release(args) => release::release(args).await,
             Command::Verify(args) => verify::verify(args).await,
             Command::VerifyWorker(args) => verify::worker(args).await,

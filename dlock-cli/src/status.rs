@@ -12,8 +12,9 @@ Examples:
   dlock status --url etcd://10.0.0.5:2379/locks --key scheduler --election --json
 
 Shows whether the key's exclusive lock is held, or with --election who leads
-the election `dlock elect --key` runs, with the holder's fencing token (the
-leader's term) and proclaimed value where the backend records them.
+the election `dlock elect --key` runs, with the holder's mode, note
+(HOSTNAME:PID unless it set another), fencing token (the leader's term),
+proclaimed value, age and lease left where the backend records them.
 Exit code 0 when held, 1 when free; 64 for bad options, 69 when the server
 failed or the backend cannot tell.";
 
@@ -64,26 +65,37 @@ pub(crate) async fn status(args: StatusArgs) -> ExitCode {
             return exit::for_error(&e);
         }
     };
-    let value = holder
-        .as_ref()
-        .and_then(|h| h.value())
-        .map(|v| String::from_utf8_lossy(v).into_owned());
-    let fence = holder.as_ref().and_then(|h| h.fence());
     if args.json {
-        let report = serde_json::json!({
+        let mut report = serde_json::json!({
             "key": args.key,
             "held": holder.is_some(),
-            "fence": fence,
-            "value": value,
         });
+        if let (Some(holder), Some(fields)) = (&holder, report.as_object_mut()) {
+            if let serde_json::Value::Object(shown) = crate::list::holder_json(holder) {
+                fields.extend(shown);
+            }
+        }
         out!("{report}");
-    } else if holder.is_some() {
+    } else if let Some(holder) = &holder {
         out!("{}: held", args.key);
-        if let Some(fence) = fence {
+        let shown = crate::list::Shown::of(holder);
+        if holder.mode().is_some() {
+            out!("  mode: {}", shown.mode);
+        }
+        if let Some(note) = shown.note {
+            out!("  note: {note}");
+        }
+        if let Some(fence) = shown.fence {
             out!("  fence: {fence}");
         }
-        if let Some(value) = &value {
-            out!("  value: {value}");
+        if let Some(value) = holder.value() {
+            out!("  value: {}", String::from_utf8_lossy(value));
+        }
+        if let Some(age) = shown.age {
+            out!("  age: {age}");
+        }
+        if let Some(left) = shown.lease_left {
+            out!("  lease left: {left}");
         }
     } else {
         out!("{}: free", args.key);

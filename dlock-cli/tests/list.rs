@@ -1,0 +1,139 @@
+//! `dlock list` and `dlock status` as an operator uses them, on the file
+//! backend: who holds what, with the holders' notes, page after page.
+#![cfg(feature = "file")]
+
+use std::{
+    process::{Output, Stdio},
+    time::Duration,
+};
+
+use tokio::process::Command;
+
+const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
+
+fn dlock(url: &str) -> Command {
+    let mut command = Command::new(DLOCK);
+    command
+        .env("DLOCK_URL", url)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    command
+}
+
+async fn finish(command: &mut Command) -> Output {
+    let output = tokio::time::timeout(Duration::from_secs(30), command.output())
+        .await
+        .expect("dlock finished in time")
+        .expect("dlock ran");
+    assert_eq!(output.status.code(), Some(0), "{output:?}");
+    output
+}
+
+/// `list --json`'s objects, one a line.
+async fn listed(url: &str, prefix: &str) -> Vec<serde_json::Value> {
+    let output = finish(dlock(url).args(["list", "--json", "--prefix", prefix])).await;
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+/// The locks under the prefix show with their notes (set, or the taking
+/// process's `HOSTNAME:PID`), in a table and as JSON; a released one is
+/// gone; `status` shows the note too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_and_status_show_who_holds_what() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let locker = dlock::connect(&url).await.expect("connect");
+    let noted = dlock::LockOptions::new().holder_note("importer, batch 12");
+    let a = locker.lock_with("jobs/a", noted).await.expect("lock a");
+    let _other = locker.lock("other").await.expect("lock other");
+    // A lock `dlock run` holds carries its process's note.
+    let mut run = dlock(&url)
+        .args(["run", "--key", "jobs/b", "--", "sleep", "30"])
+        .spawn()
+        .expect("spawn run");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let run_note = format!("{}:{}", host.trim(), run.id().unwrap());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let locks = loop {
+        let locks = listed(&url, "jobs/").await;
+        if locks.len() == 2 || tokio::time::Instant::now() > deadline {
+            break locks;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let shown: Vec<_> = locks
+        .iter()
+        .map(|l| {
+            (
+                l["key"].as_str().unwrap(),
+                l["holders"][0]["note"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("jobs/a", "importer, batch 12"),
+            ("jobs/b", run_note.as_str())
+        ]
+    );
+    assert_eq!(locks[0]["holders"][0]["mode"], "exclusive");
+    assert_eq!(locks[0]["holders"][0]["fence"].as_u64(), a.fencing_token());
+
+    let table = finish(dlock(&url).args(["list", "--prefix", "jobs/"])).await;
+    let table = String::from_utf8(table.stdout).unwrap();
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 3, "{table}");
+    assert!(
+        lines[0].contains("KEY") && lines[0].contains("NOTE"),
+        "{table}"
+    );
+    assert!(
+        lines[1].contains("jobs/a") && lines[1].contains("importer, batch 12"),
+        "{table}"
+    );
+    assert!(
+        lines[2].contains("jobs/b") && lines[2].contains(&run_note),
+        "{table}"
+    );
+
+    let status = finish(dlock(&url).args(["status", "--key", "jobs/a", "--json"])).await;
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(status["note"], "importer, batch 12", "{status}");
+    assert_eq!(status["mode"], "exclusive", "{status}");
+    let text = finish(dlock(&url).args(["status", "--key", "jobs/a"])).await;
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(text.contains("note: importer, batch 12"), "{text}");
+
+    a.release().await.expect("release");
+    let locks = listed(&url, "jobs/").await;
+    assert_eq!(locks.len(), 1, "{locks:?}");
+    assert_eq!(locks[0]["key"], "jobs/b");
+    run.kill().await.unwrap();
+}
+
+/// More locks than a page: every one is listed, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_pages_through_every_held_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let locker = dlock::connect(&url).await.expect("connect");
+    let count = dlock::backend::DEFAULT_LIST_PAGE * 2 + 10;
+    let mut guards = Vec::new();
+    for i in 0..count {
+        guards.push(locker.lock(format!("many/{i:04}")).await.expect("lock"));
+    }
+    let locks = listed(&url, "many/").await;
+    let keys: Vec<_> = locks
+        .iter()
+        .map(|l| l["key"].as_str().unwrap().to_owned())
+        .collect();
+    let wanted: Vec<_> = (0..count).map(|i| format!("many/{i:04}")).collect();
+    assert_eq!(keys, wanted);
+}
