@@ -937,3 +937,58 @@ async fn release_ask_reaches_the_command_and_a_leader_hands_over() {
     );
     standing_by.abort();
 }
+
+/// `dlock run --lock-delay 2s` killed with `kill -9` (its command dies
+/// with it): the next run gets the key no sooner than two thirds of the
+/// 1 s watchdog lease plus the delay after the kill (the last renewal
+/// came at most a third before it). One that exits normally frees the
+/// key at once. On the file backend it is refused with the usage code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_delay_keeps_a_killed_runs_key_past_its_lease() {
+    let server = RedisServer::start().expect("start redis");
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let delayed = ["--watchdog-lease", "1s", "--lock-delay", "2s"];
+    let mut holder = dlock(&url);
+    holder
+        .args(["run", "--key", "delayed"])
+        .args(delayed)
+        .args(["--", "sh", "-c", "echo $$ > \"$0\"; sleep 30"])
+        .arg(&started);
+    let mut holder = holder.spawn().unwrap();
+    read_when_written(&started).await;
+    holder.start_kill().unwrap();
+    holder.wait().await.unwrap();
+    let killed = tokio::time::Instant::now();
+    let mut next = dlock(&url);
+    next.args(["run", "--key", "delayed", "--wait", "10s", "--", "true"]);
+    let output = finish(&mut next, Duration::from_secs(30)).await;
+    let took = killed.elapsed();
+    assert_eq!(code(&output), 0, "{output:?}");
+    assert!(
+        took >= Duration::from_millis(2600),
+        "the next run had the key {took:?} after the holder was killed"
+    );
+
+    let mut clean = dlock(&url);
+    clean
+        .args(["run", "--key", "clean"])
+        .args(delayed)
+        .args(["--", "true"]);
+    assert_eq!(code(&finish(&mut clean, Duration::from_secs(30)).await), 0);
+    let mut after = dlock(&url);
+    after.args(["run", "--key", "clean", "--no-wait", "--", "true"]);
+    let output = finish(&mut after, Duration::from_secs(30)).await;
+    assert_eq!(code(&output), 0, "a clean exit kept the key: {output:?}");
+
+    let key = DefaultKey::new("lock-delay");
+    let mut on_file = dlock_default();
+    on_file.args(["run", "--key", &key.0, "--lock-delay", "1s", "--", "true"]);
+    let refused = finish(&mut on_file, Duration::from_secs(30)).await;
+    assert_eq!(code(&refused), 64, "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("lock_delay"),
+        "{refused:?}"
+    );
+}
