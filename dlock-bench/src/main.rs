@@ -31,6 +31,8 @@
 //!
 //! Where a client crate ships a lock recipe, scenarios 1–3 also run it
 //! beside dlock (`rslock`, `etcd lock API`, `zk lock recipe`).
+//! `redis-unfair` (`fence=off&fair=false`) and `redlock-unfair`
+//! (`fair=false`) measure unfair locking beside rslock.
 //!
 //! Every server-backed row reports every request the servers received per
 //! operation, with no list of the commands that count: on Redis each
@@ -244,24 +246,27 @@ impl Target {
             // One node: dlock with fencing tokens, and without
             // (`fence=off`: an uncontended acquire is a plain `SET NX PX`),
             // against the same floor.
-            "redis" | "redis-unfenced" => {
+            // `redis-unfair`: `fence=off` and `fair=false` (plain locks
+            // taken without the line, as rslock takes them).
+            "redis" | "redis-unfenced" | "redis-unfair" => {
                 let server = RedisServer::start().map_err(fixture)?;
-                let fenced = name == "redis";
+                let (name, query) = match name {
+                    "redis" => ("redis", ""),
+                    "redis-unfenced" => ("redis-unfenced", "?fence=off"),
+                    _ => ("redis-unfair", "?fence=off&fair=false"),
+                };
                 Target {
-                    name: if fenced { "redis" } else { "redis-unfenced" },
+                    name,
                     raw: Some(std::sync::Arc::new(Raw::redis(&[server.url()]).await)),
-                    url: Some(if fenced {
-                        server.url()
-                    } else {
-                        format!("{}?fence=off", server.url())
-                    }),
+                    url: Some(format!("{}{query}", server.url())),
                     memory: None,
                     servers: Servers::redis(vec![server])?,
                     counting: Default::default(),
                     server_pids: Vec::new(),
                 }
             }
-            "redlock" => {
+            "redlock" | "redlock-unfair" => {
+                let unfair = name == "redlock-unfair";
                 let servers = (0..5)
                     .map(|_| RedisServer::start())
                     .collect::<Result<Vec<_>, _>>()
@@ -269,9 +274,17 @@ impl Target {
                 let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
                 let hosts: Vec<String> = servers.iter().map(RedisServer::host_port).collect();
                 Target {
-                    name: "redlock-5",
+                    name: if unfair {
+                        "redlock-5-unfair"
+                    } else {
+                        "redlock-5"
+                    },
                     raw: Some(std::sync::Arc::new(Raw::redis(&urls).await)),
-                    url: Some(format!("redis+redlock://{}", hosts.join(","))),
+                    url: Some(format!(
+                        "redis+redlock://{}{}",
+                        hosts.join(","),
+                        if unfair { "?fair=false" } else { "" }
+                    )),
                     memory: None,
                     servers: Servers::redis(servers)?,
                     counting: Default::default(),
@@ -353,8 +366,9 @@ impl Target {
             }
             other => {
                 return Err(format!(
-                    "unknown backend `{other}`: memory, file, redis, redis-unfenced, redlock, \
-                     etcd, zk, postgres, mysql, mysql-unfenced or all"
+                    "unknown backend `{other}`: memory, file, redis, redis-unfenced, \
+                     redis-unfair, redlock, redlock-unfair, etcd, zk, postgres, mysql, \
+                     mysql-unfenced or all"
                 ))
             }
         })
@@ -503,7 +517,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "--json" => args.json = it.next().ok_or("--json needs a file")?,
             "-h" | "--help" => {
-                return Err("usage: dlock-bench [--backend all|memory,file,redis,redis-unfenced,redlock,etcd,zk,postgres,mysql,mysql-unfenced] [--quick] [--runs N] [--only serial,distinct,contended,contended-clients,contended-4x8,reentrant,held,retained,peers] [--json FILE]".into())
+                return Err("usage: dlock-bench [--backend all|memory,file,redis,redis-unfenced,redis-unfair,redlock,redlock-unfair,etcd,zk,postgres,mysql,mysql-unfenced] [--quick] [--runs N] [--only serial,distinct,contended,contended-clients,contended-4x8,reentrant,held,retained,peers] [--json FILE]".into())
             }
             other => return Err(format!("unknown argument `{other}`")),
         }
@@ -514,7 +528,9 @@ fn parse_args() -> Result<Args, String> {
             "file",
             "redis",
             "redis-unfenced",
+            "redis-unfair",
             "redlock",
+            "redlock-unfair",
             "etcd",
             "zk",
             "postgres",

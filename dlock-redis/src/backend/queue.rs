@@ -34,6 +34,10 @@ use crate::{
 /// How long to wait for a release when the holder's TTL is unknown.
 const UNKNOWN_TTL_RECHECK: Duration = Duration::from_millis(500);
 
+/// How long an unfair Redlock waiter told of a release waits for the
+/// release to reach the other nodes before it looks.
+const REDLOCK_SETTLE: Duration = Duration::from_micros(500);
+
 /// The shortest cap on a waiter's ticket life (see
 /// [`RedisBackend::ticket_life`]).
 const TICKET_LIFE: Duration = Duration::from_secs(3);
@@ -454,7 +458,13 @@ impl WaitSteps for Steps<'_> {
         until: Instant,
     ) -> Result<Woken, StepError> {
         // A release that named us before the wait left its permit.
-        let _ = tokio::time::timeout_at(until, waiting.wake.notified()).await;
+        let woken = tokio::time::timeout_at(until, waiting.wake.notified()).await;
+        if woken.is_ok() && self.unfair && self.backend.inner.nodes.len() > 1 {
+            // A release reaches the nodes one by one, and each tells us:
+            // one look once the release had time to reach them all.
+            tokio::time::sleep(REDLOCK_SETTLE).await;
+            let _ = futures_util::FutureExt::now_or_never(waiting.wake.notified());
+        }
         Ok(Woken::LookAgain)
     }
 
