@@ -64,43 +64,46 @@ async fn until_shard_subscribed(cluster: &RedisCluster, node: usize, channel: &s
 /// waits, the master of the key's slot counts one shard subscriber on the
 /// lock's channel (and no classic one), and the waiter is granted the
 /// lock within 5 s of the release, with every fallback (the holder's
-/// lease, the unwatched poll) at least 10 s away.
+/// lease, the unwatched poll) at least 10 s away. A fair waiter, named by
+/// the release, and an unfair one (`fair(false)`), told with everyone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_are_woken_on_the_shard_channel() {
     let cluster = RedisCluster::start(3, 0).expect("start a Redis Cluster");
-    let (holder, other) = (
-        woken_only_by_releases(&cluster).await,
-        woken_only_by_releases(&cluster).await,
-    );
-    let key = "wake";
-    let held = holder.lock(key).await.expect("the holder's lock");
-    let waiter = tokio::spawn(async move {
-        let guard = other
-            .lock_with(key, LockOptions::new().wait(Duration::from_secs(25)))
-            .await;
-        (guard, Instant::now())
-    });
-    let master = cluster.master_of(key, 0).expect("the key's master");
-    let channel = "dlock:{wake}:released";
-    assert_eq!(
-        until_shard_subscribed(&cluster, master, channel).await,
-        1,
-        "no shard subscriber on the lock's channel"
-    );
-    assert_eq!(
-        subscribers(&cluster, master, "numsub", channel),
-        0,
-        "a classic subscriber on a cluster"
-    );
-    let released = Instant::now();
-    held.release().await.expect("the release");
-    let (guard, granted) = waiter.await.expect("the waiter's task");
-    assert!(guard.is_ok(), "the waiter: {guard:?}");
-    assert!(
-        granted - released < Duration::from_secs(5),
-        "granted {:?} after the release: not woken by it",
-        granted - released
-    );
+    for (key, fair) in [("wake", true), ("wake-unfair", false)] {
+        let (holder, other) = (
+            woken_only_by_releases(&cluster).await,
+            woken_only_by_releases(&cluster).await,
+        );
+        let held = holder.lock(key).await.expect("the holder's lock");
+        let waiter = tokio::spawn(async move {
+            let options = LockOptions::new().wait(Duration::from_secs(25)).fair(fair);
+            let guard = other.lock_with(key, options).await;
+            (guard, Instant::now())
+        });
+        let master = cluster.master_of(key, 0).expect("the key's master");
+        let channel = &format!("dlock:{{{key}}}:released");
+        assert_eq!(
+            until_shard_subscribed(&cluster, master, channel).await,
+            1,
+            "no shard subscriber on the lock's channel (fair {fair})"
+        );
+        assert_eq!(
+            subscribers(&cluster, master, "numsub", channel),
+            0,
+            "a classic subscriber on a cluster"
+        );
+        // The unfair waiter marks the holder's value after it subscribed.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let released = Instant::now();
+        held.release().await.expect("the release");
+        let (guard, granted) = waiter.await.expect("the waiter's task");
+        assert!(guard.is_ok(), "the waiter (fair {fair}): {guard:?}");
+        assert!(
+            granted - released < Duration::from_secs(5),
+            "granted {:?} after the release (fair {fair}): not woken by it",
+            granted - released
+        );
+    }
 }
 
 /// The master that owns a held lock's slot is killed (SIGKILL) after the
