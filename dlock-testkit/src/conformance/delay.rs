@@ -15,7 +15,7 @@ const CLOCKS: Duration = Duration::from_millis(30);
 
 /// After a fixed lease ran out, and after a holder stopped renewing, the
 /// key is granted no sooner than the lease plus the delay, with a higher
-/// fence, and the lost holder heard of its loss before that; a released
+/// fence where the backend fences, and the lost holder heard of its loss before that; a released
 /// key is granted at once; a delay over the longest is a typed error, and
 /// a backend whose locks end with their session refuses one, typed.
 pub async fn lock_delay_keeps_a_lost_key_and_not_a_released_one(h: &Harness) {
@@ -86,11 +86,13 @@ pub async fn lock_delay_keeps_a_lost_key_and_not_a_released_one(h: &Harness) {
         "[{}] granted {after:?} after the lost holder asked: before its lease ({lease:?}) and delay ({delay:?})",
         h.name
     );
-    assert!(
-        next.fencing_token() > guard.fencing_token(),
-        "[{}] the next grant's fence did not rise",
-        h.name
-    );
+    if h.capabilities().await.has_fencing() {
+        assert!(
+            next.fencing_token() > guard.fencing_token(),
+            "[{}] the next grant's fence did not rise",
+            h.name
+        );
+    }
     must(h, "release the next grant", next.release().await);
     drop(guard);
 
