@@ -38,8 +38,8 @@ use std::{
 
 use dlock_core::{
     backend::{
-        wait, AcquireRequest, Acquired, Backend, Capabilities, Holder, LocalTurn, LocalTurns, Mode,
-        ReleaseOutcome, RenewOutcome, RenewRequest,
+        wait, AcquireRequest, Acquired, Backend, Capabilities, Holder, ListPage, ListRequest,
+        LocalTurn, LocalTurns, Mode, ReleaseOutcome, RenewOutcome, RenewRequest,
     },
     LockError, LockKey, Result, Token,
 };
@@ -51,6 +51,7 @@ use tokio::time::Instant;
 
 use crate::session::Session;
 
+mod list;
 mod queue;
 mod release;
 mod requests;
@@ -154,6 +155,8 @@ struct Owned {
     guard: Option<NameGuard>,
     /// With `layout=etcdctl`, the grant's turn at its key.
     turn: Option<KeptTurn>,
+    /// The note stored in the entry's value, kept there by a proclaim.
+    note: Box<str>,
 }
 
 /// With `layout=etcdctl`, an acquisition's hold on its entry's name from
@@ -177,11 +180,57 @@ fn escape(key: &LockKey) -> String {
     key.escaped(|c| c == '/' || c.is_control())
 }
 
-/// What a queue entry's value says it takes: the tag before the value's
-/// first NUL (a proclaimed value follows it: see `proclaim`).
+/// Separates a queue entry's mode tag from its holder's note.
+const NOTE: u8 = 0x1f;
+
+/// A queue entry's value: what it takes (its mode's tag), then `0x1F`
+/// and the holder's note (without NULs), then a NUL and the proclaimed
+/// value, if any (see `proclaim`).
+fn entry_value(mode: Mode, note: &str, proclaimed: Option<&[u8]>) -> Vec<u8> {
+    let mut entry = mode.tag().into_bytes();
+    if !note.is_empty() {
+        entry.push(NOTE);
+        entry.extend(note.bytes().filter(|&b| b != 0));
+    }
+    if let Some(value) = proclaimed {
+        entry.push(0);
+        entry.extend_from_slice(value);
+    }
+    entry
+}
+
+/// A queue entry's value's head (before the first NUL): its tag, and the
+/// note after it.
+fn head_of(value: &[u8]) -> (&[u8], Option<&[u8]>) {
+    let head = value.split(|&b| b == 0).next().unwrap_or_default();
+    match head.iter().position(|&b| b == NOTE) {
+        Some(at) => (&head[..at], Some(&head[at + 1..])),
+        None => (head, None),
+    }
+}
+
+/// What a queue entry's value says it takes.
 fn mode_of(value: &[u8]) -> Option<Mode> {
-    let tag = value.split(|&b| b == 0).next().unwrap_or_default();
-    Mode::from_tag(std::str::from_utf8(tag).ok()?)
+    Mode::from_tag(std::str::from_utf8(head_of(value).0).ok()?)
+}
+
+/// The holder a queue entry names: its fence (create revision), mode,
+/// note and proclaimed value.
+fn holder_of(kv: &KeyValue) -> Holder {
+    let fence = u64::try_from(kv.create_revision()).unwrap_or(0);
+    let value = kv.value();
+    let proclaimed = value
+        .iter()
+        .position(|&b| b == 0)
+        .map(|at| value[at + 1..].to_vec());
+    let mut holder = Holder::new(Some(fence), proclaimed);
+    if let Some(mode) = mode_of(value) {
+        holder = holder.with_mode(mode);
+    }
+    match head_of(value).1 {
+        Some(note) => holder.with_note(String::from_utf8_lossy(note)),
+        None => holder,
+    }
 }
 
 impl EtcdBackend {
@@ -369,27 +418,41 @@ impl Backend for EtcdBackend {
         let held = self
             .owned()
             .get(token)
-            .and_then(|owned| Some((owned.name.clone(), owned.granted?)));
-        let Some((name, revision)) = held else {
+            .and_then(|owned| Some((owned.name.clone(), owned.granted?, owned.note.clone())));
+        let Some((name, revision, note)) = held else {
             return Ok(false);
         };
         if !name.starts_with(&self.queue(key, Mode::Exclusive)) {
             return Ok(false);
         }
         let options = PutOptions::new().with_ignore_lease();
-        let entry = [Mode::Exclusive.tag().as_bytes(), &[0], value].concat();
+        let entry = entry_value(Mode::Exclusive, &note, Some(value));
         let put = put_if_created(&name, revision, entry, options);
         Ok(self.txn(put).await?.succeeded())
     }
 
-    /// The queue's first entry: its create revision is the holder's fence.
+    /// The queue's first entry: its create revision is the holder's
+    /// fence; its value says its note; its lease's time to live (a second
+    /// read) its lease left. etcd records no time of a grant: no age.
     async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {
-        let (_, entries) = self.read_queue(key, Mode::Exclusive).await?;
-        Ok(entries.first().map(|kv| {
-            let fence = u64::try_from(kv.create_revision()).unwrap_or(0);
-            let at = kv.value().iter().position(|&b| b == 0);
-            Holder::new(Some(fence), at.map(|at| kv.value()[at + 1..].to_vec()))
+        let Some(holder) = self.first_holder(key).await? else {
+            return Ok(None);
+        };
+        let (holder, lease) = holder;
+        let left = self.leases_left([lease]).await?;
+        Ok(Some(match left.get(&lease) {
+            Some(&left) => holder.with_lease_left(left),
+            None => holder,
         }))
+    }
+
+    /// Every held plain lock, read-write lock and semaphore under the
+    /// prefix, a page of queues at a time in the order of their names:
+    /// one range read (and one more for a queue longer than it), and one
+    /// lease read per distinct lease, for the lease left. Refused with
+    /// `layout=etcdctl`.
+    async fn list(&self, req: ListRequest<'_>) -> Result<ListPage> {
+        list::page(self, &req).await
     }
 
     /// A watch of the key's queue, armed before the read that compares:
@@ -399,7 +462,8 @@ impl Backend for EtcdBackend {
         let queue = self.queue(key, Mode::Exclusive);
         let range = WatchOptions::new().with_prefix();
         let mut watch = self.watch_from_now(queue, Some(range)).await?;
-        if self.holder(key).await?.as_ref() != seen {
+        let now = self.first_holder(key).await?.map(|(holder, _)| holder);
+        if now.as_ref() != seen {
             return Ok(());
         }
         watched(&mut watch, |r| !r.events().is_empty()).await

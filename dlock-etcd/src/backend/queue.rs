@@ -282,7 +282,7 @@ impl EtcdBackend {
             .and_then([
                 TxnOp::put(
                     name.as_str(),
-                    mode.tag(),
+                    super::entry_value(mode, req.note, None),
                     Some(PutOptions::new().with_lease(session.lease)),
                 ),
                 TxnOp::get(queue.as_str(), Some(self.queue_read(mode))),
@@ -304,6 +304,7 @@ impl EtcdBackend {
                 release_sent: false,
                 guard: guard.clone(),
                 turn: None,
+                note: req.note.into(),
             },
         );
         let answer = self.enqueue(txn, &name, session.lease, guard).await?;
@@ -486,7 +487,7 @@ impl EtcdBackend {
         let put = super::put_if_created(
             name,
             revision,
-            req.mode.tag(),
+            super::entry_value(req.mode, req.note, None),
             PutOptions::new().with_lease(lease),
         );
         if !self.txn(put).await?.succeeded() {

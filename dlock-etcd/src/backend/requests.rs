@@ -107,6 +107,15 @@ impl EtcdBackend {
         .await
     }
 
+    /// A read of a key given as bytes, [`retried`].
+    pub(super) async fn get_bytes(&self, key: &[u8], options: GetOptions) -> Result<GetResponse> {
+        retried(|| {
+            let (mut client, options) = (self.client(), options.clone());
+            async move { client.get(key, Some(options)).await }
+        })
+        .await
+    }
+
     /// A watch of `key` (with `options`) from the current revision, once
     /// etcd has made it: events from then on.
     pub(super) async fn watch_from_now(
