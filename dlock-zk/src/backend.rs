@@ -44,7 +44,7 @@ use std::{
 use dlock_core::{
     backend::{
         AcquireRequest, Acquired, Backend, Capabilities, ConnectionStates, Holder, LeaseTimers,
-        Mode, ReleaseOutcome, RenewOutcome, RenewRequest,
+        ListPage, ListRequest, Mode, ReleaseOutcome, RenewOutcome, RenewRequest,
     },
     LockError, LockKey, Result, Token,
 };
@@ -54,6 +54,7 @@ use zookeeper_client::{Acls, Connector, Error as ZkError};
 use crate::{config::ZkConfig, session::Session};
 
 mod election;
+mod list;
 mod queue;
 mod release;
 mod session;
@@ -141,6 +142,8 @@ struct Owned {
     /// Whether a release was sent whose outcome is unknown (it failed):
     /// if it ran, the node is gone when the release is sent again.
     release_sent: bool,
+    /// The note in our node's data, kept there by a proclaim.
+    note: Box<str>,
 }
 
 impl fmt::Debug for ZkBackend {
@@ -381,11 +384,11 @@ impl Backend for ZkBackend {
             .owned()
             .get(token)
             .filter(|o| o.granted && o.parent == parent)
-            .and_then(|o| Some((o.path.clone()?, o.session.clone())));
-        let Some((path, session)) = held else {
+            .and_then(|o| Some((o.path.clone()?, o.session.clone(), o.note.clone())));
+        let Some((path, session, note)) = held else {
             return Ok(false);
         };
-        let data = election::with_proclaimed(value);
+        let data = election::with_proclaimed(&note, value);
         match async { session.client()?.set_data(&path, &data, None).await }.await {
             Ok(_) => Ok(true),
             Err(ZkError::NoNode | ZkError::SessionExpired) => Ok(false),
@@ -405,12 +408,26 @@ impl Backend for ZkBackend {
                 return Ok(None);
             };
             match client.get_data(&format!("{parent}/{first}")).await {
-                Ok((data, stat)) => return Ok(Some(election::holder_of(&data, &stat))),
+                Ok((data, stat)) => {
+                    let holder = election::holder_of(&data, &stat).with_mode(Mode::Exclusive);
+                    return Ok(Some(holder));
+                }
                 Err(ZkError::NoNode) => {}
                 Err(e) => return Err(backend_error(e)),
             }
         }
         Err(backend_error(ZkError::NoNode))
+    }
+
+    /// The held plain locks, read-write locks and semaphores under the
+    /// lock path, a page of keys at a time in the order of their names:
+    /// each page reads the path's child names whole (ZooKeeper has no
+    /// paged listing; the server's `jute.maxbuffer` bounds it), then the
+    /// page's keys' nodes and their holders' data. Holders' notes, fences
+    /// and ages (from their nodes' creation time); no lease left (a lock
+    /// lives as long as its session).
+    async fn list(&self, req: ListRequest<'_>) -> Result<ListPage> {
+        list::page(self, &req).await
     }
 
     /// Watches armed by the reads that compare: the parent's children (a
@@ -454,7 +471,8 @@ impl Backend for ZkBackend {
                 Err(ZkError::NoNode) => continue,
                 Err(e) => return Err(backend_error(e)),
             };
-            if Some(&election::holder_of(&data, &stat)) == seen {
+            let holder = election::holder_of(&data, &stat).with_mode(Mode::Exclusive);
+            if Some(&holder) == seen {
                 tokio::select! {
                     _ = children_changed.changed() => {}
                     _ = data_changed.changed() => {}

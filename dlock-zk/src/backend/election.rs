@@ -9,32 +9,87 @@ use zookeeper_client::{Client, Error as ZkError, Stat};
 
 use super::{backend_error, mode_of, queue::OURS, sequence};
 
-/// The first byte of a proclaimed node's data.
+/// The first byte of a proclaimed node's data, without a note.
 const PROCLAIMED: u8 = 1;
+/// The first byte of a proclaimed node's data, with a note.
+const PROCLAIMED_NOTED: u8 = 2;
+/// Separates [`OURS`] from the holder's note in a new node's data.
+const NOTE: u8 = 0x1f;
+
+/// The data our node is created with: [`OURS`], then `0x1F` and the
+/// holder's note, if it has one.
+pub(super) fn created(note: &str) -> Vec<u8> {
+    let mut data = OURS.to_vec();
+    if !note.is_empty() {
+        data.push(NOTE);
+        data.extend_from_slice(note.as_bytes());
+    }
+    data
+}
 
 /// The data of a node whose holder proclaimed `value`: a marker byte,
-/// then the value (a node starts with no data: nothing proclaimed).
-pub(super) fn with_proclaimed(value: &[u8]) -> Vec<u8> {
-    let mut data = Vec::with_capacity(value.len() + 1);
-    data.push(PROCLAIMED);
+/// the note's length and the note (with a note; notes are at most
+/// 128 bytes), then the value.
+pub(super) fn with_proclaimed(note: &str, value: &[u8]) -> Vec<u8> {
+    let mut data = Vec::with_capacity(value.len() + note.len() + 2);
+    match u8::try_from(note.len()) {
+        Ok(len) if len > 0 => {
+            data.extend([PROCLAIMED_NOTED, len]);
+            data.extend_from_slice(note.as_bytes());
+        }
+        _ => data.push(PROCLAIMED),
+    }
     data.extend_from_slice(value);
     data
 }
 
-/// The holder a node's data and stat show: its czxid as the fence, and
-/// what it proclaimed, if it has.
+/// The note and the proclaimed value a node's data holds.
+fn note_and_value(data: &[u8]) -> (Option<&[u8]>, Option<&[u8]>) {
+    match data.split_first() {
+        Some((&PROCLAIMED, value)) => (None, Some(value)),
+        Some((&PROCLAIMED_NOTED, rest)) => match rest.split_first() {
+            Some((&len, rest)) if rest.len() >= usize::from(len) => {
+                let (note, value) = rest.split_at(usize::from(len));
+                (Some(note), Some(value))
+            }
+            _ => (None, None),
+        },
+        _ => match data.strip_prefix(OURS).and_then(|rest| rest.split_first()) {
+            Some((&NOTE, note)) => (Some(note), None),
+            _ => (None, None),
+        },
+    }
+}
+
+/// The holder a node's data and stat show: its czxid as the fence, what
+/// it proclaimed, if it has, its note, and its age (from its creation
+/// time on the server's clock).
 pub(super) fn holder_of(data: &[u8], stat: &Stat) -> Holder {
-    let proclaimed = match data.split_first() {
-        Some((&PROCLAIMED, value)) => Some(value.to_vec()),
-        _ => None,
-    };
-    Holder::new(Some(u64::try_from(stat.czxid).unwrap_or(0)), proclaimed)
+    let (note, proclaimed) = note_and_value(data);
+    let mut holder = Holder::new(
+        Some(u64::try_from(stat.czxid).unwrap_or(0)),
+        proclaimed.map(<[u8]>::to_vec),
+    );
+    if let Some(note) = note {
+        holder = holder.with_note(String::from_utf8_lossy(note));
+    }
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    let created = u64::try_from(stat.ctime).ok();
+    if let (Ok(now), Some(created)) = (now, created) {
+        let age = u64::try_from(now.as_millis()).unwrap_or(u64::MAX);
+        holder = holder.with_age(std::time::Duration::from_millis(
+            age.saturating_sub(created),
+        ));
+    }
+    holder
 }
 
 /// Whether a node's data is what dlock writes (before or after a
 /// proclaim), not a Curator client's.
 pub(super) fn written_by_dlock(data: &[u8]) -> bool {
-    data == OURS || data.first() == Some(&PROCLAIMED)
+    data == OURS
+        || data.starts_with(&[OURS, &[NOTE]].concat())
+        || matches!(data.first(), Some(&(PROCLAIMED | PROCLAIMED_NOTED)))
 }
 
 /// The children of `parent`; `None` if it does not exist.
@@ -63,5 +118,47 @@ pub(super) async fn synced(client: &Client, path: &str) -> Result<()> {
     match client.sync(path).await {
         Ok(()) | Err(ZkError::NoNode) => Ok(()),
         Err(e) => Err(backend_error(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node's data says its note before and after a proclaim, its
+    /// value after, and is told from a Curator client's in every form.
+    #[test]
+    fn notes_and_values_read_back_from_every_form_of_our_data() {
+        let stat = Stat {
+            czxid: 9,
+            mzxid: 9,
+            pzxid: 9,
+            ctime: 0,
+            mtime: 0,
+            version: 0,
+            cversion: 0,
+            aversion: 0,
+            ephemeral_owner: 0,
+            data_length: 0,
+            num_children: 0,
+        };
+        for (data, note, value) in [
+            (created("web-1:42"), Some("web-1:42"), None),
+            (created(""), None, None),
+            (
+                with_proclaimed("web-1:42", b"10.0.0.7"),
+                Some("web-1:42"),
+                Some(&b"10.0.0.7"[..]),
+            ),
+            (with_proclaimed("", b"\x02x"), None, Some(&b"\x02x"[..])),
+        ] {
+            let holder = holder_of(&data, &stat);
+            assert_eq!(holder.note(), note, "{data:?}");
+            assert_eq!(holder.value(), value, "{data:?}");
+            assert_eq!(holder.fence(), Some(9));
+            assert!(written_by_dlock(&data), "{data:?}");
+        }
+        assert!(!written_by_dlock(b"10.0.0.7"));
+        assert!(!written_by_dlock(b"dlockish"));
     }
 }

@@ -230,9 +230,11 @@ impl ZkBackend {
                 session: session.clone(),
                 granted: false,
                 release_sent: false,
+                note: req.note.into(),
             },
         );
-        let enqueued = self.enqueue(&client, &parent, &mine, &tag).await;
+        let data = super::election::created(req.note);
+        let enqueued = self.enqueue(&client, &parent, &mine, &tag, &data).await;
         let strays = enqueued.as_ref().map_or(true, |e| e.strays);
         self.update(&token, |owned| owned.strays = strays);
         let node = enqueued?;
@@ -305,6 +307,7 @@ impl ZkBackend {
         parent: &str,
         mine: &str,
         tag: &str,
+        data: &[u8],
     ) -> Result<Enqueued> {
         let protected = format!("{parent}/{mine}{tag}");
         let ephemeral = CreateMode::EphemeralSequential.with_acls(self.acls());
@@ -313,7 +316,7 @@ impl ZkBackend {
         for _ in 0..ENQUEUE_ATTEMPTS {
             let sent = Instant::now();
             // Sent back to back: the session runs them in order.
-            let create = client.create(&protected, OURS, &ephemeral);
+            let create = client.create(&protected, data, &ephemeral);
             let listing = client.list_children(parent);
             let (created, listed) = (create.await, listing.await);
             #[cfg(test)]
@@ -336,7 +339,7 @@ impl ZkBackend {
                     let mut both = client.new_multi_writer();
                     let container = CreateMode::Container.with_acls(self.acls());
                     both.add_create(parent, b"", &container)
-                        .and_then(|()| both.add_create(&protected, OURS, &ephemeral))
+                        .and_then(|()| both.add_create(&protected, data, &ephemeral))
                         .map_err(backend_error)?;
                     match both.commit().await {
                         Ok(results) => {
