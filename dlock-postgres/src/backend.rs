@@ -219,6 +219,8 @@ pub struct PgDialect {
     disclaim: String,
     holder: String,
     end_holder: String,
+    /// A page of the held advisory locks (see `Dialect::list`).
+    list: String,
 }
 
 /// A dlock session's connection, and the process id of the server

@@ -330,6 +330,28 @@ impl<D: Dialect> Backend for SqlBackend<D> {
         )
     }
 
+    /// Asks the dialect for a page, on the holder session of the first
+    /// shard (any session can read the server's lock table).
+    async fn list(
+        &self,
+        req: dlock_core::backend::ListRequest<'_>,
+    ) -> Result<dlock_core::backend::ListPage> {
+        let session = self.holder_at(0).await?;
+        let prefix = req.prefix.to_owned();
+        let after = req.after.map(|a| a.as_str().to_owned());
+        let limit = req.limit;
+        let (_, page) = session
+            .run(move |d, c| {
+                Box::pin(async move { d.list(c, &prefix, after.as_deref(), limit).await })
+            })
+            .await
+            .map_err(backend_error::<D>)?;
+        page.map_err(|what| LockError::Unsupported {
+            backend: D::NAME,
+            what,
+        })
+    }
+
     /// Fed by the sessions: an answered statement is `Connected` (or
     /// `Reconnected`), a session that ends with guards on it `Lost`; no
     /// `Suspended`, as a session is one connection.

@@ -442,6 +442,25 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         id: &Self::Id,
     ) -> impl Future<Output = Result<Option<(Option<i64>, Option<Vec<u8>>)>, sqlx::Error>> + Send;
 
+    /// One page of the locks held on the server whose keys start with
+    /// `prefix`, after `after`, at most `limit`: `Err` with what stops it
+    /// where the dialect cannot list (see [`Backend::list`]). The default
+    /// cannot.
+    ///
+    /// [`Backend::list`]: dlock_core::backend::Backend::list
+    #[allow(clippy::type_complexity)]
+    fn list(
+        &self,
+        conn: &mut Self::Conn,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Result<dlock_core::backend::ListPage, &'static str>, sqlx::Error>>
+           + Send {
+        let _ = (conn, prefix, after, limit);
+        std::future::ready(Ok(Err("listing of held locks")))
+    }
+
     /// Ends the server session that holds plain lock `id`, unless it is
     /// `conn`'s own: the server then frees the lock, and every other lock
     /// of that session. `true` if a session was ended.

@@ -454,6 +454,22 @@ impl Dialect for MySqlDialect {
             .map(drop)
     }
 
+    /// Refused: a `GET_LOCK` name keeps a key only up to 64 characters
+    /// (a longer one ends in a hash), and the server lists held names
+    /// only through `performance_schema`, off by default on MariaDB.
+    async fn list(
+        &self,
+        _session: &mut MySqlSession,
+        _prefix: &str,
+        _after: Option<&str>,
+        _limit: usize,
+    ) -> Result<Result<dlock_core::backend::ListPage, &'static str>, sqlx::Error> {
+        Ok(Err(
+            "listing of held locks (GET_LOCK names keep only 64 characters of a key, and the \
+             server lists them only through performance_schema, off by default on MariaDB)",
+        ))
+    }
+
     /// The connection that holds the named lock (`IS_USED_LOCK`), unless
     /// it is this one, killed (`KILL CONNECTION`), in one request on one
     /// server session. `KILL` takes no condition: a holder that lets go

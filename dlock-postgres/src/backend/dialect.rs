@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
-use dlock_core::{backend::Mode, LockError, LockKey, Token};
+use dlock_core::{
+    backend::{HeldLock, Holder, ListCursor, ListPage, ListedKey, Mode},
+    LockError, LockKey, Token,
+};
 use dlock_sql::{sqlx, Dialect, Granted, QueueEntry, ServerSession, SqlSettings};
 use sqlx::{
     postgres::{PgConnectOptions, PgConnection},
@@ -132,6 +135,23 @@ impl Dialect for PgDialect {
                  WHERE {held} AND l.database = {THIS_DATABASE}",
                 entry = one_key_lock("e", "h.owner"),
                 held = one_key_lock("l", "$1"),
+            ),
+            // Every advisory lock of this database held by some session,
+            // after the cursor `($1, $2)` (two-key form, then id), the
+            // first `$3` of them with their holders and waiters; not the
+            // entry locks of queue entries and holder records (one-key
+            // locks named by an owner there).
+            list: format!(
+                "WITH l AS (SELECT l.objsubid::int AS kind, \
+                 ((l.classid::bigint << 32) | l.objid::bigint) AS id, \
+                 l.mode, l.granted FROM pg_locks l \
+                 WHERE l.locktype = 'advisory' AND l.database = {THIS_DATABASE}), \
+                 ids AS (SELECT DISTINCT kind, id FROM l WHERE granted AND (kind, id) > ($1, $2) \
+                 AND NOT (kind = 1 AND (EXISTS (SELECT 1 FROM {queue} q WHERE q.owner = l.id) \
+                 OR EXISTS (SELECT 1 FROM {holders} h WHERE h.owner = l.id))) \
+                 ORDER BY kind, id LIMIT $3) \
+                 SELECT ids.kind, ids.id, l.mode, l.granted FROM ids \
+                 JOIN l ON l.kind = ids.kind AND l.id = ids.id ORDER BY ids.kind, ids.id"
             ),
             ahead: ahead(&queue, "$1", "$2", false),
             dequeue: format!(
@@ -511,6 +531,74 @@ impl Dialect for PgDialect {
             .await?;
         row.map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
             .transpose()
+    }
+
+    /// The held advisory locks of this database, by their ids (the server
+    /// keeps only a hash of each key): plain locks (one-key form,
+    /// exclusive) and read-write locks (two-key form), with their waiters;
+    /// not semaphores, whose holders are queue entries. A prefix cannot be
+    /// matched against hashes, and is refused.
+    async fn list(
+        &self,
+        session: &mut PgSession,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Result<ListPage, &'static str>, sqlx::Error> {
+        if !prefix.is_empty() {
+            return Ok(Err(
+                "listing by key prefix (advisory locks keep only a hash of each key: \
+                 list with an empty prefix)",
+            ));
+        }
+        let (kind, id) = after
+            .and_then(|a| a.split_once(':'))
+            .and_then(|(k, i)| Some((k.parse::<i32>().ok()?, i.parse::<i64>().ok()?)))
+            .unwrap_or((0, i64::MIN));
+        let rows = sqlx::query(self.list.as_str())
+            .bind(kind)
+            .bind(id)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&mut session.conn)
+            .await?;
+        let mut locks: Vec<((i32, i64), Vec<Holder>, u32)> = Vec::new();
+        for row in rows {
+            let (kind, id): (i32, i64) = (row.try_get(0)?, row.try_get(1)?);
+            let (mode, granted): (String, bool) = (row.try_get(2)?, row.try_get(3)?);
+            if locks.last().is_none_or(|(at, _, _)| *at != (kind, id)) {
+                locks.push(((kind, id), Vec::new(), 0));
+            }
+            let Some((_, holders, waiters)) = locks.last_mut() else {
+                continue;
+            };
+            let mode = match (kind, mode.as_str()) {
+                (1, _) => Mode::Exclusive,
+                (_, "ShareLock") => Mode::Read,
+                _ => Mode::Write,
+            };
+            if granted {
+                holders.push(Holder::new(None, None).with_mode(mode));
+            } else {
+                *waiters += 1;
+            }
+        }
+        let next = (locks.len() >= limit)
+            .then(|| {
+                locks
+                    .last()
+                    .map(|((kind, id), _, _)| format!("{kind}:{id}"))
+            })
+            .flatten()
+            .map(ListCursor::new);
+        let locks = locks
+            .into_iter()
+            .map(|((kind, id), holders, waiters)| {
+                let form = if kind == 1 { "" } else { ", two-key form" };
+                let key = ListedKey::Hashed(format!("advisory lock {id}{form}"));
+                HeldLock::new(key, holders).with_waiters(waiters)
+            })
+            .collect();
+        Ok(Ok(ListPage::new(locks, next)))
     }
 
     /// `pg_terminate_backend` of every other session of this database
