@@ -54,7 +54,8 @@ pub struct AcquireRequest<'a> {
     pub mode: Mode,
     /// The token to store with it.
     pub token: &'a Token,
-    /// How long the server keeps the lock without a renewal.
+    /// How long the server keeps the lock without a renewal: the holder's
+    /// lease and the [`delay`](AcquireRequest::delay) after it.
     pub lease: Duration,
     /// Whether the lease will be renewed or is fixed.
     pub lease_kind: LeaseKind,
@@ -72,6 +73,20 @@ pub struct AcquireRequest<'a> {
     /// [`Backend::holder`](super::Backend::holder) and
     /// [`Backend::list`](super::Backend::list) to show.
     pub note: &'a str,
+    /// Of the [`lease`](AcquireRequest::lease), how long the server keeps
+    /// the lock past the holder's own lease
+    /// ([`LockOptions::lock_delay`](crate::LockOptions::lock_delay)):
+    /// a grant is worth having, and a waiter's place in a line lives, by
+    /// the [`holder_lease`](AcquireRequest::holder_lease) alone.
+    pub delay: Duration,
+}
+
+impl AcquireRequest<'_> {
+    /// The holder's lease: the [`lease`](AcquireRequest::lease) less the
+    /// [`delay`](AcquireRequest::delay).
+    pub fn holder_lease(&self) -> Duration {
+        self.lease.saturating_sub(self.delay)
+    }
 }
 
 /// A granted lock, as the backend reports it.

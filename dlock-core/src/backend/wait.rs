@@ -551,6 +551,7 @@ mod tests {
             loss: crate::locker::lease::LossReporter(std::sync::Arc::new(lease)),
             fair: None,
             note: "",
+            delay: Duration::ZERO,
         };
         drive(steps, &req).await
     }

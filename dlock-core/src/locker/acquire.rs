@@ -9,7 +9,9 @@ use tracing::Instrument;
 
 use super::Locker;
 use crate::{
-    backend::{AcquireRequest, Backend, HolderNote, LeaseKind, LossReporter, Mode, Wait},
+    backend::{
+        AcquireRequest, Backend, DynBackend, HolderNote, LeaseKind, LossReporter, Mode, Wait,
+    },
     error::{LockError, Result},
     key::LockKey,
     locker::guard::{Hold, LockGuard},
@@ -61,43 +63,54 @@ impl Locker {
     /// with the client's session, a hold longer than a fixed lease, a delay
     /// over [`MAX_LOCK_DELAY`]. Answers the delay.
     pub(crate) fn check_server_lease_options(&self, options: LockOptions) -> Result<Duration> {
-        let delay = options.get_lock_delay().unwrap_or(Duration::ZERO);
-        let at_least = options.get_hold_at_least();
-        let unsupported = |what| LockError::Unsupported {
-            backend: self.shared.backend.name(),
-            what,
-        };
-        let server_leases = self.shared.backend.capabilities().has_server_leases();
-        if !delay.is_zero() && !server_leases {
-            return Err(unsupported(
-                "lock_delay (its locks end with the client's session or process)",
-            ));
-        }
-        if delay > MAX_LOCK_DELAY {
-            return Err(crate::InvalidReason::LockDelay { delay }.into());
-        }
-        let Some(at_least) = at_least else {
-            return Ok(delay);
-        };
-        if !server_leases {
-            return Err(unsupported(
-                "hold_at_least (its locks end with the client's session or process)",
-            ));
-        }
-        let fixed = match options.get_lease() {
-            Some(Lease::Fixed(lease)) => Some(lease),
-            _ => None,
-        };
-        if at_least > MAX_LEASE || fixed.is_some_and(|lease| at_least > lease) {
-            return Err(crate::InvalidReason::HoldAtLeast {
-                at_least,
-                lease: fixed,
-            }
-            .into());
-        }
-        Ok(delay)
+        server_lease_options(&*self.shared.backend, options)
     }
+}
 
+/// What [`Locker::check_server_lease_options`] checks, for `backend`; a
+/// locker's defaults are checked when it is built.
+pub(crate) fn server_lease_options(
+    backend: &dyn DynBackend,
+    options: LockOptions,
+) -> Result<Duration> {
+    let delay = options.get_lock_delay().unwrap_or(Duration::ZERO);
+    let at_least = options.get_hold_at_least();
+    let unsupported = |what| LockError::Unsupported {
+        backend: backend.name(),
+        what,
+    };
+    let server_leases = backend.capabilities().has_server_leases();
+    if !delay.is_zero() && !server_leases {
+        return Err(unsupported(
+            "lock_delay (its locks end with the client's session or process)",
+        ));
+    }
+    if delay > MAX_LOCK_DELAY {
+        return Err(crate::InvalidReason::LockDelay { delay }.into());
+    }
+    let Some(at_least) = at_least else {
+        return Ok(delay);
+    };
+    if !server_leases {
+        return Err(unsupported(
+            "hold_at_least (its locks end with the client's session or process)",
+        ));
+    }
+    let fixed = match options.get_lease() {
+        Some(Lease::Fixed(lease)) => Some(lease),
+        _ => None,
+    };
+    if at_least > MAX_LEASE || fixed.is_some_and(|lease| at_least > lease) {
+        return Err(crate::InvalidReason::HoldAtLeast {
+            at_least,
+            lease: fixed,
+        }
+        .into());
+    }
+    Ok(delay)
+}
+
+impl Locker {
     pub(super) async fn acquire(
         &self,
         key: &str,
@@ -179,6 +192,7 @@ impl Locker {
                 loss: LossReporter(lease_state.clone()),
                 fair: options.get_fair(),
                 note: note.as_str(),
+                delay,
             };
             // Until the backend has answered for itself, the attempt may have
             // won on the server: if it is cut short (by the wait limit, by

@@ -87,6 +87,24 @@ impl LockerBuilder {
 
     /// Keeps a key from everyone `delay` past a loss without a release, by
     /// default (see [`LockOptions::lock_delay`](crate::LockOptions::lock_delay)).
+    /// [`build`](LockerBuilder::build) checks it against the backend.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use dlock_core::{LockError, Locker, MemoryBackend};
+    /// use std::time::Duration;
+    ///
+    /// let careful = Locker::builder(MemoryBackend::new())
+    ///     .lock_delay(Duration::from_secs(15))
+    ///     .build()?;
+    /// # drop(careful);
+    /// let too_long = Locker::builder(MemoryBackend::new())
+    ///     .lock_delay(Duration::from_secs(61))
+    ///     .build();
+    /// assert!(matches!(too_long, Err(LockError::InvalidOptions { .. })));
+    /// # Ok::<(), LockError>(())
+    /// ```
     pub fn lock_delay(mut self, delay: Duration) -> Self {
         self.defaults = self.defaults.lock_delay(delay);
         self
@@ -117,10 +135,14 @@ impl LockerBuilder {
     ///
     /// # Errors
     ///
-    /// [`LockError::InvalidOptions`](crate::LockError::InvalidOptions) if a lease is out of range.
+    /// [`LockError::InvalidOptions`](crate::LockError::InvalidOptions) if a
+    /// default is out of range;
+    /// [`LockError::Unsupported`](crate::LockError::Unsupported) for a
+    /// default `lock_delay` or `hold_at_least` the backend cannot keep.
     pub fn build(self) -> Result<Locker> {
         validate_lease(self.watchdog_lease, MIN_WATCHDOG_LEASE)?;
         self.defaults.get_holder_note()?;
+        crate::locker::acquire::server_lease_options(&*self.backend, self.defaults)?;
         if let Some(Lease::Fixed(lease)) = self.defaults.get_lease() {
             validate_lease(lease, MIN_LEASE)?;
         }

@@ -108,10 +108,20 @@ impl Hold {
             key: self.key.clone(),
             mode: self.mode,
             token: self.token,
-            lease: self.lease.length(),
-            until: self.until.get().copied(),
+            // Sent again after a failure for as long as the server may
+            // keep the lock.
+            lease: self.lease.length() + self.lease.delay(),
+            until: self.until.get().copied().max(self.lost_until()),
             renewed_by: self.watchdog_id,
         }
+    }
+
+    /// Until when a release keeps a lock whose lease ran out by the
+    /// holder's clock, under a [`lock_delay`](crate::LockOptions::lock_delay):
+    /// a release after such a loss is no clean one, and the delay stands.
+    fn lost_until(&self) -> Option<Instant> {
+        self.lease.check(Instant::now());
+        self.lease.delayed_until()
     }
 
     /// Keeps the lock, whenever it is released, until `at_least` after the

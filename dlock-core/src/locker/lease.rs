@@ -94,6 +94,20 @@ impl LeaseState {
         inner.deadline = Some(inner.deadline.map_or(end, |d| d.max(end)));
     }
 
+    /// Until when the server keeps a lock this holder lost by its own
+    /// clock (its lease ran out unrenewed): the end of the holder's lease
+    /// plus the delay. `None` without a delay, or while the lock holds.
+    pub(crate) fn delayed_until(&self) -> Option<Instant> {
+        if self.delay.is_zero() {
+            return None;
+        }
+        let inner = self.inner();
+        match (&inner.lost, inner.deadline) {
+            (Some(LostReason::LeaseExpired), Some(end)) => end.checked_add(self.delay),
+            _ => None,
+        }
+    }
+
     /// How long the holder's lease lasts from a renewal (the server's, as
     /// given to `start`, less the delay).
     pub(crate) fn length(&self) -> Duration {
@@ -236,9 +250,8 @@ impl LeaseState {
 /// clock: `delay` earlier, less the drift margin. Saturates instead of
 /// overflowing.
 fn lease_end(sent: Instant, lease: Duration, delay: Duration) -> Instant {
-    let usable = lease
-        .saturating_sub(delay)
-        .saturating_sub(clock_drift(lease));
+    let holders = lease.saturating_sub(delay);
+    let usable = holders.saturating_sub(clock_drift(holders));
     sent.checked_add(usable).unwrap_or(sent)
 }
 
@@ -329,6 +342,38 @@ mod tests {
         assert!(!s.is_lost());
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(s.is_lost());
+    }
+
+    /// With a delay, every lease given is the server's: the holder's ends
+    /// the delay earlier, its drift margin taken on the holder's lease
+    /// alone (a short lease with a long delay is not lost at its grant),
+    /// and once it ran out the server keeps the lock until the holder's
+    /// end plus the delay.
+    #[tokio::test(start_paused = true)]
+    async fn a_delay_is_the_servers_and_not_the_holders() {
+        let delay = Duration::from_secs(60);
+        let s = state().with_delay(delay);
+        let sent = Instant::now();
+        s.start(sent, Duration::from_millis(100) + delay);
+        assert_eq!(s.length(), Duration::from_millis(100));
+        assert!(!s.is_lost(), "lost at its grant");
+        assert_eq!(
+            s.delayed_until(),
+            None,
+            "a lock that holds is kept by nobody"
+        );
+        tokio::time::sleep(Duration::from_millis(90)).await;
+        s.extend(Instant::now(), Duration::from_millis(100) + delay);
+        tokio::time::sleep(Duration::from_millis(90)).await;
+        assert!(!s.is_lost(), "a renewal did not move the holder's end");
+        assert_eq!(s.lost().await, LostReason::LeaseExpired);
+        let lost = sent.elapsed();
+        assert!(
+            (Duration::from_millis(180)..=Duration::from_millis(190)).contains(&lost),
+            "lost {lost:?} after the grant, its renewal 90 ms in"
+        );
+        let until = s.delayed_until().expect("kept after the loss");
+        assert!(until >= sent + lost + delay - Duration::from_millis(1));
     }
 
     #[tokio::test]

@@ -53,7 +53,10 @@ pub(crate) async fn release_traced(
     };
     match &outcome {
         Ok(ReleaseOutcome::Released) if left.is_some() => {
-            tracing::debug!(?left, "dlock lock left held until hold_at_least has passed")
+            tracing::debug!(
+                ?left,
+                "dlock lock left held until its time (hold_at_least, lock_delay)"
+            )
         }
         Ok(ReleaseOutcome::Released) => tracing::debug!("dlock lock released"),
         Ok(ReleaseOutcome::NotHeld) => {

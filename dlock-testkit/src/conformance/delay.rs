@@ -13,10 +13,11 @@ use super::{free, must, patient, taken, Harness};
 /// server's and the client's clocks tick apart by a millisecond or so.
 const CLOCKS: Duration = Duration::from_millis(30);
 
-/// After a fixed lease ran out, and after a holder stopped renewing, the
-/// key is granted no sooner than the lease plus the delay, with a higher
-/// fence where the backend fences, and the lost holder heard of its loss before that; a released
-/// key is granted at once; a delay over the longest is a typed error, and
+/// After a fixed lease (extended once) ran out, and after a holder stopped
+/// renewing, the key is granted no sooner than the lease plus the delay,
+/// with a higher fence where the backend fences, the lost holder told
+/// first; a release after the loss keeps the delay; a clean release
+/// frees the key at once; a delay over the longest is a typed error, and
 /// a backend whose locks end with their session refuses one, typed.
 pub async fn lock_delay_keeps_a_lost_key_and_not_a_released_one(h: &Harness) {
     let key = h.key("lock-delay");
@@ -57,22 +58,32 @@ pub async fn lock_delay_keeps_a_lost_key_and_not_a_released_one(h: &Harness) {
         ),
     }
 
-    // A fixed lease that runs out without a release.
+    // A fixed lease, extended once, that runs out: its holder releases
+    // only after the loss, which is no clean release.
     let a = h.locker().await;
     let lease = Duration::from_millis(600);
-    let asked = Instant::now();
     let guard = must(
         h,
         "lock with a fixed lease and a delay",
         a.lock_with(&key, delayed(patient().lease(lease))).await,
     );
+    let fence = guard.fencing_token();
+    let extended = Instant::now();
+    must(h, "extend the fixed lease", guard.extend(lease).await);
     guard.lost().await;
+    match guard.release().await {
+        Err(LockError::Lost { .. }) => {}
+        other => panic!(
+            "[{}] a release after the loss: expected Lost, got {other:?}",
+            h.name
+        ),
+    }
     taken(
         h,
-        "try_lock once the holder's lease ran out",
+        "try_lock once the holder's lease ran out and it released",
         &b,
         &key,
-        "the key was free as soon as the holder's lease ran out",
+        "a release after the loss freed the key before the delay",
     )
     .await;
     let next = must(
@@ -80,21 +91,20 @@ pub async fn lock_delay_keeps_a_lost_key_and_not_a_released_one(h: &Harness) {
         "lock after the delay",
         b.lock_with(&key, patient()).await,
     );
-    let after = asked.elapsed();
+    let after = extended.elapsed();
     assert!(
         after + CLOCKS >= lease + delay,
-        "[{}] granted {after:?} after the lost holder asked: before its lease ({lease:?}) and delay ({delay:?})",
+        "[{}] granted {after:?} after the lost holder's extension: before its lease ({lease:?}) and delay ({delay:?})",
         h.name
     );
     if h.capabilities().await.has_fencing() {
         assert!(
-            next.fencing_token() > guard.fencing_token(),
+            next.fencing_token() > fence,
             "[{}] the next grant's fence did not rise",
             h.name
         );
     }
     must(h, "release the next grant", next.release().await);
-    drop(guard);
 
     // A holder that stops renewing (a crash): its last renewal was sent at
     // most a third of its lease before.

@@ -3,7 +3,10 @@
 // The expansion must not add warnings to the user's code.
 #![deny(warnings)]
 
-use std::time::Duration;
+use std::{
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
+};
 
 use dlock_core::{distributed_lock, set_default_locker, BackendExt, LockError, Locker, MemoryBackend};
 
@@ -54,12 +57,12 @@ async fn generic<T: std::fmt::Display + Send>(locker: Locker, item: T) -> Result
     Ok(item.to_string())
 }
 
-#[distributed_lock(key = "ledger", locker = locker, lease = "100ms", lock_delay = "1m", fair = false, guard = lock)]
-async fn ledger(locker: &Locker, other: &Locker) -> Result<(), LockError> {
+#[distributed_lock(key = "ledger", locker = locker, lease = "200ms", lock_delay = "2s", fair = false, guard = lock)]
+async fn ledger(locker: &Locker, other: &Locker, kept: &AtomicBool) -> Result<(), LockError> {
     // Past the lease, with no release: the key stays taken for the delay.
     lock.lost().await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(other.try_lock("ledger").await?.is_none());
+    kept.store(other.try_lock("ledger").await?.is_none(), Ordering::SeqCst);
     Ok(())
 }
 
@@ -75,7 +78,10 @@ async fn main() {
     assert_eq!(countdown(&locker, 3).await.unwrap(), 3);
     assert_eq!(generic(locker.clone(), 9).await.unwrap(), "9");
     let other = Locker::new(backend);
-    assert!(matches!(ledger(&locker, &other).await, Err(LockError::Lost { .. })));
+    // The body ran, and saw the key taken; the call says the lock was lost.
+    let kept = AtomicBool::new(false);
+    assert!(matches!(ledger(&locker, &other, &kept).await, Err(LockError::Lost { .. })));
+    assert!(kept.load(Ordering::SeqCst), "the key was free past the lease, within the delay");
     if let Err(AppError::Lock(e)) = pay(2, 1).await {
         panic!("{e}");
     }
