@@ -173,9 +173,10 @@ impl LockOptions {
     /// reaching the server, or whose process died, is past its lease by
     /// its own clock while the server still refuses the key for `delay`.
     /// A store that cannot check fencing tokens gets that long for the
-    /// lost holder's last writes to land or fail. A release frees the key
-    /// at once, as always, even that of a guard already lost: its holder
-    /// is alive and done. At most [`MAX_LOCK_DELAY`].
+    /// lost holder's last writes to land or fail. A release while the
+    /// lock holds frees the key at once, as always; a release after the
+    /// holder's lease ran out (a guard dropped once it was lost) keeps the
+    /// delay. At most [`MAX_LOCK_DELAY`].
     ///
     /// The server's lease is the lock's lease plus `delay`; the guard
     /// counts the lease alone, so it reports
