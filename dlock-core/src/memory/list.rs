@@ -67,3 +67,37 @@ pub(super) fn page(state: &mut State, req: &ListRequest<'_>) -> ListPage {
         .collect();
     ListPage::new(locks, next.flatten())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::{LockOptions, Locker, MemoryBackend};
+
+    /// 100,000 held locks, listed a page of 1000 at a time: each once, in
+    /// order, and no page larger than asked.
+    #[tokio::test]
+    async fn a_hundred_thousand_locks_are_listed_page_by_page() {
+        const LOCKS: usize = 100_000;
+        let locker = Locker::new(MemoryBackend::new());
+        let fixed = LockOptions::new().lease(Duration::from_secs(600));
+        let mut guards = Vec::with_capacity(LOCKS);
+        for i in 0..LOCKS {
+            guards.push(locker.lock_with(format!("k/{i:06}"), fixed).await.unwrap());
+        }
+        let mut listing = locker.list("k/").page_size(1000);
+        let mut seen = 0;
+        for _ in 0..=LOCKS / 1000 {
+            let Some(page) = listing.next_page().await.unwrap() else {
+                break;
+            };
+            assert!(page.len() <= 1000);
+            for lock in &page {
+                assert_eq!(lock.key().name(), Some(format!("k/{seen:06}").as_str()));
+                seen += 1;
+            }
+        }
+        assert_eq!(seen, LOCKS);
+        assert!(listing.next_page().await.unwrap().is_none());
+    }
+}
