@@ -70,10 +70,11 @@ pub(crate) async fn status(args: StatusArgs) -> ExitCode {
             "key": args.key,
             "held": holder.is_some(),
         });
-        if let (Some(holder), Some(fields)) = (&holder, report.as_object_mut()) {
-            if let serde_json::Value::Object(shown) = crate::list::holder_json(holder) {
-                fields.extend(shown);
-            }
+        // Every field of a holder, `null` when the key is free.
+        let none = dlock::backend::Holder::new(None, None);
+        let shown = crate::list::holder_json(holder.as_ref().unwrap_or(&none));
+        if let (Some(fields), serde_json::Value::Object(shown)) = (report.as_object_mut(), shown) {
+            fields.extend(shown);
         }
         out!("{report}");
     } else if let Some(holder) = &holder {
