@@ -65,6 +65,19 @@ fn jitter() -> Duration {
     Duration::from_millis(10 + h.finish() % 50)
 }
 
+/// A random delay below `most`.
+fn random_below(most: Duration) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(1);
+    let most = most.as_micros().max(1) as u64;
+    Duration::from_micros(h.finish() % most)
+}
+
+/// The longest pause of an unfair waiter refused again and again before
+/// it answers a wake-up.
+const UNFAIR_PAUSE: Duration = Duration::from_millis(32);
+
 /// A refusal: look again within `retry_in` at the latest.
 fn refused(retry_in: Duration) -> Look<Waiting> {
     Look::Refused {
@@ -140,6 +153,8 @@ pub(super) struct Waiting {
     subscribed_now: bool,
     /// The pause between looks while no channel is watched.
     poll: Backoff,
+    /// Unfair looks refused in a row.
+    refused: u32,
 }
 
 impl<'a> Steps<'a> {
@@ -197,6 +212,24 @@ impl<'a> Steps<'a> {
         let ticket_ms = backend.ticket_life(lease).as_millis().max(1) as u64;
         let fence = backend.inner.fences;
         let timeout = backend.node_timeout(lease);
+        if let (Place::Mark, [first, _, ..]) = (place, &backend.inner.nodes[..]) {
+            // An unfair Redlock waiter tries the first node alone: refused
+            // there, it has marked that node's hold and waits again, at
+            // the cost of one request, not one per node. Granted there (or
+            // unanswered), the whole round follows, on every node.
+            let step = lock::acquire(first, names, token, lease_ms, fence, place, ticket_ms);
+            match bounded(timeout, step).await {
+                Ok(Attempt::Held(ttl)) => {
+                    return Ok(refused(
+                        ttl.map_or(UNKNOWN_TTL_RECHECK, Duration::from_millis),
+                    ))
+                }
+                Ok(Attempt::NotOurTurn(lapses)) => {
+                    return Ok(refused(Duration::from_millis(lapses)))
+                }
+                _ => {}
+            }
+        }
         let sent = Instant::now();
         let quorum = backend.inner.quorum;
         let answers = match &backend.inner.nodes[..] {
@@ -379,6 +412,7 @@ impl WaitSteps for Steps<'_> {
             watches: Vec::new(),
             subscribed_now: false,
             poll: Backoff::new(Duration::from_millis(40), self.backend.inner.unwatched_poll),
+            refused: 0,
         };
         if self.unfair {
             let place = if waiting.is_some() {
@@ -392,8 +426,15 @@ impl WaitSteps for Steps<'_> {
             };
             let mut made = (waiting.is_none() && join).then(new);
             let again = again.map(|again| match waiting.or(made.as_mut()) {
-                Some(w) if w.watches.is_empty() => again.min(w.poll.next_delay()),
-                _ => again,
+                Some(w) => {
+                    w.refused = w.refused.saturating_add(1);
+                    if w.watches.is_empty() {
+                        again.min(w.poll.next_delay())
+                    } else {
+                        again
+                    }
+                }
+                None => again,
             });
             return Ok(Look::Refused { entry: made, again });
         }
@@ -457,11 +498,20 @@ impl WaitSteps for Steps<'_> {
         _wake: &mut Option<()>,
         until: Instant,
     ) -> Result<Woken, StepError> {
+        if self.unfair && waiting.refused > 2 {
+            // Refused after a wake-up, again and again: others take the
+            // key as it frees. A random pause (longer the more often
+            // refused, at most `UNFAIR_PAUSE`) before answering the next
+            // wake-up spares the servers a look per waiter and release.
+            let most = UNFAIR_PAUSE.min(Duration::from_millis(1 << waiting.refused.min(8)));
+            tokio::time::sleep_until(until.min(Instant::now() + random_below(most))).await;
+        }
         // A release that named us before the wait left its permit.
         let woken = tokio::time::timeout_at(until, waiting.wake.notified()).await;
         if woken.is_ok() && self.unfair && self.backend.inner.nodes.len() > 1 {
-            // A release reaches the nodes one by one, and each tells us:
-            // one look once the release had time to reach them all.
+            // A release reaches the nodes one by one, and each marked one
+            // tells us: one look once the release had time to reach them
+            // all.
             tokio::time::sleep(REDLOCK_SETTLE).await;
             let _ = futures_util::FutureExt::now_or_never(waiting.wake.notified());
         }
