@@ -325,12 +325,16 @@ local function remember_release()
 end
 local holder = redis.call('GET', KEYS[1])
 if ARGV[3] == '' and holder == ARGV[1] then
-  remember_release()
-  if not KEYS[5] then
+  if KEYS[6] then
+    -- The token becomes the last release's, with what was left of the
+    -- lease (`RENAME` keeps the TTL, which every lock key has): one
+    -- command for `remember_release` and the `DEL`.
+    redis.call('RENAME', KEYS[1], KEYS[6])
+  else
     redis.call('DEL', KEYS[1])
-  -- A proclaimed value goes with the hold (one command for both), and
-  -- its watchers are told.
-  elseif redis.call('DEL', KEYS[1], KEYS[5]) == 2 then
+  end
+  -- A proclaimed value goes with the hold, and its watchers are told.
+  if KEYS[5] and redis.call('DEL', KEYS[5]) == 1 then
     redis.call('PUBLISH', ARGV[5], '')
   end
   return 1
