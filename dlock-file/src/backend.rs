@@ -344,9 +344,9 @@ impl Backend for FileBackend {
     }
 
     /// The plain locks held now under the prefix, with the fence, note and
-    /// age of each grant, found by their files' names and `/proc/locks`
-    /// (on a blocking thread). Read-write locks and semaphores are not
-    /// listed.
+    /// age of each grant and the requests waiting, found by their files'
+    /// names and `/proc/locks` (on a blocking thread). Read-write locks
+    /// and semaphores are not listed.
     async fn list(&self, req: ListRequest<'_>) -> Result<ListPage> {
         let (dir, prefix) = (self.inner.dir.clone(), self.inner.prefix.clone());
         let (keys, after, limit) = (req.prefix.to_owned(), req.after.cloned(), req.limit);

@@ -4,10 +4,16 @@
 //!
 //! A page reads the directory through once, keeping the `limit` first
 //! names after the cursor whose inode `/proc/locks` lists: memory for one
-//! page, whatever the number of files. Read-write locks and semaphores,
-//! whose holders one counter cannot name, are not listed.
+//! page, whatever the number of files. Waiters are the `flock` requests
+//! `/proc/locks` shows blocked on a lock's file. Read-write locks and
+//! semaphores, whose holders one counter cannot name, are not listed.
 
-use std::{collections::BinaryHeap, ffi::OsString, os::unix::fs::DirEntryExt as _, path::Path};
+use std::{
+    collections::BinaryHeap,
+    ffi::OsString,
+    os::unix::fs::{DirEntryExt as _, MetadataExt as _},
+    path::Path,
+};
 
 use dlock_core::{
     backend::{percent_decode, HeldLock, Holder, ListCursor, ListPage, ListRequest, ListedKey},
@@ -57,6 +63,7 @@ pub(super) fn page(dir: &Path, prefix: &str, req: &ListRequest<'_>) -> Result<Li
         .then(|| names.last().and_then(|n| n.to_str()))
         .flatten()
         .map(ListCursor::new);
+    let waiting = proc_locks::waiting()?;
     let mut held = Vec::with_capacity(names.len());
     for name in &names {
         let path = dir.join(name);
@@ -69,10 +76,12 @@ pub(super) fn page(dir: &Path, prefix: &str, req: &ListRequest<'_>) -> Result<Li
             main: path,
             note: "".into(),
         };
+        let inode = std::fs::symlink_metadata(&names.main).map(|m| m.ino()).ok();
+        let waiters = inode.and_then(|i| waiting.get(&i)).copied().unwrap_or(0);
         let grant = locks::last_grant(&names.fence())?;
         let fence = grant.as_ref().map(|g| g.fence);
         let holder = election::shown(Holder::new(fence, None), grant);
-        held.push(HeldLock::new(key_of(stem), vec![holder]));
+        held.push(HeldLock::new(key_of(stem), vec![holder]).with_waiters(waiters));
     }
     Ok(ListPage::new(held, next))
 }

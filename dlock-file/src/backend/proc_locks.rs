@@ -85,6 +85,30 @@ pub(crate) fn flocked(
     Ok(locked)
 }
 
+/// How many `flock` requests wait now on each inode (the `->` lines of
+/// `/proc/locks`), from one read: a snapshot, for counting waiters.
+pub(crate) fn waiting() -> Result<std::collections::HashMap<u64, u32>, LockError> {
+    let path = Path::new("/proc/locks");
+    let mut table = String::new();
+    File::open(path)
+        .and_then(|mut file| file.read_to_string(&mut table))
+        .map_err(|e| io_error("reading", path, e))?;
+    let mut waiting = std::collections::HashMap::new();
+    for line in table.lines() {
+        let mut fields = line.split_whitespace().skip(1);
+        if fields.next() != Some("->") || fields.next() != Some("FLOCK") {
+            continue;
+        }
+        let inode = fields
+            .nth(3)
+            .and_then(|id| id.rsplit(':').next()?.parse().ok());
+        if let Some(inode) = inode {
+            *waiting.entry(inode).or_insert(0) += 1;
+        }
+    }
+    Ok(waiting)
+}
+
 /// Whether the file at `path` is among `locked`: by device and inode. On
 /// btrfs and on overlayfs, whose `stat` reports another device than
 /// `/proc/locks` does, by inode alone (another file of that inode number
