@@ -3,8 +3,8 @@
 //! five; and on one Sentinel deployment (a master, its replica and three
 //! sentinels), in one test, every check but those of a crashed client's
 //! lease, which run on one node above through the same code; and with
-//! `fair=false`, the whole suite on one node and the plain locks' checks
-//! on Redlock, one test each. One test per
+//! `fair=false`, the whole suite on one node, the plain locks' checks on
+//! Redlock and four waiting checks on Sentinel, one test each. One test per
 //! check on one node and on Redlock, each with keys of its own on servers
 //! the binary's tests share. Every client is a new `RedisBackend` with
 //! connections of its own, as another process would have.
@@ -53,6 +53,26 @@ fn sentinel() -> Harness {
     let url = set.url();
     Harness::redis("redis-sentinel", url, set)
 }
+
+/// The same deployment kind with `fair=false`: the unfair waits, which
+/// follow the master as the fair ones do.
+fn sentinel_unfair() -> Harness {
+    let set = RedisSentinels::start().expect("start a master, a replica and 3 sentinels");
+    let url = set.url();
+    let join = if url.contains('?') { '&' } else { '?' };
+    Harness::redis(
+        "redis-sentinel-unfair",
+        format!("{url}{join}fair=false"),
+        set,
+    )
+}
+
+dlock_testkit::conformance_tests!(suite unfair_sentinel_deployment, sentinel_unfair(), [
+    mutual_exclusion,
+    queued_waiters_get_an_expired_lock,
+    dist_mutex_excludes_across_clients,
+    cancel_safety,
+]);
 
 dlock_testkit::conformance_tests!(suite sentinel_deployment, sentinel(), [
     mutual_exclusion,
