@@ -323,11 +323,9 @@ impl<D: Dialect> Backend for SqlBackend<D> {
             .run(move |d, c| Box::pin(async move { d.holder(c, &id).await }))
             .await
             .map_err(backend_error::<D>)?;
-        Ok(
-            read.map(|(fence, value)| {
-                Holder::new(fence.and_then(|f| u64::try_from(f).ok()), value)
-            }),
-        )
+        Ok(read.map(|(fence, value)| {
+            Holder::new(fence.and_then(|f| u64::try_from(f).ok()), value).with_mode(Mode::Exclusive)
+        }))
     }
 
     /// Asks the dialect for a page, on the holder session of the first
