@@ -96,6 +96,9 @@ struct Inner {
     states: ConnectionStates,
     /// When a quorum of nodes last answered.
     answered_at: std::sync::Mutex<tokio::time::Instant>,
+    /// The node an unfair Redlock waiter tries alone first: the next one
+    /// after it failed to answer.
+    probe: std::sync::atomic::AtomicUsize,
 }
 
 impl fmt::Debug for RedisBackend {

@@ -212,13 +212,21 @@ impl<'a> Steps<'a> {
         let ticket_ms = backend.ticket_life(lease).as_millis().max(1) as u64;
         let fence = backend.inner.fences;
         let timeout = backend.node_timeout(lease);
-        if let (Place::Mark, [first, _, ..]) = (place, &backend.inner.nodes[..]) {
-            // An unfair Redlock waiter tries the first node alone: refused
-            // there, it has marked that node's hold and waits again, at
-            // the cost of one request, not one per node. Granted there (or
-            // unanswered), the whole round follows, on every node.
-            let step = lock::acquire(first, names, token, lease_ms, fence, place, ticket_ms);
-            match bounded(timeout, step).await {
+        let nodes = &backend.inner.nodes;
+        if place == Place::Mark && nodes.len() > 1 {
+            // An unfair Redlock waiter tries one node alone: refused there,
+            // it has marked that node's hold and waits again, at the cost
+            // of one request, not one per node. Granted there (or
+            // unanswered: the next waiter tries the next node), the whole
+            // round follows, on every node.
+            let probe = &backend.inner.probe;
+            let at = probe.load(std::sync::atomic::Ordering::Relaxed) % nodes.len();
+            let step = lock::acquire(&nodes[at], names, token, lease_ms, fence, place, ticket_ms);
+            let answer = bounded(timeout, step).await;
+            if answer.is_err() {
+                probe.store(at + 1, std::sync::atomic::Ordering::Relaxed);
+            }
+            match answer {
                 Ok(Attempt::Held(ttl)) => {
                     return Ok(refused(
                         ttl.map_or(UNKNOWN_TTL_RECHECK, Duration::from_millis),

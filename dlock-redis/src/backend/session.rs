@@ -203,6 +203,7 @@ impl RedisBackend {
                 local: dlock_core::backend::LocalTurns::new(),
                 states: dlock_core::backend::ConnectionStates::new(NAME),
                 answered_at: std::sync::Mutex::new(tokio::time::Instant::now()),
+                probe: std::sync::atomic::AtomicUsize::new(0),
             }),
         };
         if config.is_redlock() {
