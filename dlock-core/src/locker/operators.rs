@@ -37,8 +37,9 @@ impl Locker {
     }
 
     /// Who holds `key`'s lock now, as the server says: the holder's
-    /// fencing token and what it [proclaimed](crate::Election::proclaim),
-    /// or `None` if the key is free. One read: it takes no lock and waits
+    /// fencing token, what it [proclaimed](crate::Election::proclaim), its
+    /// [note](crate::LockOptions::holder_note), mode, age and lease left
+    /// where the backend records them, or `None` if the key is free. One read: it takes no lock and waits
     /// for none, and the answer may be stale by the time it arrives.
     ///
     /// It reads the key's plain lock (what [`lock`](Locker::lock),
