@@ -140,6 +140,9 @@ pub(super) struct Steps<'a> {
     /// A plain lock taken unfairly (see `RedisConfig::fair`): no line, no
     /// turn; a waiter marks the holder's value and waits for its release.
     unfair: bool,
+    /// The holder's lease: a grant is worth having, and a ticket lives,
+    /// by it, not by the lock delay the server's lease adds.
+    holder_lease: Duration,
 }
 
 /// A waiter in the key's line: its wake-up and subscriptions.
@@ -164,7 +167,7 @@ impl<'a> Steps<'a> {
             Mode::Exclusive => (
                 names(prefix, req.key),
                 None,
-                backend.ticket_life(req.lease) / 3,
+                backend.ticket_life(req.holder_lease()) / 3,
             ),
             mode => (
                 shared_names(prefix, req.key, mode),
@@ -180,6 +183,7 @@ impl<'a> Steps<'a> {
             member,
             refresh,
             place: OnceLock::new(),
+            holder_lease: req.holder_lease(),
         }
     }
 
@@ -209,9 +213,9 @@ impl<'a> Steps<'a> {
         let backend = self.backend;
         let (names, token) = (&self.names, self.token.as_str());
         let lease_ms = lease.as_millis().max(1) as u64;
-        let ticket_ms = backend.ticket_life(lease).as_millis().max(1) as u64;
+        let ticket_ms = backend.ticket_life(self.holder_lease).as_millis().max(1) as u64;
         let fence = backend.inner.fences;
-        let timeout = backend.node_timeout(lease);
+        let timeout = backend.node_timeout(self.holder_lease);
         let nodes = &backend.inner.nodes;
         if place == Place::Mark && nodes.len() > 1 {
             // An unfair Redlock waiter tries one node alone: refused there,
@@ -275,7 +279,7 @@ impl<'a> Steps<'a> {
                 while let Some((i, answer)) = pending.next().await {
                     granted += usize::from(matches!(answer, Ok(Attempt::Acquired(_))));
                     answers[i] = Some(answer);
-                    if granted >= quorum && within_validity(sent, lease) {
+                    if granted >= quorum && within_validity(sent, self.holder_lease) {
                         return Ok(Look::Granted(Acquired::new(sent)));
                     }
                 }
@@ -312,7 +316,7 @@ impl<'a> Steps<'a> {
                 Ok(Attempt::Unacknowledged(_)) => give_back.push(i),
             }
         }
-        if won >= quorum && within_validity(sent, lease) {
+        if won >= quorum && within_validity(sent, self.holder_lease) {
             return Ok(backend.granted(sent, fence_value));
         }
         if !give_back.is_empty() {
@@ -533,7 +537,7 @@ impl WaitSteps for Steps<'_> {
         let left = match &self.member {
             None if self.unfair => Ok(()),
             None => {
-                let timeout = self.backend.node_timeout(req.lease);
+                let timeout = self.backend.node_timeout(req.holder_lease());
                 self.backend
                     .release_names(&self.names, &self.token, timeout)
                     .await
