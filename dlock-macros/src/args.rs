@@ -167,46 +167,31 @@ impl Args {
                 });
             }
             "lease" => {
-                let lit = string_value(input, name, "lease = \"30s\"")?;
-                let millis =
-                    parse_millis(&lit.value()).map_err(|e| syn::Error::new(lit.span(), e))?;
-                if millis < MIN_LEASE_MILLIS {
-                    return Err(syn::Error::new(
-                        lit.span(),
-                        format!("a lease must be at least {MIN_LEASE_MILLIS}ms; leave `lease` out to keep the lock alive with the watchdog"),
-                    ));
-                }
-                if millis > MAX_LEASE_MILLIS {
-                    return Err(syn::Error::new(
-                        lit.span(),
-                        "a lease must be at most 30 days (\"720h\"); leave `lease` out to keep the lock alive with the watchdog",
-                    ));
-                }
-                self.lease = Some(millis);
+                let watchdog = "leave `lease` out to keep the lock alive with the watchdog";
+                let lease = duration_value(input, name, "lease = \"30s\"")?
+                    .at_least(
+                        MIN_LEASE_MILLIS,
+                        &format!("a lease must be at least {MIN_LEASE_MILLIS}ms; {watchdog}"),
+                    )?
+                    .at_most(
+                        MAX_LEASE_MILLIS,
+                        &format!("a lease must be at most 30 days (\"720h\"); {watchdog}"),
+                    )?;
+                self.lease = Some(lease.0);
             }
             "hold_at_least" => {
-                let lit = string_value(input, name, "hold_at_least = \"5m\"")?;
-                let millis =
-                    parse_millis(&lit.value()).map_err(|e| syn::Error::new(lit.span(), e))?;
-                if millis > MAX_LEASE_MILLIS {
-                    return Err(syn::Error::new(
-                        lit.span(),
-                        "`hold_at_least` must be at most 30 days (\"720h\")",
-                    ));
-                }
-                self.hold_at_least = Some(millis);
+                let at_least = duration_value(input, name, "hold_at_least = \"5m\"")?.at_most(
+                    MAX_LEASE_MILLIS,
+                    "`hold_at_least` must be at most 30 days (\"720h\")",
+                )?;
+                self.hold_at_least = Some(at_least.0);
             }
             "lock_delay" => {
-                let lit = string_value(input, name, "lock_delay = \"15s\"")?;
-                let millis =
-                    parse_millis(&lit.value()).map_err(|e| syn::Error::new(lit.span(), e))?;
-                if millis > MAX_LOCK_DELAY_MILLIS {
-                    return Err(syn::Error::new(
-                        lit.span(),
-                        "`lock_delay` must be at most a minute (\"1m\")",
-                    ));
-                }
-                self.lock_delay = Some(millis);
+                let delay = duration_value(input, name, "lock_delay = \"15s\"")?.at_most(
+                    MAX_LOCK_DELAY_MILLIS,
+                    "`lock_delay` must be at most a minute (\"1m\")",
+                )?;
+                self.lock_delay = Some(delay.0);
             }
             "fair" => {
                 equals(input, name, "fair = false")?;
@@ -305,6 +290,34 @@ fn equals(input: ParseStream<'_>, name: &Ident, example: &str) -> syn::Result<()
             format!("`{name}` needs a value: write `{example}`"),
         ))
     }
+}
+
+/// A duration argument's value in milliseconds, with its literal for
+/// errors that point at it.
+struct Millis(u64, LitStr);
+
+impl Millis {
+    /// The value, or an error at the literal below `min`.
+    fn at_least(self, min: u64, why: &str) -> syn::Result<Millis> {
+        if self.0 < min {
+            return Err(syn::Error::new(self.1.span(), why));
+        }
+        Ok(self)
+    }
+
+    /// The value, or an error at the literal past `max`.
+    fn at_most(self, max: u64, why: &str) -> syn::Result<Millis> {
+        if self.0 > max {
+            return Err(syn::Error::new(self.1.span(), why));
+        }
+        Ok(self)
+    }
+}
+
+fn duration_value(input: ParseStream<'_>, name: &Ident, example: &str) -> syn::Result<Millis> {
+    let lit = string_value(input, name, example)?;
+    let millis = parse_millis(&lit.value()).map_err(|e| syn::Error::new(lit.span(), e))?;
+    Ok(Millis(millis, lit))
 }
 
 fn string_value(input: ParseStream<'_>, name: &Ident, example: &str) -> syn::Result<LitStr> {
