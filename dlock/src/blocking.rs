@@ -34,7 +34,10 @@
 
 use std::{fmt, future::Future, sync::Arc, time::Duration};
 
-use dlock_core::{backend::Holder, HoldState, LockError, LockOptions, LostReason, Result, Token};
+use dlock_core::{
+    backend::{HeldLock, Holder},
+    HoldState, LockError, LockOptions, LostReason, Result, Token,
+};
 use tokio::runtime::{Handle, Runtime};
 
 mod primitives;
@@ -302,6 +305,28 @@ impl Locker {
             .block_on(self.shared.locker.force_release(key))?
     }
 
+    /// The locks held now under `prefix`, a page at a time
+    /// ([`crate::Locker::list`]): each item is one page, read when the
+    /// iterator is advanced. After an error it ends.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn main() -> Result<(), dlock::LockError> {
+    /// let locker = dlock::blocking::connect("memory")?;
+    /// let _guard = locker.lock("jobs/7")?;
+    /// let held: Vec<_> = locker.list("jobs/").collect::<Result<Vec<_>, _>>()?;
+    /// assert_eq!(held.concat()[0].key().name(), Some("jobs/7"));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn list(&self, prefix: impl Into<String>) -> Listing {
+        Listing {
+            shared: self.shared.clone(),
+            pages: Some(self.shared.locker.list(prefix)),
+        }
+    }
+
     /// A mutex around `value`, exclusive across processes under `key`
     /// ([`crate::DistMutex`]).
     pub fn mutex<T>(&self, key: impl Into<String>, value: T) -> DistMutex<T> {
@@ -394,6 +419,53 @@ impl<G: Releases> Drop for Held<G> {
             // guard sends it again from a task of its own.
             within(self.shared.runtime(), DROP_WAIT, guard.release());
         }
+    }
+}
+
+/// The pages of a [`Locker::list`]: an iterator of pages, each read
+/// when it is asked for.
+pub struct Listing {
+    shared: Arc<Shared>,
+    /// `None` once every page was read, or after an error.
+    pages: Option<crate::Listing>,
+}
+
+impl Listing {
+    /// At most `size` locks a page ([`crate::Listing::page_size`]).
+    pub fn page_size(mut self, size: usize) -> Self {
+        self.pages = self.pages.map(|pages| pages.page_size(size));
+        self
+    }
+}
+
+impl Iterator for Listing {
+    type Item = Result<Vec<HeldLock>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let pages = self.pages.as_mut()?;
+        let page = self
+            .shared
+            .block_on(pages.next_page())
+            .and_then(|page| page);
+        match page {
+            Ok(Some(page)) => Some(Ok(page)),
+            Ok(None) => {
+                self.pages = None;
+                None
+            }
+            Err(error) => {
+                self.pages = None;
+                Some(Err(error))
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Listing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Listing")
+            .field("pages", &self.pages)
+            .finish()
     }
 }
 

@@ -170,3 +170,33 @@ fn the_last_guard_dropped_inside_a_runtime_still_releases() {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// `list` reads one page per step, through every page, and ends after an
+/// error: a listing advanced inside a runtime is refused once, then done.
+#[test]
+fn a_listing_reads_every_page_and_ends_after_an_error() {
+    let locker = blocking::connect("memory").unwrap();
+    let guards: Vec<_> = (0..5)
+        .map(|i| locker.lock(format!("jobs/{i}")).unwrap())
+        .collect();
+    let pages: Vec<_> = locker
+        .list("jobs/")
+        .page_size(2)
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(pages.len(), 3, "{pages:?}");
+    let mut keys: Vec<_> = pages
+        .concat()
+        .iter()
+        .map(|held| held.key().name().unwrap().to_owned())
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["jobs/0", "jobs/1", "jobs/2", "jobs/3", "jobs/4"]);
+    let mut listing = locker.list("jobs/").page_size(2);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        assert!(matches!(listing.next(), Some(Err(LockError::InsideRuntime))));
+    });
+    assert!(listing.next().is_none(), "a listing went on after an error");
+    drop(guards);
+}
