@@ -239,6 +239,7 @@ impl Backend for RedisBackend {
         Capabilities::new()
             .forced_release(true)
             .fencing(self.inner.fences)
+            // The default: `LockOptions::fair` may opt a lock out (or in).
             .fifo(self.inner.fair)
             .read_write(one_node)
             .semaphores(one_node)
@@ -401,9 +402,9 @@ impl Backend for RedisBackend {
 
     /// A renewal: the script sets the key's TTL (or the share's end) once
     /// the token is checked; on Redlock, on a majority of the nodes. A
-    /// plain lock's first waiter is then woken, since the end may have
-    /// moved earlier than it was told (best effort: its ticket refresh
-    /// looks again anyway).
+    /// plain lock's waiters are then woken (every one: unfair ones stand
+    /// in no line), since the end may have moved earlier than they were
+    /// told (best effort: they look again at the old end anyway).
     async fn extend(
         &self,
         key: &LockKey,

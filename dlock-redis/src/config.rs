@@ -390,6 +390,11 @@ impl RedisConfig {
     /// rules are the same on a majority. A waiter may be passed over again
     /// and again. Read-write locks and semaphores are fair either way.
     ///
+    /// The backend's `Capabilities::is_fifo` is this default: a lock that
+    /// sets `LockOptions::fair(false)` on a fair backend is not served in
+    /// order, and one that sets `fair(true)` on an unfair one is (among
+    /// the waiters that stand in line).
+    ///
     /// # Examples
     ///
     /// ```

@@ -43,7 +43,8 @@ pub(crate) enum Place {
     At(u64),
 }
 
-/// The script's argument: "" for none, "0" for last, else the score.
+/// The script's argument: "" for none, "-" for an unfair waiter's, "0"
+/// for last, else the score.
 impl redis::ToRedisArgs for Place {
     fn write_redis_args<W>(&self, out: &mut W)
     where
@@ -51,7 +52,9 @@ impl redis::ToRedisArgs for Place {
     {
         match *self {
             // A release with it leaves no line: it has no place in one.
-            Place::None | Place::Mark => out.write_arg(b""),
+            Place::None => out.write_arg(b""),
+            // The same, and a give-back: no record of a release.
+            Place::Mark => out.write_arg(b"-"),
             Place::Last => out.write_arg(b"0"),
             Place::At(score) => out.write_arg_fmt(score.max(1)),
         }
@@ -186,12 +189,13 @@ pub(super) const ACQUIRE: &str = concat!(
     r"
 local token = ARGV[1]
 -- `in_line`: the token may have a ticket, to take out; if others still
--- wait, the lock's value is marked (see `RELEASE`).
-local function granted(in_line)
+-- wait, the lock's value is marked (see `RELEASE`), unless `marked`
+-- already.
+local function granted(in_line, marked)
   if in_line then
     redis.call('ZREM', KEYS[3], token)
     redis.call('ZREM', KEYS[4], token)
-    if redis.call('EXISTS', KEYS[3]) == 1 then
+    if not marked and redis.call('EXISTS', KEYS[3]) == 1 then
       redis.call('SET', KEYS[1], token .. '+', 'KEEPTTL')
     end
   end
@@ -225,9 +229,11 @@ if holder == token or holder == token .. '+' then
   return {1, 0}
 end
 if holder == 'next:' .. token then
-  -- Handed to us by a release: take it, with a new fence.
-  redis.call('SET', KEYS[1], token, 'PX', ARGV[2])
-  return granted(true)
+  -- Handed to us by a release: take it, with a new fence, marked
+  -- whoever is left in line: an unfair waiter of the hold we follow
+  -- heard nothing, and our release must tell it.
+  redis.call('SET', KEYS[1], token .. '+', 'PX', ARGV[2])
+  return granted(true, true)
 end
 local ttl = redis.call('PTTL', KEYS[1])
 if not ARGV[5] then
@@ -268,10 +274,11 @@ return {0, ttl}
 "
 );
 
-/// Wakes the first waiter in line (if any) without handing it the lock:
-/// for a lease moved earlier ([`Backend::extend`](dlock_core::backend::Backend::extend),
+/// Wakes every waiter of the key without handing anyone the lock: for a
+/// lease moved earlier ([`Backend::extend`](dlock_core::backend::Backend::extend),
 /// a release before `hold_at_least`), which frees the key sooner than the
-/// line was told. Woken, it looks again and learns the new end.
+/// waiters were told. Woken, each looks again and learns the new end:
+/// unfair waiters stand in no line, so naming the first would miss them.
 pub(crate) async fn wake_first(node: &Node, names: &Names) -> RedisResult<()> {
     let (_, _): (i64, _) = node
         .run(&of(node).wake_first, false, |cmd| {
@@ -282,28 +289,20 @@ pub(crate) async fn wake_first(node: &Node, names: &Names) -> RedisResult<()> {
     Ok(())
 }
 
-/// KEYS: as [`ACQUIRE`]'s that queue. ARGV: release channel. Returns 1 if
-/// a waiter was told, else 0. With nobody in line, every waiter is told
-/// (an empty message): unfair waiters stand in no line.
-pub(super) const WAKE_FIRST: &str = concat!(
-    queue_lua!(),
-    r"
-local _, now = clock()
-local first = first_in_line(now)
-if not first then
-  redis.call('PUBLISH', ARGV[1], '')
-  return 0
-end
-redis.call('PUBLISH', ARGV[1], first)
-return 1
-"
-);
+/// KEYS: as [`ACQUIRE`]'s that queue. ARGV: release channel. Returns 0.
+/// The empty message wakes every waiter of the key, in line or not.
+pub(super) const WAKE_FIRST: &str = r"
+redis.call('PUBLISH', ARGV[1], '')
+return 0
+";
 
 /// Release, or give back a grant and stay in line.
 ///
 /// KEYS: as [`ACQUIRE`] (the counter untouched), the proclaimed value, and
 /// the last release's token. ARGV: token, release channel, place in line
-/// ("" to leave the line; else the waiter's place, as in [`ACQUIRE`]),
+/// ("" to leave the line; "-" the same for an unfair waiter's give-back,
+/// which leaves no record of a release; else the waiter's place, as in
+/// [`ACQUIRE`]),
 /// ticket lifetime in ms, holder channel. Returns 1 if the token held the
 /// lock, else 0.
 ///
@@ -324,8 +323,11 @@ local function remember_release()
   end
 end
 local holder = redis.call('GET', KEYS[1])
-if ARGV[3] == '' and holder == ARGV[1] then
-  if KEYS[6] then
+-- '': a release; '-': an unfair waiter's give-back, which leaves no
+-- record; else a give-back that stays in line at that place.
+local leave = ARGV[3] == '' or ARGV[3] == '-'
+if leave and holder == ARGV[1] then
+  if KEYS[6] and ARGV[3] == '' then
     -- The token becomes the last release's, with what was left of the
     -- lease (`RENAME` keeps the TTL, which every lock key has): one
     -- command for `remember_release` and the `DEL`.
@@ -354,7 +356,7 @@ if holder == ARGV[1] or holder == ARGV[1] .. '+' then
 elseif holder == 'next:' .. ARGV[1] then
   redis.call('DEL', KEYS[1])
 end
-if ARGV[3] == '' then
+if leave then
   redis.call('ZREM', KEYS[3], ARGV[1])
   redis.call('ZREM', KEYS[4], ARGV[1])
   -- Free, with nobody in line to hand it to: a marked hold may have had
@@ -364,7 +366,8 @@ if ARGV[3] == '' then
     redis.call('PUBLISH', ARGV[2], '')
   end
   -- Sent again after a lost reply: released already.
-  if released == 0 and KEYS[6] and redis.call('GET', KEYS[6]) == ARGV[1] then
+  if released == 0 and ARGV[3] == '' and KEYS[6]
+      and redis.call('GET', KEYS[6]) == ARGV[1] then
     released = 1
   end
 else
@@ -372,7 +375,11 @@ else
   enqueue(ARGV[1], ARGV[3], ARGV[4], now_us, now)
   local after = redis.call('GET', KEYS[1])
   if not after then
-    hand_first(ARGV[2], ARGV[1])
+    -- Free: the first waiter but us is handed it; if none, a marked
+    -- hold's unfair waiters are told, as a release tells them.
+    if not hand_first(ARGV[2], ARGV[1]) and string.sub(holder or '', -1) == '+' then
+      redis.call('PUBLISH', ARGV[2], '')
+    end
   elseif string.sub(after, 1, 5) ~= 'next:' and string.sub(after, -1) ~= '+' then
     -- Someone else holds it, and now someone waits: marked, so that its
     -- release hands the lock on (see above).

@@ -306,3 +306,36 @@ async fn a_proclaim_does_not_mark_the_line_and_its_value_goes_with_the_release()
         "the value stayed"
     );
 }
+
+/// An unfair Redlock waiter's give-back (`Place::Mark`) leaves no record
+/// of a release: the same token's later release on that node must not
+/// count it as released (it would help a majority it never held).
+#[tokio::test]
+async fn an_unfair_give_back_is_not_remembered_as_a_release() {
+    use crate::scripts::lock::Place;
+    let server = RedisServer::start().expect("redis-server");
+    let mut conn = server.connection().await;
+    let release = |place: Place| {
+        let mut call = on_key(&scripts(false).release);
+        call.key("dlock:{k}:value")
+            .key("dlock:{k}:released_by")
+            .arg("tok")
+            .arg("dlock:{k}:released")
+            .arg(place)
+            .arg(0)
+            .arg("dlock:{k}:holder");
+        call
+    };
+    assert_eq!(acquire_queued(&mut conn, "tok", false).await.0, 1);
+    let gave: i64 = release(Place::Mark)
+        .invoke_async(&mut conn)
+        .await
+        .expect("give back");
+    assert_eq!(gave, 1, "the give-back released the partial grant");
+    assert_eq!(get(&mut conn, "dlock:{k}").await, None);
+    let again: i64 = release(Place::None)
+        .invoke_async(&mut conn)
+        .await
+        .expect("release");
+    assert_eq!(again, 0, "a give-back counted as the token's release");
+}
