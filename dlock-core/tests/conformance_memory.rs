@@ -12,6 +12,7 @@ fn harness() -> Harness {
         let client: Arc<dyn DynBackend> = Arc::new(server.clone());
         async move { Ok(client) }
     })
+    .lists()
 }
 
 dlock_testkit::conformance_tests!(harness());

@@ -35,12 +35,12 @@ fn harness_with(name: &str, servers: &[EtcdServer], query: &str) -> Harness {
 }
 
 fn single_node() -> Harness {
-    harness("etcd", std::slice::from_ref(ETCD.get()))
+    harness("etcd", std::slice::from_ref(ETCD.get())).lists()
 }
 
 fn cluster_of_three() -> Harness {
     let servers = EtcdServer::cluster(3).expect("start an etcd cluster");
-    harness("etcd-3", &servers).keep_alive(servers)
+    harness("etcd-3", &servers).lists().keep_alive(servers)
 }
 
 /// Plain locks where `etcdctl lock` puts them (see

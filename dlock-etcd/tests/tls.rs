@@ -24,6 +24,7 @@ fn tls_harness() -> Harness {
             Ok(client)
         }
     })
+    .lists()
     .keep_alive((server, certs))
 }
 

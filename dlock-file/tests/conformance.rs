@@ -18,6 +18,7 @@ fn harness() -> Harness {
     // A client's locks are unlocked when its last clone is dropped, as
     // when its process dies: nothing waits for a lease.
     .disconnect_releases()
+    .lists()
     .keep_alive(dir)
 }
 

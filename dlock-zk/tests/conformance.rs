@@ -51,12 +51,15 @@ fn standalone() -> Harness {
         std::slice::from_ref(ZOOKEEPER.get()),
         Duration::from_secs(2),
     )
+    .lists()
 }
 
 fn ensemble_of_three() -> Harness {
     let servers = ZooKeeperServer::ensemble(3).expect("start a ZooKeeper ensemble");
     // Three JVMs share the two cores with the rest of the suite.
-    harness("zookeeper-3", &servers, Duration::from_secs(4)).keep_alive(servers)
+    harness("zookeeper-3", &servers, Duration::from_secs(4))
+        .lists()
+        .keep_alive(servers)
 }
 
 /// Plain locks named as Curator's `InterProcessMutex` names its nodes

@@ -31,6 +31,7 @@ fn tls_harness() -> Harness {
         }
     })
     .session_timeout(session)
+    .lists()
     .keep_alive((server, certs))
 }
 

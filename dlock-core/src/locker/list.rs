@@ -1,6 +1,6 @@
 //! [`Locker::list`]: the held locks under a key prefix, a page at a time.
 
-use super::Locker;
+use super::{requests::REQUEST_PREFIX, Locker};
 use crate::{
     backend::{HeldLock, ListCursor, ListRequest, DEFAULT_LIST_PAGE},
     error::Result,
@@ -18,7 +18,9 @@ impl Locker {
     /// A page is one read of at most [`Listing::page_size`] locks, so a
     /// listing of any number of locks holds one page in memory at a time.
     /// It takes no lock: a lock taken or released while the pages are read
-    /// may or may not be on them.
+    /// may or may not be on them. The locks of
+    /// [release requests](Locker::request_release) are dlock's own, and
+    /// listed only under a prefix of theirs (`release-request:`).
     ///
     /// # Errors
     ///
@@ -113,6 +115,17 @@ impl Listing {
             return Ok(None);
         }
         self.next = page.next.map(Some);
-        Ok(Some(page.locks))
+        let mut locks = page.locks;
+        // Release requests are dlock's own locks, listed only when asked
+        // for by their prefix.
+        if !self.prefix.starts_with(REQUEST_PREFIX) {
+            locks.retain(|lock| {
+                !lock
+                    .key()
+                    .name()
+                    .is_some_and(|name| name.starts_with(REQUEST_PREFIX))
+            });
+        }
+        Ok(Some(locks))
     }
 }

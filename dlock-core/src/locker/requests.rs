@@ -20,14 +20,18 @@ use crate::{
 /// The longest a release request stands, even if its asker keeps it.
 pub const RELEASE_REQUEST_LIFE: Duration = Duration::from_secs(30);
 
+/// Where the locks of release requests live: dlock's, and left out of a
+/// [`Locker::list`](crate::Locker::list) whose prefix is not of them.
+pub(crate) const REQUEST_PREFIX: &str = "release-request:";
+
 /// The lock a request to let go of `key`'s grant `fence` is held on
 /// (`None`: whatever grant holds it). A key too long to be named in full
 /// is named by its hash.
 fn request_key(key: &LockKey, fence: Option<u64>) -> Result<LockKey> {
     let grant = fence.map_or_else(|| "any".to_owned(), |fence| fence.to_string());
-    LockKey::new(format!("release-request:{grant}:{key}")).or_else(|_| {
+    LockKey::new(format!("{REQUEST_PREFIX}{grant}:{key}")).or_else(|_| {
         LockKey::new(format!(
-            "release-request:{grant}:#{:016x}",
+            "{REQUEST_PREFIX}{grant}:#{:016x}",
             key_hash("", key.as_str())
         ))
     })

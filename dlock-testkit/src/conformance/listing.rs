@@ -15,7 +15,8 @@ use super::{must, patient, Harness};
 
 /// Every lock under `prefix`, page by page (at most `page` each, and at
 /// most 1000 pages), or `None` if the backend refuses to list, which must
-/// be a typed `Unsupported` at the first page.
+/// be a typed `Unsupported` at the first page, from a harness that does
+/// not say it [lists](Harness::lists).
 async fn listed(h: &Harness, locker: &Locker, prefix: &str, page: usize) -> Option<Vec<HeldLock>> {
     let mut listing = locker.list(prefix).page_size(page);
     let mut all = Vec::new();
@@ -32,7 +33,7 @@ async fn listed(h: &Harness, locker: &Locker, prefix: &str, page: usize) -> Opti
                 all.extend(locks);
             }
             Ok(None) => break,
-            Err(LockError::Unsupported { .. }) if pages == 0 => return None,
+            Err(LockError::Unsupported { .. }) if pages == 0 && !h.lists => return None,
             Err(e) => panic!("[{}] list {prefix:?}: unexpected error: {e}", h.name),
         }
     }
@@ -72,6 +73,15 @@ pub async fn a_note_shows_in_holder_and_list(h: &Harness) {
         "lock without a note",
         a.lock_with(&plain, patient()).await,
     );
+    match b.holder(&noted).await {
+        Ok(Some(holder)) => match holder.note() {
+            Some(shown) => assert_eq!(shown, note, "[{}] holder's note", h.name),
+            None => assert!(!h.lists, "[{}] holder shows no note", h.name),
+        },
+        // A backend that cannot read holders says so.
+        Err(LockError::Unsupported { .. }) if !h.lists => {}
+        other => panic!("[{}] holder of a held key: {other:?}", h.name),
+    }
     let Some(locks) = listed(h, &b, &prefix, 10).await else {
         return;
     };
@@ -104,12 +114,6 @@ pub async fn a_note_shows_in_holder_and_list(h: &Harness) {
         if let (Some(listed), Some(held)) = (holders[0].fence(), guard.fencing_token()) {
             assert_eq!(listed, held, "[{}] listed fence of {}", h.name, lock.key());
         }
-    }
-    match b.holder(&noted).await {
-        Ok(Some(holder)) => {
-            assert_eq!(holder.note(), Some(note), "[{}] holder's note", h.name)
-        }
-        other => panic!("[{}] holder of a held key: {other:?}", h.name),
     }
 }
 
@@ -178,4 +182,65 @@ pub async fn a_released_lock_leaves_the_list(h: &Harness) {
         h.name,
         keys(&locks)
     );
+}
+
+/// Keys held throughout a listing are each listed exactly once, while
+/// other keys among them are taken and released between its pages.
+pub async fn a_listing_sees_each_steady_key_once_while_others_come_and_go(h: &Harness) {
+    const STEADY: usize = 12;
+    let (a, b, c) = (h.locker().await, h.locker().await, h.locker().await);
+    let prefix = h.key("churn/");
+    let mut steady = Vec::new();
+    let mut wanted = Vec::new();
+    for i in 0..STEADY {
+        let key = format!("{prefix}{i:02}");
+        steady.push(must(
+            h,
+            "lock a steady key",
+            a.lock_with(&key, patient()).await,
+        ));
+        wanted.push(key);
+    }
+    let mut listing = c.list(&prefix).page_size(3);
+    let mut seen = Vec::new();
+    let mut coming: Vec<dlock_core::LockGuard> = Vec::new();
+    for page in 0.. {
+        assert!(page < 100, "[{}] a listing never ended", h.name);
+        let locks = match listing.next_page().await {
+            Ok(Some(locks)) => locks,
+            Ok(None) => break,
+            Err(LockError::Unsupported { .. }) if page == 0 && !h.lists => return,
+            Err(e) => panic!("[{}] list: unexpected error: {e}", h.name),
+        };
+        seen.extend(keys(&locks));
+        // Between pages: a key before the cursor and one after it come,
+        // and the last that came goes.
+        if let Some(gone) = coming.pop() {
+            must(h, "release a coming key", gone.release().await);
+        }
+        for name in [format!("{prefix}00-{page}"), format!("{prefix}99-{page}")] {
+            coming.push(must(
+                h,
+                "lock a coming key",
+                b.lock_with(&name, patient()).await,
+            ));
+        }
+    }
+    for key in &wanted {
+        let times = seen.iter().filter(|seen| *seen == key).count();
+        assert_eq!(
+            times, 1,
+            "[{}] {key} listed {times} times: {seen:?}",
+            h.name
+        );
+    }
+    let unique: HashSet<_> = seen.iter().collect();
+    assert_eq!(
+        unique.len(),
+        seen.len(),
+        "[{}] a key listed twice: {seen:?}",
+        h.name
+    );
+    drop(coming);
+    drop(steady);
 }

@@ -85,6 +85,7 @@ pub struct Harness {
     prefix: String,
     session: Option<Duration>,
     pub(crate) disconnect_releases: bool,
+    pub(crate) lists: bool,
     keep: Vec<Box<dyn Any + Send + Sync>>,
 }
 
@@ -110,6 +111,7 @@ impl Harness {
             prefix: format!("dlock-test/{}", Token::generate()),
             session: None,
             disconnect_releases: false,
+            lists: false,
             keep: Vec::new(),
         }
     }
@@ -166,6 +168,15 @@ impl Harness {
         self
     }
 
+    /// Says that the backend lists held locks by key prefix, with their
+    /// holders' notes ([`Locker::list`](dlock_core::Locker::list)): the
+    /// listing checks then fail on a refusal, where without it they
+    /// accept a typed `Unsupported`.
+    pub fn lists(mut self) -> Harness {
+        self.lists = true;
+        self
+    }
+
     /// The backend's name, for messages.
     pub fn name(&self) -> &str {
         &self.name
@@ -203,6 +214,7 @@ impl Harness {
             prefix: self.prefix.clone(),
             session: self.session,
             disconnect_releases: self.disconnect_releases,
+            lists: self.lists,
             keep: Vec::new(),
         }
     }
@@ -411,6 +423,7 @@ macro_rules! conformance_tests {
             a_note_shows_in_holder_and_list,
             list_pages_through_more_locks_than_one_page,
             a_released_lock_leaves_the_list,
+            a_listing_sees_each_steady_key_once_while_others_come_and_go,
         );
     };
     (@run [each $harness:expr] $($check:ident),* $(,)?) => {
