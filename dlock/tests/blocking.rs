@@ -195,7 +195,10 @@ fn a_listing_reads_every_page_and_ends_after_an_error() {
     let mut listing = locker.list("jobs/").page_size(2);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        assert!(matches!(listing.next(), Some(Err(LockError::InsideRuntime))));
+        assert!(matches!(
+            listing.next(),
+            Some(Err(LockError::InsideRuntime))
+        ));
     });
     assert!(listing.next().is_none(), "a listing went on after an error");
     drop(guards);
