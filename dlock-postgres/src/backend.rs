@@ -141,6 +141,13 @@ pub(super) const LOCK_NOT_AVAILABLE: &str = "55P03";
 /// fencing, poolers, the queue table of semaphores) is in
 /// [dlock's guide](https://docs.rs/dlock/latest/dlock/guide/backends/index.html#postgresql).
 ///
+/// [`Locker::list`](dlock_core::Locker::list) shows the held locks by
+/// their advisory lock ids (the server keeps only a hash of each key), a
+/// page at a time on a session that holds no lock. Each page reads the
+/// server's whole lock table (`pg_locks`), so list many held locks with
+/// the largest page
+/// ([`MAX_LIST_PAGE`](dlock_core::backend::MAX_LIST_PAGE)).
+///
 /// Build it with [`PgBackend::connect`](SqlBackend::connect) (or
 /// [`from_pool`](SqlBackend::from_pool)) and turn it into a
 /// [`Locker`](dlock_core::Locker) with

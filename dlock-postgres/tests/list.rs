@@ -93,3 +93,52 @@ async fn held_locks_are_listed_by_their_ids() {
     }
     waiting.abort();
 }
+
+/// A page the server is slow to answer (held up here behind a lock on
+/// the queue table, which the listing reads) runs on a session that holds
+/// no lock: past the session timeout, the held guard is not lost, and an
+/// acquire on the one holder session is answered meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_page_neither_loses_nor_delays_held_locks() {
+    use dlock_postgres::sqlx::{Connection, Executor, PgConnection};
+
+    let server = PostgresServer::start().expect("start postgres");
+    let timeout = Duration::from_secs(1);
+    let locker = locker(&format!(
+        "{}?session_timeout=1s&holder_sessions=1",
+        server.url()
+    ))
+    .await;
+    let held = locker.lock("held").await.expect("lock");
+    let mut admin = PgConnection::connect(&server.url())
+        .await
+        .expect("admin connection");
+    admin.execute("BEGIN").await.expect("begin");
+    admin
+        .execute("LOCK TABLE dlock_queue IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock the queue table");
+    let page = tokio::spawn({
+        let locker = locker.clone();
+        async move { locker.list("").next_page().await.map(drop) }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let other = tokio::time::timeout(timeout / 2, locker.try_lock("other"))
+        .await
+        .expect("an acquire waited behind the page")
+        .expect("try_lock")
+        .expect("free");
+    tokio::time::sleep(timeout * 2).await;
+    assert!(!held.is_lost(), "a slow page lost a held lock");
+    assert!(!other.is_lost(), "a slow page lost a held lock");
+    admin.execute("COMMIT").await.expect("commit");
+    // The slow page failed alone (no answer within the session timeout),
+    // or was answered once the table was free.
+    let _ = tokio::time::timeout(Duration::from_secs(10), page)
+        .await
+        .expect("the page ended");
+    let locks = all(&locker, 1000).await;
+    assert_eq!(locks.len(), 2, "{locks:#?}");
+    held.release().await.expect("release");
+    other.release().await.expect("release");
+}

@@ -328,22 +328,37 @@ impl<D: Dialect> Backend for SqlBackend<D> {
         }))
     }
 
-    /// Asks the dialect for a page, on the holder session of the first
-    /// shard (any session can read the server's lock table).
+    /// Asks the dialect for a page, on a waiter session that holds
+    /// nothing (an idle one, or a new one): never on a session that holds
+    /// locks, so a slow page delays no acquire, release or keepalive, and
+    /// a page that fails or gets no answer within the session timeout
+    /// fails alone, with no guard lost. Such a session is closed, and
+    /// another one serves the next page. A page takes no waiter slot: each
+    /// page in flight may add a session to `max_waiters` ones.
     async fn list(
         &self,
         req: dlock_core::backend::ListRequest<'_>,
     ) -> Result<dlock_core::backend::ListPage> {
-        let session = self.holder_at(0).await?;
+        let session = self.waiter_session().await?;
         let prefix = req.prefix.to_owned();
         let after = req.after.map(|a| a.as_str().to_owned());
         let limit = req.limit;
-        let (_, page) = session
+        // A page dropped half-way runs on to its end in a task of its
+        // own; its session, no longer anyone's, closes then.
+        let answer = session
             .run(move |d, c| {
                 Box::pin(async move { d.list(c, &prefix, after.as_deref(), limit).await })
             })
-            .await
-            .map_err(backend_error::<D>)?;
+            .await;
+        let (_, page) = match answer {
+            Ok(answer) => answer,
+            Err(e) => {
+                // Whether the answer was read to its end is unknown.
+                session.end();
+                return Err(backend_error::<D>(e));
+            }
+        };
+        self.put_idle(session);
         page.map_err(|what| LockError::Unsupported {
             backend: D::NAME,
             what,

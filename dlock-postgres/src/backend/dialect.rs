@@ -538,6 +538,11 @@ impl Dialect for PgDialect {
     /// exclusive) and read-write locks (two-key form), with their waiters;
     /// not semaphores, whose holders are queue entries. A prefix cannot be
     /// matched against hashes, and is refused.
+    ///
+    /// Each page reads the server's whole lock table (`pg_locks`, every
+    /// lock of every session), whatever its size: a listing of many held
+    /// locks costs least with the largest page
+    /// ([`MAX_LIST_PAGE`](dlock_core::backend::MAX_LIST_PAGE)).
     async fn list(
         &self,
         session: &mut PgSession,
