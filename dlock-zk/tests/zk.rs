@@ -791,3 +791,43 @@ async fn curator_mutex_and_dlock_exclude_each_other() {
     let _ = holding.wait().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A Curator client's lock node whose data merely starts like dlock's
+/// noted proclaim (byte 2, a length, that many bytes) is still Curator's:
+/// its holder never watches its own node, so a forced release is refused
+/// and the node stays (two holders otherwise).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_curator_holder_whose_data_starts_like_ours_is_not_forced() {
+    use zookeeper_client::{Client, CreateMode};
+    let server = ZooKeeperServer::start().expect("start ZooKeeper");
+    let endpoint = server.endpoint();
+    let raw = Client::connect(&endpoint).await.unwrap();
+    let persistent = CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    for path in ["/locks", "/locks/nightly"] {
+        raw.create(path, b"", &persistent).await.unwrap();
+    }
+    let ephemeral = CreateMode::EphemeralSequential.with_acls(zookeeper_client::Acls::anyone_all());
+    let (_, sequence) = raw
+        .create(
+            "/locks/nightly/_c_5f0c3a52-8f0e-4c47-9d43-3f6c0e2b7a11-lock-",
+            b"\x02\x03abc: Curator's own data",
+            &ephemeral,
+        )
+        .await
+        .unwrap();
+    let node = format!("/locks/nightly/_c_5f0c3a52-8f0e-4c47-9d43-3f6c0e2b7a11-lock-{sequence}");
+    let locker = ZkBackend::connect(&format!("zk://{endpoint}/locks?layout=curator"))
+        .await
+        .unwrap()
+        .into_locker();
+    assert!(locker.is_locked("nightly").await.unwrap());
+    let forced = locker.force_release("nightly").await;
+    assert!(
+        matches!(forced, Err(dlock_core::LockError::Unsupported { .. })),
+        "a Curator holder's node was forced: {forced:?}"
+    );
+    assert!(
+        raw.check_stat(&node).await.unwrap().is_some(),
+        "the Curator holder's node is gone"
+    );
+}

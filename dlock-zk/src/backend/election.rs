@@ -2,7 +2,7 @@
 //! a key's parent read as its holder.
 
 use dlock_core::{
-    backend::{Holder, Mode},
+    backend::{Holder, Mode, MAX_HOLDER_NOTE},
     Result,
 };
 use zookeeper_client::{Client, Error as ZkError, Stat};
@@ -27,14 +27,17 @@ pub(super) fn created(note: &str) -> Vec<u8> {
     data
 }
 
-/// The data of a node whose holder proclaimed `value`: a marker byte,
-/// the note's length and the note (with a note; notes are at most
-/// 128 bytes), then the value.
+/// The data of a node whose holder proclaimed `value`: with a note,
+/// marker 2, [`OURS`], the note's length (notes are at most
+/// [`MAX_HOLDER_NOTE`] bytes) and the note; without one, marker 1; then
+/// the value.
 pub(super) fn with_proclaimed(note: &str, value: &[u8]) -> Vec<u8> {
-    let mut data = Vec::with_capacity(value.len() + note.len() + 2);
+    let mut data = Vec::with_capacity(value.len() + note.len() + OURS.len() + 2);
     match u8::try_from(note.len()) {
         Ok(len) if len > 0 => {
-            data.extend([PROCLAIMED_NOTED, len]);
+            data.push(PROCLAIMED_NOTED);
+            data.extend_from_slice(OURS);
+            data.push(len);
             data.extend_from_slice(note.as_bytes());
         }
         _ => data.push(PROCLAIMED),
@@ -43,21 +46,36 @@ pub(super) fn with_proclaimed(note: &str, value: &[u8]) -> Vec<u8> {
     data
 }
 
-/// The note and the proclaimed value a node's data holds.
-fn note_and_value(data: &[u8]) -> (Option<&[u8]>, Option<&[u8]>) {
-    match data.split_first() {
-        Some((&PROCLAIMED, value)) => (None, Some(value)),
-        Some((&PROCLAIMED_NOTED, rest)) => match rest.split_first() {
-            Some((&len, rest)) if rest.len() >= usize::from(len) => {
-                let (note, value) = rest.split_at(usize::from(len));
-                (Some(note), Some(value))
-            }
-            _ => (None, None),
-        },
-        _ => match data.strip_prefix(OURS).and_then(|rest| rest.split_first()) {
-            Some((&NOTE, note)) => (Some(note), None),
-            _ => (None, None),
-        },
+/// A note as dlock writes one: 1 to [`MAX_HOLDER_NOTE`] bytes of UTF-8.
+fn is_note(note: &[u8]) -> bool {
+    (1..=MAX_HOLDER_NOTE).contains(&note.len()) && std::str::from_utf8(note).is_ok()
+}
+
+/// A node's note and proclaimed value, each if it has one.
+type NoteAndValue<'a> = (Option<&'a [u8]>, Option<&'a [u8]>);
+
+/// The note and the proclaimed value a node's data holds, if it is in
+/// one of the forms dlock writes; `None` if it is not (a Curator
+/// client's data).
+fn note_and_value(data: &[u8]) -> Option<NoteAndValue<'_>> {
+    if data == OURS {
+        return Some((None, None));
+    }
+    if let Some(note) = data
+        .strip_prefix(OURS)
+        .and_then(|d| d.strip_prefix(&[NOTE]))
+    {
+        return is_note(note).then_some((Some(note), None));
+    }
+    match data.split_first()? {
+        (&PROCLAIMED, value) => Some((None, Some(value))),
+        (&PROCLAIMED_NOTED, rest) => {
+            let (&len, rest) = rest.strip_prefix(OURS)?.split_first()?;
+            let len = usize::from(len);
+            let (note, value) = (rest.get(..len)?, rest.get(len..)?);
+            is_note(note).then_some((Some(note), Some(value)))
+        }
+        _ => None,
     }
 }
 
@@ -65,7 +83,7 @@ fn note_and_value(data: &[u8]) -> (Option<&[u8]>, Option<&[u8]>) {
 /// it proclaimed, if it has, its note, and its age (from its creation
 /// time on the server's clock).
 pub(super) fn holder_of(data: &[u8], stat: &Stat) -> Holder {
-    let (note, proclaimed) = note_and_value(data);
+    let (note, proclaimed) = note_and_value(data).unwrap_or_default();
     let mut holder = Holder::new(
         Some(u64::try_from(stat.czxid).unwrap_or(0)),
         proclaimed.map(<[u8]>::to_vec),
@@ -85,11 +103,10 @@ pub(super) fn holder_of(data: &[u8], stat: &Stat) -> Holder {
 }
 
 /// Whether a node's data is what dlock writes (before or after a
-/// proclaim), not a Curator client's.
+/// proclaim), in full, not a Curator client's: a forced release of a
+/// Curator holder would go unseen by it.
 pub(super) fn written_by_dlock(data: &[u8]) -> bool {
-    data == OURS
-        || data.starts_with(&[OURS, &[NOTE]].concat())
-        || matches!(data.first(), Some(&(PROCLAIMED | PROCLAIMED_NOTED)))
+    note_and_value(data).is_some()
 }
 
 /// The children of `parent`; `None` if it does not exist.
@@ -160,5 +177,16 @@ mod tests {
         }
         assert!(!written_by_dlock(b"10.0.0.7"));
         assert!(!written_by_dlock(b"dlockish"));
+        // A Curator client's data that only starts like ours.
+        for data in [
+            &b"\x02\x03abc"[..],
+            b"\x02dlock\x09short",
+            b"\x02dlock\x02\xff\xfe",
+            b"\x02dlock\x00",
+            b"dlock\x1f",
+            b"dlock\x1f\xff",
+        ] {
+            assert!(!written_by_dlock(data), "{data:?}");
+        }
     }
 }
