@@ -95,6 +95,12 @@ fn vanished() -> LockError {
 /// whole timeout passed unconfirmed), `Reconnected` at the next
 /// confirmation, or when a new session opens after a lost one.
 ///
+/// [`Locker::list`](dlock_core::Locker::list) reads the names of every
+/// key under the lock path for each page (ZooKeeper lists children whole,
+/// never a page): it suits up to some tens of thousands of keys, as many
+/// names as fit in the server's `jute.maxbuffer` (1 MB by default), and
+/// fails past that.
+///
 /// # Examples
 ///
 /// ```no_run
@@ -422,10 +428,13 @@ impl Backend for ZkBackend {
     /// The held plain locks, read-write locks and semaphores under the
     /// lock path, a page of keys at a time in the order of their names:
     /// each page reads the path's child names whole (ZooKeeper has no
-    /// paged listing; the server's `jute.maxbuffer` bounds it), then the
-    /// page's keys' nodes and their holders' data. Holders' notes, fences
-    /// and ages (from their nodes' creation time); no lease left (a lock
-    /// lives as long as its session).
+    /// paged listing), then the page's keys' nodes and their holders'
+    /// data, several keys at once. So every page costs in proportion to
+    /// all the keys under the path, and the names must fit in one answer
+    /// of the server's `jute.maxbuffer` (1 MB by default: some tens of
+    /// thousands of keys; past it the listing fails). Holders' notes,
+    /// fences and ages (from their nodes' creation time); no lease left (a
+    /// lock lives as long as its session).
     async fn list(&self, req: ListRequest<'_>) -> Result<ListPage> {
         list::page(self, &req).await
     }

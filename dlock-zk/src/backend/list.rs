@@ -2,18 +2,26 @@
 //! nodes hold, a page at a time in the order of their names.
 //!
 //! ZooKeeper lists a node's children whole, never a page of them: each
-//! page reads the names of the lock path's children (names only, bounded
-//! by the server's `jute.maxbuffer`, 1 MB by default: some tens of
-//! thousands of keys), and then, for the page's keys only, their nodes and
-//! the holders' data.
+//! page reads the names of all the lock path's children again, so a page
+//! costs in proportion to every key under the path, not to the page, and
+//! the names must fit in one answer of the server's `jute.maxbuffer`
+//! (1 MB by default: some tens of thousands of keys; past it the listing
+//! fails). Then, for the page's keys only, their nodes and the holders'
+//! data, [`CONCURRENT_KEYS`] keys at a time.
 
 use dlock_core::{
     backend::{percent_decode, HeldLock, ListCursor, ListPage, ListRequest, ListedKey, Mode},
     LockKey, Result,
 };
-use zookeeper_client::Error as ZkError;
+use futures_util::{stream, StreamExt, TryStreamExt};
+use zookeeper_client::{Client, Error as ZkError};
 
 use super::{admitted, backend_error, election, escape, mode_of, sequence, ZkBackend};
+
+/// How many of a page's keys are read at once: their requests share the
+/// session's connection, pipelined, without one key's round trips
+/// waiting on another's.
+const CONCURRENT_KEYS: usize = 16;
 
 /// One page of held locks under `req.prefix`.
 pub(super) async fn page(backend: &ZkBackend, req: &ListRequest<'_>) -> Result<ListPage> {
@@ -35,33 +43,47 @@ pub(super) async fn page(backend: &ZkBackend, req: &ListRequest<'_>) -> Result<L
     let more = parents.len() > req.limit;
     parents.truncate(req.limit);
     let next = parents.last().filter(|_| more).map(ListCursor::new);
-    let mut locks = Vec::with_capacity(parents.len());
-    for name in &parents {
-        let parent = format!("{path}/{name}");
-        let Some(mut children) = election::children(&client, &parent).await? else {
+    // Made here, run by `buffered` a few at a time (a closure in the
+    // stream would make the future not `Send` for every lifetime).
+    let reads: Vec<_> = parents
+        .iter()
+        .map(|name| held(&client, path, name))
+        .collect();
+    let locks: Vec<Option<HeldLock>> = stream::iter(reads)
+        .buffered(CONCURRENT_KEYS)
+        .try_collect()
+        .await?;
+    Ok(ListPage::new(locks.into_iter().flatten().collect(), next))
+}
+
+/// The lock `name` names under `path`, if it is held: its nodes (a list),
+/// then its holders' data (a read each).
+async fn held(client: &Client, path: &str, name: &str) -> Result<Option<HeldLock>> {
+    let parent = format!("{path}/{name}");
+    let Some(mut children) = election::children(client, &parent).await? else {
+        return Ok(None);
+    };
+    children.sort_by_key(|c| sequence(c).unwrap_or(i64::MAX));
+    let mut holders = Vec::new();
+    for (position, child) in children.iter().enumerate() {
+        let mode = mode_of(child).unwrap_or(Mode::Exclusive);
+        if !admitted(&children, position, mode) {
             continue;
-        };
-        children.sort_by_key(|c| sequence(c).unwrap_or(i64::MAX));
-        let mut holders = Vec::new();
-        for (position, child) in children.iter().enumerate() {
-            let mode = mode_of(child).unwrap_or(Mode::Exclusive);
-            if !admitted(&children, position, mode) {
-                continue;
-            }
-            match client.get_data(&format!("{parent}/{child}")).await {
-                Ok((data, stat)) => holders.push(election::holder_of(&data, &stat).with_mode(mode)),
-                // Released between the two reads.
-                Err(ZkError::NoNode) => {}
-                Err(e) => return Err(backend_error(e)),
-            }
         }
-        if holders.is_empty() {
-            continue;
+        match client.get_data(&format!("{parent}/{child}")).await {
+            Ok((data, stat)) => holders.push(election::holder_of(&data, &stat).with_mode(mode)),
+            // Released between the two reads.
+            Err(ZkError::NoNode) => {}
+            Err(e) => return Err(backend_error(e)),
         }
-        let waiters = u32::try_from(children.len() - holders.len()).unwrap_or(u32::MAX);
-        locks.push(HeldLock::new(key_of(name), holders).with_waiters(waiters));
     }
-    Ok(ListPage::new(locks, next))
+    if holders.is_empty() {
+        return Ok(None);
+    }
+    let waiters = u32::try_from(children.len() - holders.len()).unwrap_or(u32::MAX);
+    Ok(Some(
+        HeldLock::new(key_of(name), holders).with_waiters(waiters),
+    ))
 }
 
 /// The key a parent's name names: without the kind's suffix, unescaped.
