@@ -347,6 +347,11 @@ impl Backend for FileBackend {
     /// age of each grant and the requests waiting, found by their files'
     /// names and `/proc/locks` (on a blocking thread). Read-write locks
     /// and semaphores are not listed.
+    ///
+    /// Each page reads the host's whole `/proc/locks` (once, or up to four
+    /// times where it is longer than one read and changing) and the lock
+    /// directory through once, whatever its size: many held locks are
+    /// listed at least cost with the largest page.
     async fn list(&self, req: ListRequest<'_>) -> Result<ListPage> {
         let (dir, prefix) = (self.inner.dir.clone(), self.inner.prefix.clone());
         let (keys, after, limit) = (req.prefix.to_owned(), req.after.cloned(), req.limit);

@@ -2,10 +2,12 @@
 //! prefix, found by the lock files' names (`{prefix}{stem}.lock`) and
 //! `/proc/locks`, a page at a time in the order of the files' names.
 //!
-//! A page reads the directory through once, keeping the `limit` first
-//! names after the cursor whose inode `/proc/locks` lists: memory for one
-//! page, whatever the number of files. Waiters are the `flock` requests
-//! `/proc/locks` shows blocked on a lock's file. Read-write locks and
+//! A page looks at `/proc/locks` once (the host's whole table: read once,
+//! or, where it is longer than one read, again until a read adds no held
+//! file, at most four times), then reads the directory through once,
+//! keeping the `limit` first names after the cursor whose inode the table
+//! lists: memory for one page, whatever the number of files. Waiters are
+//! the `flock` requests the same look shows blocked on a lock's file. Read-write locks and
 //! semaphores, whose holders one counter cannot name, are not listed.
 
 use std::{
@@ -33,7 +35,13 @@ pub(super) fn page(dir: &Path, prefix: &str, req: &ListRequest<'_>) -> Result<Li
         keys => format!("{prefix}{}", config::escaped(&LockKey::new(keys)?)),
     };
     let after = req.after.map(ListCursor::as_str);
-    let locked = proc_locks::flocked(|_| Ok(false))?;
+    // A table longer than one read is read again until a read finds no
+    // held file the earlier ones missed.
+    let mut known = None;
+    let proc_locks::Look {
+        held: locked,
+        waiting,
+    } = proc_locks::look(|held| Ok(known.replace(held.len()) == Some(held.len())))?;
     let inodes: std::collections::HashSet<u64> = locked.iter().map(|&(_, _, ino)| ino).collect();
     // The `limit + 1` first names: a max-heap, its greatest popped.
     let mut first = BinaryHeap::new();
@@ -63,7 +71,6 @@ pub(super) fn page(dir: &Path, prefix: &str, req: &ListRequest<'_>) -> Result<Li
         .then(|| names.last().and_then(|n| n.to_str()))
         .flatten()
         .map(ListCursor::new);
-    let waiting = proc_locks::waiting()?;
     let mut held = Vec::with_capacity(names.len());
     for name in &names {
         let path = dir.join(name);
@@ -91,5 +98,67 @@ fn key_of(stem: &str) -> ListedKey {
     match percent_decode(stem) {
         Ok(key) if !stem.contains('#') => ListedKey::Named(key),
         _ => ListedKey::Hashed(format!("lock file {stem}{SUFFIX}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{cell::Cell, os::unix::fs::MetadataExt as _, path::Path};
+
+    use dlock_core::backend::ListRequest;
+
+    use super::super::proc_locks::tests::{OPENS, TABLE};
+
+    /// A `/proc/locks` in which `others` files of another device are
+    /// locked, then `held`, the first with `waiters` blocked requests.
+    fn table(held: &[&Path], waiters: u32, others: u32) -> String {
+        let mut lines: Vec<String> = (0..others)
+            .map(|i| format!("{i}: FLOCK  ADVISORY  WRITE 7 ff:ff:{i} 0 EOF"))
+            .collect();
+        for (n, path) in held.iter().enumerate() {
+            let meta = std::fs::metadata(path).unwrap();
+            let (major, minor) = (rustix::fs::major(meta.dev()), rustix::fs::minor(meta.dev()));
+            let id = format!("{major:02x}:{minor:02x}:{}", meta.ino());
+            lines.push(format!("{n}: FLOCK  ADVISORY  WRITE 8 {id} 0 EOF"));
+            if n == 0 {
+                for _ in 0..waiters {
+                    lines.push(format!("{n}: -> FLOCK  ADVISORY  WRITE 9 {id} 0 EOF"));
+                }
+            }
+        }
+        lines.join("\n") + "\n"
+    }
+
+    /// A page reads the table once (a long one twice: the second read
+    /// adds nothing), and takes its held files and their waiters from
+    /// that one look.
+    #[test]
+    fn a_page_looks_at_the_lock_table_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = ["p-a.lock", "p-b.lock", "p-c.lock"].map(|f| dir.path().join(f));
+        for file in &files {
+            std::fs::File::create(file).unwrap();
+        }
+        let fake = tempfile::tempdir().unwrap();
+        let fake = fake.path().join("locks");
+        TABLE.with(|t| *t.borrow_mut() = Some(fake.clone()));
+        // Short enough for one read; longer than one read.
+        for (others, looks) in [(0, 1), (400, 2)] {
+            std::fs::write(&fake, table(&[&files[0], &files[1]], 2, others)).unwrap();
+            OPENS.with(|o| o.set(0));
+            let page = super::page(dir.path(), "p-", &ListRequest::new("", 10)).unwrap();
+            let opens = OPENS.with(Cell::get);
+            assert_eq!(opens, looks, "reads of a table of {others} other locks");
+            let listed: Vec<_> = page
+                .locks
+                .iter()
+                .map(|l| (l.key().to_string(), l.waiters()))
+                .collect();
+            assert_eq!(
+                listed,
+                [("a".to_owned(), Some(2)), ("b".to_owned(), Some(0))]
+            );
+        }
+        TABLE.with(|t| *t.borrow_mut() = None);
     }
 }

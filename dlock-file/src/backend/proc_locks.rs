@@ -45,12 +45,31 @@ pub(crate) type Flocked = std::collections::HashSet<(u32, u32, u64)>;
 const READS: usize = 4;
 
 pub(crate) fn flocked(
-    mut enough: impl FnMut(&Flocked) -> Result<bool, LockError>,
+    enough: impl FnMut(&Flocked) -> Result<bool, LockError>,
 ) -> Result<Flocked, LockError> {
-    let path = Path::new("/proc/locks");
-    let mut locked = Flocked::new();
+    Ok(look(enough)?.held)
+}
+
+/// One look at `/proc/locks`: the files held (the union of its reads, as
+/// [`flocked`] reads them), and how many `flock` requests wait on each
+/// inode (the `->` lines; the most any one read showed).
+#[derive(Debug, Default)]
+pub(crate) struct Look {
+    pub(crate) held: Flocked,
+    pub(crate) waiting: std::collections::HashMap<u64, u32>,
+}
+
+/// Reads the table as [`flocked`] says, keeping its waiters too.
+pub(crate) fn look(
+    mut enough: impl FnMut(&Flocked) -> Result<bool, LockError>,
+) -> Result<Look, LockError> {
+    let path = table();
+    let path = path.as_path();
+    let mut seen = Look::default();
     let mut table = Vec::new();
     for _ in 0..READS {
+        #[cfg(test)]
+        tests::OPENS.with(|opens| opens.set(opens.get() + 1));
         let mut file = File::open(path).map_err(|e| io_error("reading", path, e))?;
         let mut reads = 0;
         table.clear();
@@ -65,48 +84,53 @@ pub(crate) fn flocked(
             reads += 1;
             table.extend_from_slice(&chunk[..n]);
         }
-        locked.extend(String::from_utf8_lossy(&table).lines().filter_map(|line| {
+        let mut waiting = std::collections::HashMap::new();
+        for line in String::from_utf8_lossy(&table).lines() {
             // `N: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE START END` (the
             // device in hex); a blocked request has `->` before `FLOCK`.
             let mut fields = line.split_whitespace().skip(1);
-            if fields.next()? != "FLOCK" {
-                return None;
+            let blocked = match fields.next() {
+                Some("FLOCK") => false,
+                Some("->") if fields.next() == Some("FLOCK") => true,
+                _ => continue,
+            };
+            let Some(file) = fields.nth(3).and_then(file_id) else {
+                continue;
+            };
+            if blocked {
+                *waiting.entry(file.2).or_insert(0) += 1;
+            } else {
+                seen.held.insert(file);
             }
-            let mut id = fields.nth(3)?.split(':');
-            let major = u32::from_str_radix(id.next()?, 16).ok()?;
-            let minor = u32::from_str_radix(id.next()?, 16).ok()?;
-            Some((major, minor, id.next()?.parse().ok()?))
-        }));
+        }
+        for (inode, n) in waiting {
+            let most = seen.waiting.entry(inode).or_insert(0);
+            *most = (*most).max(n);
+        }
         // One read is one snapshot, taken under the kernel's lock.
-        if reads <= 1 || enough(&locked)? {
+        if reads <= 1 || enough(&seen.held)? {
             break;
         }
     }
-    Ok(locked)
+    Ok(seen)
 }
 
-/// How many `flock` requests wait now on each inode (the `->` lines of
-/// `/proc/locks`), from one read: a snapshot, for counting waiters.
-pub(crate) fn waiting() -> Result<std::collections::HashMap<u64, u32>, LockError> {
-    let path = Path::new("/proc/locks");
-    let mut table = String::new();
-    File::open(path)
-        .and_then(|mut file| file.read_to_string(&mut table))
-        .map_err(|e| io_error("reading", path, e))?;
-    let mut waiting = std::collections::HashMap::new();
-    for line in table.lines() {
-        let mut fields = line.split_whitespace().skip(1);
-        if fields.next() != Some("->") || fields.next() != Some("FLOCK") {
-            continue;
-        }
-        let inode = fields
-            .nth(3)
-            .and_then(|id| id.rsplit(':').next()?.parse().ok());
-        if let Some(inode) = inode {
-            *waiting.entry(inode).or_insert(0) += 1;
-        }
+/// `MAJ:MIN:INODE`, the device in hex.
+fn file_id(id: &str) -> Option<(u32, u32, u64)> {
+    let mut id = id.split(':');
+    let major = u32::from_str_radix(id.next()?, 16).ok()?;
+    let minor = u32::from_str_radix(id.next()?, 16).ok()?;
+    Some((major, minor, id.next()?.parse().ok()?))
+}
+
+/// Where the table is read from: Linux's `/proc/locks` (in this crate's
+/// unit tests, a file a test may put in its place).
+fn table() -> std::path::PathBuf {
+    #[cfg(test)]
+    if let Some(path) = tests::TABLE.with(|t| t.borrow().clone()) {
+        return path;
     }
-    Ok(waiting)
+    "/proc/locks".into()
 }
 
 /// Whether the file at `path` is among `locked`: by device and inode. On
@@ -149,7 +173,19 @@ pub(crate) fn is_locked(path: &Path) -> Result<bool, LockError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    use std::{
+        cell::{Cell, RefCell},
+        path::PathBuf,
+    };
+
+    thread_local! {
+        /// How many times this thread opened the table.
+        pub(crate) static OPENS: Cell<usize> = const { Cell::new(0) };
+        /// A file read in place of `/proc/locks` on this thread.
+        pub(crate) static TABLE: RefCell<Option<PathBuf>> = const { RefCell::new(None) };
+    }
+
     /// `/proc/locks` comes one page per read, and the kernel resumes each
     /// read by position: a lock released between two reads shifts the
     /// rest, and one entry would be skipped. A held file is never missed
