@@ -93,3 +93,25 @@ async fn the_etcdctl_layout_refuses_to_list() {
         other => panic!("expected Unsupported, got {other:?}"),
     }
 }
+
+/// A key under the prefix that is not UTF-8 (another tool's, or damaged)
+/// does not end the listing where a page ends after it: the locks after
+/// it are listed too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_that_is_not_utf8_does_not_end_the_listing() {
+    let server = EtcdServer::start().expect("start etcd");
+    let url = format!("etcd://{}/list-bytes", server.endpoint());
+    let holder = locker(&url).await;
+    let _a = holder.lock("a").await.expect("lock a");
+    let _c = holder.lock("c").await.expect("lock c");
+    let mut raw = dlock_etcd::etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .expect("connect etcd");
+    raw.put(&b"list-bytes/b\xff/entry"[..], "x", None)
+        .await
+        .expect("put a key that is not UTF-8");
+    let locks = all(&holder, "", 1).await;
+    let keys: Vec<_> = locks.iter().map(|l| l.key().to_string()).collect();
+    assert_eq!(keys.len(), 3, "{keys:?}");
+    assert_eq!((keys[0].as_str(), keys[2].as_str()), ("a", "c"), "{keys:?}");
+}

@@ -6,7 +6,9 @@
 //! cut is left for the next page, unless it is the page's only one, which
 //! is then read whole. Each queue's entries, oldest first, hold as the
 //! acquire admits them ([`admitted`]); the rest wait. One more read per
-//! distinct lease on the page gives the holders' lease left.
+//! distinct lease on the page (a few at a time) gives the holders' lease
+//! left. The cursor is the next page's first key in hex: keys under the
+//! prefix that other tools wrote need not be UTF-8.
 
 use std::{collections::HashMap, time::Duration};
 
@@ -15,11 +17,12 @@ use dlock_core::{
         admitted, percent_decode, HeldLock, Holder, ListCursor, ListPage, ListRequest, ListedKey,
         Mode,
     },
-    LockError, LockKey, Result,
+    InvalidReason, LockError, LockKey, Result,
 };
 use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
+use futures_util::{stream, StreamExt, TryStreamExt};
 
-use super::{backend_error, escape, holder_of, mode_of, EtcdBackend, NAME};
+use super::{escape, holder_of, mode_of, EtcdBackend, NAME};
 
 /// The end of the range of keys that start with `start`: its last byte
 /// below 0xFF raised by one, the bytes after it dropped.
@@ -47,25 +50,58 @@ impl EtcdBackend {
         Ok(entries.first().map(|kv| (holder_of(kv), kv.lease())))
     }
 
-    /// How long each of `leases` has left, one read each; a lease gone or
-    /// unknown is left out.
+    /// How long each of `leases` has left, one read each (retried, a few
+    /// at a time); a lease gone or unknown is left out.
     pub(super) async fn leases_left(
         &self,
         leases: impl IntoIterator<Item = i64>,
     ) -> Result<HashMap<i64, Duration>> {
-        let mut left = HashMap::new();
-        for lease in leases {
-            if lease == 0 || left.contains_key(&lease) {
-                continue;
-            }
-            let answer = self.client().lease_time_to_live(lease, None).await;
-            let ttl = answer.map_err(backend_error)?.ttl();
-            if let Ok(ttl) = u64::try_from(ttl) {
-                left.insert(lease, Duration::from_secs(ttl));
-            }
-        }
-        Ok(left)
+        let mut distinct: Vec<i64> = leases.into_iter().filter(|&l| l != 0).collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        // Made here, run by `buffer_unordered` a few at a time (a closure
+        // in the stream would make the future not `Send` for every
+        // lifetime).
+        let reads: Vec<_> = distinct
+            .into_iter()
+            .map(|lease| async move { Ok::<_, LockError>((lease, self.lease_left(lease).await?)) })
+            .collect();
+        stream::iter(reads)
+            .buffer_unordered(CONCURRENT_LEASES)
+            .try_filter_map(|(lease, left)| std::future::ready(Ok(left.map(|left| (lease, left)))))
+            .try_collect()
+            .await
     }
+}
+
+/// How many leases' time to live a page reads at once.
+const CONCURRENT_LEASES: usize = 16;
+
+/// A cursor holding where the next page starts: an etcd key, any bytes,
+/// written as hex (a key need not be UTF-8).
+fn cursor_at(key: &[u8]) -> ListCursor {
+    ListCursor::new(key.iter().map(|b| format!("{b:02x}")).collect::<String>())
+}
+
+/// The etcd key a [`cursor_at`] cursor holds.
+fn cursor_key(cursor: &ListCursor) -> Result<Vec<u8>> {
+    let hex = cursor.as_str().as_bytes();
+    let bad = || LockError::InvalidOptions {
+        reason: InvalidReason::Other(
+            "a listing cursor that an etcd backend's listing did not give".to_owned(),
+        ),
+    };
+    if !hex.len().is_multiple_of(2) {
+        return Err(bad());
+    }
+    hex.chunks(2)
+        .map(|pair| {
+            std::str::from_utf8(pair)
+                .ok()
+                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+                .ok_or_else(bad)
+        })
+        .collect()
 }
 
 /// One page of held locks under `req.prefix`.
@@ -83,9 +119,8 @@ pub(super) async fn page(backend: &EtcdBackend, req: &ListRequest<'_>) -> Result
         keys => format!("{root}{}", escape(&LockKey::new(keys)?)),
     };
     let end = prefix_end(start.as_bytes());
-    let from = req
-        .after
-        .map_or(start.as_bytes(), |c| c.as_str().as_bytes());
+    let after = req.after.map(cursor_key).transpose()?;
+    let from = after.as_deref().unwrap_or(start.as_bytes());
     let fetch = (req.limit * 4 + 16).min(4000);
     let options = GetOptions::new()
         .with_range(end.clone())
@@ -117,9 +152,7 @@ pub(super) async fn page(backend: &EtcdBackend, req: &ListRequest<'_>) -> Result
     let next = queues
         .last()
         .filter(|_| more)
-        .map(|queue| prefix_end(queue_of(queue[0].key())))
-        .and_then(|next| String::from_utf8(next).ok())
-        .map(ListCursor::new);
+        .map(|queue| cursor_at(&prefix_end(queue_of(queue[0].key()))));
     let mut locks = Vec::with_capacity(queues.len());
     let mut leases = Vec::new();
     for mut queue in queues {
@@ -184,5 +217,15 @@ mod tests {
         assert_eq!(key_of("a%2Fb%rw/"), ListedKey::Named("a/b".into()));
         assert_eq!(key_of("x%25sem%sem/"), ListedKey::Named("x%sem".into()));
         assert_eq!(key_of("plain/"), ListedKey::Named("plain".into()));
+        for key in [&b"locks/a0"[..], b"locks/b\xff0", b""] {
+            assert_eq!(cursor_key(&cursor_at(key)).unwrap(), key);
+        }
+        for foreign in ["locks/a0", "6", "zz"] {
+            let cursor = ListCursor::new(foreign);
+            assert!(matches!(
+                cursor_key(&cursor),
+                Err(LockError::InvalidOptions { .. })
+            ));
+        }
     }
 }

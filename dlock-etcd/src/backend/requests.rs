@@ -129,6 +129,16 @@ impl EtcdBackend {
         Ok(watch)
     }
 
+    /// How long `lease` has left, [`retried`]; `None` if it is gone.
+    pub(super) async fn lease_left(&self, lease: i64) -> Result<Option<Duration>> {
+        let answer = retried(|| {
+            let mut client = self.client();
+            async move { client.lease_time_to_live(lease, None).await }
+        })
+        .await?;
+        Ok(u64::try_from(answer.ttl()).ok().map(Duration::from_secs))
+    }
+
     /// A new etcd lease of `lease`, rounded up to whole seconds as etcd
     /// counts.
     pub(super) async fn grant_lease(&self, lease: Duration) -> Result<i64> {
