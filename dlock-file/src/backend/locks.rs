@@ -477,10 +477,18 @@ fn read_number_or_garbage(mut file: &File, path: &Path) -> Result<Option<u64>, L
 }
 
 /// A counter's record: its number, and the note after it (empty if none).
-fn record(bytes: &[u8]) -> Option<(u64, &str)> {
-    let text = std::str::from_utf8(bytes).ok()?;
-    let (number, note) = text.split_once('\n').unwrap_or((text, ""));
-    Some((number.trim_end().parse().ok()?, note))
+///
+/// The number is read from the bytes before the first `\n` alone, and the
+/// note with any broken character replaced: a crash between a grant's
+/// write and its truncation can leave the tail of a longer note after a
+/// shorter one, cut mid-character, and that must not cost the fence.
+fn record(bytes: &[u8]) -> Option<(u64, std::borrow::Cow<'_, str>)> {
+    let (number, note) = match bytes.iter().position(|&b| b == b'\n') {
+        Some(end) => (&bytes[..end], &bytes[end + 1..]),
+        None => (bytes, &[][..]),
+    };
+    let number = std::str::from_utf8(number).ok()?.trim_end().parse().ok()?;
+    Some((number, String::from_utf8_lossy(note)))
 }
 
 /// Width of a fencing counter's number: every write replaces the same 21
@@ -565,7 +573,7 @@ pub(crate) fn last_grant(path: &Path) -> Result<Option<LastGrant>, LockError> {
     let at = file.metadata().and_then(|m| m.modified()).ok();
     Ok(Some(LastGrant {
         fence,
-        note: (!note.is_empty()).then(|| note.to_owned()),
+        note: (!note.is_empty()).then(|| note.into_owned()),
         at,
     }))
 }
@@ -589,6 +597,30 @@ mod tests {
         assert!(super::open(&fifo).is_err());
         assert!(super::open_read(&fifo).is_err());
         assert!(super::last_grant(&fifo).is_err());
+    }
+
+    /// A crash between a grant's write and its truncation leaves a
+    /// shorter note over a longer one: here the tail of a multi-byte
+    /// character. The fence before the note still counts (not the
+    /// clock's, which a counter above it would repeat), and the note
+    /// reads with the broken character replaced.
+    #[test]
+    fn a_torn_note_keeps_the_counters_fence() {
+        use std::os::unix::fs::FileExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        // Above any clock reading, so a fence from the clock would show.
+        let last = 9_000_000_000_000_000_000_u64;
+        let torn = |name: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, format!("{last:020}\néééé")).unwrap();
+            let file = super::open(&path).unwrap();
+            file.write_all_at("xé".as_bytes(), 21).unwrap();
+            path
+        };
+        assert_eq!(super::next_fence(&torn("a"), "n").unwrap(), last + 1);
+        let grant = super::last_grant(&torn("b")).unwrap().unwrap();
+        assert_eq!(grant.fence, last);
+        assert_eq!(grant.note.as_deref(), Some("xé\u{fffd}éé"));
     }
 
     #[test]
