@@ -23,7 +23,7 @@ DLOCK_FENCE (the term, a fencing token that grows with every leadership) in
 its environment. If the leadership is lost, the command's process group gets
 SIGTERM at once and SIGKILL after --kill-after, and dlock campaigns again
 (unless --once). When the command exits by itself, dlock resigns and exits
-with its code. `dlock status --key KEY` shows the leader's --value.
+with its code. `dlock status --election --key KEY` shows the leader's --value.
 
 Exit codes: as `dlock run` (the command's own, 76 when the leadership was
 lost with --once, 64, 69, 126, 127, 128 + N).";

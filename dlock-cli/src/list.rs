@@ -22,7 +22,9 @@ another), fencing token, age and lease left, and the waiters, where the
 backend records them (`-` where it does not). Where the server stores only
 a hash of the key (SQL advisory locks), the key shows as `(key unknown: ID)`.
 The locks are read a page at a time; --json prints one JSON object per
-lock per line as each page comes, for any number of locks.
+lock per line as each page comes, for any number of locks. If a page
+fails, the locks read before it are printed, then the error.
+Control characters in keys and notes show escaped (`\n`, `\u{1b}`).
 Exit code 0 when listed (even none); 64 for bad options, 69 when the
 server failed or the backend cannot list.";
 
@@ -56,18 +58,11 @@ pub(crate) async fn list(args: ListArgs) -> ExitCode {
         "LEASE LEFT",
         "WAITERS",
     ]);
-    loop {
+    let failed = loop {
         let page = match listing.next_page().await {
             Ok(Some(page)) => page,
-            Ok(None) => break,
-            Err(e @ LockError::Unsupported { .. }) => {
-                say!("dlock: {e}");
-                return ExitCode::from(exit::UNAVAILABLE);
-            }
-            Err(e) => {
-                say!("dlock: {e}");
-                return exit::for_error(&e);
-            }
+            Ok(None) => break None,
+            Err(e) => break Some(e),
         };
         for lock in &page {
             if args.json {
@@ -76,11 +71,22 @@ pub(crate) async fn list(args: ListArgs) -> ExitCode {
                 rows(&mut table, lock);
             }
         }
-    }
-    if !args.json {
+    };
+    // The pages read before a failure are shown all the same.
+    if !args.json && (failed.is_none() || !table.is_empty()) {
         out!("{}", table.trim_fmt());
     }
-    ExitCode::SUCCESS
+    match failed {
+        None => ExitCode::SUCCESS,
+        Some(e @ LockError::Unsupported { .. }) => {
+            say!("dlock: {e}");
+            ExitCode::from(exit::UNAVAILABLE)
+        }
+        Some(e) => {
+            say!("dlock: {e}");
+            exit::for_error(&e)
+        }
+    }
 }
 
 /// One row per holder of `lock` (the waiters on the first).
@@ -89,7 +95,7 @@ fn rows(table: &mut Table, lock: &HeldLock) {
     for (i, holder) in lock.holders().iter().enumerate() {
         let fields = Shown::of(holder);
         table.add_row([
-            lock.key().to_string(),
+            printable(&lock.key().to_string()),
             fields.mode,
             fields.note.unwrap_or_else(|| "-".to_owned()),
             fields.fence.map_or("-".to_owned(), |f| f.to_string()),
@@ -144,14 +150,30 @@ impl Shown {
     pub(crate) fn of(holder: &Holder) -> Shown {
         Shown {
             mode: holder.mode().map_or("-".to_owned(), mode_name),
-            // A note is the holder's text: no control characters reach
-            // the terminal.
-            note: holder.note().map(|n| n.escape_debug().to_string()),
+            note: holder.note().map(printable),
             fence: holder.fence(),
             age: holder.age().map(short),
             lease_left: holder.lease_left().map(short),
         }
     }
+}
+
+/// Text from the server (a key, a note, a value) as shown on a terminal:
+/// control and bidirectional-override characters escaped (`\n`,
+/// `\u{1b}`), and so the backslash, so that nobody's text can move the
+/// cursor, recolour the screen or pose as another row.
+pub(crate) fn printable(text: &str) -> String {
+    let mut shown = String::with_capacity(text.len());
+    for c in text.chars() {
+        let hidden = c.is_control()
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if hidden || c == '\\' {
+            shown.extend(c.escape_default());
+        } else {
+            shown.push(c);
+        }
+    }
+    shown
 }
 
 fn mode_name(mode: Mode) -> String {
@@ -184,5 +206,13 @@ mod tests {
         assert_eq!(short(Duration::from_millis(400)), "0.4s");
         assert_eq!(short(Duration::from_secs(185)), "3m05s");
         assert_eq!(short(Duration::from_secs(7800)), "2h10m");
+    }
+
+    #[test]
+    fn text_from_the_server_cannot_drive_the_terminal() {
+        assert_eq!(printable("jobs/a b"), "jobs/a b");
+        assert_eq!(printable("ключ"), "ключ");
+        assert_eq!(printable("a\x1b[31mb\nc"), "a\\u{1b}[31mb\\nc");
+        assert_eq!(printable("a\u{202e}b\\n"), "a\\u{202e}b\\\\n");
     }
 }

@@ -47,15 +47,23 @@ pub(crate) async fn status(args: StatusArgs) -> ExitCode {
         Ok(locker) => locker,
         Err(code) => return code,
     };
-    let holder = if args.election {
-        locker.leader(&args.key).await.map(|leader| {
-            leader.map(|leader| dlock::backend::Holder::new(Some(leader.term), leader.value))
-        })
+    // An election is its lock's holder, under `election:{name}` (see
+    // `Locker::elect`): read whole, with its note, mode and age.
+    let key = if args.election {
+        match LockKey::new(format!("election:{}", args.key)) {
+            Ok(key) => key,
+            Err(e) => {
+                say!("dlock: {e}");
+                return exit::for_error(&e);
+            }
+        }
     } else {
-        locker.backend().holder(&key).await
+        key
     };
+    let holder = locker.backend().holder(&key).await;
     let holder = match holder {
-        Ok(holder) => holder,
+        // A holder without a term leads nobody (as `Locker::leader`).
+        Ok(holder) => holder.filter(|h| !args.election || h.fence().is_some()),
         Err(e @ LockError::Unsupported { .. }) => {
             say!("dlock: {e}: this backend cannot tell who holds a key");
             return ExitCode::from(exit::UNAVAILABLE);
@@ -90,7 +98,10 @@ pub(crate) async fn status(args: StatusArgs) -> ExitCode {
             out!("  fence: {fence}");
         }
         if let Some(value) = holder.value() {
-            out!("  value: {}", String::from_utf8_lossy(value));
+            out!(
+                "  value: {}",
+                crate::list::printable(&String::from_utf8_lossy(value))
+            );
         }
         if let Some(age) = shown.age {
             out!("  age: {age}");

@@ -137,3 +137,115 @@ async fn list_pages_through_every_held_lock() {
     let wanted: Vec<_> = (0..count).map(|i| format!("many/{i:04}")).collect();
     assert_eq!(keys, wanted);
 }
+
+/// Keys, notes and proclaimed values come from whoever took the lock:
+/// their control characters show escaped, never reach the terminal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_characters_in_keys_notes_and_values_show_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let locker = dlock::connect(&url).await.expect("connect");
+    let noted = dlock::LockOptions::new().holder_note("n\x1b[2Jote");
+    let _held = locker
+        .lock_with("ctl/a\x1b[31mred\nfake row", noted)
+        .await
+        .expect("lock");
+    let table = finish(dlock(&url).args(["list", "--prefix", "ctl/"])).await;
+    let table = String::from_utf8(table.stdout).unwrap();
+    assert!(!table.contains('\x1b'), "{table:?}");
+    assert_eq!(table.lines().count(), 2, "{table}");
+    assert!(
+        table.contains(r"ctl/a\u{1b}[31mred\nfake row") && table.contains(r"n\u{1b}[2Jote"),
+        "{table}"
+    );
+
+    let election = locker.elect("ctl").expect("elect");
+    tokio::time::timeout(Duration::from_secs(10), election.leading())
+        .await
+        .expect("led in time")
+        .expect("leads");
+    assert!(election
+        .proclaim("v\x1b]0;title\x07")
+        .await
+        .expect("proclaim"));
+    let text = finish(dlock(&url).args(["status", "--election", "--key", "ctl"])).await;
+    let text = String::from_utf8(text.stdout).unwrap();
+    assert!(!text.contains('\x1b') && !text.contains('\x07'), "{text:?}");
+    assert!(text.contains(r"value: v\u{1b}]0;title\u{7}"), "{text}");
+}
+
+/// `status --election` shows the leader as `status` shows a holder: with
+/// its note (the `dlock elect` process's `HOSTNAME:PID`), mode and age.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_of_an_election_shows_the_leaders_note_mode_and_age() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let mut elect = dlock(&url)
+        .args([
+            "elect", "--key", "sched", "--value", "10.0.0.7", "--", "sleep", "30",
+        ])
+        .spawn()
+        .expect("spawn elect");
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let note = format!("{}:{}", host.trim(), elect.id().unwrap());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        let mut status = dlock(&url);
+        status.args(["status", "--election", "--key", "sched", "--json"]);
+        let output = tokio::time::timeout(Duration::from_secs(30), status.output())
+            .await
+            .expect("dlock finished in time")
+            .expect("dlock ran");
+        let status: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        if status["value"] == "10.0.0.7" || tokio::time::Instant::now() > deadline {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status["held"], true, "{status}");
+    assert_eq!(status["value"], "10.0.0.7", "{status}");
+    assert_eq!(status["note"], note.as_str(), "{status}");
+    assert_eq!(status["mode"], "exclusive", "{status}");
+    assert!(status["age_ms"].is_u64(), "{status}");
+    assert!(status["fence"].is_u64(), "{status}");
+    elect.kill().await.unwrap();
+}
+
+/// A page that fails after others were read: the table still shows the
+/// locks read, then the error, with the failure's exit code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_page_keeps_the_rows_read_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let locker = dlock::connect(&url).await.expect("connect");
+    let count = dlock::backend::DEFAULT_LIST_PAGE + 5;
+    let mut guards = Vec::new();
+    for i in 0..count {
+        guards.push(locker.lock(format!("many/{i:04}")).await.expect("lock"));
+    }
+    // The last key's fence record, damaged: its page cannot be read.
+    let fence = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.to_string_lossy()
+                .ends_with(&format!("{:04}.lock-fence", count - 1))
+        })
+        .expect("the last key's fence file");
+    std::fs::write(&fence, b"\xffnot a fence record").unwrap();
+    let mut list = dlock(&url);
+    list.args(["list", "--prefix", "many/"]);
+    let output = tokio::time::timeout(Duration::from_secs(30), list.output())
+        .await
+        .expect("dlock finished in time")
+        .expect("dlock ran");
+    assert_ne!(output.status.code(), Some(0), "{output:?}");
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        table.lines().count(),
+        dlock::backend::DEFAULT_LIST_PAGE + 1,
+        "the first page's rows and the header: {table}"
+    );
+    assert!(table.contains("many/0000"), "{table}");
+    assert!(!output.stderr.is_empty(), "no error told: {output:?}");
+}
