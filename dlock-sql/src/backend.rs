@@ -339,6 +339,12 @@ impl<D: Dialect> Backend for SqlBackend<D> {
         &self,
         req: dlock_core::backend::ListRequest<'_>,
     ) -> Result<dlock_core::backend::ListPage> {
+        if let Some(what) = self.inner.dialect.list_refused(req.prefix) {
+            return Err(LockError::Unsupported {
+                backend: D::NAME,
+                what,
+            });
+        }
         let session = self.waiter_session().await?;
         let prefix = req.prefix.to_owned();
         let after = req.after.map(|a| a.as_str().to_owned());

@@ -442,6 +442,14 @@ pub trait Dialect: Send + Sync + Sized + 'static {
         id: &Self::Id,
     ) -> impl Future<Output = Result<Option<(Option<i64>, Option<Vec<u8>>)>, sqlx::Error>> + Send;
 
+    /// What stops a listing of the keys that start with `prefix`, if
+    /// something does, known without asking the server: the listing is
+    /// refused before it takes a session. The default cannot list.
+    fn list_refused(&self, prefix: &str) -> Option<&'static str> {
+        let _ = prefix;
+        Some("listing of held locks")
+    }
+
     /// One page of the locks held on the server whose keys start with
     /// `prefix`, after `after`, at most `limit`: `Err` with what stops it
     /// where the dialect cannot list (see [`Backend::list`]). The default

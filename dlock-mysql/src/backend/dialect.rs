@@ -457,17 +457,11 @@ impl Dialect for MySqlDialect {
     /// Refused: a `GET_LOCK` name keeps a key only up to 64 characters
     /// (a longer one ends in a hash), and the server lists held names
     /// only through `performance_schema`, off by default on MariaDB.
-    async fn list(
-        &self,
-        _session: &mut MySqlSession,
-        _prefix: &str,
-        _after: Option<&str>,
-        _limit: usize,
-    ) -> Result<Result<dlock_core::backend::ListPage, &'static str>, sqlx::Error> {
-        Ok(Err(
+    fn list_refused(&self, _prefix: &str) -> Option<&'static str> {
+        Some(
             "listing of held locks (GET_LOCK names keep only 64 characters of a key, and the \
              server lists them only through performance_schema, off by default on MariaDB)",
-        ))
+        )
     }
 
     /// The connection that holds the named lock (`IS_USED_LOCK`), unless

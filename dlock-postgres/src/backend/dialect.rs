@@ -533,11 +533,19 @@ impl Dialect for PgDialect {
             .transpose()
     }
 
+    /// A prefix cannot be matched against the hashes the server keeps.
+    fn list_refused(&self, prefix: &str) -> Option<&'static str> {
+        (!prefix.is_empty()).then_some(
+            "listing by key prefix (advisory locks keep only a hash of each key: \
+             list with an empty prefix)",
+        )
+    }
+
     /// The held advisory locks of this database, by their ids (the server
     /// keeps only a hash of each key): plain locks (one-key form,
     /// exclusive) and read-write locks (two-key form), with their waiters;
-    /// not semaphores, whose holders are queue entries. A prefix cannot be
-    /// matched against hashes, and is refused.
+    /// not semaphores, whose holders are queue entries (a prefix was
+    /// refused by `list_refused`).
     ///
     /// Each page reads the server's whole lock table (`pg_locks`, every
     /// lock of every session), whatever its size: a listing of many held
@@ -546,16 +554,10 @@ impl Dialect for PgDialect {
     async fn list(
         &self,
         session: &mut PgSession,
-        prefix: &str,
+        _prefix: &str,
         after: Option<&str>,
         limit: usize,
     ) -> Result<Result<ListPage, &'static str>, sqlx::Error> {
-        if !prefix.is_empty() {
-            return Ok(Err(
-                "listing by key prefix (advisory locks keep only a hash of each key: \
-                 list with an empty prefix)",
-            ));
-        }
         let (kind, id) = after
             .and_then(|a| a.split_once(':'))
             .and_then(|(k, i)| Some((k.parse::<i32>().ok()?, i.parse::<i64>().ok()?)))
