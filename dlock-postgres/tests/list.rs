@@ -1,6 +1,7 @@
 //! Listing on PostgreSQL: the server keeps only a hash of each key, so
 //! every held lock is listed by its advisory lock id, with its mode and
-//! waiters, and a key prefix is refused.
+//! waiters, and a key prefix is refused. Reads of who holds what run on
+//! sessions that hold no lock.
 
 use std::time::Duration;
 
@@ -141,4 +142,42 @@ async fn a_slow_page_neither_loses_nor_delays_held_locks() {
     assert_eq!(locks.len(), 2, "{locks:#?}");
     held.release().await.expect("release");
     other.release().await.expect("release");
+}
+
+/// A holder read the server is slow to answer (held up here behind a
+/// lock on the holders' table) runs on a session that holds no lock: past
+/// the session timeout, the held guard is not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_holder_read_loses_no_held_lock() {
+    use dlock_postgres::sqlx::{Connection, Executor, PgConnection};
+
+    let server = PostgresServer::start().expect("start postgres");
+    let timeout = Duration::from_secs(1);
+    let locker = locker(&format!(
+        "{}?session_timeout=1s&holder_sessions=1",
+        server.url()
+    ))
+    .await;
+    let held = locker.lock("held").await.expect("lock");
+    let mut admin = PgConnection::connect(&server.url())
+        .await
+        .expect("admin connection");
+    admin.execute("BEGIN").await.expect("begin");
+    admin
+        .execute("LOCK TABLE dlock_holder IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock the holders' table");
+    let read = tokio::spawn({
+        let locker = locker.clone();
+        async move { locker.holder("held").await.map(drop) }
+    });
+    tokio::time::sleep(timeout * 2 + Duration::from_millis(200)).await;
+    assert!(!held.is_lost(), "a slow holder read lost a held lock");
+    admin.execute("COMMIT").await.expect("commit");
+    let _ = tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("the read ended");
+    let holder = locker.holder("held").await.expect("holder");
+    assert!(holder.is_some(), "the held lock shows no holder");
+    held.release().await.expect("release");
 }

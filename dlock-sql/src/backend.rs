@@ -311,30 +311,26 @@ impl<D: Dialect> Backend for SqlBackend<D> {
         }
     }
 
-    /// Reads the server's lock table, and the holders' table, on the key's
-    /// holder session.
+    /// Reads the server's lock table, and the holders' table, on a waiter
+    /// session that holds nothing (see `on_idle_session`): a slow read
+    /// delays no lock of this process, and loses none.
     async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {
         if !self.inner.dialect.fences() {
             return Err(unsupported_holder(D::NAME));
         }
         let id = self.inner.dialect.lock_id(key, Mode::Exclusive);
-        let session = self.holder(&id).await?;
-        let (_, read) = session
-            .run(move |d, c| Box::pin(async move { d.holder(c, &id).await }))
-            .await
-            .map_err(backend_error::<D>)?;
+        let read = self
+            .on_idle_session(move |d, c| Box::pin(async move { d.holder(c, &id).await }))
+            .await?;
         Ok(read.map(|(fence, value)| {
             Holder::new(fence.and_then(|f| u64::try_from(f).ok()), value).with_mode(Mode::Exclusive)
         }))
     }
 
     /// Asks the dialect for a page, on a waiter session that holds
-    /// nothing (an idle one, or a new one): never on a session that holds
-    /// locks, so a slow page delays no acquire, release or keepalive, and
-    /// a page that fails or gets no answer within the session timeout
-    /// fails alone, with no guard lost. Such a session is closed, and
-    /// another one serves the next page. A page takes no waiter slot: each
-    /// page in flight may add a session to `max_waiters` ones.
+    /// nothing (see `on_idle_session`): a slow page delays no lock of this
+    /// process, and one with no answer within the session timeout fails
+    /// alone. A listing the dialect refuses takes no session.
     async fn list(
         &self,
         req: dlock_core::backend::ListRequest<'_>,
@@ -345,26 +341,14 @@ impl<D: Dialect> Backend for SqlBackend<D> {
                 what,
             });
         }
-        let session = self.waiter_session().await?;
         let prefix = req.prefix.to_owned();
         let after = req.after.map(|a| a.as_str().to_owned());
         let limit = req.limit;
-        // A page dropped half-way runs on to its end in a task of its
-        // own; its session, no longer anyone's, closes then.
-        let answer = session
-            .run(move |d, c| {
+        let page = self
+            .on_idle_session(move |d, c| {
                 Box::pin(async move { d.list(c, &prefix, after.as_deref(), limit).await })
             })
-            .await;
-        let (_, page) = match answer {
-            Ok(answer) => answer,
-            Err(e) => {
-                // Whether the answer was read to its end is unknown.
-                session.end();
-                return Err(backend_error::<D>(e));
-            }
-        };
-        self.put_idle(session);
+            .await?;
         page.map_err(|what| LockError::Unsupported {
             backend: D::NAME,
             what,

@@ -463,6 +463,38 @@ impl<D: Dialect> SqlBackend<D> {
         }
     }
 
+    /// Runs a read on a waiter session that holds nothing (an idle one,
+    /// or a new one), never on one that holds locks: a slow read delays
+    /// no acquire, release or keepalive, and a read that fails or gets no
+    /// answer within the session timeout fails alone, with no guard lost
+    /// (its session is closed). It takes no waiter slot (a wait may hold
+    /// one without end): each read in flight may add a session to
+    /// `max_waiters` ones. Dropped half-way, the read runs on to its end
+    /// in a task of its own, and its session, no longer anyone's, closes.
+    pub(super) async fn on_idle_session<T, F>(&self, read: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(
+                &'c D,
+                &'c mut D::Conn,
+            ) -> BoxFuture<'c, std::result::Result<T, sqlx::Error>>
+            + Send
+            + 'static,
+    {
+        let session = self.waiter_session().await?;
+        match session.run(read).await {
+            Ok((_, answer)) => {
+                self.put_idle(session);
+                Ok(answer)
+            }
+            Err(e) => {
+                // Whether the answer was read to its end is unknown.
+                session.end();
+                Err(backend_error::<D>(e))
+            }
+        }
+    }
+
     /// Returns a waiter session that holds nothing to the idle ones.
     pub(super) fn put_idle(&self, session: Arc<Session<D>>) {
         if session.is_usable() {
