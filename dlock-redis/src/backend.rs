@@ -8,7 +8,8 @@ use std::{fmt, sync::Arc, time::Duration};
 use dlock_core::{
     backend::{
         unsupported_holder, wait, AcquireRequest, Acquired, Backend, Capabilities,
-        ConnectionStates, Holder, Mode, ReleaseOutcome, RenewOutcome, RenewRequest,
+        ConnectionStates, Holder, ListPage, ListRequest, Mode, ReleaseOutcome, RenewOutcome,
+        RenewRequest,
     },
     LockError, LockKey, Result, Token,
 };
@@ -32,6 +33,7 @@ use session::RenewalInFlight;
 mod failover_tests;
 #[cfg(test)]
 mod hooks;
+mod listing;
 mod queue;
 mod session;
 
@@ -359,12 +361,21 @@ impl Backend for RedisBackend {
         .map_err(backend_error)
     }
 
+    /// The plain lock's holder, with its note, mode, fence and lease
+    /// left (fences only: without them, as on Redlock, who holds is not
+    /// told, as [`list`](Backend::list) tells it).
     async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {
         self.holders_known()?;
-        let read = election::holder(&self.inner.nodes[0], &self.names(key))
-            .await
-            .map_err(backend_error)?;
-        Ok(read.map(|read| Holder::new(Some(read.fence), read.value)))
+        Ok(self.read_holder(&self.names(key)).await?.map(|(_, h)| h))
+    }
+
+    /// One page of the plain locks held under a prefix, from `SCAN` on
+    /// each node in turn (each master of a cluster; on Redlock each key
+    /// once, held for one token on a majority), each with its holder's
+    /// note, fence (with fences) and lease left. Read-write locks and
+    /// semaphores are not listed, and waiters are not counted.
+    async fn list(&self, req: ListRequest<'_>) -> Result<ListPage> {
+        self.list_page(req).await
     }
 
     /// Subscribes to the key's holder channel (a proclaim, and the release
@@ -385,9 +396,7 @@ impl Backend for RedisBackend {
         let read = election::holder(node, &names)
             .await
             .map_err(backend_error)?;
-        let current = read
-            .as_ref()
-            .map(|read| Holder::new(Some(read.fence), read.value.clone()));
+        let current = read.clone().map(|read| self.holder_of(read)).transpose()?;
         if current.as_ref() != seen {
             return Ok(());
         }

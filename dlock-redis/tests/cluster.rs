@@ -20,6 +20,7 @@ fn cluster_harness() -> Harness {
         }
     })
     .keep_alive(cluster)
+    .lists()
 }
 
 dlock_testkit::conformance_tests!(suite whole_suite_on_a_cluster, cluster_harness());

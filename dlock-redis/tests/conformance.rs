@@ -20,7 +20,7 @@ static REDIS: Shared<RedisServer> = Shared::new(RedisServer::start);
 static REDLOCK: Shared<Vec<RedisServer>> = Shared::new(|| RedisServer::start_many(5));
 
 fn single_node() -> Harness {
-    Harness::redis("redis", REDIS.get().url(), ())
+    Harness::redis("redis", REDIS.get().url(), ()).lists()
 }
 
 /// One node with `fence=off`: the uncontended acquire is a plain `SET NX
@@ -34,7 +34,7 @@ fn single_node_unfenced() -> Harness {
 /// line, no turn, the holder's value marked by its waiters).
 fn single_node_unfair() -> Harness {
     let url = format!("{}?fair=false", REDIS.get().url());
-    Harness::redis("redis-unfair", url, ())
+    Harness::redis("redis-unfair", url, ()).lists()
 }
 
 /// Redlock with `fair=false`: unfair on a majority.
@@ -51,7 +51,7 @@ fn redlock_of_five() -> Harness {
 fn sentinel() -> Harness {
     let set = RedisSentinels::start().expect("start a master, a replica and 3 sentinels");
     let url = set.url();
-    Harness::redis("redis-sentinel", url, set)
+    Harness::redis("redis-sentinel", url, set).lists()
 }
 
 /// The same deployment kind with `fair=false`: the unfair waits, which
@@ -105,6 +105,10 @@ dlock_testkit::conformance_tests!(suite sentinel_deployment, sentinel(), [
     a_deposed_leader_is_told,
     holder_and_is_locked_read_without_locking,
     force_release_frees_the_key_and_tells_the_holder,
+    a_note_shows_in_holder_and_list,
+    list_pages_through_more_locks_than_one_page,
+    a_released_lock_leaves_the_list,
+    a_listing_sees_each_steady_key_once_while_others_come_and_go,
 ]);
 
 // Unfair locking: the whole suite in one test on one node, and the plain

@@ -20,7 +20,7 @@ fn tls_harness() -> Harness {
     let certs = TestCerts::generate().expect("certificates");
     let server = RedisServer::start_tls(&certs).expect("start redis-server with TLS");
     let url = server.tls_url(&certs);
-    Harness::redis("redis over TLS", url, (server, certs))
+    Harness::redis("redis over TLS", url, (server, certs)).lists()
 }
 
 dlock_testkit::conformance_tests!(suite whole_suite_over_tls, tls_harness());
@@ -89,7 +89,7 @@ fn tls_cluster_harness() -> Harness {
     let cluster = RedisCluster::start_tls(3, 0, &certs).expect("start a Redis Cluster with TLS");
     let url = cluster.url();
     assert!(url.starts_with("rediss+cluster://"), "{url}");
-    Harness::redis("redis cluster over TLS", url, (cluster, certs))
+    Harness::redis("redis cluster over TLS", url, (cluster, certs)).lists()
 }
 
 dlock_testkit::conformance_tests!(plain_locks cluster_over_tls, tls_cluster_harness());
@@ -99,7 +99,7 @@ fn tls_sentinel_harness() -> Harness {
     let set = RedisSentinels::start_tls(&certs).expect("start Sentinel with TLS");
     let url = set.url();
     assert!(url.starts_with("rediss+sentinel://"), "{url}");
-    Harness::redis("redis sentinel over TLS", url, (set, certs))
+    Harness::redis("redis sentinel over TLS", url, (set, certs)).lists()
 }
 
 dlock_testkit::conformance_tests!(plain_locks sentinel_over_tls, tls_sentinel_harness());

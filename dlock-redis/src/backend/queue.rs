@@ -128,6 +128,8 @@ pub(super) struct Steps<'a> {
     backend: &'a RedisBackend,
     names: Names,
     token: String,
+    /// What the lock's key holds when granted: the token and the note.
+    value: String,
     /// A read-write lock's or semaphore's holder or waiter on the server
     /// (see [`entry`]); `None` for a plain lock.
     member: Option<String>,
@@ -180,6 +182,7 @@ impl<'a> Steps<'a> {
             unfair: member.is_none() && !req.fair.unwrap_or(backend.inner.fair),
             names,
             token: req.token.to_string(),
+            value: lock::value(&req.token.to_string(), req.note),
             member,
             refresh,
             place: OnceLock::new(),
@@ -212,6 +215,7 @@ impl<'a> Steps<'a> {
     async fn attempt(&self, lease: Duration, place: Place) -> Result<Look<Waiting>, StepError> {
         let backend = self.backend;
         let (names, token) = (&self.names, self.token.as_str());
+        let value = self.value.as_str();
         let lease_ms = lease.as_millis().max(1) as u64;
         let ticket_ms = backend.ticket_life(self.holder_lease).as_millis().max(1) as u64;
         let fence = backend.inner.fences;
@@ -225,7 +229,7 @@ impl<'a> Steps<'a> {
             // round follows, on every node.
             let probe = &backend.inner.probe;
             let at = probe.load(std::sync::atomic::Ordering::Relaxed) % nodes.len();
-            let step = lock::acquire(&nodes[at], names, token, lease_ms, fence, place, ticket_ms);
+            let step = lock::acquire(&nodes[at], names, value, lease_ms, fence, place, ticket_ms);
             let answer = bounded(timeout, step).await;
             if answer.is_err() {
                 probe.store(at + 1, std::sync::atomic::Ordering::Relaxed);
@@ -246,7 +250,7 @@ impl<'a> Steps<'a> {
         let quorum = backend.inner.quorum;
         let answers = match &backend.inner.nodes[..] {
             [node] => {
-                let step = lock::acquire(node, names, token, lease_ms, fence, place, ticket_ms);
+                let step = lock::acquire(node, names, value, lease_ms, fence, place, ticket_ms);
                 let answers = vec![bounded(timeout, step).await];
                 #[cfg(test)]
                 if matches!(
@@ -269,7 +273,7 @@ impl<'a> Steps<'a> {
                     .enumerate()
                     .map(|(i, node)| async move {
                         let step =
-                            lock::acquire(node, names, token, lease_ms, fence, place, ticket_ms);
+                            lock::acquire(node, names, value, lease_ms, fence, place, ticket_ms);
                         (i, bounded(timeout, step).await)
                     })
                     .collect();

@@ -65,10 +65,12 @@ impl redis::ToRedisArgs for Place {
 /// ticket at `place`, lapsing after `ticket_ms` (or, [`Place::Mark`],
 /// marks the holder's value). One that neither queues, marks nor counts a
 /// fence (Redlock's first, an unfair one's first) is a plain `SET NX PX`.
+/// `value` is what the lock's key holds: the token and its note (see
+/// [`value`]).
 pub(crate) async fn acquire(
     node: &Node,
     names: &Names,
-    token: &str,
+    value: &str,
     lease_ms: u64,
     fence: bool,
     place: Place,
@@ -77,7 +79,7 @@ pub(crate) async fn acquire(
     if place == Place::None && !fence {
         let mut set = redis::cmd("SET");
         set.arg(&names.lock)
-            .arg(token)
+            .arg(value)
             .arg("NX")
             .arg("PX")
             .arg(lease_ms);
@@ -92,7 +94,7 @@ pub(crate) async fn acquire(
     let ((status, value), acked): ((i64, i64), _) = node
         .run(&of(node).acquire, true, |cmd| {
             keys.write(cmd, names);
-            cmd.arg(token)
+            cmd.arg(value)
                 .arg(lease_ms)
                 .arg(if fence { "1" } else { "0" });
             if place != Place::None {
@@ -108,6 +110,21 @@ pub(crate) async fn acquire(
         2 => Attempt::NotOurTurn(u64::try_from(value).unwrap_or(0)),
         _ => Attempt::Held(u64::try_from(value).ok()),
     })
+}
+
+/// What a plain lock's key holds: `token`, then `~`, `note` and `~` if
+/// the note is not empty (a token never holds `~` or `+`; the `+` a
+/// waiter's mark appends comes after).
+pub(crate) fn value(token: &str, note: &str) -> String {
+    if note.is_empty() {
+        return token.to_owned();
+    }
+    let mut value = String::with_capacity(token.len() + note.len() + 2);
+    value.push_str(token);
+    value.push('~');
+    value.push_str(note);
+    value.push('~');
+    value
 }
 
 /// A grant with `fence`, or [`Attempt::Unacknowledged`] if too few
@@ -136,7 +153,7 @@ pub(crate) async fn release(
 /// marked or not): it leaves no record of a release, so the holder's own
 /// release still answers `false`.
 pub(crate) async fn force_release(node: &Node, names: &Names, holder: &str) -> RedisResult<bool> {
-    let token = holder.strip_suffix('+').unwrap_or(holder);
+    let token = holder.split(['~', '+']).next().unwrap_or(holder);
     release_with(node, Keys::LineAndValue, names, token, Place::None, 0).await
 }
 
@@ -187,7 +204,9 @@ pub(super) const ACQUIRE: &str = concat!(
     fence_lua!(),
     // The common case first, before the line's functions are defined.
     r"
-local token = ARGV[1]
+-- ARGV[1]: the value to store, the token, and '~' note '~' if any.
+local value = ARGV[1]
+local token = string.match(value, '^[^~]*')
 -- `in_line`: the token may have a ticket, to take out; if others still
 -- wait, the lock's value is marked (see `RELEASE`), unless `marked`
 -- already.
@@ -196,7 +215,7 @@ local function granted(in_line, marked)
     redis.call('ZREM', KEYS[3], token)
     redis.call('ZREM', KEYS[4], token)
     if not marked and redis.call('EXISTS', KEYS[3]) == 1 then
-      redis.call('SET', KEYS[1], token .. '+', 'KEEPTTL')
+      redis.call('SET', KEYS[1], value .. '+', 'KEEPTTL')
     end
   end
   if ARGV[3] == '1' then
@@ -204,14 +223,14 @@ local function granted(in_line, marked)
   end
   return {1, 0}
 end
-if redis.call('SET', KEYS[1], token, 'NX', 'PX', ARGV[2]) then
+if redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then
   return granted(ARGV[5])
 end
 ",
     queue_lua!(),
     r"
 local holder = redis.call('GET', KEYS[1])
-if holder == token or holder == token .. '+' then
+if holder and string.match(holder, '^[^~+]*') == token then
   -- Ours already: the reply to the attempt that won it was lost.
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   if ARGV[5] then
@@ -232,7 +251,7 @@ if holder == 'next:' .. token then
   -- Handed to us by a release: take it, with a new fence, marked
   -- whoever is left in line: an unfair waiter of the hold we follow
   -- heard nothing, and our release must tell it.
-  redis.call('SET', KEYS[1], token .. '+', 'PX', ARGV[2])
+  redis.call('SET', KEYS[1], value .. '+', 'PX', ARGV[2])
   return granted(true, true)
 end
 local ttl = redis.call('PTTL', KEYS[1])
@@ -322,11 +341,13 @@ local function remember_release()
     if left > 0 then redis.call('SET', KEYS[6], ARGV[1], 'PX', left) end
   end
 end
+-- The token of a lock's value (see `ACQUIRE`), marked or not.
+local function owner(v) return v and string.match(v, '^[^~+]*') end
 local holder = redis.call('GET', KEYS[1])
 -- '': a release; '-': an unfair waiter's give-back, which leaves no
 -- record; else a give-back that stays in line at that place.
 local leave = ARGV[3] == '' or ARGV[3] == '-'
-if leave and holder == ARGV[1] then
+if leave and owner(holder) == ARGV[1] and string.sub(holder, -1) ~= '+' then
   if KEYS[6] and ARGV[3] == '' then
     -- The token becomes the last release's, with what was left of the
     -- lease (`RENAME` keeps the TTL, which every lock key has): one
@@ -345,7 +366,7 @@ end
     queue_lua!(),
     r"
 local released = 0
-if holder == ARGV[1] or holder == ARGV[1] .. '+' then
+if owner(holder) == ARGV[1] then
   released = 1
   if ARGV[3] == '' then remember_release() end
   redis.call('DEL', KEYS[1])
@@ -367,7 +388,7 @@ if leave then
   end
   -- Sent again after a lost reply: released already.
   if released == 0 and ARGV[3] == '' and KEYS[6]
-      and redis.call('GET', KEYS[6]) == ARGV[1] then
+      and owner(redis.call('GET', KEYS[6])) == ARGV[1] then
     released = 1
   end
 else

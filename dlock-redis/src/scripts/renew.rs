@@ -168,7 +168,7 @@ macro_rules! renew_lua {
         r"
 local function renew(lock, counter, value, token, lease)
   local holder = redis.call('GET', lock)
-  if holder == token or holder == token .. '+' then
+  if holder and string.match(holder, '^[^~+]*') == token then
     redis.call('PEXPIRE', counter, math.max(2 * lease, 600000))
     redis.call('PEXPIRE', value, 2 * lease)
     return redis.call('PEXPIRE', lock, lease)
