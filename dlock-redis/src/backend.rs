@@ -373,7 +373,8 @@ impl Backend for RedisBackend {
     /// each node in turn (each master of a cluster; on Redlock each key
     /// once, held for one token on a majority), each with its holder's
     /// note, fence (with fences) and lease left. Read-write locks and
-    /// semaphores are not listed, and waiters are not counted.
+    /// semaphores are not listed, and waiters are not counted. Every node
+    /// scanned must answer (on Redlock too: a node down fails the page).
     async fn list(&self, req: ListRequest<'_>) -> Result<ListPage> {
         self.list_page(req).await
     }

@@ -280,7 +280,7 @@ async fn scan(target: &Target<'_>, cursor: u64, pattern: &str) -> RedisResult<(u
         .arg("TYPE")
         .arg("string");
     let within = Duration::from_secs(5);
-    let answer = match target {
+    let answer: (u64, Vec<Vec<u8>>) = match target {
         Target::Node(node) => {
             tokio::time::timeout(within, node.query(&cmd, false))
                 .await
@@ -301,7 +301,12 @@ async fn scan(target: &Target<'_>, cursor: u64, pattern: &str) -> RedisResult<(u
             redis::from_redis_value(value)?
         }
     };
-    Ok(answer)
+    // A name that is not UTF-8 is no name of ours.
+    let names = answer
+        .1
+        .into_iter()
+        .filter_map(|n| String::from_utf8(n).ok());
+    Ok((answer.0, names.collect()))
 }
 
 #[cfg(test)]
