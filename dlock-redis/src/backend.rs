@@ -366,7 +366,10 @@ impl Backend for RedisBackend {
     /// told, as [`list`](Backend::list) tells it).
     async fn holder(&self, key: &LockKey) -> Result<Option<Holder>> {
         self.holders_known()?;
-        Ok(self.read_holder(&self.names(key)).await?.map(|(_, h)| h))
+        Ok(self
+            .read_holder(&self.names(key), true)
+            .await?
+            .map(|(_, h)| h))
     }
 
     /// One page of the plain locks held under a prefix, from `SCAN` on
@@ -397,7 +400,10 @@ impl Backend for RedisBackend {
         let read = election::holder(node, &names)
             .await
             .map_err(backend_error)?;
-        let current = read.clone().map(|read| self.holder_of(read)).transpose()?;
+        let current = read
+            .clone()
+            .map(|read| self.holder_of(read, true))
+            .transpose()?;
         if current.as_ref() != seen {
             return Ok(());
         }

@@ -92,3 +92,71 @@ async fn unfenced_and_redlock_list_held_locks_with_their_notes() {
     ))
     .await;
 }
+
+/// A listing's cursor names the nodes it scans: resumed where they are
+/// not the same (a cluster whose masters changed between pages, here
+/// another deployment), the page is refused, typed, instead of resuming
+/// another node's scan (keys skipped or listed twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_resumed_on_other_nodes_is_refused() {
+    use dlock_core::backend::{Backend, ListRequest};
+    let servers = RedisServer::start_many(2).expect("redis-server");
+    let (one, other) = (
+        RedisBackend::connect(&servers[0].url())
+            .await
+            .expect("connect"),
+        RedisBackend::connect(&servers[1].url())
+            .await
+            .expect("connect"),
+    );
+    let holder = one.clone().into_locker();
+    let mut guards = Vec::new();
+    for i in 0..3 {
+        guards.push(holder.lock(&format!("moved/{i}")).await.unwrap());
+    }
+    let first = one.list(ListRequest::new("moved/", 1)).await.unwrap();
+    let cursor = first.next.expect("more than one page");
+    let same = one.list(ListRequest::new("moved/", 1).after(&cursor)).await;
+    assert_eq!(same.unwrap().locks.len(), 1, "the same nodes resume");
+    match other
+        .list(ListRequest::new("moved/", 1).after(&cursor))
+        .await
+    {
+        Err(dlock_core::LockError::Backend { .. }) => {}
+        other => panic!("a cursor of other nodes: {other:?}"),
+    }
+    drop(guards);
+}
+
+/// With fences, a held key whose fence counter is gone (evicted, deleted
+/// by hand) is listed without a fence, so that it does not fail every
+/// page after it; `holder` still says the counter is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_without_its_fence_counter_is_listed_without_a_fence() {
+    let server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    let holder = locker(&url).await;
+    let guards = [
+        holder.lock("counted/a").await.unwrap(),
+        holder.lock("counted/b").await.unwrap(),
+    ];
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let counters: Vec<String> = redis::cmd("KEYS")
+        .arg("*counted/a*:fence")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(counters.len(), 1, "{counters:?}");
+    let _: () = redis::cmd("DEL")
+        .arg(&counters[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let locks = listed(&locker(&url).await, "counted/", 1).await;
+    let fences: Vec<_> = locks.iter().map(|l| l.holders()[0].fence()).collect();
+    assert_eq!(fences.len(), 2, "{locks:?}");
+    assert!(fences[0].is_none() && fences[1].is_some(), "{fences:?}");
+    assert!(holder.holder("counted/a").await.is_err());
+    drop(guards);
+}

@@ -29,9 +29,11 @@ const SCAN_COUNT: usize = 1000;
 /// locks than asked, and where to go on).
 const SCANS_PER_PAGE: usize = 32;
 
-/// Where a page ended: the node (or cluster master) scanned, the `SCAN`
+/// Where a page ended: which targets were scanned (a fingerprint of
+/// their addresses), the node (or cluster master) scanned, the `SCAN`
 /// cursor of the batch being read, and the last name answered from it.
 struct Position {
+    targets: u64,
     target: usize,
     scan: u64,
     after: Option<String>,
@@ -45,11 +47,16 @@ impl Position {
                 "a list cursor this backend did not write",
             )))
         };
-        let mut parts = cursor.as_str().splitn(3, ' ');
+        let mut parts = cursor.as_str().splitn(4, ' ');
+        let targets = parts
+            .next()
+            .and_then(|t| u64::from_str_radix(t, 16).ok())
+            .ok_or_else(bad)?;
         let target = parts.next().and_then(|t| t.parse().ok()).ok_or_else(bad)?;
         let scan = parts.next().and_then(|s| s.parse().ok()).ok_or_else(bad)?;
         let after = parts.next().map(str::to_owned);
         Ok(Position {
+            targets,
             target,
             scan,
             after,
@@ -58,10 +65,26 @@ impl Position {
 
     fn cursor(&self) -> ListCursor {
         match &self.after {
-            Some(after) => ListCursor::new(format!("{} {} {after}", self.target, self.scan)),
-            None => ListCursor::new(format!("{} {}", self.target, self.scan)),
+            Some(after) => ListCursor::new(format!(
+                "{:x} {} {} {after}",
+                self.targets, self.target, self.scan
+            )),
+            None => ListCursor::new(format!("{:x} {} {}", self.targets, self.target, self.scan)),
         }
     }
+}
+
+/// What the targets of a listing are: the addresses of the nodes, or of
+/// the cluster's masters, in order.
+fn fingerprint(targets: &[Target<'_>]) -> u64 {
+    let addresses: Vec<String> = targets
+        .iter()
+        .map(|target| match target {
+            Target::Node(node) => node.addr.clone(),
+            Target::Master(_, host, port) => format!("{host}:{port}"),
+        })
+        .collect();
+    dlock_core::backend::key_hash("redis list targets", &addresses.join(" "))
 }
 
 /// What `SCAN` is sent to: one node, or one master of a cluster.
@@ -124,9 +147,12 @@ fn key_of(namespace: &str, name: &str) -> Option<String> {
 }
 
 impl RedisBackend {
-    /// A holder as `Backend::holder` and `list` answer it.
-    pub(super) fn holder_of(&self, read: HolderRead) -> Result<Holder> {
-        if self.inner.fences && read.fence.is_none() {
+    /// A holder as `Backend::holder` and `list` answer it. With fences, a
+    /// held key whose counter is missing is an error for `holder`
+    /// (`strict`), and listed without a fence, so that one such key does
+    /// not fail every listing.
+    pub(super) fn holder_of(&self, read: HolderRead, strict: bool) -> Result<Holder> {
+        if strict && self.inner.fences && read.fence.is_none() {
             return Err(backend_error(RedisError::from((
                 ErrorKind::Parse,
                 "the lock is held, but its fence counter is missing",
@@ -145,7 +171,11 @@ impl RedisBackend {
 
     /// Who holds the plain lock of `names`, and the first node that holds
     /// it for that token (on Redlock, a token a majority holds it for).
-    pub(super) async fn read_holder(&self, names: &Names) -> Result<Option<(usize, Holder)>> {
+    pub(super) async fn read_holder(
+        &self,
+        names: &Names,
+        strict: bool,
+    ) -> Result<Option<(usize, Holder)>> {
         let timeout = self.inner.redlock.then_some(REDLOCK_NODE_TIMEOUT_MAX);
         let answers = self
             .on_every_node(timeout, |node| election::holder(node, names))
@@ -169,7 +199,7 @@ impl RedisBackend {
                 let mut read = read.clone();
                 // The shortest lease left of the majority: when it may end.
                 read.lease_left = same.iter().filter_map(|r| r.lease_left).min();
-                return Ok(Some((*i, self.holder_of(read)?)));
+                return Ok(Some((*i, self.holder_of(read, strict)?)));
             }
         }
         Ok(None)
@@ -208,14 +238,25 @@ impl RedisBackend {
     /// One page of the plain locks held under `req.prefix`.
     pub(super) async fn list_page(&self, req: ListRequest<'_>) -> Result<ListPage> {
         let targets = self.targets().await?;
+        let fingerprint = fingerprint(&targets);
         let mut at = match req.after {
             Some(cursor) => Position::parse(cursor)?,
             None => Position {
+                targets: fingerprint,
                 target: 0,
                 scan: 0,
                 after: None,
             },
         };
+        // A cluster whose masters changed between pages (a failover, a
+        // master added or removed) would resume on another node's scan:
+        // keys skipped or listed twice.
+        if at.targets != fingerprint {
+            return Err(backend_error(RedisError::from((
+                ErrorKind::Client,
+                "the cluster's masters changed during the listing: list again",
+            ))));
+        }
         let namespace = &self.inner.prefix;
         let pattern = pattern(namespace, req.prefix);
         let mut locks = Vec::new();
@@ -236,7 +277,11 @@ impl RedisBackend {
                     return Ok(None);
                 };
                 let names = Names { lock: name.clone() };
-                Ok::<_, LockError>(self.read_holder(&names).await?.map(|read| (key, read)))
+                Ok::<_, LockError>(
+                    self.read_holder(&names, false)
+                        .await?
+                        .map(|read| (key, read)),
+                )
             }))
             .await;
             for (name, read) in names.iter().zip(reads) {
