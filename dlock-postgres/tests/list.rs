@@ -95,16 +95,20 @@ async fn held_locks_are_listed_by_their_ids() {
     waiting.abort();
 }
 
-/// A page the server is slow to answer (held up here behind a lock on
-/// the queue table, which the listing reads) runs on a session that holds
-/// no lock: past the session timeout, the held guard is not lost, and an
-/// acquire on the one holder session is answered meanwhile.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slow_page_neither_loses_nor_delays_held_locks() {
+/// A server, a locker on it with one holder session and a 1 s session
+/// timeout, a lock it holds, and an admin's open transaction that holds
+/// `table` exclusively (reads of it wait until the admin commits).
+async fn held_behind_a_locked_table(
+    table: &str,
+) -> (
+    PostgresServer,
+    Locker,
+    dlock_core::LockGuard,
+    dlock_postgres::sqlx::PgConnection,
+) {
     use dlock_postgres::sqlx::{Connection, Executor, PgConnection};
 
     let server = PostgresServer::start().expect("start postgres");
-    let timeout = Duration::from_secs(1);
     let locker = locker(&format!(
         "{}?session_timeout=1s&holder_sessions=1",
         server.url()
@@ -116,9 +120,22 @@ async fn a_slow_page_neither_loses_nor_delays_held_locks() {
         .expect("admin connection");
     admin.execute("BEGIN").await.expect("begin");
     admin
-        .execute("LOCK TABLE dlock_queue IN ACCESS EXCLUSIVE MODE")
+        .execute(format!("LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE").as_str())
         .await
-        .expect("lock the queue table");
+        .expect("lock the table");
+    (server, locker, held, admin)
+}
+
+/// A page the server is slow to answer (held up here behind a lock on
+/// the queue table, which the listing reads) runs on a session that holds
+/// no lock: past the session timeout, the held guard is not lost, and an
+/// acquire on the one holder session is answered meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_page_neither_loses_nor_delays_held_locks() {
+    use dlock_postgres::sqlx::Executor;
+
+    let timeout = Duration::from_secs(1);
+    let (_server, locker, held, mut admin) = held_behind_a_locked_table("dlock_queue").await;
     let page = tokio::spawn({
         let locker = locker.clone();
         async move { locker.list("").next_page().await.map(drop) }
@@ -149,24 +166,10 @@ async fn a_slow_page_neither_loses_nor_delays_held_locks() {
 /// the session timeout, the held guard is not lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_holder_read_loses_no_held_lock() {
-    use dlock_postgres::sqlx::{Connection, Executor, PgConnection};
+    use dlock_postgres::sqlx::Executor;
 
-    let server = PostgresServer::start().expect("start postgres");
     let timeout = Duration::from_secs(1);
-    let locker = locker(&format!(
-        "{}?session_timeout=1s&holder_sessions=1",
-        server.url()
-    ))
-    .await;
-    let held = locker.lock("held").await.expect("lock");
-    let mut admin = PgConnection::connect(&server.url())
-        .await
-        .expect("admin connection");
-    admin.execute("BEGIN").await.expect("begin");
-    admin
-        .execute("LOCK TABLE dlock_holder IN ACCESS EXCLUSIVE MODE")
-        .await
-        .expect("lock the holders' table");
+    let (_server, locker, held, mut admin) = held_behind_a_locked_table("dlock_holder").await;
     let read = tokio::spawn({
         let locker = locker.clone();
         async move { locker.holder("held").await.map(drop) }
