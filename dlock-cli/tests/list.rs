@@ -2,31 +2,17 @@
 //! backend: who holds what, with the holders' notes, page after page.
 #![cfg(feature = "file")]
 
-use std::{
-    process::{Output, Stdio},
-    time::Duration,
-};
+use std::{process::Output, time::Duration};
 
 use tokio::process::Command;
 
-const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
+mod common;
 
-fn dlock(url: &str) -> Command {
-    let mut command = Command::new(DLOCK);
-    command
-        .env("DLOCK_URL", url)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    command
-}
+use common::dlock;
 
+/// Runs `command` to its end, within 30 s, and checks it exited 0.
 async fn finish(command: &mut Command) -> Output {
-    let output = tokio::time::timeout(Duration::from_secs(30), command.output())
-        .await
-        .expect("dlock finished in time")
-        .expect("dlock ran");
+    let output = common::finish(command, Duration::from_secs(30)).await;
     assert_eq!(output.status.code(), Some(0), "{output:?}");
     output
 }

@@ -5,11 +5,7 @@
 //! user, for what the command leaves running, and past a killed `dlock`.
 #![cfg(feature = "redis")]
 
-use std::{
-    path::Path,
-    process::{Output, Stdio},
-    time::Duration,
-};
+use std::{path::Path, time::Duration};
 
 use dlock_testkit::fixture::RedisServer;
 use tokio::{
@@ -18,33 +14,9 @@ use tokio::{
     time::Instant,
 };
 
-const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
+mod common;
 
-fn dlock(url: &str) -> Command {
-    let mut command = Command::new(DLOCK);
-    command
-        .env("DLOCK_URL", url)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    command
-}
-
-/// Runs `command` to its end, within `limit`.
-async fn finish(command: &mut Command, limit: Duration) -> Output {
-    tokio::time::timeout(limit, command.output())
-        .await
-        .expect("dlock finished in time")
-        .expect("dlock ran")
-}
-
-fn code(output: &Output) -> i32 {
-    output
-        .status
-        .code()
-        .unwrap_or_else(|| panic!("no exit code: {output:?}"))
-}
+use common::{code, dlock, finish, DLOCK};
 
 /// A read-then-write of a counter file, with a pause between: without a
 /// lock, concurrent runs lose updates.

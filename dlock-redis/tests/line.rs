@@ -9,23 +9,13 @@ use std::{
 };
 
 use dlock_core::{LockError, LockOptions, Locker};
-use dlock_redis::{redis, RedisBackend, RedisConfig};
+use dlock_redis::redis;
 use dlock_testkit::fixture::RedisServer;
 use tokio::time::Instant;
 
-/// A client of its own (its own connections), as another process would be,
-/// whose every fallback timer is long: the waiter's poll without pub/sub
-/// and, through `lease`, the holder's TTL and the ticket's refresh.
-async fn client(url: &str, lease: Duration) -> Locker {
-    let config = RedisConfig::from_url(url)
-        .expect("url")
-        .with_unwatched_poll(Duration::from_secs(60));
-    let backend = RedisBackend::connect_with(config).await.expect("connect");
-    Locker::builder(backend)
-        .watchdog_lease(lease)
-        .build()
-        .expect("locker")
-}
+mod common;
+
+use common::client;
 
 /// How many tickets the line of `key` holds on `server`.
 async fn in_line(server: &RedisServer, key: &str) -> u64 {

@@ -8,23 +8,14 @@ use std::{
     time::Duration,
 };
 
-use dlock_core::{LockOptions, Locker};
-use dlock_redis::{redis, RedisBackend, RedisConfig};
+use dlock_core::LockOptions;
+use dlock_redis::redis;
 use dlock_testkit::fixture::RedisServer;
 use tokio::time::Instant;
 
-/// A client of its own whose fallbacks are long: the poll without pub/sub
-/// (60 s) and the holder's lease (`lease`).
-async fn client(url: &str, lease: Duration) -> Locker {
-    let config = RedisConfig::from_url(url)
-        .expect("url")
-        .with_unwatched_poll(Duration::from_secs(60));
-    let backend = RedisBackend::connect_with(config).await.expect("connect");
-    Locker::builder(backend)
-        .watchdog_lease(lease)
-        .build()
-        .expect("locker")
-}
+mod common;
+
+use common::client;
 
 /// What `INFO commandstats` counts of `command` on `server`.
 async fn calls(server: &RedisServer, command: &str) -> u64 {
