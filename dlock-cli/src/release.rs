@@ -84,7 +84,17 @@ pub(crate) async fn release(args: ReleaseArgs) -> ExitCode {
         Err(e) => return failed(&e),
     };
     let wait = args.wait.min(dlock::RELEASE_REQUEST_LIFE);
-    match tokio::time::timeout(wait, request.answered()).await {
+    let answered = tokio::time::timeout(wait, request.answered()).await;
+    // Withdrawn here, not left to a release at exit that the runtime's
+    // shutdown may cut short: a standing request would reach the next
+    // holder too where it names no grant.
+    if let Err(e) = request.withdraw().await {
+        say!(
+            "dlock: `{}`: the request could not be withdrawn: {e}",
+            args.key
+        );
+    }
+    match answered {
         Ok(Ok(())) => said(&args, "let go", true),
         Ok(Err(e)) => failed(&e),
         Err(_) => {

@@ -3,6 +3,10 @@
 //! naming, unreachable servers
 //! (wake-ups and herds across processes: `dlock-testkit/tests/faults.rs`).
 
+mod common;
+
+use common::calls;
+
 use std::time::Duration;
 
 use dlock_core::{BackendExt, LockError, LockOptions, Locker, LostReason};
@@ -120,23 +124,6 @@ async fn a_restarted_server_loses_the_lock_and_the_guard_says_so() {
 
 async fn evalsha_calls(server: &RedisServer) -> u64 {
     calls(server, "evalsha").await
-}
-
-/// How many times the server ran `command` (commands run by scripts
-/// included), from `INFO commandstats`.
-async fn calls(server: &RedisServer, command: &str) -> u64 {
-    let mut raw = server.connection().await;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut raw)
-        .await
-        .unwrap();
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
 }
 
 /// Without fences (`fence=off`), an uncontended lock is one plain `SET NX

@@ -15,20 +15,7 @@ use tokio::time::Instant;
 
 mod common;
 
-use common::client;
-
-/// What `INFO commandstats` counts of `command` on `server`.
-async fn calls(server: &RedisServer, command: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut server.connection().await)
-        .await
-        .expect("INFO");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
-}
+use common::{calls, client};
 
 /// The value of `name` on `server`, and whether the line's names exist.
 async fn value_and_line(server: &RedisServer, key: &str) -> (Option<String>, u64) {

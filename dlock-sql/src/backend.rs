@@ -336,10 +336,7 @@ impl<D: Dialect> Backend for SqlBackend<D> {
         req: dlock_core::backend::ListRequest<'_>,
     ) -> Result<dlock_core::backend::ListPage> {
         if let Some(what) = self.inner.dialect.list_refused(req.prefix) {
-            return Err(LockError::Unsupported {
-                backend: D::NAME,
-                what,
-            });
+            return Err(dlock_core::backend::unsupported_list(D::NAME, what));
         }
         let prefix = req.prefix.to_owned();
         let after = req.after.map(|a| a.as_str().to_owned());
@@ -349,10 +346,7 @@ impl<D: Dialect> Backend for SqlBackend<D> {
                 Box::pin(async move { d.list(c, &prefix, after.as_deref(), limit).await })
             })
             .await?;
-        page.map_err(|what| LockError::Unsupported {
-            backend: D::NAME,
-            what,
-        })
+        page.map_err(|what| dlock_core::backend::unsupported_list(D::NAME, what))
     }
 
     /// Fed by the sessions: an answered statement is `Connected` (or

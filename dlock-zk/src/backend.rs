@@ -97,9 +97,8 @@ fn vanished() -> LockError {
 ///
 /// [`Locker::list`](dlock_core::Locker::list) reads the names of every
 /// key under the lock path for each page (ZooKeeper lists children whole,
-/// never a page): it suits up to some tens of thousands of keys, as many
-/// names as fit in the server's `jute.maxbuffer` (1 MB by default), and
-/// fails past that.
+/// never a page): it suits as many keys as their names fit in the
+/// server's `jute.maxbuffer` (1 MB by default), and fails past that.
 ///
 /// # Examples
 ///

@@ -107,11 +107,11 @@ fn cursor_key(cursor: &ListCursor) -> Result<Vec<u8>> {
 /// One page of held locks under `req.prefix`.
 pub(super) async fn page(backend: &EtcdBackend, req: &ListRequest<'_>) -> Result<ListPage> {
     if backend.inner.etcdctl {
-        return Err(LockError::Unsupported {
-            backend: NAME,
-            what: "listing of held locks with layout=etcdctl (its plain locks live outside \
-                   the prefix, among other tools' keys)",
-        });
+        return Err(dlock_core::backend::unsupported_list(
+            NAME,
+            "listing of held locks with layout=etcdctl (its plain locks live outside \
+             the prefix, among other tools' keys)",
+        ));
     }
     let root = format!("{}/", backend.inner.prefix);
     let start = match req.prefix {

@@ -558,10 +558,17 @@ impl Dialect for PgDialect {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Result<ListPage, &'static str>, sqlx::Error> {
-        let (kind, id) = after
-            .and_then(|a| a.split_once(':'))
-            .and_then(|(k, i)| Some((k.parse::<i32>().ok()?, i.parse::<i64>().ok()?)))
-            .unwrap_or((0, i64::MIN));
+        let (kind, id) = match after {
+            None => (0, i64::MIN),
+            Some(cursor) => match cursor
+                .split_once(':')
+                .and_then(|(k, i)| Some((k.parse::<i32>().ok()?, i.parse::<i64>().ok()?)))
+            {
+                Some(position) => position,
+                // Starting again would list every lock twice.
+                None => return Ok(Err("a list cursor this backend did not write")),
+            },
+        };
         let rows = sqlx::query(self.list.as_str())
             .bind(kind)
             .bind(id)

@@ -59,10 +59,7 @@ fn unix_micros() -> u64 {
 
 /// A random delay of 10 to 60 ms.
 fn jitter() -> Duration {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(0);
-    Duration::from_millis(10 + h.finish() % 50)
+    Duration::from_millis(10) + random_below(Duration::from_millis(50))
 }
 
 /// A random delay below `most`.

@@ -156,6 +156,7 @@ fn never_prints_a_password() {
         "redis+redlock://:s3cret@a:1,a:1,b:2",
         "rediss+cluster://:s3cret@h:1/2",
         "redis://:s3cret@h:1?bad=1",
+        "redis://:s3cret@h:1?fair=maybe",
         "redis://:s3cret@h:1/x",
     ] {
         let e = RedisConfig::from_url(bad).unwrap_err();

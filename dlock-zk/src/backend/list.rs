@@ -5,7 +5,7 @@
 //! page reads the names of all the lock path's children again, so a page
 //! costs in proportion to every key under the path, not to the page, and
 //! the names must fit in one answer of the server's `jute.maxbuffer`
-//! (1 MB by default: some tens of thousands of keys; past it the listing
+//! (1 MB by default; past it the listing
 //! fails). Then, for the page's keys only, their nodes and the holders'
 //! data, [`CONCURRENT_KEYS`] keys at a time.
 
