@@ -18,7 +18,8 @@ impl Locker {
     /// A page is one read of at most [`Listing::page_size`] locks, so a
     /// listing of any number of locks holds one page in memory at a time.
     /// It takes no lock: a lock taken or released while the pages are read
-    /// may or may not be on them. The locks of
+    /// may or may not be on them, and none is on them twice (the listing
+    /// remembers the keys it answered). The locks of
     /// [release requests](Locker::request_release) are dlock's own, and
     /// listed only under a prefix of theirs (`release-request:`).
     ///
@@ -56,6 +57,7 @@ impl Locker {
             prefix: prefix.into(),
             page_size: DEFAULT_LIST_PAGE,
             next: Some(None),
+            seen: std::collections::HashSet::new(),
         }
     }
 }
@@ -83,6 +85,10 @@ pub struct Listing {
     /// Where the next page starts: `Some(None)` before the first, `None`
     /// after the last.
     next: Option<Option<ListCursor>>,
+    /// The keys answered so far: a backend whose scan may answer a key
+    /// twice while locks come and go (Redis's `SCAN`) has its repeats
+    /// left out here.
+    seen: std::collections::HashSet<String>,
 }
 
 impl Listing {
@@ -118,6 +124,7 @@ impl Listing {
         let mut locks = page.locks;
         // Release requests are dlock's own locks, listed only when asked
         // for by their prefix.
+        locks.retain(|lock| self.seen.insert(lock.key().to_string()));
         if !self.prefix.starts_with(REQUEST_PREFIX) {
             locks.retain(|lock| {
                 !lock
